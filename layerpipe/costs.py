@@ -1,0 +1,160 @@
+"""Cost models: how many cycles one task of one layer takes.
+
+`task_cost` is the one function that computes a task's cost; schedulers, the DFG, the simulator and the
+reports all call it (directly or through `TrainingGraph.costs`). A fused task ("AEG", PipeDream's whole
+backward) costs the sum of its atomic parts.
+
+Models:
+- `macs`     — the MAC (or elementwise-op) count of the task; one MAC = one cycle.
+- `pe`       — a processor of `lanes` MACs per cycle plus a fixed per-op overhead: ⌈macs/lanes⌉ + overhead
+               per atomic part.
+- `profiled` — per-layer, per-task times measured with PyTorch on this CPU, saved to and loaded from JSON
+               (`layerpipe.profile`), in nanoseconds.
+- `rtl`      — the closed cycle formula of the generated hardware (registered by `layerpipe.hdl`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from layerpipe.errors import InputError
+from layerpipe.network import Layer, Network
+
+ATOMIC_KINDS = "FAEGU"
+
+
+def atomic_work(layer: Layer, kind: str, batch: int) -> int:
+    """Work of one atomic task (F, A, E, G or U) in MACs or elementwise operations, for a micro-batch."""
+    if kind not in ATOMIC_KINDS or len(kind) != 1:
+        raise ValueError(f"atomic task kind must be one of {ATOMIC_KINDS}, got {kind!r}")
+    if kind == "F":
+        return batch * layer.forward_macs
+    if layer.has_weights:
+        if kind == "A":
+            return batch * layer.out_size
+        if kind in "EG":
+            return batch * layer.forward_macs
+        return layer.weight_count  # U
+    if kind == "E":
+        # Backward of a weightless layer: as much work as its forward, plus its fused activation.
+        extra = batch * layer.out_size if layer.activation != "identity" else 0
+        return batch * layer.forward_macs + extra
+    raise ValueError(f"layer '{layer.name}' has no weights and no {kind} task")
+
+
+class CostModel(Protocol):
+    """Cycles of one atomic task; `name` identifies the model in reports."""
+
+    name: str
+
+    def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class MacsModel:
+    name: str = "macs"
+
+    def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int:
+        return atomic_work(layer, kind, batch)
+
+
+@dataclass(frozen=True)
+class PEModel:
+    """A processor with `lanes` multipliers and a fixed per-op overhead (fill/drain, address setup)."""
+
+    lanes: int = 64
+    overhead: int = 16
+    name: str = "pe"
+
+    def __post_init__(self) -> None:
+        if self.lanes < 1:
+            raise InputError(f"lanes must be >= 1, got {self.lanes}")
+        if self.overhead < 0:
+            raise InputError(f"overhead must be >= 0, got {self.overhead}")
+
+    def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int:
+        return math.ceil(atomic_work(layer, kind, batch) / self.lanes) + self.overhead
+
+
+@dataclass(frozen=True)
+class ProfiledModel:
+    """Measured per-layer task times (nanoseconds), keyed by layer name and atomic kind."""
+
+    network: str
+    batch: int
+    times_ns: dict[str, dict[str, int]] = field(default_factory=dict)
+    name: str = "profiled"
+
+    def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int:
+        if batch != self.batch:
+            raise InputError(f"profile was measured at batch {self.batch}, asked for batch {batch}")
+        try:
+            return self.times_ns[layer.name][kind]
+        except KeyError:
+            raise InputError(f"profile of '{self.network}' has no time for {kind} of layer '{layer.name}'") from None
+
+    def to_json(self) -> str:
+        doc = {"version": 1, "network": self.network, "batch": self.batch, "unit": "ns",
+               "layers": self.times_ns}
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+    @staticmethod
+    def from_json(path: str | Path) -> ProfiledModel:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(f"profile file {path}: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            raise InputError(f"profile file {path}: field 'version' must be 1")
+        for key in ("network", "batch", "layers"):
+            if key not in doc:
+                raise InputError(f"profile file {path}: missing field '{key}'")
+        return ProfiledModel(doc["network"], int(doc["batch"]),
+                             {k: {t: int(v) for t, v in d.items()} for k, d in doc["layers"].items()})
+
+
+def task_cost(model: CostModel, layer: Layer, kind: str, batch: int) -> int:
+    """Cycles of a (possibly fused) task: the sum over its atomic parts. The one place costs are made."""
+    return sum(model.atomic_cost(layer, k, batch) for k in kind)
+
+
+#: Cost model factories by name; `layerpipe.hdl` adds "rtl" when imported.
+COST_MODELS: dict[str, Callable[..., CostModel]] = {
+    "macs": MacsModel,
+    "pe": PEModel,
+}
+
+
+def make_cost_model(name: str, *, lanes: int = 64, overhead: int = 16, profile: str | None = None) -> CostModel:
+    """A cost model by name: macs, pe (lanes, overhead), profiled (profile JSON path), rtl (lanes)."""
+    if name == "macs":
+        return MacsModel()
+    if name == "pe":
+        return PEModel(lanes, overhead)
+    if name == "profiled":
+        if profile is None:
+            raise InputError("cost model 'profiled' needs --profile FILE.json (made by `layerpipe profile`)")
+        return ProfiledModel.from_json(profile)
+    if name == "rtl":
+        try:
+            from layerpipe.hdl import RTLCostModel
+        except ImportError as exc:
+            raise InputError(f"cost model 'rtl' needs the hdl extra: {exc}") from None
+        return RTLCostModel(lanes=lanes)
+    raise InputError(f"unknown cost model '{name}'; allowed: macs, pe, profiled, rtl")
+
+
+def network_costs(model: CostModel, network: Network, kinds: str = ATOMIC_KINDS) -> dict[tuple[int, str], int]:
+    """Atomic costs of every task of every layer, keyed (layer index, kind)."""
+    out: dict[tuple[int, str], int] = {}
+    for layer in network.layers:
+        for kind in kinds:
+            if kind == "F" or (kind == "E" and not layer.takes_network_input) or (
+                    layer.has_weights and kind in "AGU"):
+                out[(layer.index, kind)] = model.atomic_cost(layer, kind, network.batch)
+    return out

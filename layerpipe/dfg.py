@@ -1,0 +1,245 @@
+"""The training dataflow graph (design notes §2).
+
+Nodes are tasks of one iteration (one micro-batch): F, A, E, G, U per layer, or fused groups of them.
+Edges carry a data volume in words and a delay in iterations. Every variant — LayerPipe's fine split,
+the intra-only or inter-only ablations, PipeDream's fused backward — comes out of one builder:
+
+| intra | inter | backward tasks of a weight layer l                                       |
+|-------|-------|--------------------------------------------------------------------------|
+| yes   | yes   | A_l, E_l, G_l — all separate (LayerPipe)                                 |
+| yes   | no    | AE_l (δ_l and e_{l-1} in one task), G_l                                   |
+| no    | yes   | A_l, EG_l (E and G in one task, not in parallel)                          |
+| no    | no    | AEG_l — PipeDream's fused backward B = A;E;G                              |
+
+Without the inter-layer split the δ computation of layer l stays with W_l's E (the usual per-layer
+backward), so A and E of a layer cannot land on different processors. A fused kind is the string of its
+atomic parts in F, A, E, G, U order; a layer with no E (its input is the network input) simply lacks the
+letter. Weightless layers (pool, flatten, activation, add) have F and, unless they read the network
+input, E (their elementwise or pooling backward, fused activation included).
+
+Edges of one iteration have delay 0. Weight edges U_l → F_l and U_l → E_l have delay 1: update k writes
+version k+1, which iteration k+1 reads (plain SGD). Under `stash`, E_l reads the weights F_l read, so the
+edge is F_l → E_l (role "stash", delay 0) instead of U_l → E_l. The delayed-gradient delays D_l live on
+G_l → U_l and are placed by `layerpipe.retiming`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from layerpipe.costs import CostModel, task_cost
+from layerpipe.errors import InputError
+from layerpipe.network import INPUT, Layer, Network
+
+WEIGHT_MODES: tuple[str, ...] = ("stash", "latest", "ema")
+
+#: Edge roles: what an edge carries.
+ROLES: tuple[str, ...] = (
+    "activation",  # a_l, forward F_p -> F_l
+    "kept",  # what a layer keeps from its forward for its backward: z_l (F->A), a_{l-1} (F->G), masks (F->E)
+    "loss",  # a_L to the loss derivative at the output layer's backward
+    "error",  # e_l, from a consumer's E to this layer's A (or E for weightless layers)
+    "delta",  # δ_l, A_l -> E_l and A_l -> G_l
+    "gradient",  # g_l, G_l -> U_l (carries D_l)
+    "weights",  # W_l, U_l -> F_l and U_l -> E_l, delay 1 (the weight register)
+    "stash",  # W_l travelling with the sample, F_l -> E_l under `stash`
+)
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    """One task of one iteration: `kind` is an atomic letter (F, A, E, G, U) or a fused group ("AEG")."""
+
+    layer: int
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.layer}"
+
+    def has(self, atomic: str) -> bool:
+        return atomic in self.kind
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: Task
+    dst: Task
+    words: int
+    delay: int
+    role: str
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """Switches of the graph builder. Defaults are LayerPipe's full split with weight stashing."""
+
+    intra: bool = True
+    inter: bool = True
+    weight_mode: str = "stash"
+
+    def __post_init__(self) -> None:
+        if self.weight_mode not in WEIGHT_MODES:
+            raise InputError(f"weight_mode '{self.weight_mode}' is not one of {', '.join(WEIGHT_MODES)}")
+
+    @staticmethod
+    def pipedream() -> GraphOptions:
+        return GraphOptions(intra=False, inter=False, weight_mode="stash")
+
+
+def backward_groups(layer: Layer, options: GraphOptions) -> list[str]:
+    """The backward task kinds of a layer under the switches, in dependency order."""
+    has_e = not layer.takes_network_input
+    if not layer.has_weights:
+        return ["E"] if has_e else []
+    e = "E" if has_e else ""
+    if options.intra and options.inter:
+        groups = ["A", e, "G"]
+    elif options.intra:
+        groups = ["A" + e, "G"]
+    elif options.inter:
+        groups = ["A", e + "G"]
+    else:
+        groups = ["A" + e + "G"]
+    return [g for g in groups if g]
+
+
+@dataclass(frozen=True)
+class TrainingGraph:
+    """Tasks and edges of one training iteration of a network, with loop (cross-iteration) edges."""
+
+    network: Network
+    options: GraphOptions
+    tasks: tuple[Task, ...]
+    edges: tuple[Edge, ...]
+    _owner: dict[tuple[int, str], Task] = field(default_factory=dict, compare=False, repr=False)
+
+    def task_of(self, layer: int, atomic: str) -> Task | None:
+        """The task that performs atomic kind `atomic` of `layer` (fused or not), or None."""
+        return self._owner.get((layer, atomic))
+
+    def costs(self, model: CostModel) -> dict[Task, int]:
+        return {t: task_cost(model, self.network.layer(t.layer), t.kind, self.network.batch) for t in self.tasks}
+
+    def layer_tasks(self, layer: int) -> list[Task]:
+        return [t for t in self.tasks if t.layer == layer]
+
+    @cached_property
+    def successors(self) -> dict[Task, list[Edge]]:
+        out: dict[Task, list[Edge]] = {t: [] for t in self.tasks}
+        for e in self.edges:
+            out[e.src].append(e)
+        return out
+
+    @cached_property
+    def predecessors(self) -> dict[Task, list[Edge]]:
+        out: dict[Task, list[Edge]] = {t: [] for t in self.tasks}
+        for e in self.edges:
+            out[e.dst].append(e)
+        return out
+
+    def intra_iteration_order(self) -> list[Task]:
+        """Tasks in a topological order of the delay-0 edges (a valid sequential execution order)."""
+        indeg = {t: 0 for t in self.tasks}
+        for e in self.edges:
+            if e.delay == 0:
+                indeg[e.dst] += 1
+        ready = [t for t in self.tasks if indeg[t] == 0]
+        order: list[Task] = []
+        while ready:
+            t = ready.pop(0)
+            order.append(t)
+            for e in self.successors[t]:
+                if e.delay == 0:
+                    indeg[e.dst] -= 1
+                    if indeg[e.dst] == 0:
+                        ready.append(e.dst)
+        if len(order) != len(self.tasks):
+            raise AssertionError("training graph has a delay-free cycle")
+        return order
+
+    def gradient_edge(self, layer: int) -> Edge:
+        """The G_l → U_l edge, where delayed-gradient delays D_l go."""
+        g, u = self.task_of(layer, "G"), self.task_of(layer, "U")
+        for e in self.successors[g]:  # type: ignore[index]
+            if e.dst == u:
+                return e
+        raise KeyError(layer)
+
+
+def build_training_graph(network: Network, options: GraphOptions | None = None) -> TrainingGraph:
+    """Build the DFG of one training iteration of `network` under `options`."""
+    options = options or GraphOptions()
+    batch = network.batch
+    tasks: list[Task] = []
+    owner: dict[tuple[int, str], Task] = {}
+
+    def add(layer: int, kind: str) -> None:
+        task = Task(layer, kind)
+        tasks.append(task)
+        for atomic in kind:
+            owner[(layer, atomic)] = task
+
+    for layer in network.layers:
+        add(layer.index, "F")
+        for kind in backward_groups(layer, options):
+            add(layer.index, kind)
+        if layer.has_weights:
+            add(layer.index, "U")
+
+    edges: list[Edge] = []
+
+    def connect(src: Task | None, dst: Task | None, words: int, role: str, delay: int = 0) -> None:
+        if src is None or dst is None or src == dst:
+            return  # absent task, or both ends fused into one task
+        edges.append(Edge(src, dst, words, delay, role))
+
+    def backward_entry(layer: Layer) -> Task | None:
+        """The task that consumes e_l: A for weight layers, E for weightless ones."""
+        return owner.get((layer.index, "A" if layer.has_weights else "E"))
+
+    last = network.layers[-1]
+    for layer in network.layers:
+        i = layer.index
+        f = owner[(i, "F")]
+        for src in layer.inputs:
+            if src != INPUT:
+                connect(owner[(src, "F")], f, batch * network.layer(src).out_size, "activation")
+        entry = backward_entry(layer)
+        if layer is last:
+            # The loss derivative needs a_L (and z_L, the same words when the output is linear).
+            factor = 1 if layer.activation == "identity" or not layer.has_weights else 2
+            connect(f, entry, factor * batch * layer.out_size, "loss")
+        if layer.has_weights:
+            a, e, g, u = (owner.get((i, k)) for k in "AEGU")
+            w = layer.weight_count
+            if layer is not last:
+                connect(f, a, batch * layer.out_size, "kept")  # z_l
+            connect(f, g, batch * layer.in_size, "kept")  # a_{l-1}
+            connect(a, e, batch * layer.out_size, "delta")
+            connect(a, g, batch * layer.out_size, "delta")
+            connect(g, u, w, "gradient")
+            connect(u, f, w, "weights", delay=1)
+            if options.weight_mode == "stash":
+                connect(f, e, w, "stash")
+            else:
+                connect(u, e, w, "weights", delay=1)
+        else:
+            connect(f, owner.get((i, "E")), batch * layer.in_size, "kept")  # masks / pooling indices
+        # e_{l-1}: this layer's E feeds the backward entry of every producer.
+        e_task = owner.get((i, "E"))
+        for src in layer.inputs:
+            if src != INPUT:
+                connect(e_task, backward_entry(network.layer(src)), batch * network.layer(src).out_size, "error")
+
+    graph = TrainingGraph(network, options, tuple(tasks), tuple(edges), owner)
+    graph.intra_iteration_order()  # asserts acyclicity of one iteration
+    return graph
+
+
+def iter_loops(graph: TrainingGraph) -> Iterator[tuple[int, Edge]]:
+    """The weight loops: (layer, U_l → F_l edge) for every layer with weights."""
+    for e in graph.edges:
+        if e.role == "weights" and e.dst.has("F"):
+            yield e.src.layer, e

