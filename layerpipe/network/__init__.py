@@ -1,6 +1,7 @@
 """Networks: layer operations, the layer DAG with inferred shapes, the built-in zoo and loaders."""
 
 from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
+from layerpipe.network._load import load_network
 from layerpipe.network._ops import (
     ACTIVATIONS,
     LAYER_TYPES,
@@ -13,7 +14,6 @@ from layerpipe.network._ops import (
     Pool2d,
 )
 from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
-from layerpipe.network._load import load_network
 
 __all__ = [
     "ACTIVATIONS",

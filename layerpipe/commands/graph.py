@@ -1,0 +1,67 @@
+"""`layerpipe graph NETWORK`: layers, tasks and costs of a network's training graph."""
+
+from __future__ import annotations
+
+import argparse
+
+from layerpipe.commands._common import (
+    add_cost_args,
+    add_network_args,
+    cost_model_from_args,
+    format_table,
+    to_json,
+)
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.network import load_network
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("graph", help="layers, tasks and costs of a network's training graph")
+    p.add_argument("network", help="zoo name (lenet5, alexnet, vgg16, resnet18, resnet50), mlp:W0-W1-..., or FILE.yaml")
+    add_network_args(p)
+    add_cost_args(p)
+    p.add_argument("--no-intra", action="store_true", help="keep E and G of a layer in one task")
+    p.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    net = load_network(args.network, args.batch)
+    model = cost_model_from_args(args)
+    graph = build_training_graph(net, GraphOptions(intra=not args.no_intra, inter=not args.no_inter))
+    costs = graph.costs(model)
+    layers = []
+    for layer in net.layers:
+        tasks = {t.kind: costs[t] for t in graph.layer_tasks(layer.index)}
+        layers.append({
+            "index": layer.index,
+            "name": layer.name,
+            "type": layer.kind,
+            "activation": layer.activation,
+            "inputs": [net.layer(i).name if i else "input" for i in layer.inputs],
+            "out_shape": list(layer.out_shape),
+            "weight_words": layer.weight_count,
+            "forward_macs": layer.forward_macs * net.batch,
+            "task_cycles": tasks,
+        })
+    if args.format == "json":
+        doc = {
+            "network": net.name,
+            "batch": net.batch,
+            "cost_model": model.name,
+            "num_layers": len(net),
+            "num_tasks": len(graph.tasks),
+            "num_edges": len(graph.edges),
+            "total_cycles_per_iteration": sum(costs.values()),
+            "layers": layers,
+        }
+        print(to_json(doc), end="")
+        return 0
+    headers = ["#", "name", "type", "act", "out_shape", "weights", "tasks (cycles)"]
+    rows = [[d["index"], d["name"], d["type"], d["activation"], "x".join(map(str, d["out_shape"])),
+             d["weight_words"], " ".join(f"{k}={v}" for k, v in d["task_cycles"].items())] for d in layers]
+    print(f"{net.name}: {len(net)} layers, {len(graph.tasks)} tasks, batch {net.batch}, "
+          f"cost model {model.name}, {sum(costs.values())} cycles per iteration")
+    print(format_table(headers, rows), end="")
+    return 0

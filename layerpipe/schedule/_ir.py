@@ -1,0 +1,194 @@
+"""The schedule IR shared by every policy and backend (design notes §6).
+
+An `Op` is (processor, kind, unit, iteration): `unit` is a layer index for layer-level schedules (kinds
+are DFG task kinds: F, A, E, G, U and fused groups such as AEG) or a stage index for stage-level
+schedules (kinds F, B, I, W as in torch.distributed.pipelining: B = full backward, I = input gradient,
+W = weight gradient). `iteration` is the iteration (async) or micro-batch (sync) number.
+
+Two schedule forms:
+- `OpSchedule`: explicit per-processor ordered op lists, no times (the simulator times them).
+- `PeriodicSchedule`: period P and, per processor, a body of `Slot`s (task, lag, start). In period j the
+  processor starts task v of iteration j − lag at time j·P + start. `unroll(T)` gives the explicit ops for
+  iterations 0..T−1 (prologue and epilogue skip iterations < 0 or ≥ T).
+
+Text form of an op: `KIND UNIT . ITERATION`, e.g. `F3.7`, `AEG2.0`; a schedule is one line per processor:
+`p0: F1.0 F2.0 A2.0`. Slots print as `F3.7` style with the lag in place of the iteration and the start
+offset after `@`: `F3-2@15` is F3, lag 2, start 15 (the iteration is j − lag).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from layerpipe.errors import InputError
+
+KINDS_LAYER = ("F", "A", "E", "G", "U", "AE", "EG", "AG", "AEG")
+KINDS_STAGE = ("F", "B", "I", "W")
+LEVELS = ("layer", "stage")
+
+
+@dataclass(frozen=True, order=True)
+class Op:
+    proc: int
+    kind: str
+    unit: int
+    iteration: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.unit}.{self.iteration}"
+
+
+_OP_RE = re.compile(r"^([A-Z]+)(\d+)\.(\d+)$")
+_SLOT_RE = re.compile(r"^([A-Z]+)(\d+)-(\d+)@(\d+)$")
+
+
+def parse_op(text: str, proc: int) -> Op:
+    m = _OP_RE.match(text)
+    if not m:
+        raise InputError(f"op '{text}' is not KIND UNIT.ITERATION like F3.7")
+    return Op(proc, m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+@dataclass(frozen=True)
+class OpSchedule:
+    """Explicit per-processor ordered op lists."""
+
+    level: str
+    procs: tuple[tuple[Op, ...], ...]
+    synchronous: bool = False
+    microbatches: int = 0  #: micro-batches per step (synchronous schedules), 0 for asynchronous
+
+    @property
+    def num_procs(self) -> int:
+        return len(self.procs)
+
+    def ops(self) -> Iterable[Op]:
+        for row in self.procs:
+            yield from row
+
+    def to_text(self) -> str:
+        head = f"# layerpipe schedule v1 level={self.level} procs={self.num_procs}"
+        if self.synchronous:
+            head += f" synchronous microbatches={self.microbatches}"
+        lines = [head]
+        for p, row in enumerate(self.procs):
+            lines.append(f"p{p}: " + " ".join(str(op) for op in row))
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def from_text(text: str) -> OpSchedule:
+        level, sync, m = "layer", False, 0
+        rows: list[tuple[Op, ...]] = []
+        for n, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                for word in line.split():
+                    if word.startswith("level="):
+                        level = word.split("=", 1)[1]
+                    elif word == "synchronous":
+                        sync = True
+                    elif word.startswith("microbatches="):
+                        m = int(word.split("=", 1)[1])
+                continue
+            name, _, body = line.partition(":")
+            if name != f"p{len(rows)}":
+                raise InputError(f"schedule line {n}: expected 'p{len(rows)}:', got '{name}:'")
+            try:
+                rows.append(tuple(parse_op(tok, len(rows)) for tok in body.split()))
+            except InputError as exc:
+                raise InputError(f"schedule line {n}: {exc}") from None
+        if level not in LEVELS:
+            raise InputError(f"schedule header: level '{level}' is not one of {', '.join(LEVELS)}")
+        return OpSchedule(level, tuple(rows), sync, m)
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """One entry of a periodic body: task `kind`/`layer` of iteration j − lag starts at j·P + start."""
+
+    start: int
+    kind: str
+    layer: int
+    lag: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.layer}-{self.lag}@{self.start}"
+
+
+@dataclass(frozen=True)
+class PeriodicSchedule:
+    """A modulo schedule: every processor repeats its body every `period` cycles."""
+
+    period: int
+    bodies: tuple[tuple[Slot, ...], ...]
+    costs: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_procs(self) -> int:
+        return len(self.bodies)
+
+    def placement(self) -> dict[tuple[str, int], int]:
+        """(kind, layer) → processor."""
+        return {(s.kind, s.layer): p for p, body in enumerate(self.bodies) for s in body}
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        return {(s.kind, s.layer): s.lag for body in self.bodies for s in body}
+
+    def unroll(self, iterations: int) -> OpSchedule:
+        """Explicit ops for iterations 0..T−1, each processor's ops in start-time order."""
+        rows = []
+        max_lag = max((s.lag for body in self.bodies for s in body), default=0)
+        for p, body in enumerate(self.bodies):
+            timed = []
+            for j in range(iterations + max_lag):
+                for s in body:
+                    t = j - s.lag
+                    if 0 <= t < iterations:
+                        timed.append((j * self.period + s.start, s.layer, s.kind, Op(p, s.kind, s.layer, t)))
+            timed.sort(key=lambda x: x[:3])
+            rows.append(tuple(x[3] for x in timed))
+        return OpSchedule("layer", tuple(rows))
+
+    def start_time(self, kind: str, layer: int, iteration: int) -> int:
+        for body in self.bodies:
+            for s in body:
+                if (s.kind, s.layer) == (kind, layer):
+                    return (iteration + s.lag) * self.period + s.start
+        raise KeyError((kind, layer))
+
+    def to_text(self) -> str:
+        lines = [f"# layerpipe periodic schedule v1 period={self.period} procs={self.num_procs}"]
+        for p, body in enumerate(self.bodies):
+            lines.append(f"p{p}: " + " ".join(str(s) for s in sorted(body)))
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def from_text(text: str) -> PeriodicSchedule:
+        period = None
+        bodies: list[tuple[Slot, ...]] = []
+        for n, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                for word in line.split():
+                    if word.startswith("period="):
+                        period = int(word.split("=", 1)[1])
+                continue
+            name, _, body = line.partition(":")
+            if name != f"p{len(bodies)}":
+                raise InputError(f"periodic schedule line {n}: expected 'p{len(bodies)}:', got '{name}:'")
+            slots = []
+            for tok in body.split():
+                m = _SLOT_RE.match(tok)
+                if not m:
+                    raise InputError(f"periodic schedule line {n}: slot '{tok}' is not KIND LAYER-LAG@START")
+                slots.append(Slot(int(m.group(4)), m.group(1), int(m.group(2)), int(m.group(3))))
+            bodies.append(tuple(slots))
+        if period is None or period < 1:
+            raise InputError("periodic schedule header: field 'period' must be a positive integer")
+        return PeriodicSchedule(period, tuple(bodies))
