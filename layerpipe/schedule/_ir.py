@@ -39,6 +39,33 @@ class Op:
     def __str__(self) -> str:
         return f"{self.kind}{self.unit}.{self.iteration}"
 
+    @property
+    def key(self) -> OpKey:
+        """The op without its processor: what it computes, not where."""
+        return (self.kind, self.unit, self.iteration)
+
+
+#: (kind, unit, iteration): an op's identity independent of placement.
+OpKey = tuple[str, int, int]
+
+
+class ScheduleError(InputError):
+    """A schedule breaks a rule (precedence, overlap, counts, lags, staleness).
+
+    `str(error)` is one summary line (the CLI prints it and exits 2, as for any `InputError`). The
+    step × processor picture with the failing step marked is in `grid` and is also attached as an
+    exception note, so tracebacks and test failures show it while the CLI stays one line.
+    """
+
+    def __init__(self, summary: str, grid: str = "", step: int | None = None, proc: int | None = None) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.grid = grid
+        self.step = step
+        self.proc = proc
+        if grid:
+            self.add_note(grid)
+
 
 _OP_RE = re.compile(r"^([A-Z]+)(\d+)\.(\d+)$")
 _SLOT_RE = re.compile(r"^([A-Z]+)(\d+)-(\d+)@(\d+)$")
@@ -67,6 +94,25 @@ class OpSchedule:
     def ops(self) -> Iterable[Op]:
         for row in self.procs:
             yield from row
+
+    @property
+    def num_iterations(self) -> int:
+        """Iterations (micro-batches for synchronous schedules) the ops cover: the largest index + 1.
+
+        Update ops of synchronous layer-level schedules count steps, not micro-batches, so they are left out.
+        """
+        return 1 + max((op.iteration for op in self.ops() if not (self.synchronous and op.kind == "U")), default=-1)
+
+    @property
+    def num_steps(self) -> int:
+        """Synchronous steps of `microbatches` micro-batches each (1 for asynchronous schedules)."""
+        if not self.synchronous or self.microbatches < 1:
+            return 1
+        return max(1, -(-self.num_iterations // self.microbatches))
+
+    def placement(self) -> dict[int, int]:
+        """unit (layer or stage) → processor of its forward op, for the units that have one."""
+        return {op.unit: op.proc for op in self.ops() if op.kind == "F"}
 
     def to_text(self) -> str:
         head = f"# layerpipe schedule v1 level={self.level} procs={self.num_procs}"
