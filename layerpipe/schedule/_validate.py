@@ -1,0 +1,434 @@
+"""The one validator for every schedule, and a minimal dry-run timing used by it.
+
+`validate(schedule, ...)` checks an explicit `OpSchedule` or a `PeriodicSchedule` against the rules of design
+notes §5 and raises `ScheduleError` on the first fault: one summary line (what the CLI prints) and a
+step × processor grid with the failing step marked (`>>` in the margin, the failing cell in brackets).
+
+Explicit schedules: structure (kinds and units legal, each op on the row of its processor), counts (every
+task of every iteration exactly once, on exactly one processor), precedence (the per-processor orders
+together with `dependencies` admit an execution: no deadlock, no op before its producer on its own
+processor; synchronous steps are linked through their weight versions by the dependency rules), and for
+asynchronous layer-level schedules an optional staleness bound under the dry-run timing.
+
+Periodic schedules: lags and starts ≥ 0, counts (every task of the graph in exactly one body), no overlap on
+a processor modulo the period (a body may wrap past P), precedence in modulo form — for every edge u→v of
+delay d: (lag_v − lag_u + d)·P + start_v ≥ start_u + cost_u (+ comm(words) across processors) — and the
+staleness of F_l under the periodic timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from heapq import heapify, heappop, heappush
+
+from layerpipe.dfg import TrainingGraph
+from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies, layer_task_edges
+from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, PeriodicSchedule, ScheduleError
+
+#: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
+Durations = Mapping[tuple[str, int], int] | Callable[[Op], int] | None
+
+#: Grids taller than this show only the rows around the marked step.
+GRID_WINDOW = 12
+
+
+def _duration_fn(durations: Durations) -> Callable[[Op], int]:
+    if durations is None:
+        return lambda op: 1
+    if callable(durations):
+        return durations
+    table = durations
+    return lambda op: table[(op.kind, op.unit)]
+
+
+def _partial_timing(
+    schedule: OpSchedule, deps: Mapping[Op, tuple[Dependency, ...]], duration: Callable[[Op], int]
+) -> tuple[dict[Op, tuple[int, int]], list[Op]]:
+    """List-schedule the ops in program order; return (start, end) of every op that can run, and the
+    processors' first ops that never can (empty unless the orders deadlock).
+
+    Kahn's algorithm over dependency edges plus program-order edges: an op's start is the latest end of its
+    producers and of its processor's previous op, so topological order gives exact times in linear time.
+    """
+    waiting: dict[Op, int] = {}
+    consumers: dict[Op, list[Op]] = {}
+    for row in schedule.procs:
+        for i, op in enumerate(row):
+            waiting[op] = len(deps.get(op, ())) + (1 if i else 0)
+            for d in deps.get(op, ()):
+                consumers.setdefault(d.producer, []).append(op)
+    position = {op: (p, i) for p, row in enumerate(schedule.procs) for i, op in enumerate(row)}
+    ready = [position[op] for op, n in waiting.items() if n == 0]
+    heapify(ready)
+    times: dict[Op, tuple[int, int]] = {}
+    while ready:
+        p, i = heappop(ready)
+        op = schedule.procs[p][i]
+        previous_end = times[schedule.procs[p][i - 1]][1] if i else 0
+        start = max([previous_end] + [times[d.producer][1] for d in deps.get(op, ())])
+        times[op] = (start, start + duration(op))
+        successors = consumers.get(op, [])
+        if i + 1 < len(schedule.procs[p]):
+            successors = [*successors, schedule.procs[p][i + 1]]
+        for nxt in successors:
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                heappush(ready, position[nxt])
+    heads = (next((op for op in row if op not in times), None) for row in schedule.procs)
+    blocked = [op for op in heads if op is not None]
+    return times, blocked
+
+
+def dry_run(
+    schedule: OpSchedule,
+    deps: Mapping[Op, tuple[Dependency, ...]],
+    durations: Durations = None,
+) -> dict[Op, tuple[int, int]]:
+    """(start, end) of every op: each processor runs its ops in order, an op starts when its processor is
+    free and its producers have ended. No communication, no memory: for validation and quick checks only —
+    the timing engine is `layerpipe.sim`. Raises `ScheduleError` when the orders deadlock.
+    """
+    times, blocked = _partial_timing(schedule, deps, _duration_fn(durations))
+    if blocked:
+        _raise_deadlock(schedule, deps, times, blocked)
+    return times
+
+
+# --------------------------------------------------------------------------------------------- grids
+
+
+def format_grid(
+    cells: Mapping[tuple[int, int], str],
+    num_procs: int,
+    row_labels: Mapping[int, str] | None = None,
+    mark: tuple[int, int] | None = None,
+) -> str:
+    """A step × processor grid: rows are steps (keys' first element), columns processors; `mark` (row, proc)
+    gets `>>` in the margin and brackets around its cell. Tall grids keep the rows near the mark."""
+    rows = sorted({r for r, _ in cells} | ({mark[0]} if mark else set()))
+    if mark and len(rows) > 2 * GRID_WINDOW + 1:
+        k = rows.index(mark[0])
+        shown = rows[max(0, k - GRID_WINDOW) : k + GRID_WINDOW + 1]
+    else:
+        shown = rows[: 2 * GRID_WINDOW + 1] if len(rows) > 2 * GRID_WINDOW + 1 else rows
+    labels = {r: (row_labels or {}).get(r, f"step {r}") for r in shown}
+
+    def text(r: int, p: int) -> str:
+        cell = cells.get((r, p), "")
+        return f"[{cell}]" if mark == (r, p) else cell
+
+    widths = [max([len(f"p{p}")] + [len(text(r, p)) for r in shown]) for p in range(num_procs)]
+    lw = max((len(v) for v in labels.values()), default=4)
+    lines = [(" " * (lw + 5) + " ".join(f"p{p}".ljust(widths[p]) for p in range(num_procs))).rstrip()]
+    if shown and shown[0] != rows[0]:
+        lines.append("   ...")
+    for r in shown:
+        margin = ">> " if mark and r == mark[0] else "   "
+        body = " ".join(text(r, p).ljust(widths[p]) for p in range(num_procs))
+        lines.append(f"{margin}{labels[r].rjust(lw)}: {body}".rstrip())
+    if shown and shown[-1] != rows[-1]:
+        lines.append("   ...")
+    return "\n".join(lines)
+
+
+def _explicit_grid(schedule: OpSchedule, times: Mapping[Op, tuple[int, int]] | None, mark: Op | None) -> str:
+    """Grid of an explicit schedule: row = the op's step in a unit-time dry run (ops that cannot run follow
+    their processor's last runnable op), so ops that run together line up like torch's pipeline order."""
+    cells: dict[tuple[int, int], str] = {}
+    where: dict[Op, int] = {}
+    stuck_from = max((end for _, end in times.values()), default=0) if times is not None else 0
+    for p, row in enumerate(schedule.procs):
+        step = 0
+        for op in row:
+            if times is not None:
+                step = times[op][0] if op in times else max(step, stuck_from)
+            while (step, p) in cells:
+                step += 1
+            cells[(step, p)] = str(op)
+            where.setdefault(op, step)
+            step += 1
+    width = len(str(max((r for r, _ in cells), default=0)))
+    labels = {r: f"step {str(r).zfill(width)}" for r, _ in cells}
+    return format_grid(cells, schedule.num_procs, labels, (where[mark], mark.proc) if mark in where else None)
+
+
+def _unit_times(schedule: OpSchedule, deps: Mapping[Op, tuple[Dependency, ...]] | None) -> dict[Op, tuple[int, int]]:
+    if deps is None:
+        return {op: (i, i + 1) for row in schedule.procs for i, op in enumerate(row)}
+    return _partial_timing(schedule, deps, lambda op: 1)[0]
+
+
+def _fail(
+    schedule: OpSchedule, summary: str, at: Op | None, deps: Mapping[Op, tuple[Dependency, ...]] | None = None
+) -> None:
+    grid = _explicit_grid(schedule, _unit_times(schedule, deps), at)
+    raise ScheduleError(summary, grid, step=None, proc=at.proc if at else None)
+
+
+def _raise_deadlock(
+    schedule: OpSchedule,
+    deps: Mapping[Op, tuple[Dependency, ...]],
+    times: Mapping[Op, tuple[int, int]],
+    blocked: list[Op],
+) -> None:
+    slot = {op: i for row in schedule.procs for i, op in enumerate(row)}
+    # Prefer an op whose producer its own processor runs later: the plainest form of the fault.
+    for op in blocked:
+        for d in deps.get(op, ()):
+            if d.producer.proc == op.proc and slot[d.producer] > slot[op]:
+                _fail(
+                    schedule,
+                    f"precedence: {op} on p{op.proc} (slot {slot[op]}) needs {d.producer}, "
+                    f"which p{op.proc} runs later (slot {slot[d.producer]})",
+                    op,
+                    deps,
+                )
+    op = blocked[0]
+    waits = next(d.producer for d in deps[op] if d.producer not in times)
+    _fail(
+        schedule,
+        f"precedence: deadlock — {op} on p{op.proc} (slot {slot[op]}) needs {waits}, which p{waits.proc} "
+        f"(slot {slot[waits]}) cannot reach because its earlier ops wait in turn",
+        op,
+        deps,
+    )
+
+
+# ----------------------------------------------------------------------------------- explicit schedules
+
+
+def _expected_keys(
+    schedule: OpSchedule, graph: TrainingGraph | None, stages: StageInfo | None, iterations: int
+) -> set[OpKey] | None:
+    """Every op key the schedule must hold, except stage-level backward ops (B xor I+W, checked apart)."""
+    if schedule.level == "stage":
+        num_stages = stages.num_stages if stages else 1 + max((op.unit for op in schedule.ops()), default=-1)
+        return {("F", s, t) for s in range(num_stages) for t in range(iterations)}
+    if graph is None:
+        return None
+    keys: set[OpKey] = set()
+    steps = -(-iterations // schedule.microbatches) if schedule.synchronous and schedule.microbatches else 0
+    for task in graph.tasks:
+        if schedule.synchronous and task.kind == "U":
+            keys |= {(task.kind, task.layer, j) for j in range(steps)}
+        else:
+            keys |= {(task.kind, task.layer, t) for t in range(iterations)}
+    return keys
+
+
+def _check_structure(schedule: OpSchedule, graph: TrainingGraph | None, stages: StageInfo | None) -> None:
+    kinds = KINDS_STAGE if schedule.level == "stage" else KINDS_LAYER
+    tasks = {(t.kind, t.layer) for t in graph.tasks} if graph is not None and schedule.level == "layer" else None
+    for p, row in enumerate(schedule.procs):
+        for op in row:
+            if op.proc != p:
+                _fail(schedule, f"op {op} is listed on p{p} but says processor {op.proc}", op)
+            if op.kind not in kinds:
+                _fail(schedule, f"op {op} on p{p}: kind '{op.kind}' is not one of {', '.join(kinds)}", op)
+            if tasks is not None and (op.kind, op.unit) not in tasks:
+                _fail(schedule, f"op {op} on p{p}: the training graph has no task {op.kind}{op.unit}", op)
+            if stages is not None and schedule.level == "stage" and not 0 <= op.unit < stages.num_stages:
+                _fail(schedule, f"op {op} on p{p}: stage {op.unit} is not in 0..{stages.num_stages - 1}", op)
+
+
+def _check_duplicates(schedule: OpSchedule) -> None:
+    seen: dict[OpKey, Op] = {}
+    for op in schedule.ops():
+        if op.key in seen:
+            first = seen[op.key]
+            _fail(schedule, f"duplicate: {op} runs twice (on p{first.proc} and on p{op.proc})", op)
+        seen[op.key] = op
+
+
+def _check_counts(schedule: OpSchedule, graph: TrainingGraph | None, stages: StageInfo | None, iterations: int) -> None:
+    """Every expected op is present (after duplicates and producers were checked: what is left is ops
+    nothing consumes, such as a last W or U), and none lies outside the iterations."""
+    seen = {op.key: op for op in schedule.ops()}
+    expected = _expected_keys(schedule, graph, stages, iterations)
+    if expected is None:
+        return
+    if schedule.level == "stage":
+        for s, t in sorted({(k[1], k[2]) for k in expected}):
+            has = {kind for kind in "BIW" if (kind, s, t) in seen}
+            if has == {"B", "I"} or has == {"B", "W"} or has == {"B", "I", "W"}:
+                _fail(schedule, f"duplicate: stage {s} micro-batch {t} has both B and I/W", seen[("B", s, t)])
+            for kind in {"I": "W", "W": "I"}.get(next(iter(has), ""), ""):
+                if kind not in has:
+                    _fail(schedule, f"missing op: {kind}{s}.{t} (stage {s} splits micro-batch {t} into I and W)", None)
+            if not has:
+                _fail(schedule, f"missing op: B{s}.{t} (or I{s}.{t} and W{s}.{t}): no processor runs it", None)
+        extra = [op for op in schedule.ops() if op.iteration >= iterations]
+    else:
+        extra = [op for op in schedule.ops() if op.key not in expected]
+    for key in sorted(expected - seen.keys()):
+        kind, unit, it = key
+        _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", None)
+    if extra:
+        _fail(schedule, f"extra op: {extra[0]} on p{extra[0].proc} is outside iterations 0..{iterations - 1}", extra[0])
+
+
+def _check_staleness(
+    schedule: OpSchedule,
+    deps: Mapping[Op, tuple[Dependency, ...]],
+    times: Mapping[Op, tuple[int, int]],
+    max_staleness: int,
+) -> None:
+    """Staleness of F_l(t) = t − (number of U_l ops that ended by the time F_l(t) starts)."""
+    update_ends: dict[int, list[int]] = {}
+    for op, (_, end) in times.items():
+        if op.kind == "U":
+            update_ends.setdefault(op.unit, []).append(end)
+    for ends in update_ends.values():
+        ends.sort()
+    from bisect import bisect_right
+
+    for op in sorted((op for op in times if op.kind == "F" and op.unit in update_ends), key=lambda o: times[o][0]):
+        version = bisect_right(update_ends[op.unit], times[op][0])
+        if op.iteration - version > max_staleness:
+            _fail(
+                schedule,
+                f"staleness: {op} on p{op.proc} reads version {version}, staleness {op.iteration - version} "
+                f"> bound {max_staleness}",
+                op,
+                deps,
+            )
+
+
+def validate_explicit(
+    schedule: OpSchedule,
+    graph: TrainingGraph | None = None,
+    stages: StageInfo | None = None,
+    *,
+    iterations: int | None = None,
+    durations: Durations = None,
+    max_staleness: int | None = None,
+) -> dict[Op, tuple[int, int]]:
+    """Validate an explicit schedule; return its dry-run timing (unit durations unless given)."""
+    _check_structure(schedule, graph, stages)
+    total = schedule.num_iterations if iterations is None else iterations
+    _check_duplicates(schedule)
+    try:
+        deps = dependencies(schedule, graph, stages)
+    except MissingProducer as exc:
+        _fail(schedule, exc.summary, exc.consumer)
+    _check_counts(schedule, graph, stages, total)
+    times = dry_run(schedule, deps, durations)
+    if max_staleness is not None and schedule.level == "layer" and not schedule.synchronous:
+        _check_staleness(schedule, deps, times, max_staleness)
+    return times
+
+
+# ----------------------------------------------------------------------------------- periodic schedules
+
+
+def _periodic_grid(schedule: PeriodicSchedule, mark: tuple[int, int] | None) -> str:
+    """Rows are the distinct start offsets of the bodies; `mark` is (start, proc)."""
+    cells: dict[tuple[int, int], str] = {}
+    for p, body in enumerate(schedule.bodies):
+        for slot in sorted(body):
+            cells[(slot.start, p)] = (cells[(slot.start, p)] + " " if (slot.start, p) in cells else "") + str(slot)
+    labels = {r: f"@{r}" for r, _ in cells}
+    return format_grid(cells, schedule.num_procs, labels, mark)
+
+
+def validate_periodic(
+    schedule: PeriodicSchedule,
+    graph: TrainingGraph,
+    *,
+    costs: Mapping[tuple[str, int], int] | None = None,
+    comm: Callable[[int], int] | None = None,
+    max_staleness: int | None = None,
+) -> None:
+    """Validate a periodic schedule of `graph`'s tasks in modulo form (see the module docstring)."""
+    cost = dict(costs if costs is not None else schedule.costs)
+    period = schedule.period
+
+    def fail(summary: str, p: int | None, start: int | None) -> None:
+        mark = (start, p) if p is not None and start is not None else None
+        raise ScheduleError(summary, _periodic_grid(schedule, mark), step=start, proc=p)
+
+    where: dict[tuple[str, int], tuple[int, int, int]] = {}  # task → (proc, lag, start)
+    for p, body in enumerate(schedule.bodies):
+        for slot in body:
+            task = (slot.kind, slot.layer)
+            if slot.lag < 0 or slot.start < 0:
+                fail(f"lag: slot {slot} on p{p} has a negative lag or start", p, slot.start)
+            if task in where:
+                other = where[task][0]
+                fail(f"duplicate: task {slot.kind}{slot.layer} is in the bodies of p{other} and p{p}", p, slot.start)
+            if task not in cost:
+                fail(f"slot {slot} on p{p}: no cost known for task {slot.kind}{slot.layer}", p, slot.start)
+            where[task] = (p, slot.lag, slot.start)
+    graph_tasks = {(t.kind, t.layer) for t in graph.tasks}
+    for task in sorted(graph_tasks - where.keys()):
+        fail(f"missing op: task {task[0]}{task[1]} is in no processor's body", None, None)
+    for task in sorted(where.keys() - graph_tasks):
+        fail(f"extra op: task {task[0]}{task[1]} is not in the training graph", where[task][0], where[task][2])
+
+    for p, body in enumerate(schedule.bodies):
+        busy = [s for s in body if cost[(s.kind, s.layer)] > 0]
+        if sum(cost[(s.kind, s.layer)] for s in busy) > period:
+            fail(f"overlap: p{p} has more work than the period {period}", p, busy[0].start)
+        for i, a in enumerate(busy):
+            for b in busy[i + 1 :]:
+                ca, cb = cost[(a.kind, a.layer)], cost[(b.kind, b.layer)]
+                if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
+                    fail(f"overlap: on p{p}, {b} overlaps {a} modulo the period {period}", p, b.start)
+
+    for e in layer_task_edges(graph):
+        (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
+        ready = st_u + cost[e.src] + (comm(e.words) if comm is not None and pu != pv else 0)
+        if (lag_v - lag_u + e.delay) * period + st_v < ready:
+            src, dst = f"{e.src[0]}{e.src[1]}", f"{e.dst[0]}{e.dst[1]}"
+            fail(
+                f"precedence: {dst} (p{pv}, lag {lag_v}, start {st_v}) starts before {src} "
+                f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({e.role}, delay {e.delay})",
+                pv,
+                st_v,
+            )
+
+    if max_staleness is not None:
+        for layer, stale in periodic_staleness(schedule, graph, cost).items():
+            if stale > max_staleness:
+                p, _, start = where[("F", layer)]
+                fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)
+
+
+def periodic_staleness(
+    schedule: PeriodicSchedule, graph: TrainingGraph, costs: Mapping[tuple[str, int], int] | None = None
+) -> dict[int, int]:
+    """Steady-state staleness of F_l per weight layer under the periodic timing.
+
+    F_l(t) starts at (t + lag_F)·P + start_F; U_l(i) ends at (i + lag_U)·P + start_U + cost_U. It reads the
+    number of updates ended by then, t + k + 1 with k = lag_F − lag_U + ⌊(start_F − start_U − cost_U)/P⌋,
+    so its staleness t − version is −k − 1 (the same for every t once the pipeline is full).
+    """
+    cost = costs if costs is not None else schedule.costs
+    slots = {(s.kind, s.layer): s for body in schedule.bodies for s in body}
+    out: dict[int, int] = {}
+    for task in graph.tasks:
+        if task.kind != "U" or ("F", task.layer) not in slots:
+            continue
+        f, u = slots[("F", task.layer)], slots[(task.kind, task.layer)]
+        k = f.lag - u.lag + (f.start - u.start - cost[(u.kind, u.layer)]) // schedule.period
+        out[task.layer] = -k - 1
+    return out
+
+
+def validate(
+    schedule: OpSchedule | PeriodicSchedule,
+    graph: TrainingGraph | None = None,
+    stages: StageInfo | None = None,
+    **options,
+) -> dict[Op, tuple[int, int]] | None:
+    """Validate any schedule; raise `ScheduleError` on the first fault.
+
+    Explicit schedules: options `iterations`, `durations`, `max_staleness`; returns the dry-run timing.
+    Periodic schedules (need `graph`): options `costs`, `comm`, `max_staleness`; returns None.
+    """
+    if isinstance(schedule, PeriodicSchedule):
+        if graph is None:
+            raise ScheduleError("periodic schedules are validated against their training graph; none given")
+        validate_periodic(schedule, graph, **options)
+        return None
+    return validate_explicit(schedule, graph, stages, **options)
