@@ -1,5 +1,9 @@
-"""Networks: layer operations, the layer DAG with inferred shapes, the built-in zoo and loaders."""
+"""Networks: layer operations, the layer DAG with inferred shapes, the built-in zoo and loaders.
 
+`from_torch` (torch.fx import) needs torch only when called.
+"""
+
+from layerpipe.network._fx import from_torch
 from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
 from layerpipe.network._load import load_network
 from layerpipe.network._ops import (
@@ -13,6 +17,7 @@ from layerpipe.network._ops import (
     Linear,
     Pool2d,
 )
+from layerpipe.network._yaml import dump_yaml, load_yaml_network, parse_yaml_network
 from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
 
 __all__ = [
@@ -31,9 +36,13 @@ __all__ = [
     "NetworkBuilder",
     "Pool2d",
     "alexnet",
+    "dump_yaml",
+    "from_torch",
     "lenet5",
     "load_network",
+    "load_yaml_network",
     "mlp",
+    "parse_yaml_network",
     "resnet18",
     "resnet50",
     "vgg16",
