@@ -39,12 +39,20 @@ Training operations (rows are samples: an activation batch has shape (B, width);
 - outer_gradient(δ, a)  = rescale(Σ_b δ[b, i] · a[b, j])                 G: the whole micro-batch is
                           summed at full width before the one rescale.
 - bias_gradient(δ)      = sat(Σ_b δ[b, i])                                (already at scale 2^f)
-- accumulate(g1, g2)    = sat(g1 + g2)                                    a synchronous step's gradient
-                          buffer adds each micro-batch's rescaled gradient with saturation.
-- add(x1, x2, ...)      = sat(x1 + x2 + ...)                              residual add; its backward
-                          passes e to every input unchanged.
+- add(x1, x2, ...)      = sat(x1 + x2 + ...) summed at full width and saturated once, so the result
+                          does not depend on the order of the operands. Used for the residual add (its
+                          backward passes e to every input unchanged), for the error of a layer read by
+                          several consumers (e = add of their contributions) and for a synchronous step's
+                          gradient (add of its micro-batches' rescaled gradients).
 - sgd_update(W, g, k)   = sat(W − ((g + 2^(k−1)) >> k)) for k ≥ 1, sat(W − g) for k = 0: learning rate
                           2^−k applied as a round-half-up shift.
+
+Weight history by moving average (the `ema` weight mode; m = ema_shift, β = 1 − 2^−m)
+------------------------------------------------------------------------------------
+- ema_average(ḡ, g, m)        = sat(ḡ + ((g − ḡ + 2^(m−1)) >> m))   ḡ ← β ḡ + (1 − β) g, once per update
+                                (m = 0 gives ḡ = g).
+- ema_reconstruct(W, ḡ, s, k) = sat(W + ((s·ḡ + 2^(k−1)) >> k))   the version s updates older than W,
+                                Ŵ = W + η·s·ḡ with η = 2^−k.
 """
 
 from __future__ import annotations
@@ -70,10 +78,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-def check_lr_shift(lr_shift: object) -> int:
-    """Validate a learning-rate shift k (learning rate 2^−k); return it as an int."""
+def check_lr_shift(lr_shift: object, field: str = "lr_shift") -> int:
+    """Validate a shift k (a factor 2^−k: learning rate, moving-average weight); return it as an int."""
     if not _is_int(lr_shift) or not 0 <= int(lr_shift) <= MAX_LR_SHIFT:  # type: ignore[call-overload]
-        raise InputError(f"lr_shift must be an integer in 0..{MAX_LR_SHIFT}, got {lr_shift!r}")
+        raise InputError(f"{field} must be an integer in 0..{MAX_LR_SHIFT}, got {lr_shift!r}")
     return int(lr_shift)  # type: ignore[call-overload]
 
 
@@ -205,14 +213,23 @@ class FixedFormat:
         """g_b[i] = sat(Σ_b δ[b, i]); already at scale 2^f, so no rescale."""
         return self.saturate(np.atleast_2d(_as_int64(delta)).sum(axis=0))
 
-    def accumulate(self, total: npt.ArrayLike, gradient: npt.ArrayLike) -> IntArray:
-        """Gradient buffer of a synchronous step: sat(total + g)."""
-        return self.saturate(_as_int64(total) + _as_int64(gradient))
-
     def sgd_update(self, weights: npt.ArrayLike, gradient: npt.ArrayLike, lr_shift: int) -> IntArray:
         """W ← sat(W − ((g + 2^(k−1)) >> k)) for learning rate 2^−k (k = lr_shift; k = 0 subtracts g)."""
         k = check_lr_shift(lr_shift)
         return self.saturate(_as_int64(weights) - _round_shift(_as_int64(gradient), k))
+
+    def ema_average(self, average: npt.ArrayLike, gradient: npt.ArrayLike, ema_shift: int) -> IntArray:
+        """ḡ ← sat(ḡ + ((g − ḡ + 2^(m−1)) >> m)): the moving average with β = 1 − 2^−m (m = ema_shift)."""
+        m = check_lr_shift(ema_shift, "ema_shift")
+        avg = _as_int64(average)
+        return self.saturate(avg + _round_shift(_as_int64(gradient) - avg, m))
+
+    def ema_reconstruct(
+        self, weights: npt.ArrayLike, average: npt.ArrayLike, staleness: int, lr_shift: int
+    ) -> IntArray:
+        """Ŵ = sat(W + ((s·ḡ + 2^(k−1)) >> k)): the weights s updates before W, rebuilt from the average ḡ."""
+        k = check_lr_shift(lr_shift)
+        return self.saturate(_as_int64(weights) + _round_shift(np.int64(staleness) * _as_int64(average), k))
 
 
 DEFAULT_FORMAT = FixedFormat()

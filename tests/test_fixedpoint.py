@@ -136,10 +136,10 @@ def test_sgd_update_rounds_the_shifted_gradient_half_up_and_saturates() -> None:
     assert DEFAULT_FORMAT.sgd_update(w, g, 0).tolist() == [-3, 3, 2, -32768, 32767, 5]
 
 
-def test_output_error_add_accumulate_and_bias_gradient_saturate() -> None:
+def test_output_error_add_and_bias_gradient_saturate() -> None:
     assert DEFAULT_FORMAT.output_error([32767, -32768, 5], [-32768, 32767, 7]).tolist() == [32767, -32768, -2]
     assert DEFAULT_FORMAT.add([30000, -30000], [30000, -30000], [1, 1]).tolist() == [32767, -32768]
-    assert DEFAULT_FORMAT.accumulate([32000], [1000]).tolist() == [32767]
+    assert DEFAULT_FORMAT.add([32000, 5], [1000, -3], [-1000, 1]).tolist() == [32000, 3]  # one saturation
     assert DEFAULT_FORMAT.bias_gradient(np.array([[20000, 1], [20000, -3]])).tolist() == [32767, -2]
 
 
@@ -199,3 +199,23 @@ def test_sgd_update_matches_reference(data: st.DataObject, fmt: FixedFormat, k: 
     g = data.draw(st.lists(ints_in(fmt), min_size=size, max_size=size))
     expect = [ref_sat(wi - ref_round_shift(gi, k), fmt.total_bits) for wi, gi in zip(w, g, strict=True)]
     assert fmt.sgd_update(np.array(w), np.array(g), k).tolist() == expect
+
+
+def test_ema_average_and_reconstruct_by_hand() -> None:
+    # m = 2 (β = 3/4): ḡ = 0 + ((10 − 0 + 2) >> 2) = 3; then 3 + ((−6 − 3 + 2) >> 2) = 3 − 2 = 1.
+    avg = DEFAULT_FORMAT.ema_average(np.array([0]), np.array([10]), 2)
+    assert avg.tolist() == [3]
+    assert DEFAULT_FORMAT.ema_average(avg, np.array([-6]), 2).tolist() == [1]
+    assert DEFAULT_FORMAT.ema_average(avg, np.array([-6]), 0).tolist() == [-6]
+    # Ŵ = W + ((s·ḡ + 2^(k−1)) >> k): s = 3, ḡ = −5, k = 2 → (−15 + 2) >> 2 = −4.
+    assert DEFAULT_FORMAT.ema_reconstruct(np.array([100, 32767]), np.array([-5, 40]), 3, 2).tolist() == [96, 32767]
+    assert DEFAULT_FORMAT.ema_reconstruct(np.array([7]), np.array([9]), 0, 3).tolist() == [7]
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), fmt=formats(), m=st.integers(0, 6), k=st.integers(0, 8), s=st.integers(0, 6))
+def test_ema_matches_reference(data: st.DataObject, fmt: FixedFormat, m: int, k: int, s: int) -> None:
+    avg, g, w = (data.draw(ints_in(fmt)) for _ in range(3))
+    n = fmt.total_bits
+    assert int(fmt.ema_average(np.array(avg), np.array(g), m)) == ref_sat(avg + ref_round_shift(g - avg, m), n)
+    assert int(fmt.ema_reconstruct(np.array(w), np.array(avg), s, k)) == ref_sat(w + ref_round_shift(s * avg, k), n)
