@@ -1,0 +1,386 @@
+"""Retiming of dataflow graphs (design notes §4; Leiserson & Saxe 1991; Parhi, VLSI DSP Systems ch. 2 and 4).
+
+A `TimedGraph` has nodes with computation times t(v) and edges with delays w(e) (iteration distances).
+A retiming r: V → ℤ moves delays across nodes: w_r(u→v) = w(u→v) + r(v) − r(u). It is legal when every
+w_r ≥ 0; around any cycle the r terms telescope, so no cycle's delay count changes.
+
+What this module computes on such graphs:
+- `iteration_bound`: T∞ = max over cycles of Σ t / Σ w — a lower bound on the period of any schedule,
+  however retimed or unfolded. Exact (`Fraction`), with a critical cycle, by Howard's policy iteration
+  (`layerpipe._cycle_ratio`); 0 for acyclic graphs; `ZeroDelayCycleError` when a cycle has no delay.
+- `clock_period`: the longest zero-delay path (what one period must fit without overlapping iterations).
+- `wd_matrices`, `retime_to_period`, `min_period_retiming`: Leiserson–Saxe retiming to a target clock
+  period. W(u,v) = fewest delays on a u⇝v path; D(u,v) = most time on a u⇝v path with W(u,v) delays.
+  Period c is reachable iff the difference constraints r(u) − r(v) ≤ w(e) (every edge) and
+  r(u) − r(v) ≤ W(u,v) − 1 (every pair with D(u,v) > c) are feasible; Bellman–Ford decides.
+- `retiming_violations`, `is_legal_retiming`: legality of a retiming, or of a proposed retimed delay
+  assignment: every delay ≥ 0 and every cycle's delay count unchanged. The latter holds iff the change
+  w' − w is a potential difference r(v) − r(u); it is checked edge by edge against a spanning forest,
+  which is the same as checking the delay count of every fundamental cycle.
+- `least_retiming`: the solver every pass shares — the pointwise least r ≥ 0 with r(dst) ≥ r(src) + b
+  for given (src, dst, b) constraints, by Bellman–Ford, or None if a positive cycle makes it infeasible.
+
+Training graphs come in through `timed_graph` (a `TrainingGraph`, its task costs and optional
+delayed-gradient delays D_l) and `loop_bounds` (the weight loop of every layer). The delayed-gradient
+solver is in `layerpipe._gradient_delays` and re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+
+import numpy as np
+
+from layerpipe._cycle_ratio import ZeroDelayCycleError, find_zero_delay_cycle, max_cycle_ratio
+from layerpipe.dfg import Task, TrainingGraph, iter_loops
+
+__all__ = [
+    "DelaySolution",
+    "IterationBound",
+    "LoopBound",
+    "TimedEdge",
+    "TimedGraph",
+    "ZeroDelayCycleError",
+    "clock_period",
+    "delays_feasible",
+    "is_legal_retiming",
+    "iteration_bound",
+    "least_retiming",
+    "loop_bounds",
+    "min_added_delays",
+    "min_period_retiming",
+    "retime_to_period",
+    "retiming_violations",
+    "solve_delays",
+    "timed_graph",
+    "wd_matrices",
+]
+
+
+@dataclass(frozen=True)
+class TimedEdge:
+    src: Hashable
+    dst: Hashable
+    delay: int
+
+
+@dataclass(frozen=True)
+class TimedGraph:
+    """Nodes with computation times and edges with delays; nodes keep their given order."""
+
+    nodes: tuple[Hashable, ...]
+    time: Mapping[Hashable, int]
+    edges: tuple[TimedEdge, ...]
+
+    def __post_init__(self) -> None:
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("timed graph: duplicate nodes")
+        for v in self.nodes:
+            t = self.time.get(v)
+            if not isinstance(t, (int, np.integer)) or t < 0:
+                raise ValueError(f"timed graph: time of node {v!r} must be an integer >= 0, got {t!r}")
+        known = set(self.nodes)
+        for e in self.edges:
+            if e.src not in known or e.dst not in known:
+                raise ValueError(f"timed graph: edge {e.src!r}->{e.dst!r} has an unknown end")
+            if e.delay < 0:
+                raise ValueError(f"timed graph: edge {e.src!r}->{e.dst!r} has negative delay {e.delay}")
+
+    @staticmethod
+    def build(time: Mapping[Hashable, int], edges: Iterable[tuple[Hashable, Hashable, int]]) -> TimedGraph:
+        """From {node: time} (in node order) and (src, dst, delay) triples."""
+        return TimedGraph(tuple(time), dict(time), tuple(TimedEdge(u, v, int(w)) for u, v, w in edges))
+
+    @cached_property
+    def index(self) -> dict[Hashable, int]:
+        return {v: i for i, v in enumerate(self.nodes)}
+
+    @cached_property
+    def src(self) -> np.ndarray:
+        return np.array([self.index[e.src] for e in self.edges], dtype=np.int64)
+
+    @cached_property
+    def dst(self) -> np.ndarray:
+        return np.array([self.index[e.dst] for e in self.edges], dtype=np.int64)
+
+    @cached_property
+    def delays(self) -> np.ndarray:
+        return np.array([e.delay for e in self.edges], dtype=np.int64)
+
+    @cached_property
+    def times(self) -> np.ndarray:
+        return np.array([self.time[v] for v in self.nodes], dtype=np.int64)
+
+    def with_delays(self, delays: Sequence[int]) -> TimedGraph:
+        """The same graph with new edge delays (aligned with `edges`)."""
+        if len(delays) != len(self.edges):
+            raise ValueError(f"expected {len(self.edges)} delays, got {len(delays)}")
+        edges = tuple(TimedEdge(e.src, e.dst, int(d)) for e, d in zip(self.edges, delays, strict=True))
+        return TimedGraph(self.nodes, self.time, edges)
+
+    def retimed(self, r: Mapping[Hashable, int]) -> TimedGraph:
+        """The graph with delays w_r(u→v) = w + r(v) − r(u); raises if some w_r < 0."""
+        problems = retiming_violations(self, retimed_delays(self, r))
+        if problems:
+            raise ValueError(f"illegal retiming: {problems[0]}")
+        return self.with_delays(retimed_delays(self, r))
+
+
+def retimed_delays(graph: TimedGraph, r: Mapping[Hashable, int]) -> list[int]:
+    """w_r(e) for every edge, in edge order (possibly negative: see `retiming_violations`)."""
+    return [e.delay + r.get(e.dst, 0) - r.get(e.src, 0) for e in graph.edges]
+
+
+# --- iteration bound and clock period -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IterationBound:
+    """T∞ and one critical cycle (nodes in edge order; empty for an acyclic graph)."""
+
+    bound: Fraction
+    cycle: tuple[Hashable, ...]
+    cycle_time: int
+    cycle_delays: int
+
+
+def iteration_bound(graph: TimedGraph) -> IterationBound:
+    """T∞ = max over cycles of (Σ node times) / (Σ edge delays), exactly, by Howard's policy iteration."""
+    ratio, cycle, edges = max_cycle_ratio(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(),
+                                          graph.times.tolist(), graph.delays.tolist())
+    nodes = tuple(graph.nodes[i] for i in cycle)
+    return IterationBound(ratio, nodes, sum(graph.time[v] for v in nodes), sum(graph.edges[e].delay for e in edges))
+
+
+def _zero_delay_order(graph: TimedGraph) -> list[int]:
+    """Nodes in a topological order of the delay-0 edges; raises `ZeroDelayCycleError` on a delay-free cycle."""
+    cycle = find_zero_delay_cycle(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist())
+    if cycle is not None:
+        raise ZeroDelayCycleError(cycle)
+    n = len(graph.nodes)
+    indeg = np.zeros(n, dtype=np.int64)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
+        if w == 0:
+            succ[u].append(v)
+            indeg[v] += 1
+    order = [v for v in range(n) if indeg[v] == 0]
+    for u in order:  # the list grows while we walk it
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                order.append(v)
+    return order
+
+
+def clock_period(graph: TimedGraph) -> int:
+    """The longest path of node times over delay-0 edges: the critical path of one clock period."""
+    order = _zero_delay_order(graph)
+    finish = graph.times.copy()
+    succ: list[list[int]] = [[] for _ in graph.nodes]
+    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
+        if w == 0:
+            succ[u].append(v)
+    for u in order:
+        for v in succ[u]:
+            finish[v] = max(finish[v], finish[u] + graph.times[v])
+    return int(finish.max()) if len(finish) else 0
+
+
+# --- difference constraints ------------------------------------------------------------------------------
+
+
+def least_retiming(n: int, src: np.ndarray, dst: np.ndarray, bound: np.ndarray) -> np.ndarray | None:
+    """The least integer vector r ≥ 0 with r[dst[i]] ≥ r[src[i]] + bound[i] for every i, or None.
+
+    Feasible difference constraints form a lattice, so a least solution exists; it is the longest path
+    from a virtual source joined to every node by a 0 edge. Bellman–Ford, one vectorised sweep of all
+    constraints per round; more than n rounds means a positive cycle, i.e. no solution.
+    """
+    r = np.zeros(n, dtype=np.int64)
+    if len(src) == 0:
+        return r
+    for _ in range(n + 1):
+        new = r.copy()
+        np.maximum.at(new, dst, r[src] + bound)
+        if np.array_equal(new, r):
+            return r
+        r = new
+    return None
+
+
+# --- legality ----------------------------------------------------------------------------------------------
+
+
+def retiming_violations(graph: TimedGraph, new_delays: Sequence[int]) -> list[str]:
+    """Why `new_delays` (aligned with the edges) is not a legal retiming of `graph`; [] if it is.
+
+    Legal means every delay ≥ 0 and every cycle keeps its delay count. The second condition is checked as
+    the equivalent statement that the changes w' − w are r(dst) − r(src) for some r: r is propagated over a
+    spanning forest (undirected), and an edge that disagrees closes a fundamental cycle whose delay count
+    changed.
+    """
+    if len(new_delays) != len(graph.edges):
+        return [f"expected {len(graph.edges)} delays, got {len(new_delays)}"]
+    problems = [f"edge {e.src}->{e.dst} has {d} delays after retiming (must be >= 0)"
+                for e, d in zip(graph.edges, new_delays, strict=True) if d < 0]
+    adjacent: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(graph.nodes))}
+    change = [int(d) - e.delay for e, d in zip(graph.edges, new_delays, strict=True)]
+    for k, (u, v) in enumerate(zip(graph.src.tolist(), graph.dst.tolist(), strict=True)):
+        adjacent[u].append((v, change[k]))
+        adjacent[v].append((u, -change[k]))
+    r: dict[int, int] = {}
+    for root in range(len(graph.nodes)):
+        if root in r:
+            continue
+        r[root] = 0
+        stack = [root]
+        while stack:
+            u = stack.pop()
+            for v, d in adjacent[u]:
+                if v not in r:
+                    r[v] = r[u] + d
+                    stack.append(v)
+    for k, e in enumerate(graph.edges):
+        u, v = int(graph.src[k]), int(graph.dst[k])
+        if r[v] - r[u] != change[k]:
+            problems.append(f"edge {e.src}->{e.dst} closes a cycle whose delay count changed")
+    return problems
+
+
+def is_legal_retiming(graph: TimedGraph, r: Mapping[Hashable, int]) -> bool:
+    """Every retimed delay w(e) + r(v) − r(u) ≥ 0 (cycles keep their delays by construction of w_r)."""
+    return not retiming_violations(graph, retimed_delays(graph, r))
+
+
+# --- Leiserson–Saxe ---------------------------------------------------------------------------------------
+
+
+def wd_matrices(graph: TimedGraph) -> tuple[np.ndarray, np.ndarray]:
+    """W and D of Leiserson–Saxe by Floyd–Warshall (O(n³), for small graphs); W = -1 where v is unreachable.
+
+    One shortest-path run on the lexicographic weight (w(e), −t(u)) encoded as w(e)·K − t(u) with K larger
+    than any path's total time: the shortest key gives the fewest delays, then the most time among those.
+    """
+    n = len(graph.nodes)
+    _zero_delay_order(graph)  # raises on a delay-free cycle, whose lexicographic weight would be negative
+    scale = int(graph.times.sum()) + 1
+    max_key = (int(graph.delays.sum()) + 1) * scale
+    if max_key * 4 > np.iinfo(np.int64).max:
+        raise ValueError("graph too large for the int64 W/D encoding")
+    inf = np.iinfo(np.int64).max // 4
+    key = np.full((n, n), inf, dtype=np.int64)
+    np.fill_diagonal(key, 0)
+    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
+        key[u, v] = min(key[u, v], w * scale - int(graph.times[u]))
+    for k in range(n):
+        np.minimum(key, key[:, k, None] + key[None, k, :], out=key)
+        np.minimum(key, inf, out=key)
+    reachable = key < inf // 2
+    w_mat = np.where(reachable, -((-key) // scale), -1)
+    path_time = w_mat * scale - key  # time of every node on the path but the last
+    d_mat = np.where(reachable, path_time + graph.times[None, :], -1)
+    return w_mat, d_mat
+
+
+def retime_to_period(graph: TimedGraph, period: int,
+                     wd: tuple[np.ndarray, np.ndarray] | None = None) -> dict[Hashable, int] | None:
+    """A legal retiming whose clock period is ≤ `period` (the least r ≥ 0), or None if there is none."""
+    if len(graph.nodes) and int(graph.times.max()) > period:
+        return None
+    w_mat, d_mat = wd if wd is not None else wd_matrices(graph)
+    # Constraints r(dst) ≥ r(src) + b: w_r(u→v) ≥ 0 reads r(v) ≥ r(u) − w; a too-long u⇝v path needs a
+    # delay after retiming: W(u,v) + r(v) − r(u) ≥ 1.
+    us, vs = np.nonzero((d_mat > period) & (w_mat >= 0))
+    src = np.concatenate([graph.src, us])
+    dst = np.concatenate([graph.dst, vs])
+    bound = np.concatenate([-graph.delays, 1 - w_mat[us, vs]])
+    r = least_retiming(len(graph.nodes), src, dst, bound)
+    if r is None:
+        return None
+    return {v: int(r[i]) for i, v in enumerate(graph.nodes)}
+
+
+def min_period_retiming(graph: TimedGraph) -> tuple[int, dict[Hashable, int]]:
+    """The smallest clock period reachable by retiming and a retiming reaching it (binary search over D)."""
+    wd = wd_matrices(graph)
+    floor = int(graph.times.max()) if len(graph.nodes) else 0
+    candidates = sorted({int(d) for d in np.unique(wd[1]) if d >= floor} | {floor})
+    lo, hi = 0, len(candidates) - 1
+    best = retime_to_period(graph, candidates[hi], wd)
+    assert best is not None, "the largest D is always reachable without retiming"
+    while lo < hi:
+        mid = (lo + hi) // 2
+        r = retime_to_period(graph, candidates[mid], wd)
+        if r is None:
+            lo = mid + 1
+        else:
+            hi, best = mid, r
+    return candidates[lo], best
+
+
+# --- training graphs ---------------------------------------------------------------------------------------
+
+
+def timed_graph(graph: TrainingGraph, costs: Mapping[Task, int],
+                delays: Mapping[int, int] | None = None) -> TimedGraph:
+    """A training graph as a timed graph; `delays` adds D_l delays on each layer's G_l → U_l edge."""
+    delays = delays or {}
+    edges = []
+    for e in graph.edges:
+        extra = delays.get(e.src.layer, 0) if e.role == "gradient" else 0
+        edges.append(TimedEdge(e.src, e.dst, e.delay + extra))
+    return TimedGraph(graph.tasks, {t: int(costs[t]) for t in graph.tasks}, tuple(edges))
+
+
+@dataclass(frozen=True)
+class LoopBound:
+    """The weight loop of a layer: U_l → F_l, the longest path on to G_l → U_l, and its delays."""
+
+    layer: int
+    path: tuple[Task, ...]  # F_l … U_l along the longest-time path
+    time: int
+    delays: int
+
+    @property
+    def bound(self) -> Fraction:
+        return Fraction(self.time, self.delays)
+
+
+def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
+                delays: Mapping[int, int] | None = None) -> list[LoopBound]:
+    """T_loop(l) = (time of the loop's longest path) / (its delays) for every layer with weights.
+
+    The loop closes through the weight edge U_l → F_l; its path F_l ⇝ U_l runs over the delay-0 edges of
+    one iteration (the D_l of the gradient edge count as delays of the loop, not as a cut).
+    """
+    delays = delays or {}
+    order = graph.intra_iteration_order()
+    out = []
+    for layer, weight_edge in iter_loops(graph):
+        start, end = weight_edge.dst, weight_edge.src
+        best: dict[Task, int] = {start: costs[start]}
+        via: dict[Task, Task] = {}
+        for t in order[order.index(start):]:
+            if t not in best:
+                continue
+            for e in graph.successors[t]:
+                if e.delay == 0 and best[t] + costs[e.dst] > best.get(e.dst, -1):
+                    best[e.dst], via[e.dst] = best[t] + costs[e.dst], t
+        path = [end]
+        while path[-1] != start:
+            path.append(via[path[-1]])
+        out.append(LoopBound(layer, tuple(reversed(path)), best[end], weight_edge.delay + delays.get(layer, 0)))
+    return out
+
+
+# The delayed-gradient solver builds on everything above; it is re-exported as part of this module's API.
+from layerpipe._gradient_delays import (  # noqa: E402
+    DelaySolution,
+    delays_feasible,
+    min_added_delays,
+    solve_delays,
+)

@@ -1,0 +1,99 @@
+"""Stage maps: which pipeline stage each layer of a network runs on.
+
+A stage map gives every layer (in layer order) a stage 0..M−1. Data only flows forward through a
+pipeline, so a layer's stage is never below the stage of a layer feeding it (on a chain: non-decreasing),
+and every stage holds at least one layer. Two spellings on the command line:
+
+- `0,0,1,2,2` — one stage per layer, in layer order;
+- `even:M`   — M stages of balanced forward cost, each a contiguous run of layers in layer (topological)
+  order, chosen by the linear-partition dynamic program that minimises the largest stage's F cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from layerpipe.costs import CostModel, MacsModel, task_cost
+from layerpipe.errors import InputError
+from layerpipe.network import INPUT, Network
+
+__all__ = ["check_stage_map", "even_stages", "parse_stage_map", "stages_after"]
+
+FIELD = "--stages"
+
+
+def parse_stage_map(spec: str, network: Network, model: CostModel | None = None) -> tuple[int, ...]:
+    """A stage per layer from `0,0,1,2` or `even:M` (balanced over `model`'s forward costs; default MACs)."""
+    text = spec.strip()
+    if text.startswith("even:"):
+        count = text[len("even:"):]
+        try:
+            num_stages = int(count)
+        except ValueError:
+            raise InputError(f"{FIELD}: even:M needs an integer M, got '{count}'") from None
+        return even_stages(network, num_stages, model)
+    try:
+        stages = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InputError(f"{FIELD} must be a comma list of stages like 0,0,1,2 or even:M, got '{spec}'") from None
+    return check_stage_map(stages, network)
+
+
+def check_stage_map(stages: Sequence[int], network: Network) -> tuple[int, ...]:
+    """Validate a stage per layer: right length, stages ≥ 0, non-decreasing along every edge, none empty."""
+    if len(stages) != len(network):
+        raise InputError(f"{FIELD}: expected {len(network)} stages (one per layer of {network.name}), "
+                         f"got {len(stages)}")
+    negative = [s for s in stages if s < 0]
+    if negative:
+        raise InputError(f"{FIELD}: stages must be >= 0, got {negative[0]}")
+    for layer in network.layers:
+        for src in layer.inputs:
+            if src != INPUT and stages[src - 1] > stages[layer.index - 1]:
+                where = "along the chain" if network.is_chain else "along every edge"
+                raise InputError(f"{FIELD}: stages must be non-decreasing {where}; layer '{layer.name}' is "
+                                 f"on stage {stages[layer.index - 1]} but its input "
+                                 f"'{network.layer(src).name}' is on stage {stages[src - 1]}")
+    missing = sorted(set(range(max(stages) + 1)) - set(stages))
+    if missing:
+        raise InputError(f"{FIELD}: every stage 0..{max(stages)} must hold a layer; stage {missing[0]} is empty")
+    return tuple(int(s) for s in stages)
+
+
+def even_stages(network: Network, num_stages: int, model: CostModel | None = None) -> tuple[int, ...]:
+    """M contiguous stages (layer order) minimising the largest stage's forward cost.
+
+    Linear partition by dynamic programming: best[k][i] is the smallest bottleneck of the first i layers
+    in k stages. Ties go to the earliest possible cut, so the answer is deterministic.
+    """
+    layers = len(network)
+    if not 1 <= num_stages <= layers:
+        raise InputError(f"{FIELD}: even:M needs 1 <= M <= {layers} (the number of layers), got {num_stages}")
+    model = model or MacsModel()
+    cost = [task_cost(model, layer, "F", network.batch) for layer in network.layers]
+    prefix = [0]
+    for c in cost:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (layers + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (layers + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0
+    for k in range(1, num_stages + 1):
+        for i in range(k, layers - (num_stages - k) + 1):
+            for j in range(k - 1, i):  # the last stage is layers j+1..i
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    stages = [0] * layers
+    i = layers
+    for k in range(num_stages, 0, -1):
+        j = cut[k][i]
+        stages[j:i] = [k - 1] * (i - j)
+        i = j
+    return tuple(stages)
+
+
+def stages_after(stages: Sequence[int]) -> tuple[int, ...]:
+    """S(l): how many pipeline stages follow layer l's stage."""
+    last = max(stages)
+    return tuple(last - s for s in stages)
