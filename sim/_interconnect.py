@@ -1,0 +1,86 @@
+"""Interconnect models and the simulator's configuration (contract 2).
+
+Two models, chosen by `SimConfig.interconnect`:
+
+- ``shared``: processors share one memory. Data an op produces is available to every consumer the
+  cycle its producer ends; moving it costs nothing (traffic is still counted, as words that cross
+  processors).
+- ``links``: one point-to-point link per ordered processor pair p→q. Every (producer op, consumer op)
+  pair on different processors is one transfer of w words (the sum of the DFG edges between the two
+  ops). The transfer
+
+  * may start when the producer op ends and the link p→q is free,
+  * holds the link for ``ceil(w / words_per_cycle)`` cycles (0 for w = 0),
+  * arrives ``latency`` cycles after it leaves the link:
+    ``arrival = depart + ceil(w / words_per_cycle) + latency``.
+
+  Transfers queue on their link in order of producer end time; transfers whose producers end in the
+  same cycle go in consumer order (the consumer's processor, then its position in that processor's
+  program). The link is free again at ``depart + ceil(w / words_per_cycle)``: the latency is a
+  pipeline, not an occupancy.
+
+Same-processor data is free in both models. ``links`` with ``latency=0`` and
+``words_per_cycle=math.inf`` times exactly like ``shared`` (a property the tests check).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from layerpipe.errors import InputError
+
+INTERCONNECTS: tuple[str, ...] = ("shared", "links")
+MODES: tuple[str, ...] = ("stash", "latest", "ema")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulator times transfers and which weight mode the memory and version reports assume.
+
+    `mode` is the weight mode of design notes §3: `stash` (E reads the version its F read; the versions
+    in flight are held), `latest` (E reads the current version) or `ema` (E reads the current weights
+    corrected by a moving-average buffer of |W_l| words per layer).
+    """
+
+    interconnect: str = "shared"
+    link_latency: int = 0
+    link_words_per_cycle: float = 1
+    mode: str = "stash"
+
+    def __post_init__(self) -> None:
+        if self.interconnect not in INTERCONNECTS:
+            raise InputError(f"interconnect '{self.interconnect}' is not one of {', '.join(INTERCONNECTS)}")
+        if self.mode not in MODES:
+            raise InputError(f"mode '{self.mode}' is not one of {', '.join(MODES)}")
+        if not isinstance(self.link_latency, int) or self.link_latency < 0:
+            raise InputError(f"link_latency must be an integer >= 0 cycles, got {self.link_latency!r}")
+        wpc = self.link_words_per_cycle
+        if isinstance(wpc, bool) or not isinstance(wpc, (int, float)) or not wpc > 0:
+            raise InputError(f"link_words_per_cycle must be > 0 words per cycle, got {wpc!r}")
+
+    @staticmethod
+    def links(latency: int, words_per_cycle: float = 1, mode: str = "stash") -> SimConfig:
+        return SimConfig("links", latency, words_per_cycle, mode)
+
+    def hold_cycles(self, words: int) -> int:
+        """Cycles a transfer of `words` occupies its link."""
+        return link_hold_cycles(words, self.link_words_per_cycle)
+
+    def describe(self) -> dict[str, object]:
+        """The configuration as JSON-ready fields (metrics.json)."""
+        doc: dict[str, object] = {"interconnect": self.interconnect, "mode": self.mode}
+        if self.interconnect == "links":
+            wpc = self.link_words_per_cycle
+            doc["link_latency_cycles"] = self.link_latency
+            doc["link_words_per_cycle"] = "inf" if wpc == math.inf else wpc
+        return doc
+
+
+def link_hold_cycles(words: int, words_per_cycle: float) -> int:
+    """ceil(words / words_per_cycle), exact for integer bandwidths; 0 for infinite bandwidth."""
+    if words <= 0 or words_per_cycle == math.inf:
+        return 0
+    if isinstance(words_per_cycle, int):
+        return -(-words // words_per_cycle)
+    return math.ceil(words / words_per_cycle)

@@ -1,0 +1,190 @@
+"""`SimResult`: what a simulation measured, and how the summary figures are defined.
+
+- `total_cycles`: the end of the last op (the run starts at cycle 0).
+- `cycles_per_iteration` (steady state): the slope of completion times. An iteration's completion time
+  C(t) is the latest end among its ops (asynchronous schedules); for synchronous schedules the unit is a
+  step of m micro-batches (its update ops included) and the slope is divided by m. The slope is taken
+  over the middle half of the run, (C(hi) − C(lo)) / (hi − lo) with lo = ⌊K/4⌋, hi = K − 1 − ⌊K/4⌋ for K
+  iterations (steps), which skips the prologue (pipeline fill) and the epilogue (drain, where ops run
+  early because later iterations no longer compete). A periodic schedule in steady state completes one
+  iteration per period, so this equals its period once the fill is shorter than K/4 iterations. With
+  fewer than 3 iterations (steps) it falls back to total_cycles / iterations.
+- `cycles_per_sample` = cycles_per_iteration / batch (an iteration is one micro-batch of B samples).
+- busy = Σ durations per processor; idle = total_cycles − busy; bubbles = idle intervals between a
+  processor's first start and last end (gaps before its first op or after its last are not bubbles).
+- traffic: words of every (producer, consumer) pair on different processors, total and per link p→q,
+  counted the same in both interconnect models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.sim._engine import CompiledSchedule
+from layerpipe.sim._interconnect import SimConfig
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Timing of every op and the figures derived from it. Arrays are indexed like `ops`."""
+
+    schedule: OpSchedule
+    config: SimConfig
+    ops: tuple[Op, ...]
+    start: np.ndarray
+    end: np.ndarray
+    versions: np.ndarray  #: version read, −1 for ops that read no weights
+    peak_memory_words: tuple[int, ...]
+    link_traffic_words: dict[tuple[int, int], int]
+    batch: int = 1
+    memory_unit: str = "words"
+    _compiled: CompiledSchedule | None = field(default=None, repr=False)
+
+    @property
+    def num_procs(self) -> int:
+        return self.schedule.num_procs
+
+    @property
+    def total_cycles(self) -> int:
+        return int(self.end.max()) if len(self.end) else 0
+
+    @cached_property
+    def proc(self) -> np.ndarray:
+        return np.fromiter((op.proc for op in self.ops), np.int64, len(self.ops))
+
+    @cached_property
+    def iterations(self) -> np.ndarray:
+        return np.fromiter((op.iteration for op in self.ops), np.int64, len(self.ops))
+
+    @cached_property
+    def index(self) -> dict[tuple[str, int, int], int]:
+        """(kind, unit, iteration) → position in `ops`."""
+        return {op.key: i for i, op in enumerate(self.ops)}
+
+    def start_of(self, kind: str, unit: int, iteration: int) -> int:
+        return int(self.start[self.index[(kind, unit, iteration)]])
+
+    def end_of(self, kind: str, unit: int, iteration: int) -> int:
+        return int(self.end[self.index[(kind, unit, iteration)]])
+
+    @cached_property
+    def version_map(self) -> dict[tuple[str, int, int], int]:
+        """{(kind, unit, iteration): version} for every op that reads weights."""
+        return {op.key: int(v) for op, v in zip(self.ops, self.versions, strict=True) if v >= 0}
+
+    # --- processors -------------------------------------------------------------------------------------
+    @cached_property
+    def busy_cycles(self) -> tuple[int, ...]:
+        dur = self.end - self.start
+        return tuple(int(x) for x in np.bincount(self.proc, weights=dur, minlength=self.num_procs).astype(np.int64))
+
+    @property
+    def idle_cycles(self) -> tuple[int, ...]:
+        return tuple(self.total_cycles - b for b in self.busy_cycles)
+
+    @cached_property
+    def bubbles(self) -> tuple[np.ndarray, ...]:
+        """Per processor, an (k, 2) array of idle intervals [from, to) between its first and last op."""
+        out = []
+        for p, row in enumerate(self.schedule.procs):
+            lo = sum(len(r) for r in self.schedule.procs[:p])
+            s, e = self.start[lo:lo + len(row)], self.end[lo:lo + len(row)]
+            gap = s[1:] > e[:-1]
+            out.append(np.stack([e[:-1][gap], s[1:][gap]], axis=1) if len(row) > 1 else np.zeros((0, 2), np.int64))
+        return tuple(out)
+
+    @property
+    def bubble_cycles(self) -> tuple[int, ...]:
+        return tuple(int((b[:, 1] - b[:, 0]).sum()) for b in self.bubbles)
+
+    @property
+    def utilization_pct(self) -> float:
+        total = self.total_cycles * self.num_procs
+        return 100.0 * sum(self.busy_cycles) / total if total else 0.0
+
+    @property
+    def traffic_words(self) -> int:
+        return sum(self.link_traffic_words.values())
+
+    # --- steady state -----------------------------------------------------------------------------------
+    @cached_property
+    def num_iterations(self) -> int:
+        return self.schedule.num_iterations
+
+    @cached_property
+    def completion_times(self) -> np.ndarray:
+        """C(k): latest end of iteration k's ops (of step k's ops for synchronous schedules)."""
+        group = self.iterations.copy()
+        if self.schedule.synchronous:
+            m = max(self.schedule.microbatches, 1)
+            is_update = np.fromiter((op.kind == "U" for op in self.ops), bool, len(self.ops))
+            group = np.where(is_update, group, group // m)
+        out = np.full(int(group.max()) + 1 if len(group) else 0, 0, dtype=np.int64)
+        np.maximum.at(out, group, self.end)
+        return out
+
+    @cached_property
+    def cycles_per_iteration(self) -> float:
+        c = self.completion_times
+        k = len(c)
+        lo, hi = k // 4, k - 1 - k // 4
+        if k < 3 or hi <= lo:
+            return self.total_cycles / max(self.num_iterations, 1)
+        slope = float(c[hi] - c[lo]) / (hi - lo)
+        if self.schedule.synchronous:
+            slope /= max(self.schedule.microbatches, 1)
+        return slope
+
+    @property
+    def cycles_per_sample(self) -> float:
+        return self.cycles_per_iteration / self.batch
+
+    # --- output -----------------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, object]:
+        """JSON-ready summary (metrics.json); names carry units."""
+        links = {f"p{p}->p{q}": w for (p, q), w in sorted(self.link_traffic_words.items())}
+        return {
+            "num_procs": self.num_procs,
+            "num_ops": len(self.ops),
+            "iterations": self.num_iterations,
+            "batch": self.batch,
+            **self.config.describe(),
+            "total_cycles": self.total_cycles,
+            "cycles_per_iteration": round(self.cycles_per_iteration, 6),
+            "cycles_per_sample": round(self.cycles_per_sample, 6),
+            "utilization_pct": round(self.utilization_pct, 4),
+            "traffic_words": self.traffic_words,
+            "link_traffic_words": links,
+            "memory_unit": self.memory_unit,
+            "peak_memory_words": list(self.peak_memory_words),
+            "busy_cycles": list(self.busy_cycles),
+            "idle_cycles": list(self.idle_cycles),
+            "bubble_cycles": list(self.bubble_cycles),
+            "bubbles": [len(b) for b in self.bubbles],
+        }
+
+    def version_records(self) -> list[dict[str, object]]:
+        """versions.json rows: every weight-reading op in processor and program order."""
+        unit = "layer" if self.schedule.level == "layer" else "stage"
+        return [{"proc": op.proc, "kind": op.kind, unit: op.unit, "iteration": op.iteration, "version": int(v)}
+                for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
+
+
+def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
+    """Words per ordered processor pair, over every cross-processor (producer, consumer) pair."""
+    proc = np.asarray(c.proc, dtype=np.int64)
+    consumer = np.repeat(np.arange(c.num_ops), np.diff(np.asarray(c.prod_ptr)))
+    producer = np.asarray(c.prod_idx, dtype=np.int64)
+    words = np.asarray(c.prod_words, dtype=np.int64)
+    src, dst = proc[producer], proc[consumer]
+    cross = src != dst
+    if not cross.any():
+        return {}
+    pair = src[cross] * c.num_procs + dst[cross]
+    sums = np.bincount(pair, weights=words[cross], minlength=c.num_procs ** 2).astype(np.int64)
+    present = np.bincount(pair, minlength=c.num_procs ** 2) > 0
+    return {(int(k) // c.num_procs, int(k) % c.num_procs): int(sums[k]) for k in np.flatnonzero(present)}
