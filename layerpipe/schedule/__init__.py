@@ -12,6 +12,16 @@ from layerpipe.schedule._ir import (
     Slot,
     parse_op,
 )
+from layerpipe.schedule._sync import (
+    gpipe,
+    interleaved_1f1b,
+    looping_stage_map,
+    one_f_one_b,
+    v_stage_map,
+    zb_h1,
+    zb_h2,
+    zbv,
+)
 from layerpipe.schedule._validate import dry_run, format_grid, periodic_staleness, validate
 
 __all__ = [
@@ -29,8 +39,16 @@ __all__ = [
     "dry_run",
     "expand_stages",
     "format_grid",
+    "gpipe",
+    "interleaved_1f1b",
     "layer_task_edges",
+    "looping_stage_map",
+    "one_f_one_b",
     "parse_op",
     "periodic_staleness",
+    "v_stage_map",
     "validate",
+    "zb_h1",
+    "zb_h2",
+    "zbv",
 ]

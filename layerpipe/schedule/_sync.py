@@ -1,0 +1,226 @@
+"""Synchronous stage-level schedules: GPipe, 1F1B, interleaved 1F1B, Zero Bubble H1/H2 and ZB-V.
+
+Each generator returns an `OpSchedule(level="stage", synchronous=True, microbatches=m)`: per processor, the
+ordered compute ops of `steps` steps of m micro-batches (step j holds micro-batches j·m .. j·m+m−1; the
+stage's weight update is implicit at the end of each step, see `layerpipe.schedule._deps`). Stage ops are
+F (forward), B (full backward), I (input gradient) and W (weight gradient).
+
+Stage → processor maps are torch.distributed.pipelining's: stage s on processor s for one stage per
+processor, looping (s on s mod p) for interleaved schedules, and V-shaped for ZB-V (stage s on s for s < p,
+on 2p−1−s for the second half). With uniform stage costs the per-processor compute order equals torch
+2.13's ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble
+(tests/test_sync_torch.py runs torch's own order builders). For 1F1B we produce the correct order; torch
+2.13's Schedule1F1B numbers the last rank's forwards from 1 (`3F1 3B0 3F2 …` for 4 ranks).
+
+ZB-H2 (Zero Bubble paper, §3.1): more warm-up forwards (up to 2(p−1−i)+1 in flight on stage i) fill the
+bubble before the first backward, and W passes fill the gaps of the tail (the paper's "trapezoid to
+parallelogram"). The order comes from a unit-time list simulation (F = I = W = 1, the paper's assumption);
+with m ≥ 2p−1 every processor is busy without a gap from its first op to its last; the price is up to
+2p−1 forwards' activations in flight instead of p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from layerpipe.errors import InputError
+from layerpipe.schedule._ir import Op, OpSchedule
+
+#: (kind, stage, micro-batch) of one step.
+StageOp = tuple[str, int, int]
+
+
+def _check(procs: int, microbatches: int, steps: int, virtual_stages: int = 1) -> None:
+    for name, value in (("stages", procs), ("microbatches", microbatches), ("steps", steps)):
+        if value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if virtual_stages < 1:
+        raise InputError(f"virtual_stages must be >= 1, got {virtual_stages}")
+
+
+def _schedule(rows: Sequence[Sequence[StageOp]], microbatches: int, steps: int) -> OpSchedule:
+    """Repeat one step's per-processor orders `steps` times, micro-batches offset by j·m."""
+    procs = []
+    for p, row in enumerate(rows):
+        procs.append(tuple(Op(p, k, s, j * microbatches + t) for j in range(steps) for k, s, t in row))
+    return OpSchedule("stage", tuple(procs), synchronous=True, microbatches=microbatches)
+
+
+def looping_stage_map(procs: int, virtual_stages: int) -> list[int]:
+    """Processor of each stage when every processor holds `virtual_stages` chunks round-robin."""
+    return [s % procs for s in range(procs * virtual_stages)]
+
+
+def v_stage_map(procs: int) -> list[int]:
+    """ZB-V's processor of each of 2p stages: down the processors and back up."""
+    return [s if s < procs else 2 * procs - 1 - s for s in range(2 * procs)]
+
+
+def gpipe(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
+    """All forwards, then all backwards, per stage (fill–drain)."""
+    _check(stages, microbatches, steps)
+    m = microbatches
+    rows = [[("F", s, t) for t in range(m)] + [("B", s, t) for t in range(m)] for s in range(stages)]
+    return _schedule(rows, m, steps)
+
+
+def one_f_one_b(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
+    """PipeDream-Flush / Megatron 1F1B: stage s warms up with p−1−s forwards, then alternates F and B."""
+    _check(stages, microbatches, steps)
+    m, rows = microbatches, []
+    for s in range(stages):
+        warmup = min(stages - 1 - s, m)
+        row: list[StageOp] = [("F", s, t) for t in range(warmup)]
+        for k in range(m - warmup):
+            row += [("F", s, warmup + k), ("B", s, k)]
+        row += [("B", s, t) for t in range(m - warmup, m)]
+        rows.append(row)
+    return _schedule(rows, m, steps)
+
+
+def _interleaved_rank(procs: int, m: int, v: int, rank: int, zero_bubble: bool) -> list[StageOp]:
+    """Depth-first interleaved order of one processor (Megatron's interleaved 1F1B; with `zero_bubble`,
+    ZB-H1: B split into I and W, W deferred by `rank` backward slots and then run after each I).
+
+    Micro-batches go in rounds of m/r (r = max(1, m // p) rounds): a processor runs a round's micro-batches
+    through one of its chunks before moving to its next chunk (forwards up the chunks, backwards down).
+    Warm-up forwards: (v−1)·round + 2·(p−1−rank) (1·(p−1−rank) with zero bubble), capped at m·v.
+    """
+    rounds = max(1, m // procs) if v > 1 else 1  # with one chunk the rounds do not change the order
+    if m % rounds:
+        raise InputError(
+            f"microbatches {m}: interleaved schedules on {procs} processors need a multiple of {rounds} "
+            f"(the number of rounds, max(1, microbatches // processors))"
+        )
+    per_round = m // rounds
+    total = m * v
+    warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (procs - 1 - rank), total)
+    forward_chunk: Callable[[int], int] = lambda k: (k // per_round) % v  # noqa: E731 - k-th forward's chunk
+    backward_chunk: Callable[[int], int] = lambda k: v - 1 - (k // per_round) % v  # noqa: E731
+    count: dict[tuple[str, int], int] = {}
+
+    def take(kind: str, chunk: int) -> StageOp:
+        stage = chunk * procs + rank
+        t = count.get((kind, stage), 0)
+        count[(kind, stage)] = t + 1
+        return (kind, stage, t)
+
+    ops: list[StageOp] = [take("F", forward_chunk(k)) for k in range(warmup)]
+    backward_stages: list[int] = []
+    for k in range(total):  # the k-th backward, preceded by a forward while forwards remain
+        if warmup + k < total:
+            ops.append(take("F", forward_chunk(warmup + k)))
+        chunk = backward_chunk(k)
+        ops.append(take("I" if zero_bubble else "B", chunk))
+        backward_stages.append(chunk)
+        if zero_bubble and k >= rank:
+            ops.append(take("W", backward_stages[k - rank]))
+    if zero_bubble:
+        ops += [take("W", chunk) for chunk in backward_stages[max(0, total - rank) :]]
+    return ops
+
+
+def interleaved_1f1b(procs: int, microbatches: int, virtual_stages: int = 2, steps: int = 1) -> OpSchedule:
+    """Interleaved 1F1B: `virtual_stages` chunks per processor, stage s on processor s mod p."""
+    _check(procs, microbatches, steps, virtual_stages)
+    rows = [_interleaved_rank(procs, microbatches, virtual_stages, r, False) for r in range(procs)]
+    return _schedule(rows, microbatches, steps)
+
+
+def zb_h1(procs: int, microbatches: int, virtual_stages: int = 1, steps: int = 1) -> OpSchedule:
+    """Zero Bubble H1 (ZB1P): 1F1B's memory, B split into I and W, W fills the tail bubbles.
+
+    With `virtual_stages` 2 it is torch's ScheduleInterleavedZeroBubble.
+    """
+    _check(procs, microbatches, steps, virtual_stages)
+    rows = [_interleaved_rank(procs, microbatches, virtual_stages, r, True) for r in range(procs)]
+    return _schedule(rows, microbatches, steps)
+
+
+def zbv(procs: int, microbatches: int, steps: int = 1) -> OpSchedule:
+    """ZB-V: two chunks per processor in a V (stages r and 2p−1−r on processor r), B split into I and W.
+
+    The order is computed as for max(2p−1, m) micro-batches and the ones ≥ m are dropped, as torch does.
+    """
+    _check(procs, microbatches, steps)
+    rows = []
+    n = max(2 * procs - 1, microbatches)
+    for r in range(procs):
+        down, up = r, 2 * procs - 1 - r  # the processor's stage on the way down and on the way up
+        count: dict[tuple[str, int], int] = {}
+
+        def take(kind: str, stage: int, count: dict[tuple[str, int], int] = count) -> StageOp:
+            t = count.get((kind, stage), 0)
+            count[(kind, stage)] = t + 1
+            return (kind, stage, t)
+
+        ops = [take("F", down) for _ in range(2 * (procs - r) - 1)]
+        for _ in range(r):
+            ops += [take("F", up), take("F", down)]
+        for _ in range(procs - r):
+            f, i = take("F", up), take("I", up)
+            ops += [f, i, ("W", up, i[2])]  # a W right after its I shares the I's counter
+        while count[("F", up)] < count[("F", down)] or count[("F", down)] < n:
+            if count[("F", down)] < n:
+                ops.append(take("F", down))
+            i = take("I", down)
+            ops += [i, ("W", down, i[2])]
+            f, i = take("F", up), take("I", up)
+            ops += [f, i, ("W", up, i[2])]
+        count[("W", down)] = count.get(("I", down), 0)
+        count[("W", up)] = count.get(("I", up), 0)
+        for _ in range(r):
+            ops += [take("I", down), take("I", up)]
+        for _ in range(procs - r):
+            ops += [take("I", down), take("W", down)]
+        while count[("W", up)] < count.get(("I", up), 0):
+            ops.append(take("W", up))
+        while count[("W", down)] < count.get(("I", down), 0):
+            ops.append(take("W", down))
+        rows.append([op for op in ops if op[2] < microbatches])
+    return _schedule(rows, microbatches, steps)
+
+
+def zb_h2(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
+    """Zero Bubble H2: up to 2(p−1−i)+1 forwards in flight on stage i (ZB-H1 and 1F1B allow p−i), B split
+    into I and W, W passes only where nothing else can run.
+
+    The order is a unit-time list simulation (F = I = W = 1, the paper's assumption): at every time step each
+    stage runs, in this priority, its next I if its inputs are in, else its next F if inputs are in and the
+    in-flight limit allows, else its oldest pending W. With m ≥ 2p−1 no processor idles between its first
+    and its last op: stage i is busy over [i, i + 3m), a parallelogram, so consecutive steps tile with no
+    bubble (ZB-H1 leaves p−1−i idle units on stage i, 1F1B 3(p−1−i)).
+    """
+    _check(stages, microbatches, steps)
+    p, m = stages, microbatches
+    finished: dict[StageOp, int] = {}  # op → time it ends
+
+    def inputs_in(op: StageOp, now: int) -> bool:
+        kind, s, t = op
+        if kind == "F":
+            need = [("F", s - 1, t)] if s else []
+        elif kind == "I":
+            need = [("F", s, t)] + ([("I", s + 1, t)] if s < p - 1 else [])
+        else:
+            need = [("I", s, t)]
+        return all(finished.get(n, now + 1) <= now for n in need)
+
+    started = {kind: [0] * p for kind in "FIW"}  # per kind, the next micro-batch of each stage
+    rows: list[list[StageOp]] = [[] for _ in range(p)]
+    now = 0
+    while any(len(row) < 3 * m for row in rows):
+        for i in range(p):
+            f, b, w = started["F"][i], started["I"][i], started["W"][i]
+            candidates = [
+                ("I", i, b) if b < m else None,
+                ("F", i, f) if f < m and f - b < 2 * (p - 1 - i) + 1 else None,
+                ("W", i, w) if w < b else None,
+            ]
+            for op in candidates:
+                if op is not None and inputs_in(op, now):
+                    rows[i].append(op)
+                    finished[op] = now + 1
+                    started[op[0]][i] += 1
+                    break
+        now += 1
+    return _schedule(rows, m, steps)
