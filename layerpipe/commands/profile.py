@@ -1,0 +1,59 @@
+"""`layerpipe profile NETWORK --batch B [--repeats R] -o FILE.json`: measure per-task times with PyTorch.
+
+The JSON it writes is what `--cost-model profiled --profile FILE.json` reads (`ProfiledModel.from_json`).
+Without `-o` the JSON goes to stdout; with it, a table of the times (µs) is printed instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from layerpipe.commands._common import add_network_args, emit, format_table, positive_int
+from layerpipe.network import load_network
+
+
+def _non_negative(text: str) -> int:
+    from layerpipe.errors import InputError
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InputError(f"--warmup must be a non-negative integer, got '{text}'")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="time every layer's F, A, E, G, U with PyTorch on this CPU (profiled costs)")
+    p.add_argument("network", help="zoo name (lenet5, alexnet, vgg16, resnet18, resnet50), mlp:W0-W1-..., or FILE.yaml")
+    add_network_args(p)
+    p.add_argument("--repeats", type=positive_int("--repeats"), default=5, help="timed runs per task (median)")
+    p.add_argument("--warmup", type=_non_negative, default=1, help="untimed runs per task first (default 1)")
+    p.add_argument("--threads", type=positive_int("--threads"), default=1,
+                   help="torch intra-op threads (default 1: one core per task, stable times)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random tensors (default 0)")
+    p.add_argument("-o", "--output", default=None, help="write the profile JSON here (atomically)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerpipe.profile import profile_network
+
+    net = load_network(args.network, args.batch)
+    model = profile_network(net, repeats=args.repeats, warmup=args.warmup, seed=args.seed, threads=args.threads)
+    if not args.output:
+        emit(model.to_json(), None)
+        return 0
+    emit(model.to_json(), args.output)
+    kinds = "FAEGU"
+    rows = [[layer.name, *(_us(model.times_ns[layer.name].get(k)) for k in kinds)] for layer in net.layers]
+    total_ns = sum(sum(t.values()) for t in model.times_ns.values())
+    print(f"{net.name}: batch {net.batch}, median of {args.repeats} runs, {total_ns / 1e3:.1f} µs per iteration "
+          f"(all tasks, one after another) -> {args.output}")
+    print(format_table(["layer", *(f"{k} µs" for k in kinds)], rows), end="")
+    return 0
+
+
+def _us(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
