@@ -1,0 +1,56 @@
+"""The `rtl` cost model: the closed per-op cycle formula of the processing element.
+
+Each atomic task of a fully connected layer is one PE command (see `hdl/_pe.py`), busy for
+rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (`op_cycles`):
+
+    F, E, G, U   rows = n_out, cols = n_in        (a matrix walk of W, δaᵀ or g)
+    A            rows = 1,     cols = n_out       (an elementwise pass over a vector)
+
+The unit benches check that the hardware takes exactly these cycles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerpipe import costs
+from layerpipe.errors import InputError
+from layerpipe.hdl._pe import MAX_LANES, op_cycles
+from layerpipe.network import Layer
+
+__all__ = ["RTLCostModel", "task_shape"]
+
+
+def task_shape(layer: Layer, kind: str) -> tuple[int, int]:
+    """(rows, cols) of the PE command that runs atomic task `kind` of `layer`."""
+    if layer.kind != "linear":
+        raise InputError(f"the rtl cost model covers fully connected layers only; layer '{layer.name}' is "
+                         f"{layer.kind}")
+    if kind == "A":
+        return 1, layer.out_size
+    if kind in "FEGU" and len(kind) == 1:
+        return layer.out_size, layer.in_size
+    raise ValueError(f"atomic task kind must be one of F, A, E, G, U, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class RTLCostModel:
+    """Cycles of one atomic task on a PE of `lanes` multipliers (batch 1: the hardware does per-sample SGD)."""
+
+    lanes: int = 4
+    name: str = "rtl"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lanes, int) or isinstance(self.lanes, bool) or self.lanes < 1:
+            raise InputError(f"lanes must be >= 1, got {self.lanes}")
+        if self.lanes > MAX_LANES:
+            raise InputError(f"lanes must be <= {MAX_LANES}, got {self.lanes}")
+
+    def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int:
+        if batch != 1:
+            raise InputError(f"the rtl cost model is per sample (batch 1), got batch {batch}")
+        rows, cols = task_shape(layer, kind)
+        return op_cycles(rows, cols, self.lanes)
+
+
+costs.COST_MODELS.setdefault("rtl", RTLCostModel)

@@ -1,0 +1,436 @@
+"""The processing element: local memories and an op engine that runs one command (F, A, E, G or U of one
+layer) at a time with `lanes` multipliers.
+
+Memory layout (wide words)
+--------------------------
+Every memory word holds `lanes` signed elements of the fixed-point format, lane 0 in the low bits. A
+vector of n elements takes ⌈n/lanes⌉ consecutive words, zero-padded. A matrix W (rows × cols, row-major)
+takes rows·⌈cols/lanes⌉ words: each row starts on a word boundary and its last word is zero-padded.
+
+Memories of one PE (all `amaranth.lib.memory.Memory`, synchronous read, one cycle latency)
+- weights  `weight_depth` words: the owned layers' W (and stashed versions — U writes `dst`, so a ring of
+           versions needs no copies). Host port (load / read back) while the PE is idle.
+- grads    `grad_depth` words: G's output, U's input.
+- bank 0   `local_depth` words: everything the op engine writes (a' from F, δ from A, e_prev from E);
+           read by the op engine and by `send_ports` sender read ports (the links out of the PE).
+- bank k   (k = 1..len(recv_depths)) `recv_depths[k-1]` words, written only through `recv[k-1]` (a link
+           receiver or the host's sample stream), read by the op engine.
+Vector operands are addressed (bank, word); the compiler assigns all addresses (the memory map).
+
+Commands (`command_layout(config)`; build them with `PEOp(...).as_const(config)`)
+----------------------------------------------------------------------------------
+    op        rows    cols    x (bank,addr)   y (bank,addr)   w        g     dst (bank 0 / grads / weights)
+    FWD_*     n_out   n_in    a_{l-1}         -               W        -     a'_l or z_l      (bank 0)
+    ACT_RELU  1       n       e_l             a'_l            -        -     δ_l              (bank 0)
+    OUT_ERR   1       n       a_L             y (target)      -        -     δ_L = e_L        (bank 0)
+    ERR       n_out   n_in    -               δ_l             W        -     e_{l-1}          (bank 0)
+    GRAD      n_out   n_in    a_{l-1}         δ_l             -        -     g_l              (grads)
+    UPD       n_out   n_in    -               -               W (src)  g_l   W (dst)          (weights)
+`col_words` = ⌈cols/lanes⌉ is carried precomputed (no divider in hardware).
+
+Timing (the `rtl` cost model): a command is accepted when `cmd.valid & cmd.ready` in cycle s; the engine
+issues one beat per cycle from s+1 for rows·col_words beats (row-major; ERR walks column words outer so
+its `lanes` accumulators finish one output word at a time), each beat's result is written 3 cycles after
+its issue, `done` is high in the cycle of the last write and `cmd.ready` rises the cycle after: the op
+occupies exactly rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles, and everything it wrote is readable from
+then on. Host accesses to the weight memory are only served while the PE is idle (`cmd.ready`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from layerpipe.errors import InputError
+from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat, check_lr_shift
+from layerpipe.hdl._datapath import LATENCY, Datapath, Opcode, word_layout
+
+__all__ = [
+    "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "OP_OVERHEAD_CYCLES", "PEConfig", "PEOp", "ProcessingElement",
+    "VectorAddr", "command_layout", "op_cycles",
+]
+
+#: Cycles an op takes beyond its beats: accept (1) + memory read (1) + datapath (LATENCY).
+OP_OVERHEAD_CYCLES = 2 + LATENCY
+MAX_LANES = 256
+MAX_DIM = 65535  #: largest rows / cols of one op, in elements
+MAX_DEPTH = 1 << 20  #: largest memory, in words
+
+
+def op_cycles(rows: int, cols: int, lanes: int) -> int:
+    """Cycles the PE is busy with one op over a rows × cols operand (A: rows = 1, cols = n)."""
+    return rows * math.ceil(cols / lanes) + OP_OVERHEAD_CYCLES
+
+
+def _bits(count: int) -> int:
+    """Bits of an unsigned field holding 0..count-1 (at least 1)."""
+    return max(1, (count - 1).bit_length())
+
+
+def _check_int(name: str, value: object, lo: int, hi: int, unit: str = "") -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        suffix = f" {unit}" if unit else ""
+        raise InputError(f"{name} must be an integer in {lo}..{hi}{suffix}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PEConfig:
+    """Generation parameters of one PE. Depths are in words of `lanes` elements."""
+
+    lanes: int = 4
+    fmt: FixedFormat = DEFAULT_FORMAT
+    lr_shift: int = 4
+    weight_depth: int = 1024
+    grad_depth: int = 1024
+    local_depth: int = 256
+    recv_depths: tuple[int, ...] = (256,)
+    send_ports: int = 1
+    max_dim: int = 1024
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lanes, int) and not isinstance(self.lanes, bool) and self.lanes < 1:
+            raise InputError(f"lanes must be >= 1, got {self.lanes}")
+        _check_int("lanes", self.lanes, 1, MAX_LANES)
+        if not isinstance(self.fmt, FixedFormat):
+            raise InputError(f"fmt must be a FixedFormat, got {self.fmt!r}")
+        check_lr_shift(self.lr_shift)
+        for name in ("weight_depth", "grad_depth", "local_depth"):
+            _check_int(name, getattr(self, name), 1, MAX_DEPTH, "words")
+        if not isinstance(self.recv_depths, tuple):
+            raise InputError(f"recv_depths must be a tuple of word counts, got {self.recv_depths!r}")
+        for k, depth in enumerate(self.recv_depths):
+            _check_int(f"recv_depths[{k}]", depth, 1, MAX_DEPTH, "words")
+        _check_int("send_ports", self.send_ports, 0, 64)
+        _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
+
+    # -- derived widths --------------------------------------------------------------------------------
+
+    @property
+    def banks(self) -> int:
+        """Vector banks: bank 0 (local) and one per receive port."""
+        return 1 + len(self.recv_depths)
+
+    @property
+    def bank_depths(self) -> tuple[int, ...]:
+        return (self.local_depth, *self.recv_depths)
+
+    @property
+    def vector_addr_bits(self) -> int:
+        return _bits(max(self.bank_depths))
+
+    @property
+    def weight_addr_bits(self) -> int:
+        return _bits(self.weight_depth)
+
+    @property
+    def grad_addr_bits(self) -> int:
+        return _bits(self.grad_depth)
+
+    @property
+    def max_col_words(self) -> int:
+        return math.ceil(self.max_dim / self.lanes)
+
+    @property
+    def acc_bits(self) -> int:
+        """Accumulator width: exact for max_dim products of two n-bit values; capped at the spec's int64."""
+        return min(64, 2 * self.fmt.total_bits + self.max_dim.bit_length())
+
+    @property
+    def word(self) -> data.ArrayLayout:
+        return word_layout(self.lanes, self.fmt)
+
+
+class VectorAddr(NamedTuple):
+    """A vector operand's place: bank 0 = local, bank k = receive port k-1; addr in words."""
+
+    bank: int = 0
+    addr: int = 0
+
+
+_LOCAL = VectorAddr(0, 0)
+
+
+def vector_addr_layout(config: PEConfig) -> data.StructLayout:
+    return data.StructLayout({"addr": unsigned(config.vector_addr_bits), "bank": unsigned(_bits(config.banks))})
+
+
+def command_layout(config: PEConfig) -> data.StructLayout:
+    """The command the PE executes (fields pack low bits first, in this order)."""
+    dim = unsigned(config.max_dim.bit_length())
+    return data.StructLayout({
+        "op": Opcode,
+        "rows": dim,
+        "cols": dim,
+        "col_words": unsigned(config.max_col_words.bit_length()),
+        "x": vector_addr_layout(config),
+        "y": vector_addr_layout(config),
+        "w": unsigned(config.weight_addr_bits),
+        "g": unsigned(config.grad_addr_bits),
+        "dst": unsigned(max(config.vector_addr_bits, config.weight_addr_bits, config.grad_addr_bits)),
+    })
+
+
+_VECTOR_OPS = (Opcode.ACT_RELU, Opcode.OUT_ERR)
+
+
+@dataclass(frozen=True)
+class PEOp:
+    """One command in Python form, checked against a `PEConfig`'s limits; see the module docstring."""
+
+    op: Opcode
+    rows: int
+    cols: int
+    x: VectorAddr = _LOCAL
+    y: VectorAddr = _LOCAL
+    w: int = 0
+    g: int = 0
+    dst: int = 0
+
+    def col_words(self, lanes: int) -> int:
+        return math.ceil(self.cols / lanes)
+
+    def beats(self, lanes: int) -> int:
+        return self.rows * self.col_words(lanes)
+
+    def cycles(self, lanes: int) -> int:
+        return op_cycles(self.rows, self.cols, lanes)
+
+    def check(self, config: PEConfig) -> None:
+        """Raise InputError naming the limit when the op does not fit the PE's formats or memories."""
+        name = self.op.name
+        _check_int(f"{name} rows", self.rows, 1, config.max_dim, f"elements (max_dim {config.max_dim})")
+        _check_int(f"{name} cols", self.cols, 1, config.max_dim, f"elements (max_dim {config.max_dim})")
+        if self.op in _VECTOR_OPS and self.rows != 1:
+            raise InputError(f"{name} works on a vector: rows must be 1 (cols = its length), got rows={self.rows}")
+        cw, lanes = self.col_words(config.lanes), config.lanes
+        matrix_words = self.beats(lanes)
+        out_words = {Opcode.FWD_LINEAR: math.ceil(self.rows / lanes), Opcode.FWD_RELU: math.ceil(self.rows / lanes),
+                     Opcode.ACT_RELU: cw, Opcode.OUT_ERR: cw, Opcode.ERR: cw}
+        reads: list[tuple[str, VectorAddr, int]] = []
+        if self.op in (Opcode.FWD_LINEAR, Opcode.FWD_RELU, Opcode.GRAD, *_VECTOR_OPS):
+            reads.append(("x", self.x, cw))
+        if self.op in _VECTOR_OPS:
+            reads.append(("y", self.y, cw))
+        if self.op in (Opcode.ERR, Opcode.GRAD):
+            reads.append(("y", self.y, math.ceil(self.rows / lanes)))
+        for field, where, words in reads:
+            if not 0 <= where.bank < config.banks:
+                raise InputError(f"{name} {field}.bank must be in 0..{config.banks - 1}, got {where.bank}")
+            _check_range(f"{name} {field} (bank {where.bank})", where.addr, words, config.bank_depths[where.bank])
+        if self.op in (Opcode.FWD_LINEAR, Opcode.FWD_RELU, Opcode.ERR, Opcode.UPD):
+            _check_range(f"{name} w (weights)", self.w, matrix_words, config.weight_depth)
+        if self.op == Opcode.UPD:
+            _check_range(f"{name} g (grads)", self.g, matrix_words, config.grad_depth)
+            _check_range(f"{name} dst (weights)", self.dst, matrix_words, config.weight_depth)
+        elif self.op == Opcode.GRAD:
+            _check_range(f"{name} dst (grads)", self.dst, matrix_words, config.grad_depth)
+        else:
+            _check_range(f"{name} dst (bank 0)", self.dst, out_words[self.op], config.local_depth)
+
+    def fields(self, config: PEConfig) -> dict[str, object]:
+        """The command as a dict of `command_layout(config)` fields (after `check`)."""
+        self.check(config)
+        return {"op": self.op, "rows": self.rows, "cols": self.cols, "col_words": self.col_words(config.lanes),
+                "x": {"bank": self.x.bank, "addr": self.x.addr}, "y": {"bank": self.y.bank, "addr": self.y.addr},
+                "w": self.w, "g": self.g, "dst": self.dst}
+
+    def as_const(self, config: PEConfig) -> data.Const:
+        return command_layout(config).const(self.fields(config))
+
+    def encode(self, config: PEConfig) -> int:
+        """The command's bits as an integer (for a microcode ROM's init or a cocotb bench)."""
+        return self.as_const(config).as_bits().value
+
+
+def _check_range(what: str, base: int, words: int, depth: int) -> None:
+    if not isinstance(base, int) or base < 0 or base + words > depth:
+        raise InputError(f"{what}: words {base}..{base + words - 1} exceed the memory of {depth} words")
+
+
+def read_port_signature(addr_bits: int, word: data.ArrayLayout) -> wiring.Signature:
+    """A synchronous read port seen from its user: data is valid the cycle after addr/en."""
+    return wiring.Signature({"addr": Out(addr_bits), "en": Out(1), "data": In(word)})
+
+
+def write_port_signature(addr_bits: int, word: data.ArrayLayout) -> wiring.Signature:
+    return wiring.Signature({"addr": Out(addr_bits), "en": Out(1), "data": Out(word)})
+
+
+def host_port_signature(addr_bits: int, word: data.ArrayLayout) -> wiring.Signature:
+    """Weight memory access for the host (load before a run, read back after): r_data follows addr by a cycle."""
+    return wiring.Signature({"addr": Out(addr_bits), "w_en": Out(1), "w_data": Out(word), "r_data": In(word)})
+
+
+class ProcessingElement(wiring.Component):
+    """One PE: memories + op engine. Ports (directions as seen from the PE):
+
+    - `cmd`   In(stream of `command_layout(config)`): ready while idle; a transfer starts the op.
+    - `done`  Out(1): high in the op's last cycle (its last write); `cmd.ready` rises the cycle after.
+    - `host`  In(host port): weight memory load / read back, served while idle.
+    - `recv`  In(write port) × len(recv_depths): writes into bank k+1 (link receivers, sample stream).
+    - `send`  In(read port) × send_ports: reads of bank 0 (link senders); data the cycle after addr/en.
+    """
+
+    def __init__(self, config: PEConfig) -> None:
+        self.config = config
+        word = config.word
+        members: dict[str, object] = {
+            "cmd": In(stream.Signature(command_layout(config))),
+            "done": Out(1),
+            "host": In(host_port_signature(config.weight_addr_bits, word)),
+        }
+        if config.recv_depths:
+            members["recv"] = In(write_port_signature(config.vector_addr_bits, word)).array(len(config.recv_depths))
+        if config.send_ports:
+            members["send"] = In(read_port_signature(config.vector_addr_bits, word)).array(config.send_ports)
+        super().__init__(members)
+        self.weights = Memory(shape=word, depth=config.weight_depth, init=[])
+        self.grads = Memory(shape=word, depth=config.grad_depth, init=[])
+        self.banks = [Memory(shape=word, depth=depth, init=[]) for depth in config.bank_depths]
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        cfg = self.config
+        lanes = cfg.lanes
+        m.submodules.weights = self.weights
+        m.submodules.grads = self.grads
+        for k, bank in enumerate(self.banks):
+            m.submodules[f"bank{k}"] = bank
+        m.submodules.datapath = dp = Datapath(lanes, cfg.fmt, cfg.lr_shift, cfg.acc_bits)
+
+        # ---- accept a command ------------------------------------------------------------------------
+        cmd = Signal(command_layout(cfg))  # the op being issued
+        busy = Signal()  # from accept to the last write
+        issuing = Signal()  # S0 has a beat this cycle
+        m.d.comb += self.cmd.ready.eq(~busy)
+
+        # Loop counters of S0. Row-major walk: col (word of the row) inner, row outer; ERR swaps them.
+        row = Signal(range(cfg.max_dim + 1))
+        row_lane = Signal(range(lanes))  # row % lanes: lane of element `row` in a vector
+        row_word = Signal(cfg.vector_addr_bits)  # row // lanes: word of element `row` in a vector
+        col = Signal(range(cfg.max_col_words + 1))
+        col_elem = Signal(range(cfg.max_col_words * lanes + 1))  # col · lanes: first element of the word
+        lin = Signal(range(max(cfg.weight_depth, cfg.grad_depth) + 1))  # beat number = word in the matrix
+        w_col = Signal(cfg.weight_addr_bits)  # ERR: address of word `col` of row 0
+        w_err = Signal(cfg.weight_addr_bits)  # ERR: address of word `col` of row `row`
+
+        with m.If(self.cmd.valid & ~busy):
+            payload = self.cmd.payload
+            m.d.sync += [cmd.eq(payload), busy.eq(1), issuing.eq(1), row.eq(0), row_lane.eq(0), row_word.eq(0),
+                         col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w), w_err.eq(payload.w)]
+
+        is_err = cmd.op == Opcode.ERR
+        is_fwd = (cmd.op == Opcode.FWD_LINEAR) | (cmd.op == Opcode.FWD_RELU)
+        last_col = col == cmd.col_words - 1
+        last_row = row == cmd.rows - 1
+        final = last_col & last_row
+
+        def next_row() -> list:
+            wrap = row_lane == lanes - 1
+            return [row.eq(row + 1), row_lane.eq(Mux(wrap, 0, row_lane + 1)), row_word.eq(row_word + wrap)]
+
+        def restart_rows() -> list:
+            return [row.eq(0), row_lane.eq(0), row_word.eq(0)]
+
+        def next_col() -> list:
+            return [col.eq(col + 1), col_elem.eq(col_elem + lanes)]
+
+        with m.If(issuing):
+            m.d.sync += lin.eq(lin + 1)
+            with m.If(final):
+                m.d.sync += issuing.eq(0)
+            with m.Elif(is_err):
+                with m.If(last_row):
+                    m.d.sync += [*restart_rows(), *next_col(), w_col.eq(w_col + 1), w_err.eq(w_col + 1)]
+                with m.Else():
+                    m.d.sync += [*next_row(), w_err.eq(w_err + cmd.col_words)]
+            with m.Elif(last_col):
+                m.d.sync += [*next_row(), col.eq(0), col_elem.eq(0)]
+            with m.Else():
+                m.d.sync += next_col()
+
+        # ---- S0: addresses and the beat's control ------------------------------------------------------
+        per_row_y = is_err | (cmd.op == Opcode.GRAD)  # Y holds δ, one element per row
+        x_addr = cmd.x.addr + col
+        y_addr = cmd.y.addr + Mux(per_row_y, row_word, col)
+        w_addr = Mux(is_err, w_err, cmd.w + lin)
+        g_addr = cmd.g + lin
+        dst_addr = Signal(len(cmd.dst))
+        with m.Switch(cmd.op):
+            with m.Case(Opcode.FWD_LINEAR, Opcode.FWD_RELU):
+                m.d.comb += dst_addr.eq(cmd.dst + row_word)
+            with m.Case(Opcode.ACT_RELU, Opcode.OUT_ERR, Opcode.ERR):
+                m.d.comb += dst_addr.eq(cmd.dst + col)
+            with m.Default():
+                m.d.comb += dst_addr.eq(cmd.dst + lin)
+        mask = Signal(lanes)
+        m.d.comb += mask.eq(Cat(col_elem + j < cmd.cols for j in range(lanes)))
+
+        s1 = Signal(data.StructLayout({
+            "valid": 1, "op": Opcode, "first": 1, "last": 1, "emit": 1, "lane": range(lanes), "mask": lanes,
+            "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1}))
+        m.d.sync += [
+            s1.valid.eq(issuing), s1.op.eq(cmd.op), s1.lane.eq(row_lane), s1.mask.eq(mask),
+            s1.first.eq(Mux(is_fwd, col == 0, Mux(is_err, row == 0, 1))),
+            s1.last.eq(Mux(is_fwd, last_col, Mux(is_err, last_row, 1))),
+            s1.emit.eq(Mux(is_fwd, last_col & ((row_lane == lanes - 1) | last_row), Mux(is_err, last_row, 1))),
+            s1.x_bank.eq(cmd.x.bank), s1.y_bank.eq(cmd.y.bank), s1.dst.eq(dst_addr), s1.final.eq(final),
+        ]
+
+        # ---- S1: memories answer -------------------------------------------------------------------
+        for k, bank in enumerate(self.banks):
+            rx, ry = bank.read_port(), bank.read_port()
+            m.d.comb += [rx.addr.eq(x_addr), rx.en.eq(issuing), ry.addr.eq(y_addr), ry.en.eq(issuing)]
+            with m.If(s1.x_bank == k):
+                m.d.comb += dp.x.eq(rx.data)
+            with m.If(s1.y_bank == k):
+                m.d.comb += dp.y.eq(ry.data)
+        w_read = self.weights.read_port()
+        m.d.comb += [w_read.addr.eq(Mux(busy, w_addr, self.host.addr)), w_read.en.eq(1),
+                     self.host.r_data.eq(w_read.data)]
+        g_read = self.grads.read_port()
+        m.d.comb += [g_read.addr.eq(g_addr), g_read.en.eq(issuing)]
+        m.d.comb += [dp.valid.eq(s1.valid), dp.op.eq(s1.op), dp.first.eq(s1.first), dp.last.eq(s1.last),
+                     dp.emit.eq(s1.emit), dp.lane.eq(s1.lane), dp.mask.eq(s1.mask),
+                     dp.w.eq(w_read.data), dp.g.eq(g_read.data)]
+
+        # ---- S3: write back (the write address and end-of-op flag travel alongside the datapath) ------
+        s3 = s1
+        for stage in range(LATENCY):
+            delayed = Signal.like(s1, name=f"tag{stage + 2}")
+            m.d.sync += delayed.eq(s3)
+            s3 = delayed
+        bank0_write = self.banks[0].write_port()
+        grad_write = self.grads.write_port()
+        weight_write = self.weights.write_port()
+        for port in (bank0_write, grad_write):
+            m.d.comb += [port.addr.eq(s3.dst), port.data.eq(dp.out_data)]
+        m.d.comb += [bank0_write.en.eq(dp.out_valid & (s3.op != Opcode.GRAD) & (s3.op != Opcode.UPD)),
+                     grad_write.en.eq(dp.out_valid & (s3.op == Opcode.GRAD))]
+        # The weight memory's one write port is the op engine's while busy and the host's while idle.
+        with m.If(busy):
+            m.d.comb += [weight_write.addr.eq(s3.dst), weight_write.data.eq(dp.out_data),
+                         weight_write.en.eq(dp.out_valid & (s3.op == Opcode.UPD))]
+        with m.Else():
+            m.d.comb += [weight_write.addr.eq(self.host.addr), weight_write.data.eq(self.host.w_data),
+                         weight_write.en.eq(self.host.w_en)]
+        done = s3.valid & s3.final
+        m.d.comb += self.done.eq(done)
+        with m.If(done):
+            m.d.sync += busy.eq(0)
+
+        # ---- ports to the outside: receivers fill banks 1.., senders read bank 0 ----------------------
+        for k, port in enumerate(getattr(self, "recv", [])):
+            recv_write = self.banks[k + 1].write_port()
+            m.d.comb += [recv_write.addr.eq(port.addr), recv_write.data.eq(port.data), recv_write.en.eq(port.en)]
+        for port in getattr(self, "send", []):
+            send_read = self.banks[0].read_port()
+            m.d.comb += [send_read.addr.eq(port.addr), send_read.en.eq(port.en), port.data.eq(send_read.data)]
+        return m
