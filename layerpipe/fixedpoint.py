@@ -57,6 +57,7 @@ Weight history by moving average (the `ema` weight mode; m = ema_shift, β = 1 �
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +65,15 @@ import numpy.typing as npt
 
 from layerpipe.errors import InputError
 
-__all__ = ["DEFAULT_FORMAT", "MAX_LR_SHIFT", "MAX_TOTAL_BITS", "MIN_TOTAL_BITS", "FixedFormat", "check_lr_shift"]
+__all__ = [
+    "DEFAULT_FORMAT",
+    "MAX_LR_SHIFT",
+    "MAX_TOTAL_BITS",
+    "MIN_TOTAL_BITS",
+    "FixedFormat",
+    "check_lr_shift",
+    "lr_shift_of",
+]
 
 MIN_TOTAL_BITS = 2
 MAX_TOTAL_BITS = 32
@@ -83,6 +92,15 @@ def check_lr_shift(lr_shift: object, field: str = "lr_shift") -> int:
     if not _is_int(lr_shift) or not 0 <= int(lr_shift) <= MAX_LR_SHIFT:  # type: ignore[call-overload]
         raise InputError(f"{field} must be an integer in 0..{MAX_LR_SHIFT}, got {lr_shift!r}")
     return int(lr_shift)  # type: ignore[call-overload]
+
+
+def lr_shift_of(lr: float) -> int:
+    """k for a learning rate 2^−k; any other value (fixed point applies the rate as a shift) is an InputError."""
+    if isinstance(lr, float | int) and not isinstance(lr, bool) and 0 < lr <= 1:
+        mantissa, exponent = math.frexp(lr)
+        if mantissa == 0.5 and 1 - exponent <= MAX_LR_SHIFT:
+            return 1 - exponent
+    raise InputError(f"lr must be a power of two 2^-k with k in 0..{MAX_LR_SHIFT} in fixed point, got {lr!r}")
 
 
 def _as_int64(values: npt.ArrayLike) -> IntArray:

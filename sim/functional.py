@@ -1,0 +1,427 @@
+"""Functional mode: the numerics of a schedule, op by op, in the simulated order and with the simulated versions.
+
+`run_functional` executes layer-level ops (DFG task kinds F, A, E, G, U and the fused AE, EG, AG, AEG) in
+the order given — the simulator's order: ops sorted by start time, ties by processor (`order_by_start`) —
+and every F and E reads the weight version the version map gives (design notes §3, `layerpipe.numerics`).
+Stage-level synchronous schedules run through `layerpipe.schedule.expand_stages` first, which turns them
+into layer tasks with one explicit U_l(j) per layer and step j.
+
+Arithmetic is float64, or the fixed-point format of `layerpipe.fixedpoint` (bit for bit what the integer
+PyTorch reference and the RTL compute). What each task does, for a micro-batch of B rows:
+
+| task | linear layer l (W, optional b, activation f)       | weightless layer (activation, add, flatten)  |
+|------|----------------------------------------------------|----------------------------------------------|
+| F    | z = a_in Wᵀ + b, a = f(z); keep a_in and z         | z = Σ inputs (add) or the input, a = f(z)    |
+| A    | δ = e ⊙ f'(z), e = Σ of the consumers' errors      | —                                            |
+| E    | e_in = δ W (W per the weight mode)                 | e_in = e ⊙ f'(z) to every input (reshaped)   |
+| G    | g = δᵀ a_in (batch summed), g_b = Σ_rows δ          | —                                            |
+| U    | update k: version k+1 = version k − η·Σ g over the iterations of update k (one, or a synchronous step) |
+
+The output layer's error is e_L = a_L − y (loss ½‖a_L − y‖² per sample, recorded at F_L). Weight modes:
+`stash` — E reads the version F read; `latest` — the version the map gives E; `ema` — LayerPipe2's
+reconstruction Ŵ^(v) = W^(c) + η·(c − v)·ḡ^(c) of the version v that F read, from the version c the map
+gives E and the moving average ḡ ← ḡ + 2^−m·(g − ḡ) of the applied gradients (see `layerpipe.numerics`).
+In `ema` mode every E read also measures ‖Ŵ^(v) − W^(v)‖ / ‖W^(v)‖ against the exact stashed weights
+(`FunctionalResult.ema_error`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layerpipe.dfg import GraphOptions, backward_groups
+from layerpipe.errors import InputError
+from layerpipe.fixedpoint import FixedFormat, check_lr_shift, lr_shift_of
+from layerpipe.network import INPUT, Layer, Network
+from layerpipe.numerics import (
+    VersionMap,
+    check_mode,
+    check_supported,
+    normalize_versions,
+    update_iterations,
+)
+from layerpipe.schedule import Op
+from layerpipe.sim._arith import Arithmetic, FixedArithmetic, FloatArithmetic
+
+__all__ = [
+    "FunctionalConfig",
+    "FunctionalResult",
+    "order_by_start",
+    "run_functional",
+    "sequential_ops",
+]
+
+
+@dataclass(frozen=True)
+class FunctionalConfig:
+    """How to execute: arithmetic (`fmt` None = float64), weight mode, learning rate, update grouping.
+
+    In fixed point `lr` must be 2^−k (applied as a rounded shift by k). `ema_shift` m sets the moving
+    average's β = 1 − 2^−m.
+    """
+
+    mode: str = "stash"
+    lr: float = 2.0**-4
+    fmt: FixedFormat | None = None
+    ema_shift: int = 3
+    synchronous: bool = False
+    microbatches: int = 1
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        check_lr_shift(self.ema_shift, "ema_shift")
+        if not (isinstance(self.lr, float | int) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"lr must be a positive finite number, got {self.lr!r}")
+        if self.fmt is not None:
+            lr_shift_of(self.lr)
+        if self.synchronous and (not isinstance(self.microbatches, int) or self.microbatches < 1):
+            raise InputError(f"microbatches must be a positive integer, got {self.microbatches!r}")
+
+    def arithmetic(self) -> Arithmetic:
+        if self.fmt is None:
+            return FloatArithmetic(self.lr, self.ema_shift)
+        return FixedArithmetic(self.fmt, lr_shift_of(self.lr), self.ema_shift)
+
+
+@dataclass
+class FunctionalResult:
+    """Final weights (keys like `init_weights`), per-sample losses in sample order, and EMA error figures."""
+
+    weights: dict[str, np.ndarray]
+    losses: np.ndarray
+    updates: dict[int, int]  #: layer → updates applied
+    ema_error: list[float] = field(default_factory=list)  #: per E read in `ema` mode, relative to stash
+
+    @property
+    def ema_error_max(self) -> float:
+        return max(self.ema_error, default=0.0)
+
+    @property
+    def ema_error_mean(self) -> float:
+        return float(np.mean(self.ema_error)) if self.ema_error else 0.0
+
+
+def order_by_start(starts: Iterable[tuple[Op, int]]) -> list[Op]:
+    """The simulated order: ops by start time, ties by processor, then by the order given (program order)."""
+    indexed = [(start, op.proc, i, op) for i, (op, start) in enumerate(starts)]
+    indexed.sort(key=lambda item: item[:3])
+    return [item[3] for item in indexed]
+
+
+def sequential_ops(
+    network: Network,
+    iterations: int,
+    options: GraphOptions | None = None,
+    synchronous: bool = False,
+    microbatches: int = 1,
+) -> list[Op]:
+    """Plain sequential training as an op list on processor 0 (a reference order for hand-made version maps).
+
+    Iteration by iteration: F in layer order, then per layer in reverse order its backward tasks (the
+    graph's groups under `options`). Asynchronous: U_l(t) follows G_l(t) and comes before a separate E_l(t),
+    so E may read its own iteration's update (a backward lag of −1). Synchronous: U_l(j) follows the layer's
+    backward of the last micro-batch of step j.
+    """
+    options = options or GraphOptions()
+    ops: list[Op] = []
+    for t in range(iterations):
+        ops += [Op(0, "F", layer.index, t) for layer in network.layers]
+        step_ends = t == min(iterations, (t // microbatches + 1) * microbatches) - 1
+        for layer in reversed(network.layers):
+            groups = backward_groups(layer, options)
+            l = layer.index
+            if not layer.has_weights:
+                ops += [Op(0, kind, l, t) for kind in groups]
+            elif synchronous:
+                ops += [Op(0, kind, l, t) for kind in groups]
+                if step_ends:
+                    ops.append(Op(0, "U", l, t // microbatches))
+            else:
+                ops += [Op(0, kind, l, t) for kind in groups if kind != "E"]
+                ops.append(Op(0, "U", l, t))
+                ops += [Op(0, kind, l, t) for kind in groups if kind == "E"]
+    return ops
+
+
+@dataclass
+class _Version:
+    weights: np.ndarray
+    bias: np.ndarray | None
+    average: np.ndarray  # ḡ^(k) of W (the EMA mode reconstructs W only: E never reads the bias)
+
+
+class _Executor:
+    """State of one functional run; `run` executes the ops one by one."""
+
+    def __init__(
+        self,
+        network: Network,
+        init: Mapping[str, np.ndarray],
+        data: Mapping[str, np.ndarray],
+        versions: VersionMap,
+        config: FunctionalConfig,
+        ops: Sequence[Op],
+    ) -> None:
+        self.network, self.config, self.ops = network, config, ops
+        self.arith = config.arithmetic()
+        self.versions = normalize_versions(versions)
+        self.iterations = 1 + max((op.iteration for op in ops if op.kind == "F"), default=-1)
+        batch = network.batch
+        rows = self.iterations * batch
+        for key in ("x", "y"):
+            if key not in data:
+                raise InputError(f"data has no '{key}' array")
+            if len(data[key]) < rows:
+                raise InputError(
+                    f"data '{key}' has {len(data[key])} samples; {self.iterations} iterations of "
+                    f"batch {batch} need {rows}"
+                )
+        self.x = self.arith.encode(np.asarray(data["x"][:rows]))
+        self.y = self.arith.encode(np.asarray(data["y"][:rows]))
+        self.losses = np.zeros(rows)
+        self.history: dict[int, dict[int, _Version]] = {}
+        self.current: dict[int, int] = {}
+        for layer in network.layers:
+            if layer.has_weights:
+                w = self.arith.encode(_require(init, f"W{layer.index}", (layer.out_size, layer.in_size)))
+                b = None
+                if layer.op.bias:
+                    b = self.arith.encode(_require(init, f"b{layer.index}", (layer.out_size,)))
+                self.history[layer.index] = {0: _Version(w, b, np.zeros_like(w))}
+                self.current[layer.index] = 0
+        # Per iteration: outputs, kept values, incoming errors, deltas, gradients; freed when it is done.
+        self.outputs: dict[tuple[int, int], np.ndarray] = {}
+        self.kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self.errors: dict[tuple[int, int], list[np.ndarray]] = {}
+        self.deltas: dict[tuple[int, int], np.ndarray] = {}
+        self.grads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
+        self.pending = {t: 0 for t in range(self.iterations)}
+        for op in ops:
+            if op.kind != "U":
+                self.pending[op.iteration] += 1
+        self.last_read = self._last_reads()
+        self.ema_error: list[float] = []
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def _read_version(self, kind: str, layer: int, t: int) -> int:
+        try:
+            return self.versions[(kind, layer, t)]
+        except KeyError:
+            raise InputError(f"version map has no entry for {kind}{layer}.{t}") from None
+
+    def _backward_reads(self, layer: int, t: int) -> tuple[int, int]:
+        """(version whose weights E uses as its base, version F read)."""
+        v_f = self._read_version("F", layer, t)
+        if self.config.mode == "stash":
+            return v_f, v_f
+        return self._read_version("E", layer, t), v_f
+
+    def _last_reads(self) -> dict[tuple[int, int], int]:
+        """(layer, version) → index of the last op that reads it, so older versions can be dropped."""
+        last: dict[tuple[int, int], int] = {}
+        for i, op in enumerate(self.ops):
+            if op.unit not in self.history or op.kind == "U":
+                continue
+            if op.kind == "F":
+                last[(op.unit, self._read_version("F", op.unit, op.iteration))] = i
+            elif "E" in op.kind:
+                for v in self._backward_reads(op.unit, op.iteration):
+                    last[(op.unit, v)] = i
+        return last
+
+    def _version(self, layer: int, v: int, op: Op) -> _Version:
+        try:
+            return self.history[layer][v]
+        except KeyError:
+            raise InputError(
+                f"functional mode: {op} reads version {v} of layer {layer}, but {self.current[layer]} updates "
+                "have been applied when it runs"
+            ) from None
+
+    def _drop_unread(self, layer: int, index: int) -> None:
+        history = self.history[layer]
+        for v in [v for v in history if v != self.current[layer] and self.last_read.get((layer, v), -1) <= index]:
+            del history[v]
+
+    def _get(self, store: Mapping[tuple[int, int], object], layer: int, t: int, what: str, op: Op) -> object:
+        try:
+            return store[(layer, t)]
+        except KeyError:
+            raise InputError(
+                f"functional mode: {op} ran before {what} of layer {layer}, iteration {t} existed "
+                "(the op order breaks a dependency)"
+            ) from None
+
+    # -- execution ------------------------------------------------------------------------------------
+
+    def run(self) -> FunctionalResult:
+        for index, op in enumerate(self.ops):
+            layer = self.network.layer(op.unit)
+            if op.kind == "U":
+                self._update(layer, op, index)
+                continue
+            if op.kind == "F":
+                self._forward(layer, op)
+            else:
+                for atomic in op.kind:
+                    {"A": self._activation_backward, "E": self._input_gradient, "G": self._weight_gradient}[atomic](
+                        layer, op
+                    )
+            if layer.has_weights:
+                self._drop_unread(layer.index, index)
+            self.pending[op.iteration] -= 1
+            if self.pending[op.iteration] == 0:
+                self._free(op.iteration)
+        return FunctionalResult(self._final_weights(), self.losses, dict(self.current), self.ema_error)
+
+    def _forward(self, layer: Layer, op: Op) -> None:
+        t, arith = op.iteration, self.arith
+        batch = self.network.batch
+        inputs = [
+            self.x[t * batch : (t + 1) * batch] if src == INPUT else self._get(self.outputs, src, t, "the output", op)
+            for src in layer.inputs
+        ]
+        a_in = None
+        if layer.kind == "linear":
+            version = self._version(layer.index, self._read_version("F", layer.index, t), op)
+            a_in = inputs[0]
+            z = arith.linear(version.weights, a_in, version.bias)
+        elif layer.kind == "add":
+            z = arith.add(inputs)
+        elif layer.kind == "flatten":
+            z = inputs[0].reshape(batch, -1)
+        else:
+            z = inputs[0]
+        a = arith.activate(z, layer.activation)
+        self.outputs[(layer.index, t)] = a
+        self.kept[(layer.index, t)] = (z, a, a_in)
+        if layer.index == len(self.network):
+            y = self.y[t * batch : (t + 1) * batch]
+            self.losses[t * batch : (t + 1) * batch] = arith.loss(a, y)
+            self.errors[(layer.index, t)] = [arith.output_error(a, y)]
+
+    def _incoming_error(self, layer: Layer, op: Op) -> np.ndarray:
+        parts = self._get(self.errors, layer.index, op.iteration, "the error", op)
+        expected = len(self.network.consumers(layer.index)) + (layer.index == len(self.network))
+        if len(parts) != expected:  # type: ignore[arg-type]
+            raise InputError(
+                f"functional mode: {op} ran with {len(parts)} of {expected} error contributions "  # type: ignore[arg-type]
+                "(the op order breaks a dependency)"
+            )
+        return self.arith.add(parts)  # type: ignore[arg-type]
+
+    def _activation_backward(self, layer: Layer, op: Op) -> None:
+        z, a, _ = self._get(self.kept, layer.index, op.iteration, "the kept forward values", op)  # type: ignore[misc]
+        self.deltas[(layer.index, op.iteration)] = self.arith.activation_grad(
+            self._incoming_error(layer, op), z, a, layer.activation
+        )
+
+    def _input_gradient(self, layer: Layer, op: Op) -> None:
+        t, arith = op.iteration, self.arith
+        if layer.has_weights:
+            delta = self._get(self.deltas, layer.index, t, "δ", op)
+            weights = self._backward_weights(layer.index, op)
+            e_in = [arith.input_gradient(weights, delta)]  # type: ignore[arg-type]
+        else:
+            z, a, _ = self._get(self.kept, layer.index, t, "the kept forward values", op)  # type: ignore[misc]
+            delta = arith.activation_grad(self._incoming_error(layer, op), z, a, layer.activation)
+            e_in = [delta.reshape((len(delta), *shape)) for shape in layer.in_shapes]
+        for src, error in zip(layer.inputs, e_in * len(layer.inputs) if len(e_in) == 1 else e_in, strict=True):
+            if src != INPUT:
+                self.errors.setdefault((src, t), []).append(error)
+
+    def _backward_weights(self, layer: int, op: Op) -> np.ndarray:
+        current, v_f = self._backward_reads(layer, op.iteration)
+        base = self._version(layer, current, op)
+        if self.config.mode != "ema":
+            return base.weights
+        rebuilt = self.arith.ema_reconstruct(base.weights, base.average, current - v_f)
+        exact = self._version(layer, v_f, op).weights
+        norm = float(np.linalg.norm(self.arith.decode(exact)))
+        diff = float(np.linalg.norm(self.arith.decode(rebuilt) - self.arith.decode(exact)))
+        self.ema_error.append(diff / norm if norm else diff)
+        return rebuilt
+
+    def _weight_gradient(self, layer: Layer, op: Op) -> None:
+        delta = self._get(self.deltas, layer.index, op.iteration, "δ", op)
+        _, _, a_in = self._get(self.kept, layer.index, op.iteration, "the kept input", op)  # type: ignore[misc]
+        self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)  # type: ignore[arg-type]
+
+    def _update(self, layer: Layer, op: Op, index: int) -> None:
+        l, k = layer.index, op.iteration
+        if k != self.current[l]:
+            raise InputError(
+                f"functional mode: {op} is update {k} of layer {l}, but {self.current[l]} updates "
+                "have been applied (updates run in order)"
+            )
+        cfg = self.config
+        its = update_iterations(k, self.iterations, cfg.synchronous, cfg.microbatches)
+        try:
+            grads = [self.grads.pop((l, t)) for t in its]
+        except KeyError:
+            raise InputError(
+                f"functional mode: {op} ran before the gradients of iterations {list(its)} existed"
+            ) from None
+        g_w = self.arith.sum_gradients([g for g, _ in grads])
+        old = self.history[l][k]
+        new = _Version(self.arith.sgd(old.weights, g_w), None, self.arith.ema_average(old.average, g_w))
+        if old.bias is not None:
+            new.bias = self.arith.sgd(old.bias, self.arith.sum_gradients([gb for _, gb in grads]))  # type: ignore[misc]
+        self.history[l][k + 1] = new
+        self.current[l] = k + 1
+        self._drop_unread(l, index)
+
+    def _free(self, t: int) -> None:
+        for store in (self.outputs, self.kept, self.errors, self.deltas):
+            for key in [key for key in store if key[1] == t]:
+                del store[key]
+
+    def _final_weights(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for l, v in self.current.items():
+            version = self.history[l][v]
+            out[f"W{l}"] = version.weights
+            if version.bias is not None:
+                out[f"b{l}"] = version.bias
+        return out
+
+
+def _require(init: Mapping[str, np.ndarray], key: str, shape: tuple[int, ...]) -> np.ndarray:
+    if key not in init:
+        raise InputError(f"initial weights have no '{key}'")
+    value = np.asarray(init[key])
+    if value.shape != shape:
+        raise InputError(f"initial weights '{key}' have shape {value.shape}, the network needs {shape}")
+    return value
+
+
+def run_functional(
+    network: Network,
+    ops: Sequence[Op],
+    versions: VersionMap,
+    init: Mapping[str, np.ndarray],
+    data: Mapping[str, np.ndarray],
+    config: FunctionalConfig | None = None,
+) -> FunctionalResult:
+    """Execute layer-level `ops` in the order given, reading the versions of `versions`.
+
+    `ops` are layer-level (a stage-level synchronous schedule goes through `expand_stages` first); U ops
+    carry the update number (the iteration for asynchronous runs, the step for synchronous ones).
+    `init` and `data` come from `layerpipe.numerics.init_weights` / `make_data` (float arrays are
+    quantized in fixed point; integer arrays are taken as already quantized). Raises InputError when the
+    network has layers the numerics do not support, when a version is read before it is written, or when
+    the order breaks a data dependency.
+    """
+    config = config or FunctionalConfig()
+    check_supported(network, fixed=config.fmt is not None)
+    for op in ops:
+        if op.kind not in ("F", "A", "E", "G", "U", "AE", "EG", "AG", "AEG"):
+            raise InputError(f"functional mode runs layer-level ops; got kind '{op.kind}' in {op}")
+        if not 1 <= op.unit <= len(network):
+            raise InputError(f"op {op}: layer {op.unit} is not in 1..{len(network)}")
+    return _Executor(network, init, data, versions, config, ops).run()
