@@ -2,6 +2,17 @@
 synchronous stage-level generators and the policies."""
 
 from layerpipe.schedule._deps import Dependency, StageInfo, TaskEdge, dependencies, expand_stages, layer_task_edges
+from layerpipe.schedule._formats import (
+    FORMATS,
+    dump_schedule,
+    from_csv,
+    from_torch_actions,
+    from_torch_csv,
+    load_schedule,
+    to_csv,
+    to_torch_actions,
+    to_torch_csv,
+)
 from layerpipe.schedule._ir import (
     KINDS_LAYER,
     KINDS_STAGE,
@@ -25,6 +36,7 @@ from layerpipe.schedule._sync import (
 from layerpipe.schedule._validate import dry_run, format_grid, periodic_staleness, validate
 
 __all__ = [
+    "FORMATS",
     "KINDS_LAYER",
     "KINDS_STAGE",
     "Dependency",
@@ -37,15 +49,23 @@ __all__ = [
     "TaskEdge",
     "dependencies",
     "dry_run",
+    "dump_schedule",
     "expand_stages",
     "format_grid",
+    "from_csv",
+    "from_torch_actions",
+    "from_torch_csv",
     "gpipe",
     "interleaved_1f1b",
     "layer_task_edges",
+    "load_schedule",
     "looping_stage_map",
     "one_f_one_b",
     "parse_op",
     "periodic_staleness",
+    "to_csv",
+    "to_torch_actions",
+    "to_torch_csv",
     "v_stage_map",
     "validate",
     "zb_h1",

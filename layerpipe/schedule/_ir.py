@@ -138,7 +138,7 @@ class OpSchedule:
                     elif word == "synchronous":
                         sync = True
                     elif word.startswith("microbatches="):
-                        m = int(word.split("=", 1)[1])
+                        m = _header_int(word, n)
                 continue
             name, _, body = line.partition(":")
             if name != f"p{len(rows)}":
@@ -149,7 +149,20 @@ class OpSchedule:
                 raise InputError(f"schedule line {n}: {exc}") from None
         if level not in LEVELS:
             raise InputError(f"schedule header: level '{level}' is not one of {', '.join(LEVELS)}")
+        kinds = KINDS_STAGE if level == "stage" else KINDS_LAYER
+        for row in rows:
+            for op in row:
+                if op.kind not in kinds:
+                    allowed = ", ".join(kinds)
+                    raise InputError(f"schedule p{op.proc}: op '{op}' kind is not a {level}-level kind ({allowed})")
         return OpSchedule(level, tuple(rows), sync, m)
+
+
+def _header_int(word: str, line: int) -> int:
+    key, _, value = word.partition("=")
+    if not value.isdigit():
+        raise InputError(f"schedule line {line}: field '{key}' must be a non-negative integer, got '{value}'")
+    return int(value)
 
 
 @dataclass(frozen=True, order=True)
@@ -223,7 +236,7 @@ class PeriodicSchedule:
             if line.startswith("#"):
                 for word in line.split():
                     if word.startswith("period="):
-                        period = int(word.split("=", 1)[1])
+                        period = _header_int(word, n)
                 continue
             name, _, body = line.partition(":")
             if name != f"p{len(bodies)}":
