@@ -166,6 +166,12 @@ class _Importer:
             if target in self.called:
                 raise InputError(f"torch module '{target}' is called more than once; layers sharing weights "
                                  "are not supported")
+            # The network model derives weight shapes from the traced input; they must be the module's.
+            expected = m.in_features if kind is nn.Linear else m.in_channels
+            got = self.shape[src][0]
+            _require(len(self.shape[src]) != (1 if kind is nn.Linear else 3) or got == expected, target,
+                     f"{kind.__name__} expects {expected} input {'features' if kind is nn.Linear else 'channels'}, "
+                     f"the traced input has {got}")
             op: LayerOp = (Linear(m.out_features, bias=m.bias is not None) if kind is nn.Linear
                            else _conv2d(m, target))
         elif kind is nn.MaxPool2d:
@@ -209,10 +215,15 @@ class _Importer:
                                  f"({node.name}); only flatten(x, 1) keeps the batch dimension")
             self.emit(node, node.name, Flatten(), [self.tensor_arg(node, args[0])])
         else:
-            what = fn if is_method else getattr(fn, "__qualname__", None) or str(fn)
-            module = "" if is_method else getattr(fn, "__module__", None) or ""
-            label = f"{module}.{what}" if module and module != "_operator" else f"{what}"
-            raise _unsupported(node, label)
+            raise _unsupported(node, fn if is_method else self.function_name(fn))
+
+    def function_name(self, fn: Any) -> str:
+        """`torch.cat`, `operator.mul`: how a user would write the function."""
+        try:
+            name = self.torch.fx.node._get_qualified_name(fn)
+        except Exception:  # a private helper of fx: fall back to the plain name if it changes
+            name = getattr(fn, "__name__", repr(fn))
+        return name.replace("_operator.", "operator.", 1)
 
 
 def _fuse_activations(pending: dict[str, _Pending], output: str) -> tuple[list[_Pending], str]:
