@@ -41,9 +41,10 @@ def atomic_work(layer: Layer, kind: str, batch: int) -> int:
             return batch * layer.forward_macs
         return layer.weight_count  # U
     if kind == "E":
-        # Backward of a weightless layer: as much work as its forward, plus its fused activation.
-        extra = batch * layer.out_size if layer.activation != "identity" else 0
-        return batch * layer.forward_macs + extra
+        # Backward of a weightless layer: as much work as its forward, plus its fused activation (a standalone
+        # activation layer's forward already is that elementwise work, so it is not counted twice).
+        fused = layer.activation != "identity" and layer.kind != "activation"
+        return batch * layer.forward_macs + (batch * layer.out_size if fused else 0)
     raise ValueError(f"layer '{layer.name}' has no weights and no {kind} task")
 
 
@@ -114,8 +115,12 @@ class ProfiledModel:
         for key in ("network", "batch", "layers"):
             if key not in doc:
                 raise InputError(f"profile file {path}: missing field '{key}'")
-        return ProfiledModel(doc["network"], int(doc["batch"]),
-                             {k: {t: int(v) for t, v in d.items()} for k, d in doc["layers"].items()})
+        try:
+            times = {str(k): {str(t): int(v) for t, v in d.items()} for k, d in doc["layers"].items()}
+            return ProfiledModel(str(doc["network"]), int(doc["batch"]), times)
+        except (AttributeError, TypeError, ValueError):
+            raise InputError(f"profile file {path}: 'batch' must be an integer and 'layers' a mapping "
+                             "{layer: {task kind: nanoseconds}}") from None
 
 
 def task_cost(model: CostModel, layer: Layer, kind: str, batch: int) -> int:
