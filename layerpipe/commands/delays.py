@@ -96,8 +96,8 @@ def _table(doc: dict[str, Any]) -> str:
                      "-" if layer["delay"] is None else layer["delay"], lags[f"F{index}"]])
     head = (f"{doc['network']}: {doc['num_stages']} stages, weight mode {doc['weight_mode']}, "
             f"total delay {doc['total_delay']} iterations\n"
-            f"iteration bound {doc['iteration_bound_before']} -> {doc['iteration_bound_after']} cycles per "
-            f"iteration (cost model {doc['cost_model']})\n")
+            f"iteration bound {doc['iteration_bound_before_exact']} -> {doc['iteration_bound_after_exact']} "
+            f"cycles per iteration (cost model {doc['cost_model']})\n")
     text = head + format_table(["#", "name", "stage", "stages_after", "delay", "forward_lag"], rows)
     if doc["skip_buffers"]:
         text += "\n" + format_table(["skip src", "skip dst", "buffer (iterations)"],
