@@ -218,7 +218,8 @@ def build_training_graph(network: Network, options: GraphOptions | None = None) 
                 connect(f, a, batch * layer.out_size, "kept")  # z_l
             connect(f, g, batch * layer.in_size, "kept")  # a_{l-1}
             connect(a, e, batch * layer.out_size, "delta")
-            connect(a, g, batch * layer.out_size, "delta")
+            if g is not e:  # with E and G fused into one task, δ_l travels to it once
+                connect(a, g, batch * layer.out_size, "delta")
             connect(g, u, w, "gradient")
             connect(u, f, w, "weights", delay=1)
             if options.weight_mode == "stash":
