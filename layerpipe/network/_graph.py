@@ -138,6 +138,8 @@ class NetworkBuilder:
         self._names: dict[str, int] = {"input": INPUT}
 
     def add(self, name: str, op: LayerOp, inputs: Iterable[str] | None = None) -> NetworkBuilder:
+        if name == "input":
+            raise InputError("layer name 'input' is reserved for the network input")
         if name in self._names:
             raise InputError(f"layer name '{name}' is used twice")
         if not name or not name.replace("_", "").replace(".", "").replace("-", "").isalnum():
