@@ -116,6 +116,7 @@ def test_builder_infers_shapes_and_wires_a_dag() -> None:
 
 @pytest.mark.parametrize(("build", "message"), [
     (lambda b: b.add("x", Linear(3)).add("x", Linear(3)), "layer name 'x' is used twice"),
+    (lambda b: b.add("input", Linear(3)), "layer name 'input' is reserved for the network input"),
     (lambda b: b.add("x", Linear(3), ["nope"]), "input 'nope' is not an earlier layer or 'input'"),
     (lambda b: b.add("x", Linear(3), ["later"]).add("later", Linear(3)), "input 'later' is not an earlier"),
     (lambda b: b.add("x", Linear(3), []), "inputs must not be empty"),
