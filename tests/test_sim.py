@@ -14,7 +14,8 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import mlp
 from layerpipe.schedule import Op, OpSchedule, StageInfo, dependencies, dry_run
-from layerpipe.sim import DeadlockError, SimConfig, Workload, simulate
+from layerpipe.sim import DeadlockError, SimConfig, Workload, compile_schedule, simulate
+from layerpipe.sim._engine import _run_links_events, run
 from tests.strategies import networks
 
 
@@ -84,6 +85,15 @@ def test_links_same_time_transfers_go_in_consumer_order():
     assert r.start_of("E", 2, 0) == f2_end + 2 + 3 + 6
 
 
+def test_zero_duration_producers_tie_in_consumer_order():
+    # F0 takes no time: F0.0 and F0.1 both end at cycle 0, so their transfers tie and go in p1's order,
+    # which runs micro-batch 1 first. (The event-driven engine handles this case.)
+    work = Workload.of_stages([(0, 2, 0), (1, 2, 0)], StageInfo(2, (0, 4), (4, 0)))
+    sched = stage_schedule(["F0.0 F0.1 B0.0 B0.1", "F1.1 F1.0 B1.0 B1.1"])
+    t = times(simulate(sched, work, SimConfig.links(latency=0, words_per_cycle=2)))
+    assert t["F1.1"] == (2, 3) and t["F1.0"] == (4, 5)
+
+
 def test_deadlock_names_blocked_processors_and_inputs():
     work = Workload.of_stages([(1, 2, 0), (1, 2, 0)])
     bad = stage_schedule(["B0.0 F0.0", "F1.0 B1.0"], microbatches=1)
@@ -93,7 +103,7 @@ def test_deadlock_names_blocked_processors_and_inputs():
         assert isinstance(err.value, InputError)
         msg = str(err.value)
         assert "\n" not in msg
-        assert "p0 blocked at B0.0 waiting for B1.0 (p1), F0.0 (p0)" in msg
+        assert "p0 blocked at B0.0 waiting for F0.0 (p0), B1.0 (p1)" in msg
         assert "p1 blocked at F1.0 waiting for F0.0 (p0)" in msg
         assert set(err.value.blocked) == {0, 1}
 
@@ -145,6 +155,10 @@ def test_engine_properties(case, latency, words_per_cycle):
     # Links with no latency and unlimited bandwidth time exactly like shared memory (the other engine).
     free_links = simulate(sched, work, SimConfig.links(0, math.inf))
     assert free_links.start.tolist() == shared.start.tolist()
+    # The static-order sweep and the event-driven engine agree when every op takes >= 1 cycle.
+    compiled = compile_schedule(sched, work)
+    events = _run_links_events(compiled, latency, words_per_cycle)
+    assert events == run(compiled, SimConfig.links(latency, words_per_cycle))
     # With real links: no op starts before its producers end (plus latency across processors), no overlap.
     linked = simulate(sched, work, SimConfig.links(latency, words_per_cycle))
     pos = {op: i for i, op in enumerate(linked.ops)}
