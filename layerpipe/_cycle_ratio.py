@@ -13,10 +13,10 @@ nodes towards successors of larger η; when no such move exists, it moves a node
 and a strictly larger x-value. When neither applies, every edge v→u satisfies η(u) ≤ η(v) and
 x(v) ≥ t(v) − η·w + x(u); summing the latter around any cycle proves no cycle beats the policy's best.
 
-All arithmetic is on `Fraction`s, so the answer is exact and there is no tolerance to tune; ties keep the
-current edge (strict improvement only), which together with the fixed root rule makes the iteration
-terminate. Graphs are given as index arrays: node count, edge sources, edge targets, node times, edge
-delays.
+All arithmetic is exact — ratios are `Fraction`s, potentials integers scaled by the ratio's denominator —
+so there is no tolerance to tune; ties keep the current edge (strict improvement only), which together
+with the fixed root rule makes the iteration terminate. Graphs are given as index arrays: node count,
+edge sources, edge targets, node times, edge delays.
 """
 
 from __future__ import annotations
@@ -119,10 +119,14 @@ def max_cycle_ratio(
 
 def _evaluate(
     nodes: list[int], policy: dict[int, int], dst: Sequence[int], time: Sequence[int], delay: Sequence[int]
-) -> tuple[dict[int, Fraction], dict[int, Fraction], list[list[int]]]:
-    """Value determination: the ratio η of the cycle each node reaches and the potentials x."""
+) -> tuple[dict[int, Fraction], dict[int, int], list[list[int]]]:
+    """Value determination: the ratio η = p/q of the cycle each node reaches and the potentials x.
+
+    Potentials are kept as integers q·x (q the denominator of the node's own η), so that the second
+    improvement phase, which only compares nodes of equal η, works on plain ints.
+    """
     eta: dict[int, Fraction] = {}
-    x: dict[int, Fraction] = {}
+    x: dict[int, int] = {}
     cycles: list[list[int]] = []
     on_walk: dict[int, int] = {}
     for start in nodes:
@@ -140,17 +144,18 @@ def _evaluate(
             k = cycle.index(min(cycle))
             cycle = cycle[k:] + cycle[:k]
             ratio = Fraction(sum(time[u] for u in cycle), sum(delay[policy[u]] for u in cycle))
+            p, q = ratio.numerator, ratio.denominator
             root = cycle[0]
-            eta[root], x[root] = ratio, Fraction(0)
+            eta[root], x[root] = ratio, 0
             for u in reversed(cycle[1:]):
                 eta[u] = ratio
-                x[u] = time[u] - ratio * delay[policy[u]] + x[dst[policy[u]]]
+                x[u] = q * time[u] - p * delay[policy[u]] + x[dst[policy[u]]]
             cycles.append(cycle)
             walk = walk[: on_walk[v]]
         for u in reversed(walk):  # the tail leading into an evaluated node
             nxt = dst[policy[u]]
-            eta[u] = eta[nxt]
-            x[u] = time[u] - eta[u] * delay[policy[u]] + x[nxt]
+            ratio = eta[u] = eta[nxt]
+            x[u] = ratio.denominator * time[u] - ratio.numerator * delay[policy[u]] + x[nxt]
     return eta, x, cycles
 
 
@@ -159,7 +164,7 @@ def _improve(
     out: list[list[int]],
     policy: dict[int, int],
     eta: dict[int, Fraction],
-    x: dict[int, Fraction],
+    x: dict[int, int],
     dst: Sequence[int],
     time: Sequence[int],
     delay: Sequence[int],
@@ -173,12 +178,13 @@ def _improve(
             changed = True
     if changed:
         return True
-    for v in nodes:  # then: among equal ratios, take a strictly larger potential
-        current = x[v]
+    for v in nodes:  # then: among equal ratios, take a strictly larger potential (both scaled by q)
+        current, ratio = x[v], eta[v]
+        p, q = ratio.numerator, ratio.denominator
         for e in out[v]:
             u = dst[e]
-            if eta[u] == eta[v]:
-                value = time[v] - eta[v] * delay[e] + x[u]
+            if eta[u] is ratio or eta[u] == ratio:
+                value = q * time[v] - p * delay[e] + x[u]
                 if value > current:
                     current, policy[v] = value, e
                     changed = True
