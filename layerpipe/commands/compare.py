@@ -1,0 +1,142 @@
+"""`layerpipe compare`: cycles per sample of every policy on one cost model, side by side.
+
+    layerpipe compare mlp:784-256-128-10 resnet18 -n 7,8,9 [--policies a,b] [--baseline pipedream]
+
+One row per (network, N, policy). `speedup_vs_baseline` is the baseline's cycles per sample divided by the
+policy's (the baseline runs even when it is not listed). Without `--policies`, every policy that runs on
+the network is compared: `optimal` only on graphs within its size limit, chunked synchronous policies only
+when the network has enough layers. The output depends only on the inputs (byte-identical reruns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+
+from layerpipe.commands._common import (
+    add_cost_args,
+    add_network_args,
+    cost_model_from_args,
+    emit,
+    int_list,
+    to_json,
+)
+from layerpipe.errors import InputError
+from layerpipe.network import load_network
+from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule
+
+COLUMNS = ("network", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles", "utilization_pct",
+           "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="cycles per sample of every policy on one cost model",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("networks", nargs="+", metavar="NETWORK", help="zoo names, mlp:W0-W1-..., FILE.yaml")
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=int_list("-n/--num-procs"), required=True,
+                   help="processor counts, e.g. 7,8,9 or 2-16")
+    p.add_argument("--policies", default=None, help=f"comma-separated subset of {', '.join(POLICIES)}")
+    p.add_argument("--baseline", default="pipedream", help="policy the speedups are relative to (default pipedream)")
+    add_network_args(p)
+    add_cost_args(p)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("-o", "--output", default=None, help="write to FILE (atomically) instead of stdout")
+    p.set_defaults(handler=run)
+
+
+def compare_rows(networks: list[str], procs: list[int], policies: list[str] | None, baseline: str, model,
+                 batch: int = 1, progress: bool = True) -> list[dict[str, object]]:
+    """The comparison rows; `policies=None` means every policy that runs on each network."""
+    get_policy(baseline)
+    for name in policies or ():
+        get_policy(name)
+    nets = [load_network(spec, batch) for spec in networks]
+    jobs = [(net, n, name) for net in nets for n in procs for name in (policies or list(POLICIES))]
+    rows: list[dict[str, object]] = []
+    baselines: dict[tuple[str, int], float] = {}
+    from tqdm import tqdm
+
+    bar = tqdm(jobs, desc="compare", unit="schedule", file=sys.stderr, delay=1.0, leave=False,
+               disable=not progress or None)
+    for net, n, name in bar:
+        bar.set_postfix_str(f"{net.name} N={n} {name}", refresh=False)
+        try:
+            result = make_schedule(name, net, n, model)
+        except InputError:
+            if policies is None:
+                continue  # this policy does not run on this network (size limit, too few layers)
+            raise
+        key = (net.name, n)
+        if key not in baselines:
+            baselines[key] = (result.metrics.cycles_per_sample if name == baseline
+                              else make_schedule(baseline, net, n, model).metrics.cycles_per_sample)
+        m = result.metrics
+        rows.append({
+            "network": net.name,
+            "num_procs": n,
+            "policy": name,
+            "cycles_per_sample": round(m.cycles_per_sample, 1),
+            "lower_bound_cycles": round(m.lower_bound_cycles, 1),
+            "utilization_pct": round(m.utilization_pct, 1),
+            "speedup_vs_baseline": round(baselines[key] / m.cycles_per_sample, 3),
+            "traffic_words_per_sample": round(m.traffic_words_per_sample, 1),
+            "weight_versions": m.weight_versions,
+            "max_staleness": m.max_staleness,
+        })
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
+    if policies is not None and not policies:
+        raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
+    rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, cost_model_from_args(args),
+                        args.batch)
+    emit(render(rows, args.format, args.baseline), args.output)
+    return 0
+
+
+def render(rows: list[dict[str, object]], fmt: str, baseline: str) -> str:
+    if fmt == "json":
+        return to_json({"baseline": baseline, "columns": list(COLUMNS), "rows": rows})
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+    blocks = []
+    headers = ["N", "policy", "cycles/sample", "bound", "util %", f"x vs {baseline}", "traffic words/sample",
+               "versions", "staleness"]
+    keys = ["num_procs", "policy", "cycles_per_sample", "lower_bound_cycles", "utilization_pct",
+            "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness"]
+    left = {1}  # the policy column; numbers align right
+    for network in dict.fromkeys(r["network"] for r in rows):
+        cells = [[_cell(key, r[key]) for key in keys] for r in rows if r["network"] == network]
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+
+        def line(items: list[str], widths: list[int] = widths) -> str:
+            return "  ".join(s.ljust(w) if i in left else s.rjust(w) for i, (s, w) in enumerate(zip(items, widths,
+                                                                                                 strict=True)))
+
+        out = [network, line(headers), line(["-" * w for w in widths])]
+        previous = None
+        for c in cells:
+            if previous is not None and c[0] != previous:
+                out.append("")
+            out.append(line(c))
+            previous = c[0]
+        blocks.append("\n".join(out) + "\n")
+    return "\n".join(blocks)
+
+
+def _cell(key: str, value: object) -> str:
+    if key == "speedup_vs_baseline":
+        return f"{value:.2f}x"
+    if key == "utilization_pct":
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    return str(value)

@@ -1,0 +1,189 @@
+"""`layerpipe schedule`: one policy's schedule of a network on N processors, with its metrics.
+
+    layerpipe schedule resnet18 --policy layerpipe -n 8 [--max-staleness 4] [--format text|csv|torch-csv|json]
+    layerpipe schedule --policy 1f1b --stages 4 --microbatches 8 [--stage-costs 1,1,1]    (no network)
+
+Policy options are only accepted by the policies that have them (else exit 2 naming the option and the
+policy). Periodic schedules print as their body (text, json) or unrolled for `--iterations` (csv);
+torch-csv is for stage-level (synchronous) schedules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from layerpipe.commands._common import (
+    add_cost_args,
+    add_network_args,
+    cost_model_from_args,
+    emit,
+    positive_int,
+    to_json,
+)
+from layerpipe.errors import InputError
+from layerpipe.network import load_network
+from layerpipe.schedule._formats import dump_schedule
+from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._synchronous import schedule_stages
+from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
+
+#: Policy option → its command-line flag, for messages.
+OPTION_FLAGS = {
+    "intra": "--no-intra",
+    "inter": "--no-inter",
+    "max_staleness": "--max-staleness",
+    "keep_weights_together": "--keep-weights-together",
+    "group_size": "-g/--group-size",
+    "virtual_stages": "--virtual-stages",
+    "microbatches": "--microbatches",
+    "time_limit_s": "--time-limit",
+}
+
+
+def non_negative_int(field: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(f"{field} must be an integer >= 0, got '{text}'") from None
+        if value < 0:
+            raise InputError(f"{field} must be an integer >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(field: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise InputError(f"{field} must be a number > 0, got '{text}'") from None
+        if not value > 0:
+            raise InputError(f"{field} must be a number > 0, got {text}")
+        return value
+
+    return parse
+
+
+def stage_costs(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0:
+        raise InputError(f"--stage-costs must be three integers >= 0 like 2,2,1 (F,B,W cycles), got '{text}'")
+    return values  # type: ignore[return-value]
+
+
+def add_policy_option_args(p: argparse.ArgumentParser) -> None:
+    """The policy option flags; each defaults to None so only the flags given reach `policy_options`."""
+    g = p.add_argument_group("policy options (only for the policies that have them)")
+    g.add_argument("--no-intra", dest="intra", action="store_const", const=False, default=None,
+                   help="layerpipe, optimal: keep E and G of a layer in one task")
+    g.add_argument("--no-inter", dest="inter", action="store_const", const=False, default=None,
+                   help="layerpipe, optimal: keep A and E of a layer in one task")
+    g.add_argument("--max-staleness", dest="max_staleness", type=non_negative_int("--max-staleness"),
+                   default=None, help="layerpipe: bound on the updates a weight read may lag")
+    g.add_argument("--keep-weights-together", dest="keep_weights_together", action="store_const", const=True,
+                   default=None, help="layerpipe, optimal: a layer's F, E, G, U on one processor")
+    g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,
+                   help="ooo: layers per modulo-allocation group")
+    g.add_argument("--virtual-stages", dest="virtual_stages", type=positive_int("--virtual-stages"), default=None,
+                   help="interleaved-1f1b, zb-h1: chunks per processor")
+    g.add_argument("--microbatches", dest="microbatches", type=positive_int("--microbatches"), default=None,
+                   help="synchronous policies, pipedream-2bw: micro-batches per step / update")
+    g.add_argument("--time-limit", dest="time_limit_s", type=positive_float("--time-limit"), default=None,
+                   help="optimal: HiGHS time limit in seconds")
+
+
+def given_options(args: argparse.Namespace) -> dict[str, object]:
+    return {name: getattr(args, name) for name in OPTION_FLAGS if getattr(args, name, None) is not None}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("schedule", help="one policy's schedule of a network on N processors",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("network", nargs="?", help="zoo name, mlp:W0-W1-..., or FILE.yaml (omit with --stages)")
+    p.add_argument("--policy", required=True, help=f"one of {', '.join(POLICIES)}")
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), default=None,
+                   help="number of processors N")
+    p.add_argument("--stages", type=positive_int("--stages"), default=None,
+                   help="synchronous policies without a network: number of processors (stages per chunk)")
+    p.add_argument("--stage-costs", type=stage_costs, default=None,
+                   help="with --stages: F,B,W cycles per stage, B the input-gradient part (default 1,1,1)")
+    add_policy_option_args(p)
+    add_network_args(p)
+    add_cost_args(p)
+    p.add_argument("--format", choices=("text", "csv", "torch-csv", "json"), default="text")
+    p.add_argument("--iterations", type=positive_int("--iterations"), default=None,
+                   help="iterations to unroll a periodic schedule for csv (default 2 x deepest lag + 2)")
+    p.add_argument("-o", "--output", default=None, help="write to FILE (atomically) instead of stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    policy = get_policy(args.policy)
+    options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
+    if args.stages is not None:
+        if args.network is not None:
+            raise InputError("give a NETWORK or --stages, not both")
+        if not policy.synchronous:
+            sync = ", ".join(name for name, pol in POLICIES.items() if pol.synchronous)
+            raise InputError(f"--stages takes a synchronous policy ({sync}); '{args.policy}' needs a NETWORK")
+        if args.num_procs is not None and args.num_procs != args.stages:
+            raise InputError("--stages counts the processors; -n must be left out or equal to it")
+        result = schedule_stages(args.policy, args.stages, options, args.stage_costs or (1, 1, 1))  # type: ignore[arg-type]
+    else:
+        if args.network is None:
+            raise InputError("NETWORK is required (or --stages for a synchronous policy with uniform stage costs)")
+        if args.stage_costs is not None:
+            raise InputError("--stage-costs goes with --stages; with a NETWORK the cost model gives stage costs")
+        if args.num_procs is None:
+            raise InputError("-n/--num-procs is required with a NETWORK")
+        network = load_network(args.network, args.batch)
+        result = make_schedule(args.policy, network, args.num_procs, cost_model_from_args(args), options)
+    emit(render(result, args.format, args.iterations), args.output)
+    return 0
+
+
+def describe(result: ScheduleResult) -> dict[str, object]:
+    """The result's identity, options and metrics as a JSON-ready document (stable key order)."""
+    return {
+        "policy": result.policy,
+        "network": result.network.name if result.network is not None else None,
+        "batch": result.network.batch if result.network is not None else 1,
+        "num_procs": result.num_procs,
+        "options": result.options_dict(),
+        **result.metrics.row(),
+        "staleness_per_layer": {str(k): v for k, v in sorted(result.metrics.staleness_per_layer.items())},
+        "weight_versions_per_layer": {str(k): v for k, v in
+                                      sorted(result.metrics.weight_versions_per_layer.items())},
+        "notes": list(result.notes),
+    }
+
+
+def render(result: ScheduleResult, fmt: str, iterations: int | None = None) -> str:
+    if fmt == "json":
+        doc = describe(result)
+        schedule = result.periodic if result.periodic is not None else result.explicit
+        doc["schedule"] = json.loads(dump_schedule(schedule, "json"))  # type: ignore[arg-type]
+        return to_json(doc)
+    if fmt == "torch-csv" and result.explicit is None:
+        raise InputError(f"--format torch-csv is for stage-level (synchronous) schedules; '{result.policy}' is "
+                         "layer-level: use text, csv or json")
+    if fmt == "csv":
+        return dump_schedule(result.ops(iterations), "csv")
+    if fmt == "torch-csv":
+        return dump_schedule(result.explicit, "torch-csv")  # type: ignore[arg-type]
+    schedule = result.periodic if result.periodic is not None else result.explicit
+    m = result.metrics
+    where = result.network.name if result.network is not None else "uniform stages"
+    head = (f"# {result.policy} on {where}, {result.num_procs} processors: cycles_per_sample={m.cycles_per_sample:g} "
+            f"lower_bound_cycles={m.lower_bound_cycles:g} utilization_pct={m.utilization_pct:g} "
+            f"traffic_words_per_sample={m.traffic_words_per_sample:g} weight_versions={m.weight_versions} "
+            f"max_staleness={m.max_staleness}\n")
+    notes = "".join(f"# {note}\n" for note in result.notes)
+    return head + notes + dump_schedule(schedule, "text")  # type: ignore[arg-type]

@@ -1,0 +1,169 @@
+"""The `layerpipe` policy: fine-grained training tasks balanced over N processors in a periodic schedule.
+
+Without a staleness bound the period is the largest processor load, so the policy is a load-balancing
+problem: `balance` (LPT + repair) over the tasks — or over each layer's weight tasks F, E, G, U as one item
+under `keep_weights_together`, which keeps W_l on one processor (no weight traffic). The body order is the
+better of two ASAP-based orders and the lags are the minimal legal ones.
+
+With `max_staleness` K every weight loop must turn around within K + 1 periods (span of F_l … U_l ≤ (K+1)·P).
+The balanced schedule is kept if it already meets that; otherwise the modulo list scheduler places tasks
+at their earliest fit after their producers, for the smallest period it finds feasible from the bound
+max(⌈Σc/N⌉, max c, ⌈T_loop(l)/(K+1)⌉) upward (geometric probe, then bisection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from layerpipe.costs import CostModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.network import Network
+from layerpipe.schedule._result import ScheduleResult, periodic_result
+from layerpipe.schedule._shared import (
+    TaskTable,
+    Timing,
+    asap_keys,
+    asap_times,
+    balance,
+    best_ordering,
+    default_targets,
+    loop_lengths,
+    minimal_lags,
+    modulo_list_schedule,
+    timeline,
+    timeline_partition,
+    timing_of,
+)
+from layerpipe.schedule.metrics import period_lower_bound
+
+#: Period probes under a staleness bound grow by this factor until one is feasible.
+PROBE_GROWTH = 1.03
+
+
+@dataclass(frozen=True)
+class LayerPipeOptions:
+    intra: bool = True  #: split a layer's E and G (they run in parallel)
+    inter: bool = True  #: split δ_l (A_l) from e_{l−1} (E_l), so per-layer work can be balanced
+    max_staleness: int | None = None  #: bound on how many updates a weight read may lag (None: unbounded)
+    keep_weights_together: bool = False  #: a layer's F, E, G, U on one processor: no weight traffic
+
+    def __post_init__(self) -> None:
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise InputError(f"max_staleness must be >= 0, got {self.max_staleness}")
+
+
+def weight_groups(table: TaskTable, together: bool) -> list[int]:
+    """Group id per task: a weight layer's F, E, G, U share the layer's id when `together`; others alone."""
+    out = []
+    for v, t in enumerate(table.tasks):
+        layer = table.graph.network.layer(t.layer)
+        if together and layer.has_weights and any(t.has(k) for k in "FEGU"):
+            out.append(-t.layer)  # negative ids cannot clash with task indices
+        else:
+            out.append(v)
+    return out
+
+
+def group_items(table: TaskTable, group: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """Costs of the placement items and the tasks of each."""
+    index: dict[int, int] = {}
+    members: list[list[int]] = []
+    for v, g in enumerate(group):
+        if g not in index:
+            index[g] = len(members)
+            members.append([])
+        members[index[g]].append(v)
+    return [sum(table.cost[v] for v in m) for m in members], members
+
+
+def place_items(members: Sequence[Sequence[int]], item_proc: Sequence[int], num_tasks: int) -> list[int]:
+    placement = [0] * num_tasks
+    for i, tasks in enumerate(members):
+        for v in tasks:
+            placement[v] = item_proc[i]
+    return placement
+
+
+def candidate_placements(table: TaskTable, num_procs: int, group: Sequence[int],
+                         asap: Sequence[int]) -> tuple[list[list[int]], list[int]]:
+    """Task placements worth timing, and the item costs: LPT and the iteration's timeline cut into runs,
+    each then repaired by moves and swaps off the busiest processor."""
+    item_costs, members = group_items(table, group)
+    position = {v: k for k, v in enumerate(timeline(table, asap))}
+    order = sorted(range(len(members)), key=lambda i: min(position[v] for v in members[i]))
+    starts = [balance(item_costs, num_procs),
+              balance(item_costs, num_procs, timeline_partition(item_costs, order, num_procs))]
+    return [place_items(members, item_proc, len(table)) for item_proc in starts], item_costs
+
+
+def loads_of(table: TaskTable, placement: Sequence[int], num_procs: int) -> list[int]:
+    load = [0] * num_procs
+    for v, p in enumerate(placement):
+        load[p] += table.cost[v]
+    return load
+
+
+def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions) -> ScheduleResult:
+    graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
+    table = TaskTable.of(graph, model)
+    group = weight_groups(table, options.keep_weights_together)
+    asap = asap_times(table)
+    placements, item_costs = candidate_placements(table, num_procs, group, asap)
+    best: tuple[tuple, list[int], Timing, int] | None = None
+    for placement in placements:
+        period = max(loads_of(table, placement, num_procs))
+        timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
+                               default_targets(table, placement, num_procs, asap))
+        rank = (period, *timing.score())
+        if best is None or rank < best[0]:
+            best = (rank, placement, timing, period)
+    assert best is not None
+    _, placement, timing, period = best
+    k = options.max_staleness
+    if k is not None and timing.score()[0] > k:
+        placement, timing, period = _bounded(table, num_procs, group, item_costs, asap, k)
+    return periodic_result("layerpipe", options, table, num_procs, placement, timing.start, timing.lag, period,
+                           item_costs, max_staleness=k)
+
+
+def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs: Sequence[int],
+             asap: Sequence[int], k: int) -> tuple[list[int], Timing, int]:
+    """The smallest period found at which the modulo list scheduler meets staleness ≤ k."""
+    priority = sorted(range(len(table)), key=lambda v: (asap[v], v))
+    together = group if any(g < 0 for g in group) else None
+
+    def attempt(period: int, fixed: Sequence[int] | None = None) -> tuple[list[int], Timing] | None:
+        found = modulo_list_schedule(table, period, num_procs, priority, together, fixed)
+        if found is None:
+            return None
+        placement, sigma = found
+        start = [s % period for s in sigma]
+        listed = timing_of(table, start, [s // period for s in sigma], period)
+        tight = timing_of(table, start, minimal_lags(table, start, period), period)
+        best = min(listed, tight, key=Timing.score)
+        return (placement, best) if best.score()[0] <= k else None
+
+    low = period_lower_bound(item_costs, num_procs, loop_lengths(table), k)
+    # A whole iteration run through on one processor fits every loop in one period: always feasible.
+    ceiling = max(table.total, low)
+    serial = [0] * len(table)
+    failed, period = low - 1, low
+    while True:
+        found = attempt(period)
+        if found is not None:
+            break
+        if period >= ceiling:
+            found = attempt(period, serial)
+            assert found is not None, "one processor running one iteration after another meets any bound"
+            break
+        failed, period = period, min(ceiling, max(period + 1, int(period * PROBE_GROWTH)))
+    while period - failed > 1:  # bisection between the last failure and the best success
+        mid = (failed + period) // 2
+        trial = attempt(mid)
+        if trial is None:
+            failed = mid
+        else:
+            period, found = mid, trial
+    return found[0], found[1], period

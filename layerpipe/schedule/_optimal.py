@@ -1,0 +1,97 @@
+"""The `optimal` policy: the exact minimum period by integer programming (scipy's HiGHS), for small graphs.
+
+Why the problem is an assignment problem: in a periodic schedule without a staleness bound every delay-0
+edge can be met by lags (`minimal_lags` always succeeds for gap-free bodies), and weight edges are version
+reads, not precedence. So a period P is achievable exactly when the tasks (or, under
+`keep_weights_together`, each layer's weight-task group) can be assigned to N processors with every load
+≤ P. The MILP: x[i,p] ∈ {0,1} item i on processor p, Σ_p x[i,p] = 1, Σ_i c_i·x[i,p] ≤ P, minimise P. Items
+are sorted by cost and item i may only use processors 0..i (symmetry breaking: any assignment can be
+relabelled into that form). The relative MIP gap is 0, so status "optimal" is a proof. Body order and lags
+then come from the same passes as the `layerpipe` policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from layerpipe.costs import CostModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.network import Network
+from layerpipe.schedule._layerpipe import group_items, place_items, weight_groups
+from layerpipe.schedule._result import ScheduleResult, periodic_result
+from layerpipe.schedule._shared import TaskTable, asap_keys, asap_times, best_ordering, default_targets
+from layerpipe.schedule.metrics import period_lower_bound
+
+#: Largest (placement items × processors) the policy accepts: beyond it HiGHS may need hours to prove.
+MAX_VARIABLES = 400
+
+
+@dataclass(frozen=True)
+class OptimalOptions:
+    intra: bool = True
+    inter: bool = True
+    keep_weights_together: bool = False
+    time_limit_s: float = 60.0  #: HiGHS time limit; past it the best schedule found is returned, marked unproven
+
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:
+            raise InputError(f"time_limit_s must be > 0, got {self.time_limit_s}")
+
+
+def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float) -> tuple[list[int], int, bool]:
+    """(processor per item, minimum largest load, proven optimal) for P||Cmax by MILP."""
+    n = len(costs)
+    order = sorted(range(n), key=lambda i: (-costs[i], i))
+    procs = [min(r, num_procs - 1) + 1 for r in range(n)]  # item of rank r may use processors 0..r
+    cols: list[tuple[int, int]] = [(order[r], p) for r in range(n) for p in range(procs[r])]
+    nx = len(cols)
+    c = np.zeros(nx + 1)
+    c[-1] = 1.0  # minimise P, the last variable
+    assign = np.zeros((n, nx + 1))
+    load = np.zeros((num_procs, nx + 1))
+    for k, (i, p) in enumerate(cols):
+        assign[i, k] = 1.0
+        load[p, k] = costs[i]
+    load[:, -1] = -1.0
+    lower = np.zeros(nx + 1)
+    upper = np.ones(nx + 1)
+    lower[-1] = period_lower_bound(costs, num_procs)
+    upper[-1] = sum(costs)
+    integrality = np.ones(nx + 1)
+    integrality[-1] = 0
+    res = milp(c, integrality=integrality, bounds=Bounds(lower, upper),
+               constraints=[LinearConstraint(assign, 1, 1), LinearConstraint(load, -np.inf, 0)],
+               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
+    if res.x is None:
+        raise InputError(f"optimal: HiGHS found no schedule within time_limit_s={time_limit_s}: {res.message}")
+    proc = [0] * n
+    for k, (i, p) in enumerate(cols):
+        if res.x[k] > 0.5:
+            proc[i] = p
+    loads = [0] * num_procs
+    for i, p in enumerate(proc):
+        loads[p] += costs[i]
+    return proc, max(loads), res.status == 0
+
+
+def schedule_optimal(network: Network, num_procs: int, model: CostModel, options: OptimalOptions) -> ScheduleResult:
+    graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
+    table = TaskTable.of(graph, model)
+    group = weight_groups(table, options.keep_weights_together)
+    item_costs, members = group_items(table, group)
+    size = len(item_costs) * num_procs
+    if size > MAX_VARIABLES:
+        raise InputError(f"optimal: graph has {len(item_costs)} tasks × {num_procs} processors = {size}, limit is "
+                         f"{MAX_VARIABLES}; use --policy layerpipe")
+    item_proc, period, proven = optimal_assignment(item_costs, num_procs, options.time_limit_s)
+    placement = place_items(members, item_proc, len(table))
+    asap = asap_times(table)
+    timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
+                           default_targets(table, placement, num_procs, asap))
+    note = "period proven optimal by HiGHS" if proven else f"time limit {options.time_limit_s}s hit: period not proven"
+    return periodic_result("optimal", options, table, num_procs, placement, timing.start, timing.lag, period,
+                           item_costs, notes=(note,))

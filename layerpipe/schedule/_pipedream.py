@@ -1,0 +1,114 @@
+"""PipeDream (async 1F1B with weight stashing) and PipeDream-2BW, as periodic schedules.
+
+PipeDream: the training graph with the fused backward B_l = A;E;G (`GraphOptions.pipedream()`), layers cut
+into min(N, L) contiguous stages by dynamic programming over per-layer work F + B + U (min-max stage load;
+layers in topological order, so residual networks cut between blocks or across them), one stage per
+processor. In steady state each stage runs one forward block (its layers' F in order) and one backward
+block (B_l then U_l, in reverse layer order) per period; the period is the busiest stage's load. Which
+block comes first on each stage is chosen from the ASAP timing modulo the period, as 1F1B's alternation
+does; lags are the minimal legal ones, so a stage's staleness and stashed versions follow from its depth.
+
+PipeDream-2BW (Narayanan et al., ICML'21), as modelled here: the same stages and 1F1B order; gradients are
+coalesced over `microbatches` m micro-batches and the weights double-buffered. The update of the shadow
+buffer is spread over the m micro-batches of a window (each U_l op writes 1/m of the new version, cost
+⌈c(U_l)/m⌉), and micro-batches of window k read version k − 1: 2 versions held, staleness 1 update (of m
+micro-batches). The timing is exact under that model; the version map of the simulator, which counts one
+version per U op, does not describe 2BW's numerics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from layerpipe.costs import CostModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.network import Network
+from layerpipe.schedule._result import ScheduleResult, periodic_result
+from layerpipe.schedule._shared import TaskTable, Timing, asap_times, best_ordering, partition_contiguous
+
+
+@dataclass(frozen=True)
+class PipeDreamOptions:
+    """PipeDream has no options: stages, order and stashing follow from the network and N."""
+
+
+@dataclass(frozen=True)
+class PipeDream2BWOptions:
+    microbatches: int | None = None  #: m, micro-batches per coalesced update (default: the number of stages)
+
+    def __post_init__(self) -> None:
+        if self.microbatches is not None and self.microbatches < 1:
+            raise InputError(f"microbatches must be >= 1, got {self.microbatches}")
+
+
+def stage_layers(table: TaskTable, num_procs: int) -> list[list[int]]:
+    """Contiguous stages (lists of layer indices) balancing F + B + U per layer over min(N, L) stages."""
+    network = table.graph.network
+    work = {layer.index: 0 for layer in network.layers}
+    for t, c in zip(table.tasks, table.cost, strict=True):
+        work[t.layer] += c
+    layers = [layer.index for layer in network.layers]
+    runs = partition_contiguous([work[i] for i in layers], min(num_procs, len(layers)))
+    return [[layers[i] for i in run] for run in runs]
+
+
+def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timing]:
+    stages = stage_layers(table, num_procs)
+    stage_of = {layer: s for s, run in enumerate(stages) for layer in run}
+    placement = [stage_of[t.layer] for t in table.tasks]
+    loads = [0] * num_procs
+    for v, p in enumerate(placement):
+        loads[p] += table.cost[v]
+    period = max(loads)
+    asap = asap_times(table)
+    first_b = {}  # stage → the ASAP time of its backward block's first task, modulo the period
+    first_f = {}
+    for v, t in enumerate(table.tasks):
+        s = placement[v]
+        if t.kind == "F":
+            first_f[s] = min(first_f.get(s, asap[v]), asap[v])
+        else:
+            first_b[s] = min(first_b.get(s, asap[v]), asap[v])
+
+    def block(v: int) -> tuple[int, int, int]:
+        t = table.tasks[v]
+        if t.kind == "F":
+            return (0, t.layer, 0)
+        return (1, -t.layer, 1 if t.kind == "U" else 0)  # B_l then U_l, last layer first
+
+    def forward_first(v: int) -> tuple:
+        return block(v)
+
+    def backward_first(v: int) -> tuple:
+        b = block(v)
+        return (1 - b[0], *b[1:])
+
+    def alternating(v: int) -> tuple:
+        s, b = placement[v], block(v)
+        f_first = first_f.get(s, 0) % period <= first_b.get(s, 0) % period
+        return (b[0] if f_first else 1 - b[0], *b[1:])
+
+    timing = best_ordering(table, placement, num_procs, period, [alternating, forward_first, backward_first])
+    return placement, period, timing
+
+
+def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions) -> ScheduleResult:
+    table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
+    placement, period, timing = _one_f_one_b(table, num_procs)
+    return periodic_result("pipedream", options, table, num_procs, placement, timing.start, timing.lag, period,
+                           table.cost)
+
+
+def schedule_pipedream_2bw(network: Network, num_procs: int, model: CostModel,
+                           options: PipeDream2BWOptions) -> ScheduleResult:
+    table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
+    m = options.microbatches or len(stage_layers(table, num_procs))
+    amortized = tuple(-(-c // m) if t.kind == "U" else c for t, c in zip(table.tasks, table.cost, strict=True))
+    table = replace(table, cost=amortized)
+    placement, period, timing = _one_f_one_b(table, num_procs)
+    notes = (f"2BW model: gradients coalesced over m={m} micro-batches; each U op writes 1/m of the shadow "
+             "weight buffer; 2 versions held, reads 1 update stale",)
+    return periodic_result("pipedream-2bw", replace(options, microbatches=m), table, num_procs, placement,
+                           timing.start, timing.lag, period, table.cost,
+                           notes=notes, versions_override=2, staleness_override=1)

@@ -1,0 +1,101 @@
+"""What every policy returns: the schedule (periodic or explicit), its graph or stages, and its metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, is_dataclass
+
+from layerpipe.dfg import TrainingGraph
+from layerpipe.network import Network
+from layerpipe.schedule._deps import StageInfo
+from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
+from layerpipe.schedule._shared import TaskTable, loop_lengths, periodic_from
+from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule.metrics import (
+    ScheduleMetrics,
+    period_lower_bound,
+    stash_versions,
+    traffic_words,
+    utilization_pct,
+)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """A policy's schedule of `network` on `num_procs` processors.
+
+    Asynchronous layer-level policies fill `periodic` (and `graph`); synchronous ones fill `explicit`, a
+    stage-level `OpSchedule` of one step per `microbatches`, with `stages` naming each stage's layers.
+    """
+
+    policy: str
+    options: object
+    num_procs: int
+    metrics: ScheduleMetrics
+    network: Network | None = None
+    graph: TrainingGraph | None = None
+    periodic: PeriodicSchedule | None = None
+    explicit: OpSchedule | None = None
+    stages: StageInfo | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def synchronous(self) -> bool:
+        return self.explicit is not None and self.explicit.synchronous
+
+    def ops(self, iterations: int | None = None) -> OpSchedule:
+        """Explicit ops: the periodic body unrolled for `iterations` (default 2·max lag + 2), or the explicit
+        schedule as is."""
+        if self.periodic is not None:
+            if iterations is None:
+                iterations = 2 * max((s.lag for b in self.periodic.bodies for s in b), default=0) + 2
+            return self.periodic.unroll(iterations)
+        assert self.explicit is not None
+        return self.explicit
+
+    def options_dict(self) -> dict[str, object]:
+        return asdict(self.options) if is_dataclass(self.options) else {}  # type: ignore[arg-type]
+
+
+def periodic_result(
+    policy: str,
+    options: object,
+    table: TaskTable,
+    num_procs: int,
+    placement: Sequence[int],
+    start: Sequence[int],
+    lag: Sequence[int],
+    period: int,
+    item_costs: Sequence[int],
+    max_staleness: int | None = None,
+    notes: Sequence[str] = (),
+    versions_override: int | None = None,
+    staleness_override: int | None = None,
+) -> ScheduleResult:
+    """Assemble an asynchronous policy's periodic schedule and measure it."""
+    graph = table.graph
+    schedule = periodic_from(table, placement, start, lag, period, num_procs)
+    batch = graph.network.batch
+    bound = period_lower_bound(item_costs, num_procs, loop_lengths(table) if max_staleness is not None else None,
+                               max_staleness)
+    where = {t: placement[v] for v, t in enumerate(table.tasks)}
+    timing = {t: (lag[v] * period + start[v], table.cost[v]) for v, t in enumerate(table.tasks)}
+    staleness = periodic_staleness(schedule, graph)
+    versions = stash_versions(graph, timing, period)
+    if staleness_override is not None:
+        staleness = dict.fromkeys(staleness, staleness_override)
+    if versions_override is not None:
+        versions = dict.fromkeys(versions, versions_override)
+    metrics = ScheduleMetrics(
+        cycles_per_sample=period / batch,
+        lower_bound_cycles=bound / batch,
+        utilization_pct=utilization_pct(table.total, num_procs, period),
+        traffic_words_per_sample=traffic_words(graph, where) / batch,
+        weight_versions=max(versions.values(), default=1),
+        max_staleness=max(staleness.values(), default=0),
+        period_cycles=period,
+        samples_per_period=batch,
+        staleness_per_layer=staleness,
+        weight_versions_per_layer=versions,
+    )
+    return ScheduleResult(policy, options, num_procs, metrics, graph.network, graph, schedule, notes=tuple(notes))

@@ -1,0 +1,109 @@
+"""Scheduling policies by name (design notes §5, contract 5).
+
+`make_schedule(name, network, num_procs, model, options)` runs one policy; `options` is that policy's own
+frozen dataclass (`POLICIES[name].options`), or None for its defaults. `policy_options(name, given)` builds
+that dataclass from a mapping of option names to values and rejects options the policy does not have,
+naming the option and the policy — so the CLI and the DSE never pass an untyped bag of keywords.
+
+| policy            | kind            | options                                                        |
+|-------------------|-----------------|----------------------------------------------------------------|
+| layerpipe         | async, periodic | intra, inter, max_staleness, keep_weights_together             |
+| pipedream         | async, periodic | —                                                              |
+| pipedream-2bw     | async, periodic | microbatches                                                   |
+| ooo               | async, periodic | group_size                                                     |
+| optimal           | async, periodic | intra, inter, keep_weights_together, time_limit_s              |
+| gpipe, 1f1b, zb-h2, zbv | sync, explicit stage-level | microbatches                          |
+| interleaved-1f1b, zb-h1 | sync, explicit stage-level | microbatches, virtual_stages          |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from functools import partial
+
+from layerpipe.costs import CostModel
+from layerpipe.errors import InputError
+from layerpipe.network import Network
+from layerpipe.schedule._layerpipe import LayerPipeOptions, schedule_layerpipe
+from layerpipe.schedule._ooo import OOOOptions, schedule_ooo
+from layerpipe.schedule._optimal import OptimalOptions, schedule_optimal
+from layerpipe.schedule._pipedream import (
+    PipeDream2BWOptions,
+    PipeDreamOptions,
+    schedule_pipedream,
+    schedule_pipedream_2bw,
+)
+from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    options: type
+    run: Callable[[Network, int, CostModel, object], ScheduleResult]
+    synchronous: bool
+    summary: str
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.options))
+
+
+def _sync(name: str, options: type, summary: str) -> Policy:
+    return Policy(name, options, partial(schedule_synchronous, name), True, summary)  # type: ignore[arg-type]
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("layerpipe", LayerPipeOptions, schedule_layerpipe, False,  # type: ignore[arg-type]
+           "fine-grained tasks balanced over N processors, periodic, lags by retiming"),
+    Policy("pipedream", PipeDreamOptions, schedule_pipedream, False,  # type: ignore[arg-type]
+           "contiguous stages by DP, async 1F1B, weight stashing"),
+    Policy("pipedream-2bw", PipeDream2BWOptions, schedule_pipedream_2bw, False,  # type: ignore[arg-type]
+           "PipeDream stages, double-buffered weights, gradients coalesced over m micro-batches"),
+    _sync("gpipe", SyncOptions, "synchronous fill-drain"),
+    _sync("1f1b", SyncOptions, "synchronous 1F1B (PipeDream-Flush)"),
+    _sync("interleaved-1f1b", InterleavedOptions, "synchronous interleaved 1F1B, virtual_stages chunks each"),
+    _sync("zb-h1", ZBH1Options, "Zero Bubble H1: B split into I and W"),
+    _sync("zb-h2", SyncOptions, "Zero Bubble H2: more warm-up, W fills the tail"),
+    _sync("zbv", SyncOptions, "Zero Bubble V: two chunks per processor in a V"),
+    Policy("ooo", OOOOptions, schedule_ooo, False,  # type: ignore[arg-type]
+           "OOO BackProp: output gradients first, weight gradients fill, modulo layer allocation"),
+    Policy("optimal", OptimalOptions, schedule_optimal, False,  # type: ignore[arg-type]
+           "exact minimum period by MILP (HiGHS), small graphs only"),
+)}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise InputError(f"unknown policy '{name}'; allowed: {', '.join(POLICIES)}") from None
+
+
+def policy_options(name: str, given: Mapping[str, object] | None = None,
+                   labels: Mapping[str, str] | None = None) -> object:
+    """The options dataclass of policy `name` from `given` (option name → value); options the policy does
+    not have are errors naming the option (by `labels[name]` when given, e.g. the CLI flag) and the policy."""
+    policy = get_policy(name)
+    given = dict(given or {})
+    label = dict(labels or {})
+    for key in given:
+        if key not in policy.option_names:
+            allowed = ", ".join(label.get(k, k) for k in policy.option_names) or "none"
+            raise InputError(f"option {label.get(key, key)} does not apply to policy '{name}' (its options: {allowed})")
+    return policy.options(**given)
+
+
+def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
+                  options: object | None = None) -> ScheduleResult:
+    """Schedule `network` on `num_procs` processors with policy `name` under cost model `model`."""
+    policy = get_policy(name)
+    if isinstance(num_procs, bool) or not isinstance(num_procs, int) or num_procs < 1:
+        raise InputError(f"num_procs (-n) must be a positive integer, got {num_procs!r}")
+    if options is None:
+        options = policy.options()
+    elif type(options) is not policy.options:
+        raise InputError(f"policy '{name}' takes {policy.options.__name__}, got {type(options).__name__}")
+    return policy.run(network, num_procs, model, options)
