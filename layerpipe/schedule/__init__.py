@@ -23,6 +23,7 @@ from layerpipe.schedule._ir import (
     Slot,
     parse_op,
 )
+from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._sync import (
     gpipe,
     interleaved_1f1b,
@@ -34,16 +35,21 @@ from layerpipe.schedule._sync import (
     zbv,
 )
 from layerpipe.schedule._validate import dry_run, format_grid, periodic_staleness, validate
+from layerpipe.schedule.metrics import ScheduleMetrics, period_lower_bound
+from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
 
 __all__ = [
     "FORMATS",
     "KINDS_LAYER",
     "KINDS_STAGE",
+    "POLICIES",
     "Dependency",
     "Op",
     "OpSchedule",
     "PeriodicSchedule",
     "ScheduleError",
+    "ScheduleMetrics",
+    "ScheduleResult",
     "Slot",
     "StageInfo",
     "TaskEdge",
@@ -55,14 +61,18 @@ __all__ = [
     "from_csv",
     "from_torch_actions",
     "from_torch_csv",
+    "get_policy",
     "gpipe",
     "interleaved_1f1b",
     "layer_task_edges",
     "load_schedule",
     "looping_stage_map",
+    "make_schedule",
     "one_f_one_b",
     "parse_op",
+    "period_lower_bound",
     "periodic_staleness",
+    "policy_options",
     "to_csv",
     "to_torch_actions",
     "to_torch_csv",
