@@ -13,14 +13,19 @@ from typing import Any
 from layerpipe.errors import InputError
 
 
+class ArgumentValueError(InputError, argparse.ArgumentTypeError):
+    """A bad option value. argparse shows an ArgumentTypeError's own message (for other exceptions raised by a
+    `type=` function it prints only "invalid parse value"), and outside argparse it is an InputError."""
+
+
 def positive_int(field: str):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise InputError(f"{field} must be a positive integer, got '{text}'") from None
+            raise ArgumentValueError(f"{field} must be a positive integer, got '{text}'") from None
         if value < 1:
-            raise InputError(f"{field} must be a positive integer (>= 1), got {value}")
+            raise ArgumentValueError(f"{field} must be a positive integer (>= 1), got {value}")
         return value
 
     return parse
@@ -39,10 +44,10 @@ def int_list(field: str, minimum: int = 1):
                 else:
                     values.append(int(part))
         except ValueError:
-            raise InputError(f"{field} must be integers like 7,8,9 or 2-16, got '{text}'") from None
+            raise ArgumentValueError(f"{field} must be integers like 7,8,9 or 2-16, got '{text}'") from None
         bad = [v for v in values if v < minimum]
         if bad or not values:
-            raise InputError(f"{field} values must be >= {minimum}, got '{text}'")
+            raise ArgumentValueError(f"{field} values must be >= {minimum}, got '{text}'")
         return values
 
     return parse
