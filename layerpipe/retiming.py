@@ -53,6 +53,7 @@ __all__ = [
     "min_added_delays",
     "min_period_retiming",
     "retime_to_period",
+    "retimed_delays",
     "retiming_violations",
     "solve_delays",
     "timed_graph",

@@ -255,3 +255,23 @@ def test_least_retiming_detects_positive_cycles() -> None:
     src, dst = np.array([0, 1]), np.array([1, 0])
     assert least_retiming(2, src, dst, np.array([1, -1])).tolist() == [0, 1]
     assert least_retiming(2, src, dst, np.array([1, 0])) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(timed_graphs(max_nodes=40, max_delay=4))
+def test_iteration_bound_certificate_on_larger_graphs(graph: TimedGraph) -> None:
+    # Independent of Howard: λ = p/q is an upper bound iff no cycle has Σ (q·t − p·w) > 0, which
+    # Bellman–Ford decides exactly in integers; the reported cycle shows λ is attained.
+    try:
+        result = iteration_bound(graph)
+    except ZeroDelayCycleError as exc:
+        cycle = exc.cycle
+        for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True):
+            assert any(e.delay == 0 and graph.index[e.src] == a and graph.index[e.dst] == b for e in graph.edges)
+        return
+    p, q = result.bound.numerator, result.bound.denominator
+    weights = q * graph.times[graph.src] - p * graph.delays
+    assert least_retiming(len(graph.nodes), graph.src, graph.dst, weights) is not None
+    if result.bound > 0:  # any λ' < λ is beaten by the critical cycle
+        tighter = (q * 1000) * graph.times[graph.src] - (p * 1000 - 1) * graph.delays
+        assert least_retiming(len(graph.nodes), graph.src, graph.dst, tighter) is None
