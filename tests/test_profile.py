@@ -59,6 +59,6 @@ def test_profile_to_stdout_and_bad_input(capsys) -> None:
     assert set(doc["layers"]["fc1"]) == {"F", "A", "G", "U"}
     assert main(["profile", "mlp:4-3", "--repeats", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--repeats" in err
+    assert err.count("\n") == 1 and "--repeats must be a positive integer (>= 1), got 0" in err
     assert main(["profile", "nonet"]) == 2
     assert "unknown network 'nonet'" in capsys.readouterr().err

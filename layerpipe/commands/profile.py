@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from layerpipe.commands._common import add_network_args, emit, format_table, positive_int
+from layerpipe.commands._common import ArgumentValueError, add_network_args, emit, format_table, positive_int
 from layerpipe.network import load_network
 
 
 def _non_negative(text: str) -> int:
-    from layerpipe.errors import InputError
-
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise InputError(f"--warmup must be a non-negative integer, got '{text}'")
+        raise ArgumentValueError(f"--warmup must be a non-negative integer, got '{text}'")
     return value
 
 

@@ -1,0 +1,104 @@
+"""`layerpipe graph`: table and JSON output, and one-line exit-2 errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerpipe.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "residual_mlp.yaml")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_json_mlp_by_hand(capsys) -> None:
+    assert main(["graph", "mlp:7-6-5-3", "--batch", "2", "--cost-model", "macs", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["network"], doc["batch"], doc["cost_model"]) == ("mlp:7-6-5-3", 2, "macs")
+    assert (doc["num_layers"], doc["num_tasks"], doc["num_edges"]) == (3, 14, 23)  # see test_dfg
+    # fc1: 84+12+84+42, fc2: 60+10+60+60+30, fc3: 30+6+30+30+15 (see test_costs)
+    assert doc["total_cycles_per_iteration"] == 222 + 220 + 111
+    fc2 = doc["layers"][1]
+    assert fc2 == {"index": 2, "name": "fc2", "type": "linear", "activation": "relu", "inputs": ["fc1"],
+                   "out_shape": [5], "weight_words": 30, "forward_macs": 60,
+                   "task_cycles": {"F": 60, "A": 10, "E": 60, "G": 60, "U": 30}}
+
+
+def test_json_variants_and_pe_model(capsys) -> None:
+    assert main(["graph", "mlp:7-6-5-3", "--no-intra", "--no-inter", "--format", "json", "--lanes", "4",
+                 "--overhead", "3"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cost_model"] == "pe" and doc["num_tasks"] == 9
+    assert doc["layers"][1]["task_cycles"] == {"F": 11, "AEG": 5 + 11 + 11, "U": 11}
+    assert main(["graph", "mlp:7-6-5-3", "--no-inter", "--format", "json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["layers"][2]["task_cycles"]) == {"F", "AE", "G", "U"}
+
+
+def test_json_is_byte_identical_across_runs(capsys) -> None:
+    outputs = []
+    for _ in range(2):
+        assert main(["graph", "resnet18", "--format", "json"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    doc = json.loads(outputs[0])
+    add = next(layer for layer in doc["layers"] if layer["name"] == "layer2.0.add")
+    assert add["inputs"] == ["layer2.0.conv2", "layer2.0.downsample"] and set(add["task_cycles"]) == {"F", "E"}
+
+
+def test_table_of_a_yaml_dag(capsys) -> None:
+    assert main(["graph", EXAMPLE, "--cost-model", "macs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("residual_mlp: 8 layers, 33 tasks, batch 1, cost model macs, ")
+    assert out[1].split() == ["#", "name", "type", "act", "out_shape", "weights", "tasks", "(cycles)"]
+    rows = {line.split()[1]: line.split() for line in out[3:]}
+    assert rows["block1.add"][2:5] == ["add", "relu", "32"]
+    assert rows["stem"][5:] == ["512", "F=512", "A=32", "G=512", "U=512"]
+
+
+def test_subprocess_table_and_help() -> None:
+    proc = _run("graph", "lenet5")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("lenet5: 8 layers, 30 tasks, batch 1, cost model pe, ")
+    proc = _run("graph", "--help")
+    assert proc.returncode == 0 and "--format {table,json}" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["graph", "nonet"], "unknown network 'nonet'; allowed: lenet5, alexnet, vgg16, resnet18, resnet50"),
+    (["graph", "mlp:7-0-3"], "mlp widths must be positive integers, got 0"),
+    (["graph", "mlp:7"], "mlp needs at least two widths"),
+    (["graph", "lenet5", "--batch", "0"], "--batch must be a positive integer (>= 1), got 0"),
+    (["graph", "lenet5", "--batch", "two"], "--batch must be a positive integer, got 'two'"),
+    (["graph", "lenet5", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
+    (["graph", "lenet5", "--cost-model", "gpu"], "unknown cost model 'gpu'; allowed: macs, pe, profiled, rtl"),
+    (["graph", "lenet5", "--cost-model", "profiled"], "needs --profile FILE.json"),
+    (["graph", "lenet5", "--cost-model", "profiled", "--profile", "/no/such.json"], "profile file /no/such.json"),
+    (["graph", "lenet5", "--lanes", "0"], "--lanes must be a positive integer"),
+    (["graph", "lenet5", "--overhead", "-1"], "overhead must be >= 0, got -1"),
+    (["graph", "lenet5", "--bogus"], "unrecognized arguments: --bogus"),
+    (["graph"], "the following arguments are required: network"),
+    (["graph", "no/such/file.yaml"], "cannot read network file no/such/file.yaml"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str, capsys) -> None:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("layerpipe: error: ") and captured.err.count("\n") == 1
+    assert message in captured.err
+
+
+def test_subprocess_bad_input_has_no_traceback(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ninput_shape: [4]\nlayers:\n  - {name: a, type: linear, out_features: 0}\n")
+    for args in (["graph", "resnet51"], ["graph", str(bad)]):
+        proc = _run(*args)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith("layerpipe: error: ")
