@@ -110,9 +110,7 @@ def from_csv(text: str) -> OpSchedule:
                 continue
             match = _OP_TEXT.fullmatch(cell)
             if not match:
-                raise InputError(
-                    f"schedule CSV row {r}, cell {c}: '{cell}' is not an op (like F3.7)"
-                )
+                raise InputError(f"schedule CSV row {r}, cell {c}: '{cell}' is not an op (like F3.7)")
             if match.group(1) not in kinds:
                 raise InputError(
                     f"schedule CSV row {r}, cell {c}: '{cell}' has kind '{match.group(1)}', "
