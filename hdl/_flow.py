@@ -1,0 +1,150 @@
+"""From a network and a policy to a verified accelerator: schedule, compile, time, expect, and the host protocol.
+
+`make_design(network, policy, num_pes, lanes, samples)` schedules the network with the policy under the `rtl`
+cost model, compiles the periodic schedule (`compile_schedule`) and keeps everything a bench or the CLI needs.
+`Design.simulate()` times the same ops with the Python simulator under `rtl_sim_config` — the cycle count the
+RTL must reproduce — and `Design.vectors(seed)` computes, with the integer PyTorch reference, the final
+weights the RTL must reproduce bit for bit, as a JSON-ready document (`write_vectors`). The benches read
+that file, so torch never runs in the simulator process.
+
+Host protocol (`HostLayout`): weights are loaded as rows of ⌈n_in/lanes⌉ words at version 0's slot of W_l's
+ring on its owner PE and read back at version T's slot; samples stream as x(t) words then y(t) words.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from layerpipe.errors import InputError
+from layerpipe.fixedpoint import FixedFormat
+from layerpipe.hdl._compiler import SUPPORTED_POLICIES, Program, ceil_div, check_lanes, compile_schedule
+from layerpipe.hdl._costs import RTLCostModel
+from layerpipe.network import Network, load_network
+
+__all__ = ["Design", "make_design", "pack_word", "unpack_word", "write_vectors"]
+
+DEFAULT_LR_SHIFT = 4
+
+
+@dataclass(frozen=True)
+class Design:
+    """A scheduled and compiled accelerator for one (network, policy, N, lanes, T) point."""
+
+    network: Network
+    policy: str
+    num_pes: int
+    lanes: int
+    samples: int
+    lr_shift: int
+    schedule: Any  #: the policy's `ScheduleResult`
+    program: Program
+
+    @property
+    def fmt(self) -> FixedFormat:
+        return self.program.fmt
+
+    def simulate(self) -> Any:
+        """The Python simulator's run of the same T iterations under the `rtl` cost model (a `SimResult`)."""
+        from layerpipe.hdl._top import rtl_sim_config
+        from layerpipe.sim import Workload, simulate
+
+        workload = Workload.of_graph(self.schedule.graph, RTLCostModel(self.lanes))
+        config = rtl_sim_config(self.lanes, self.program.weight_mode)
+        return simulate(self.schedule.periodic.unroll(self.samples), workload, config)
+
+    @cached_property
+    def sim(self) -> Any:
+        return self.simulate()
+
+    def vectors(self, seed: int) -> dict[str, Any]:
+        """Inputs and expected outputs of a run, from the integer PyTorch reference (imports torch)."""
+        from layerpipe.reference import expected_fixed_run
+
+        sim = self.sim
+        expected = expected_fixed_run(self.network, sim.version_map, self.samples, seed, self.fmt, self.lr_shift,
+                                      self.program.weight_mode)
+        float_final = _float_reference(self, sim.version_map, seed)
+        prog, lanes = self.program, self.lanes
+        layers = []
+        for index in range(1, prog.num_layers + 1):
+            owner = prog.pes[prog.owner(index)]
+            ring = owner.buffer(f"W{index}")
+            layers.append({
+                "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.widths[index - 1],
+                "row_words": ceil_div(prog.widths[index - 1], lanes), "init_addr": ring.address(0),
+                "final_addr": ring.address(self.samples),
+                "init": expected[f"init_W{index}"].tolist(), "final": expected[f"final_W{index}"].tolist(),
+                "final_float": float_final[f"W{index}"].tolist(),
+            })
+        return {
+            "version": 1, "network": self.network.name, "policy": self.policy, "num_pes": self.num_pes,
+            "lanes": lanes, "total_bits": self.fmt.total_bits, "frac_bits": self.fmt.frac_bits,
+            "lr_shift": self.lr_shift, "samples": self.samples, "seed": seed,
+            "x": expected["x"].reshape(self.samples, -1).tolist(),
+            "y": expected["y"].reshape(self.samples, -1).tolist(),
+            "layers": layers, "cycles_sim": int(sim.total_cycles), "ops": sum(len(r) for r in sim.schedule.procs),
+        }
+
+
+def _float_reference(design: Design, versions: dict, seed: int) -> dict[str, Any]:
+    """Final weights of the float64 reference on the same data, versions and initial weights."""
+    from layerpipe.numerics import init_weights, make_data
+    from layerpipe.reference import train_reference
+
+    init = {k: design.fmt.to_float(v) for k, v in init_weights(design.network, seed, design.fmt).items()}
+    data = make_data(design.network, design.samples, seed)
+    result = train_reference(design.network, init, data, versions, design.program.weight_mode,
+                             2.0 ** -design.lr_shift, None, iterations=design.samples)
+    return result.weights
+
+
+def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, samples: int, *,
+                lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True) -> Design:
+    """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it."""
+    from layerpipe.schedule.policies import POLICIES, make_schedule, policy_options
+
+    if policy not in SUPPORTED_POLICIES:
+        known = "" if policy in POLICIES else " (not a known policy)"
+        raise InputError(f"policy '{policy}'{known} cannot run on the RTL; supported: {', '.join(SUPPORTED_POLICIES)} "
+                         "(asynchronous layer-level periodic schedules)")
+    check_lanes(lanes)
+    net = load_network(network, 1) if isinstance(network, str) else network
+    given: dict[str, object] = {"keep_weights_together": keep_weights_together} if policy == "layerpipe" else {}
+    result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given))
+    if result.periodic is None or result.graph is None:
+        raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
+    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+
+
+def pack_word(values: list[int], bits: int) -> int:
+    """Lanes of signed `bits`-bit values into one memory word, lane 0 in the low bits."""
+    word = 0
+    mask = (1 << bits) - 1
+    for j, v in enumerate(values):
+        word |= (int(v) & mask) << (j * bits)
+    return word
+
+
+def unpack_word(word: int, lanes: int, bits: int) -> list[int]:
+    out = []
+    for j in range(lanes):
+        v = (word >> (j * bits)) & ((1 << bits) - 1)
+        out.append(v - (1 << bits) if v >> (bits - 1) else v)
+    return out
+
+
+def vector_words(values: list[int], lanes: int, bits: int) -> list[int]:
+    """A vector as memory words (zero padded)."""
+    padded = list(values) + [0] * (-len(values) % lanes)
+    return [pack_word(padded[i:i + lanes], bits) for i in range(0, len(padded), lanes)]
+
+
+def write_vectors(doc: dict[str, Any], path: str | Path) -> None:
+    from layerpipe.commands._common import write_atomic
+
+    write_atomic(path, json.dumps(doc, sort_keys=True) + "\n")

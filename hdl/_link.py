@@ -1,0 +1,202 @@
+"""Stream links between PEs: a sender per ordered PE pair that carries data, and its receiver.
+
+Timing is the simulator's `links` interconnect (`layerpipe.sim.SimConfig.links`) with
+`words_per_cycle = lanes` and `latency = LINK_LATENCY`:
+
+- when an entry's last step ends (cycle e, the cycle its PE is free again) the sequencer pushes
+  (entry, iteration) into the sender of every link the entry sends on; the sender moves that entry's
+  transfers on this link one after another, in the order the compiler listed them (consumer program order);
+- a transfer of w elements is k = ⌈w/lanes⌉ beats on consecutive cycles; the sender issues the memory read
+  of beat i at cycle D + 2 + i, where D = max(e, the cycle the previous transfer left the link) is the model's
+  departure (2 cycles: the queue register and the current-transfer register), the word reaches the link one
+  cycle later (the memory's read latency), and the receiver writes it and, on the last beat, increments the
+  destination's arrival counter, which the destination sequencer sees one cycle later. So the consumer can
+  start at D + k + 3: `LINK_LATENCY` = 3, and the link is busy for exactly k cycles per transfer.
+
+The receiver never stalls (`ready` is always 1): it writes into a memory port that only it uses. Beats carry
+their destination address, so the receiver has no state.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Module, Signal, Value, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from layerpipe.hdl._compiler import Buffer, Program, Send
+
+__all__ = ["LINK_LATENCY", "LinkReceiver", "LinkSender", "beat_layout"]
+
+#: Cycles between a transfer's last beat leaving the link (model time) and the consumer being able to start.
+LINK_LATENCY = 2
+
+
+def beat_layout(word: data.ArrayLayout, address_bits: int, counter_bits: int) -> data.StructLayout:
+    """One link beat: a memory word and where it goes; `last` marks a transfer's final beat."""
+    return data.StructLayout({"data": word, "addr": unsigned(address_bits), "last": 1,
+                              "counter": unsigned(max(1, counter_bits))})
+
+
+def slot_address(buffer: Buffer, iteration: Value) -> Value | int:
+    """base + (t mod depth) · slot_words for a power-of-two depth (a constant multiply)."""
+    if buffer.depth == 1:
+        return buffer.base
+    return buffer.base + (iteration[: (buffer.depth - 1).bit_length()] * buffer.slot_words)
+
+
+def _counter_bits(program: Program) -> int:
+    return max(1, max(len(pe.counters) for pe in program.pes) - 1).bit_length()
+
+
+class LinkSender(wiring.Component):
+    """Moves the transfers of PE `src` to PE `dest`, queued per producer op in producer-end order.
+
+    Ports: `push_*` from the source sequencer (an entry ended: entry index, iteration), a read port into the
+    source PE's vector memory (`rd_*`, one cycle latency), and the link stream `out`. `overflow` is a sticky
+    flag: the queue was full (the compiler sized it from the lags, so it should never be set).
+    """
+
+    def __init__(self, program: Program, src: int, dest: int, word: data.ArrayLayout, iteration_bits: int,
+                 address_bits: int) -> None:
+        self.program = program
+        self.src = src
+        self.dest = dest
+        self.iteration_bits = iteration_bits
+        pe = program.pes[src]
+        self.entry_sends: list[list[Send]] = [[s for s in e.sends if s.dest == dest] for e in pe.entries]
+        self.queue_depth = pe.queue_depth(dest)
+        self.address_bits = abits = address_bits
+        super().__init__({
+            "push_valid": In(1),
+            "push_entry": In(range(max(2, len(pe.entries)))),
+            "push_iter": In(unsigned(iteration_bits)),
+            "rd_addr": Out(unsigned(abits)),
+            "rd_en": Out(1),
+            "rd_data": In(word),
+            "out": Out(stream.Signature(beat_layout(word, abits, _counter_bits(program)))),
+            "busy": Out(1),
+            "overflow": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        src_pe, dst_pe = self.program.pes[self.src], self.program.pes[self.dest]
+        entries = len(self.entry_sends)
+        qd = self.queue_depth
+        ibits = self.iteration_bits
+        abits = self.address_bits
+
+        # ---- queue of (entry, iteration), one item per producer op that sends on this link -------------
+        q_entry = Array(Signal(range(max(2, entries)), name=f"q_entry{i}") for i in range(qd))
+        q_iter = Array(Signal(ibits, name=f"q_iter{i}") for i in range(qd))
+        head = Signal(range(qd))
+        tail = Signal(range(qd))
+        count = Signal(range(qd + 1))
+        sends_here = Signal()
+        with m.Switch(self.push_entry):
+            for e, sends in enumerate(self.entry_sends):
+                if sends:
+                    with m.Case(e):
+                        m.d.comb += sends_here.eq(1)
+        push = Signal()
+        m.d.comb += push.eq(self.push_valid & sends_here)
+
+        # ---- current item: which transfer of it, which beat -----------------------------------------
+        busy = Signal()
+        cur_entry = Signal.like(q_entry[0])
+        cur_iter = Signal(ibits)
+        send_idx = Signal(range(max(2, max((len(s) for s in self.entry_sends), default=1))))
+        beat = Signal(range(max(b.slot_words for b in src_pe.buffers) + 1))
+        src_addr = Signal(abits)
+        dst_addr = Signal(abits)
+        beats = Signal.like(beat)
+        counter = Signal.like(self.out.payload.counter)
+        last_send = Signal()
+        with m.Switch(cur_entry):
+            for e, sends in enumerate(self.entry_sends):
+                if not sends:
+                    continue
+                with m.Case(e), m.Switch(send_idx):
+                    for k, s in enumerate(sends):
+                        with m.Case(k):
+                            src_buf, dst_buf = src_pe.buffer(s.src), dst_pe.buffer(s.dst)
+                            m.d.comb += [
+                                src_addr.eq(slot_address(src_buf, cur_iter)),
+                                dst_addr.eq(slot_address(dst_buf, cur_iter)),
+                                beats.eq(src_buf.slot_words),
+                                counter.eq(s.counter),
+                                last_send.eq(k == len(sends) - 1),
+                            ]
+        last_beat = Signal()
+        m.d.comb += last_beat.eq(beat == beats - 1)
+        finishing = Signal()
+        m.d.comb += finishing.eq(busy & last_beat & last_send)
+        load = Signal()
+        m.d.comb += load.eq((~busy | finishing) & (count != 0))
+
+        with m.If(busy):
+            m.d.comb += [self.rd_en.eq(1), self.rd_addr.eq(src_addr + beat)]
+            with m.If(last_beat):
+                m.d.sync += beat.eq(0)
+                with m.If(~last_send):
+                    m.d.sync += send_idx.eq(send_idx + 1)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+        with m.If(finishing):
+            m.d.sync += busy.eq(0)
+        with m.If(load):
+            m.d.sync += [busy.eq(1), cur_entry.eq(q_entry[head]), cur_iter.eq(q_iter[head]), send_idx.eq(0),
+                         beat.eq(0), head.eq(head + 1)]
+        with m.If(push):
+            m.d.sync += [q_entry[tail].eq(self.push_entry), q_iter[tail].eq(self.push_iter), tail.eq(tail + 1)]
+        m.d.sync += count.eq(count + push - load)
+        with m.If(push & ~load & (count == qd)):
+            m.d.sync += self.overflow.eq(1)
+
+        # ---- the beat leaves one cycle after its read (the memory's read latency) ---------------------
+        valid_r = Signal()
+        addr_r = Signal(abits)
+        last_r = Signal()
+        counter_r = Signal.like(counter)
+        m.d.sync += [valid_r.eq(busy), addr_r.eq(dst_addr + beat), last_r.eq(last_beat & busy),
+                     counter_r.eq(counter)]
+        m.d.comb += [
+            self.out.valid.eq(valid_r),
+            self.out.payload.data.eq(self.rd_data),
+            self.out.payload.addr.eq(addr_r),
+            self.out.payload.last.eq(last_r),
+            self.out.payload.counter.eq(counter_r),
+            self.busy.eq(busy | valid_r | (count != 0)),
+        ]
+        return m
+
+
+class LinkReceiver(wiring.Component):
+    """Writes each beat into the destination PE's vector memory; the last beat of a transfer bumps a counter.
+
+    `arrived` pulses with `arrived_counter` in the cycle of the last write, so the destination sequencer sees
+    the incremented counter one cycle later, when the data is readable.
+    """
+
+    def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int) -> None:
+        abits = address_bits
+        super().__init__({
+            "inp": In(stream.Signature(beat_layout(word, abits, _counter_bits(program)))),
+            "wr_addr": Out(unsigned(abits)),
+            "wr_data": Out(word),
+            "wr_en": Out(1),
+            "arrived": Out(1),
+            "arrived_counter": Out(unsigned(max(1, _counter_bits(program)))),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        m.d.comb += [
+            self.inp.ready.eq(1),
+            self.wr_en.eq(self.inp.valid),
+            self.wr_addr.eq(self.inp.payload.addr),
+            self.wr_data.eq(self.inp.payload.data),
+            self.arrived.eq(self.inp.valid & self.inp.payload.last),
+            self.arrived_counter.eq(self.inp.payload.counter),
+        ]
+        return m

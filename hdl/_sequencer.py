@@ -1,0 +1,232 @@
+"""The sequencer of one PE: walks the microcode ROM period by period and issues PE commands, self-timed.
+
+The ROM is the PE's compiled body (`PEProgram`) flattened into rows, one per atomic step; the steps of a
+fused task (PipeDream's AEG) are consecutive rows of one entry. The sequencer holds the next row to run as
+(period j, row): row r runs iteration t = j − lag_r, and rows whose iteration is < 0 or ≥ T are skipped —
+in zero cycles, because the next row is found combinationally: for every row the earliest period ≥ the
+current one in which its iteration is in range is max(j', lag) (valid while < T + lag), and the next row is
+the smallest (period, row) pair after the current one. So an op starts exactly when its PE is free and
+its inputs have arrived, as the simulator assumes:
+
+- a row is issued (`cmd.valid`) when it is the head of its entry and every arrival counter it waits on
+  exceeds t (the counters count transfers received, in iteration order), or when it continues an entry;
+- the PE accepts it in that cycle if it is idle (`cmd.ready`);
+- when the entry's last step ends (the PE's `done`), (entry, t) is pushed to the link senders.
+
+Addresses are computed from t with constant strides per row: vector slot t mod depth, weight version
+max(0, t + c) mod ring (U: reads version t, writes t + 1), gradient slot t mod depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from layerpipe.hdl._compiler import Buffer, PEProgram, Step
+from layerpipe.hdl._datapath import Opcode
+from layerpipe.hdl._pe import PEConfig, command_layout
+
+__all__ = ["Row", "Sequencer", "rows_of"]
+
+_OPCODES = {("F", True): Opcode.FWD_RELU, ("F", False): Opcode.FWD_LINEAR, ("A", True): Opcode.ACT_RELU,
+            ("A", False): Opcode.OUT_ERR}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ROM row: an atomic step of entry `entry` (head: its first step; tail: its last)."""
+
+    entry: int
+    lag: int
+    head: bool
+    tail: bool
+    waits: tuple[int, ...]
+    step: Step
+
+
+def rows_of(pe: PEProgram) -> list[Row]:
+    rows = []
+    for e_idx, e in enumerate(pe.entries):
+        for k, step in enumerate(e.steps):
+            rows.append(Row(e_idx, e.lag, k == 0, k == len(e.steps) - 1, e.waits if k == 0 else (), step))
+    return rows
+
+
+def _ring(index: Value, buffer: Buffer) -> Value | int:
+    """Address of slot `index` mod depth (depth a power of two) of `buffer`."""
+    if buffer.depth == 1:
+        return buffer.base
+    return buffer.base + index[: (buffer.depth - 1).bit_length()] * buffer.slot_words
+
+
+class Sequencer(wiring.Component):
+    """Issues the PE's commands. `start` begins a run of `samples` iterations (held during the run)."""
+
+    def __init__(self, pe: PEProgram, config: PEConfig, iteration_bits: int) -> None:
+        self.pe = pe
+        self.config = config
+        self.rows = rows_of(pe)
+        self.iteration_bits = iteration_bits
+        self.period_bits = iteration_bits + 1 + max(1, pe.max_lag).bit_length()
+        counters = max(1, len(pe.counters))
+        super().__init__({
+            "start": In(1),  # pulse: compute the first row (the run's cycle 0 is the next cycle)
+            "samples": In(unsigned(iteration_bits)),
+            "cmd": Out(stream.Signature(command_layout(config))),
+            "pe_done": In(1),
+            "arrived": In(1).array(counters),  # one pulse per received transfer, per counter
+            "push_valid": Out(1),
+            "push_entry": Out(range(max(2, len(pe.entries)))),
+            "push_iter": Out(unsigned(iteration_bits)),
+            "exhausted": Out(1),  # no row left to issue
+            "issued": Out(32),  # commands issued in this run
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        rows, n = self.rows, len(self.rows)
+        ibits, pbits = self.iteration_bits, self.period_bits
+        row_bits = max(1, (n - 1).bit_length())
+
+        period = Signal(pbits)
+        pc = Signal(range(max(2, n)))
+        have = Signal()  # (period, pc) is a row to run
+        started = Signal()
+        t_full = Signal(signed(pbits + 1))
+        m.d.comb += t_full.eq(period - self._lag_of(m, pc))
+        t = Signal(ibits)
+        m.d.comb += t.eq(t_full)
+
+        # ---- next row after (period, pc), or the first row on start ---------------------------------
+        init = self.start
+        j_next = Mux(init, 0, period + 1)
+        keys = []
+        for i, row in enumerate(rows):
+            lag = Const(row.lag, pbits)
+            in_now = ~init & (Const(i, row_bits + 1) > pc) & (period >= lag) & (period < self.samples + lag)
+            later = Signal(pbits, name=f"later{i}")
+            m.d.comb += later.eq(Mux(j_next > lag, j_next, lag))
+            ok_later = later < self.samples + lag
+            key = Signal(pbits + row_bits, name=f"key{i}")
+            valid = Signal(name=f"cand{i}")
+            m.d.comb += [key.eq(Mux(in_now, period, later) << row_bits | i), valid.eq(in_now | ok_later)]
+            keys.append((valid, key))
+        best_valid, best_key = _min_tree(m, keys)
+
+        # ---- arrival counters --------------------------------------------------------------------------
+        counts = [Signal(ibits + 1, name=f"arrived{k}") for k in range(len(self.pe.counters))]
+        for k, count in enumerate(counts):
+            with m.If(self.arrived[k]):
+                m.d.sync += count.eq(count + 1)
+
+        # ---- the current row's command and readiness --------------------------------------------------
+        ready_in = Signal()
+        head = Signal()
+        tail = Signal()
+        entry = Signal.like(self.push_entry)
+        cmd = Signal(command_layout(self.config))
+        with m.Switch(pc):
+            for i, row in enumerate(rows):
+                with m.Case(i):
+                    waits = [counts[k] > t for k in row.waits]
+                    m.d.comb += [ready_in.eq(_all(waits)), head.eq(row.head), tail.eq(row.tail),
+                                 entry.eq(row.entry)]
+                    self._command(m, cmd, row.step, t)
+        issue = Signal()
+        m.d.comb += [
+            self.cmd.valid.eq(started & have & (~head | ready_in)),
+            self.cmd.payload.eq(cmd),
+            issue.eq(self.cmd.valid & self.cmd.ready),
+            self.exhausted.eq(~have),
+        ]
+
+        with m.If(self.start):
+            m.d.sync += [started.eq(1), have.eq(best_valid), period.eq(best_key >> row_bits),
+                         pc.eq(best_key[:row_bits]), self.issued.eq(0)]
+            for count in counts:
+                m.d.sync += count.eq(0)
+        with m.Elif(issue):
+            m.d.sync += [have.eq(best_valid), period.eq(best_key >> row_bits), pc.eq(best_key[:row_bits]),
+                         self.issued.eq(self.issued + 1)]
+
+        # ---- when an entry's last step ends, its transfers go to the link senders --------------------
+        pending = Signal()
+        pending_entry = Signal.like(entry)
+        pending_iter = Signal(ibits)
+        with m.If(issue & tail):
+            m.d.sync += [pending.eq(1), pending_entry.eq(entry), pending_iter.eq(t)]
+        with m.Elif(self.pe_done):
+            m.d.sync += pending.eq(0)
+        m.d.comb += [self.push_valid.eq(pending & self.pe_done), self.push_entry.eq(pending_entry),
+                     self.push_iter.eq(pending_iter)]
+        return m
+
+    def _lag_of(self, m: Module, pc: Value) -> Value:
+        lag = Signal(max(1, self.pe.max_lag).bit_length() + 1, name="lag")
+        with m.Switch(pc):
+            for i, row in enumerate(self.rows):
+                with m.Case(i):
+                    m.d.comb += lag.eq(row.lag)
+        return lag
+
+    def _command(self, m: Module, cmd: Value, step: Step, t: Value) -> None:
+        """Drive `cmd` with the PE command of `step` for iteration `t` (addresses from t, the rest constant)."""
+        pe, cfg = self.pe, self.config
+        if step.kind in "FA":
+            op = _OPCODES[(step.kind, step.relu)]
+        else:
+            op = {"E": Opcode.ERR, "G": Opcode.GRAD, "U": Opcode.UPD}[step.kind]
+        m.d.comb += [cmd.op.eq(op), cmd.rows.eq(step.rows), cmd.cols.eq(step.cols),
+                     cmd.col_words.eq(-(-step.cols // cfg.lanes))]
+        for port, name in ((cmd.x, step.x), (cmd.y, step.y)):
+            if name:
+                b = pe.buffer(name)
+                m.d.comb += [port.bank.eq(pe.bank(b.memory)), port.addr.eq(_ring(t, b))]
+
+        def version(offset: int) -> Value | int:
+            """Slot of weight version max(0, t + offset) in W's ring of versions."""
+            b = pe.buffer(step.w)
+            if b.depth == 1:
+                return b.base
+            v = Signal(self.iteration_bits + 1, name=f"version_{step.kind}{step.layer}_{offset + 64}")
+            shifted = t.as_signed() + offset
+            m.d.comb += v.eq(Mux(shifted < 0, 0, shifted))
+            return _ring(v, b)
+
+        if step.kind in "FE":
+            m.d.comb += cmd.w.eq(version(step.version))
+        if step.kind == "U":
+            m.d.comb += [cmd.w.eq(version(0)), cmd.dst.eq(version(1)), cmd.g.eq(_ring(t, pe.buffer(step.g)))]
+        else:
+            m.d.comb += cmd.dst.eq(_ring(t, pe.buffer(step.dst)))
+
+
+def _all(terms: list[Value]) -> Value:
+    out: Value = Const(1, 1)
+    for term in terms:
+        out = out & term
+    return out
+
+
+def _min_tree(m: Module, items: list[tuple[Value, Value]]) -> tuple[Value, Value]:
+    """(any valid, smallest key among the valid ones): a balanced tree of comparators."""
+    if not items:
+        return Const(0, 1), Const(0, 1)  # a PE with nothing to run
+    level = 0
+    while len(items) > 1:
+        paired = []
+        for i in range(0, len(items) - 1, 2):
+            (va, ka), (vb, kb) = items[i], items[i + 1]
+            take_b = ~va | (vb & (kb < ka))
+            v = Signal(name=f"min_v{level}_{i}")
+            k = Signal.like(ka, name=f"min_k{level}_{i}")
+            m.d.comb += [v.eq(va | vb), k.eq(Mux(take_b, kb, ka))]
+            paired.append((v, k))
+        if len(items) % 2:
+            paired.append(items[-1])
+        items = paired
+        level += 1
+    return items[0]

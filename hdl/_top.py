@@ -1,0 +1,184 @@
+"""The top level of the accelerator: N PEs with their sequencers, the links between them, and the host side.
+
+Host side (ports flatten to Verilog as `samples__valid`, `samples__payload`, …):
+
+- `samples`  stream of memory words (`lanes` elements, lane 0 in the low bits): for t = 0, 1, …, T−1 the
+             ⌈n_0/lanes⌉ words of x(t) then the ⌈n_L/lanes⌉ words of y(t). They fill the sample banks of
+             the PEs that read x and y before the run (the loader is always ready, so valid stalls only
+             delay the loading, never the run's timing).
+- `host_*`   the weight memories: select a PE (`host_pe`) and a word address; writes load initial weights,
+             `host_r_data` follows `host_addr` by one cycle. Served while the PEs are idle.
+- `samples_count` T, sampled when `start` pulses; `start` begins a run, `done` stays high after it until the
+             next `start`; `cycles` counts the run's cycles (cycle 0 is the one after `start`, so it equals
+             the simulator's total cycles); `ops` counts the PE commands issued; `error` flags a link queue
+             overflow (never expected: queue depths come from the lags).
+
+A run's cycle count is exactly the Python simulator's under the `rtl` cost model and `rtl_sim_config`.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Mux, Signal, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from layerpipe.hdl._compiler import Program
+from layerpipe.hdl._link import LINK_LATENCY, LinkReceiver, LinkSender
+from layerpipe.hdl._pe import PEConfig, ProcessingElement
+from layerpipe.hdl._sequencer import Sequencer
+from layerpipe.sim import SimConfig
+
+__all__ = ["Accelerator", "pe_configs", "rtl_sim_config"]
+
+
+def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
+    """The generation parameters of every PE, sized by the compiler's memory map."""
+    out = []
+    for pe in program.pes:
+        out.append(PEConfig(
+            lanes=program.lanes, fmt=program.fmt, lr_shift=lr_shift,
+            weight_depth=max(1, pe.memory_words("weights")), grad_depth=max(1, pe.memory_words("grads")),
+            local_depth=max(1, pe.memory_words("local")),
+            recv_depths=tuple(max(1, pe.memory_words(bank)) for bank in pe.receive_banks),
+            send_ports=len(pe.senders), max_dim=max(program.widths)))
+    return out
+
+
+def rtl_sim_config(lanes: int, mode: str = "stash") -> SimConfig:
+    """The simulator configuration under which `layerpipe.sim` times runs exactly like this hardware."""
+    return SimConfig.links(LINK_LATENCY, lanes, mode)
+
+
+class Accelerator(wiring.Component):
+    """N PEs running `program`; see the module docstring for the host ports."""
+
+    def __init__(self, program: Program, lr_shift: int = 4) -> None:
+        self.program = program
+        self.lr_shift = lr_shift
+        self.configs = pe_configs(program, lr_shift)
+        self.iteration_bits = max(1, program.max_samples.bit_length())
+        self.weight_addr_bits = max(c.weight_addr_bits for c in self.configs)
+        self.vector_addr_bits = max(c.vector_addr_bits for c in self.configs)
+        word = self.configs[0].word
+        super().__init__({
+            "start": In(1),
+            "samples_count": In(unsigned(self.iteration_bits)),
+            "samples": In(stream.Signature(word)),
+            "host_pe": In(range(max(2, program.num_pes))),
+            "host_addr": In(unsigned(self.weight_addr_bits)),
+            "host_w_en": In(1),
+            "host_w_data": In(word),
+            "host_r_data": Out(word),
+            "busy": Out(1),
+            "done": Out(1),
+            "cycles": Out(32),
+            "ops": Out(32),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        prog = self.program
+        pes, seqs = [], []
+        for p, (pe_prog, cfg) in enumerate(zip(prog.pes, self.configs, strict=True)):
+            pe = ProcessingElement(cfg)
+            seq = Sequencer(pe_prog, cfg, self.iteration_bits)
+            m.submodules[f"pe{p}"] = pe
+            m.submodules[f"seq{p}"] = seq
+            wiring.connect(m, seq.cmd, pe.cmd)
+            m.d.comb += [seq.pe_done.eq(pe.done), seq.samples.eq(self.samples_count), seq.start.eq(self.start)]
+            pes.append(pe)
+            seqs.append(seq)
+
+        # ---- links ----------------------------------------------------------------------------------
+        senders = []
+        arrivals: dict[tuple[int, int], list] = {}
+        for p, q in prog.links():
+            sender = LinkSender(prog, p, q, self.configs[p].word, self.iteration_bits, self.vector_addr_bits)
+            receiver = LinkReceiver(prog, self.configs[q].word, self.vector_addr_bits)
+            m.submodules[f"link{p}to{q}"] = sender
+            m.submodules[f"recv{p}to{q}"] = receiver
+            wiring.connect(m, sender.out, receiver.inp)
+            port = pes[p].send[prog.pes[p].senders.index(q)]
+            m.d.comb += [port.addr.eq(sender.rd_addr), port.en.eq(sender.rd_en), sender.rd_data.eq(port.data),
+                         sender.push_valid.eq(seqs[p].push_valid), sender.push_entry.eq(seqs[p].push_entry),
+                         sender.push_iter.eq(seqs[p].push_iter)]
+            bank = prog.pes[q].bank(f"from{p}")
+            wport = pes[q].recv[bank - 1]
+            m.d.comb += [wport.addr.eq(receiver.wr_addr), wport.data.eq(receiver.wr_data),
+                         wport.en.eq(receiver.wr_en)]
+            for k in range(len(prog.pes[q].counters)):
+                arrivals.setdefault((q, k), []).append(receiver.arrived & (receiver.arrived_counter == k))
+            senders.append(sender)
+        for (q, k), pulses in arrivals.items():
+            any_pulse = pulses[0]
+            for pulse in pulses[1:]:
+                any_pulse = any_pulse | pulse
+            m.d.comb += seqs[q].arrived[k].eq(any_pulse)
+
+        # ---- sample loader: x(t) words then y(t) words, t = 0, 1, … -------------------------------------
+        self._sample_loader(m, pes)
+
+        # ---- host access to the weight memories -------------------------------------------------------
+        for p, pe in enumerate(pes):
+            selected = self.host_pe == p
+            m.d.comb += [pe.host.addr.eq(self.host_addr), pe.host.w_data.eq(self.host_w_data),
+                         pe.host.w_en.eq(self.host_w_en & selected)]
+        host_sel = Signal.like(self.host_pe)
+        m.d.sync += host_sel.eq(self.host_pe)
+        with m.Switch(host_sel):
+            for p, pe in enumerate(pes):
+                with m.Case(p):
+                    m.d.comb += self.host_r_data.eq(pe.host.r_data)
+
+        # ---- run control and counters -------------------------------------------------------------------
+        running = Signal()
+        idle = Signal()
+        terms = [s.exhausted for s in seqs] + [pe.cmd.ready for pe in pes] + [~s.busy for s in senders]
+        all_idle = terms[0]
+        for term in terms[1:]:
+            all_idle = all_idle & term
+        m.d.comb += idle.eq(all_idle)
+        with m.If(self.start):
+            m.d.sync += [running.eq(1), self.done.eq(0), self.cycles.eq(0)]
+        with m.Elif(running):
+            with m.If(idle):
+                m.d.sync += [running.eq(0), self.done.eq(1)]
+            with m.Else():
+                m.d.sync += self.cycles.eq(self.cycles + 1)
+        total = seqs[0].issued
+        for s in seqs[1:]:
+            total = total + s.issued
+        overflow = 0
+        for s in senders:
+            overflow = overflow | s.overflow
+        m.d.comb += [self.busy.eq(running), self.ops.eq(total), self.error.eq(overflow)]
+        return m
+
+    def _sample_loader(self, m: Module, pes: list[ProcessingElement]) -> None:
+        prog = self.program
+        lanes = prog.lanes
+        x_words = -(-prog.widths[0] // lanes)
+        y_words = -(-prog.widths[-1] // lanes)
+        x_pe, y_pe = prog.holder("x"), prog.holder("y")
+        x_buf, y_buf = prog.pes[x_pe].buffer("x"), prog.pes[y_pe].buffer("y")
+        t = Signal(self.iteration_bits)
+        word = Signal(range(max(x_words, y_words) + 1))
+        in_y = Signal()
+        m.d.comb += self.samples.ready.eq(1)
+        addr = Signal(self.vector_addr_bits)
+        m.d.comb += addr.eq(Mux(in_y, y_buf.base + t * y_buf.slot_words, x_buf.base + t * x_buf.slot_words) + word)
+        for which, p, buf in (("x", x_pe, x_buf), ("y", y_pe, y_buf)):
+            port = pes[p].recv[prog.pes[p].bank(buf.memory) - 1]
+            selected = in_y if which == "y" else ~in_y
+            with m.If(selected):
+                m.d.comb += [port.addr.eq(addr), port.data.eq(self.samples.payload),
+                             port.en.eq(self.samples.valid)]
+        with m.If(self.samples.valid):
+            last = word == Mux(in_y, y_words - 1, x_words - 1)
+            with m.If(last):
+                m.d.sync += [word.eq(0), in_y.eq(~in_y)]
+                with m.If(in_y):
+                    m.d.sync += t.eq(t + 1)
+            with m.Else():
+                m.d.sync += word.eq(word + 1)
