@@ -18,6 +18,7 @@ staleness of F_l under the periodic timing.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
 
@@ -280,8 +281,6 @@ def _check_staleness(
             update_ends.setdefault(op.unit, []).append(end)
     for ends in update_ends.values():
         ends.sort()
-    from bisect import bisect_right
-
     for op in sorted((op for op in times if op.kind == "F" and op.unit in update_ends), key=lambda o: times[o][0]):
         version = bisect_right(update_ends[op.unit], times[op][0])
         if op.iteration - version > max_staleness:
