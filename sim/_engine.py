@@ -23,7 +23,8 @@ producer that has not finished, wake it when that producer finishes.
 Only a zero-duration producer can end in the same cycle as the op before it and so tie with it on a link;
 schedules with such a producer take the event-driven engine (`_run_links_events`): end events in time
 order from a heap of plain ints (end · n + op); all ops ending in a cycle (zero-duration ones started in
-that cycle included) are processed before that cycle's transfers are queued per link in consumer order. Tests check both engines agree wherever both apply.
+that cycle included) are processed before that cycle's transfers are queued per link in consumer order.
+Tests check that both engines agree wherever both apply.
 
 When no processor can proceed and ops remain, the engine raises `DeadlockError` naming every blocked
 processor, its next op and the producers it waits for.

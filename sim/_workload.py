@@ -6,7 +6,8 @@ A `Workload` is the simulator's view of the work behind the op names. Two kinds:
   `TrainingGraph.costs` (the one cost function, `layerpipe.costs.task_cost`); dependencies and the words
   they carry from SIR's `layerpipe.schedule._deps.dependencies` with the graph.
 - stage level (`Workload.of_stages`): ops are torch-style stage ops F/B/I/W with given per-stage costs
-  (B is the full backward, I = B − W its input-gradient part); dependencies from the same function with a
+  (F, I, W) — forward, input gradient, weight gradient; a full backward B costs I + W, as in
+  `layerpipe schedule --stage-costs`; dependencies from the same function with a
   `StageInfo`. Without a network there are no word counts, so the memory report counts each micro-batch
   activation a stage keeps as `activation_words[s]` words (1 by default: the unit is then "activations").
 """
@@ -57,12 +58,12 @@ class Workload:
         activation_words: Sequence[int] | None = None,
         weight_words: Sequence[int] | None = None,
     ) -> Workload:
-        """Stage-level work: `costs[s] = (F, B, W)` cycles of stage s, with I = B − W."""
+        """Stage-level work: `costs[s] = (F, I, W)` cycles of stage s; a full backward B costs I + W."""
         durations: dict[tuple[str, int], int] = {}
-        for s, (f, b, w) in enumerate(costs):
-            if min(f, b, w) < 0 or w > b:
-                raise InputError(f"stage {s} costs F,B,W = {f},{b},{w}: need all >= 0 and W <= B (I = B - W)")
-            durations.update({("F", s): f, ("B", s): b, ("I", s): b - w, ("W", s): w})
+        for s, (f, i, w) in enumerate(costs):
+            if min(f, i, w) < 0:
+                raise InputError(f"stage {s} costs F,B,W = {f},{i},{w}: all must be >= 0")
+            durations.update({("F", s): f, ("B", s): i + w, ("I", s): i, ("W", s): w})
         count = len(costs)
         acts = list(activation_words) if activation_words is not None else [1] * count
         weights = list(weight_words) if weight_words is not None else [0] * count

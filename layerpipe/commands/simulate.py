@@ -1,0 +1,332 @@
+"""`layerpipe simulate`: time a schedule cycle by cycle, optionally run its numerics, write the results.
+
+    layerpipe simulate NETWORK --policy NAME -n N --samples T [--functional float64|fixed] [--mode stash|latest|ema]
+        [--lr LR] [--link-latency C --link-words-per-cycle W | --shared-memory] [--seed S] [--cost-model ...] --out DIR
+    layerpipe simulate --schedule FILE.csv --stage-costs F,B,W --out DIR            (stage-level, no network)
+    layerpipe simulate NETWORK --schedule FILE.csv --out DIR                        (layer-level schedule file)
+
+Policies: asynchronous ones repeat their periodic body for the T samples (T / B iterations); synchronous ones
+run ceil(T / (m·B)) steps of m micro-batches, expanded to layer tasks (`expand_stages`) so every layer's F,
+A, E, G and U are timed on their own. DIR receives metrics.json, versions.json, trace.json, gantt.png and
+gantt.svg, and with --functional also init.npz (W{layer}), data.npz (x, y), final.npz and losses.json. DIR
+is written as a temporary sibling and renamed into place, so it is never seen half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from layerpipe.commands._common import add_cost_args, add_network_args, cost_model_from_args, positive_int, to_json
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.network import Network, load_network
+from layerpipe.schedule._deps import StageInfo, expand_stages
+from layerpipe.schedule._formats import load_schedule
+from layerpipe.schedule._ir import Op, OpSchedule, PeriodicSchedule
+from layerpipe.sim import MODES, SimConfig, SimResult, Workload, compile_schedule, simulate_compiled
+
+#: Explicit schedules with more ops than this show a progress bar (on a terminal).
+PROGRESS_OPS = 20_000
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from layerpipe.commands.schedule import add_policy_option_args, stage_costs
+
+    p = sub.add_parser("simulate", help="time a schedule cycle by cycle (and run its numerics); write traces",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("network", nargs="?", help="zoo name, mlp:W0-W1-..., or FILE.yaml (omit for stage-level files)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--policy", help="scheduling policy (see `layerpipe schedule --help`)")
+    what.add_argument("--schedule", help="explicit schedule file: .csv (layerpipe or torch), .json or text")
+    p.add_argument("--schedule-format", choices=("auto", "text", "csv", "torch-csv", "json"), default="auto",
+                   help="format of --schedule (default: by suffix; torch CSV recognised by its cells)")
+    p.add_argument("--stage-costs", type=stage_costs, default=None,
+                   help="stage-level --schedule: F,B,W cycles of every stage, B the input-gradient part")
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), default=None,
+                   help="number of processors N (with --policy)")
+    p.add_argument("--samples", type=positive_int("--samples"), default=None,
+                   help="training samples T to run (with --policy; default 8 iterations' worth)")
+    p.add_argument("--functional", choices=("float64", "fixed"), default=None,
+                   help="also execute the numerics in the simulated order and versions")
+    p.add_argument("--mode", default="stash", help=f"weight mode: {', '.join(MODES)} (default stash)")
+    p.add_argument("--lr", type=_positive_float("--lr"), default=2.0 ** -4,
+                   help="learning rate (fixed point: a power of two 2^-k; default 2^-4)")
+    p.add_argument("--total-bits", type=int, default=16, help="fixed point: total bits n (default 16)")
+    p.add_argument("--frac-bits", type=int, default=8, help="fixed point: fraction bits f (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data (default 0)")
+    links = p.add_argument_group("interconnect (default: shared memory)")
+    links.add_argument("--shared-memory", action="store_true", help="data arrives when its producer ends")
+    links.add_argument("--link-latency", type=_non_negative_int("--link-latency"), default=None,
+                       help="point-to-point links: cycles from leaving a link to arrival")
+    links.add_argument("--link-words-per-cycle", type=_positive_float("--link-words-per-cycle"), default=None,
+                       help="point-to-point links: words per cycle of one link (default 1)")
+    add_policy_option_args(p)
+    add_network_args(p)
+    add_cost_args(p)
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.set_defaults(handler=run)
+
+
+def _positive_float(field: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise InputError(f"{field} must be a number > 0, got '{text}'") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise InputError(f"{field} must be a finite number > 0, got {text}")
+        return int(value) if value.is_integer() else value
+
+    return parse
+
+
+def _non_negative_int(field: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(f"{field} must be an integer >= 0, got '{text}'") from None
+        if value < 0:
+            raise InputError(f"{field} must be an integer >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    if args.mode not in MODES:
+        raise InputError(f"--mode '{args.mode}' is not one of {', '.join(MODES)}")
+    use_links = args.link_latency is not None or args.link_words_per_cycle is not None
+    if use_links and args.shared_memory:
+        raise InputError("--shared-memory and --link-latency/--link-words-per-cycle exclude each other")
+    if not use_links:
+        return SimConfig(mode=args.mode)
+    return SimConfig.links(args.link_latency or 0, args.link_words_per_cycle or 1, args.mode)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = sim_config(args)
+    fmt = _fixed_format(args) if args.functional == "fixed" else None
+    if args.schedule is not None:
+        schedule, workload, network, info = _from_file(args, config)
+    else:
+        schedule, workload, network, info = _from_policy(args, config)
+    compiled = compile_schedule(schedule, workload)
+    result = simulate_compiled(compiled, workload, config)
+    files: dict[str, bytes | Callable[[Path], None]] = {}
+    metrics: dict[str, object] = {**info, **result.metrics()}
+    if args.functional is not None:
+        if network is None or schedule.level != "layer":
+            raise InputError("--functional needs a NETWORK and a layer-level schedule")
+        metrics.update(_functional(args, network, schedule, result, fmt, files))
+    files["metrics.json"] = to_json(metrics).encode()
+    files["versions.json"] = to_json({"level": schedule.level, "mode": config.mode,
+                                      "versions": result.version_records()}).encode()
+    _write_outputs(result, files, Path(args.out), len(result.ops) > PROGRESS_OPS)
+    print(f"{result.total_cycles} cycles, {result.cycles_per_sample:g} cycles/sample, "
+          f"{result.utilization_pct:.1f}% utilization, {result.traffic_words} words of traffic -> {args.out}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+def _from_policy(args: argparse.Namespace, config: SimConfig):
+    from layerpipe.commands.schedule import OPTION_FLAGS, given_options
+    from layerpipe.schedule.policies import make_schedule, policy_options
+
+    if args.network is None:
+        raise InputError("NETWORK is required with --policy")
+    if args.num_procs is None:
+        raise InputError("-n/--num-procs is required with --policy")
+    if args.stage_costs is not None:
+        raise InputError("--stage-costs goes with a stage-level --schedule; with --policy the cost model gives costs")
+    network = load_network(args.network, args.batch)
+    model = cost_model_from_args(args)
+    options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
+    result = make_schedule(args.policy, network, args.num_procs, model, options)
+    assert result.graph is not None
+    graph = build_training_graph(network, GraphOptions(result.graph.options.intra, result.graph.options.inter,
+                                                       config.mode))
+    samples = args.samples or 8 * network.batch
+    iterations = -(-samples // network.batch)
+    if result.periodic is not None:
+        schedule = result.periodic.unroll(iterations)
+    else:
+        assert result.explicit is not None and result.stages is not None
+        schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
+    info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
+            "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
+    return schedule, Workload.of_graph(graph, model), network, info
+
+
+def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
+    """A synchronous step's per-processor orders repeated for `iterations` micro-batches (the last step may be
+    cut short), micro-batch numbers offset by j·m in step j."""
+    m = one_step.microbatches
+    steps = -(-iterations // m)
+    rows = tuple(tuple(Op(op.proc, op.kind, op.unit, j * m + op.iteration) for j in range(steps) for op in row
+                       if j * m + op.iteration < iterations) for row in one_step.procs)
+    return OpSchedule(one_step.level, rows, True, m)
+
+
+def _from_file(args: argparse.Namespace, config: SimConfig):
+    if args.num_procs is not None or args.samples is not None:
+        raise InputError("-n and --samples go with --policy; a --schedule file fixes processors and iterations")
+    path = Path(args.schedule)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"--schedule {path}: {exc.strerror}") from None
+    parsed = load_schedule(text, _schedule_format(path, text, args.schedule_format))
+    if isinstance(parsed, PeriodicSchedule):
+        raise InputError(f"--schedule {path}: a periodic schedule; unroll it (`layerpipe schedule --format csv`)")
+    if parsed.level == "stage":
+        if args.stage_costs is None:
+            raise InputError("a stage-level --schedule needs --stage-costs F,B,W")
+        if args.network is not None:
+            raise InputError("a stage-level --schedule is timed from --stage-costs; leave out NETWORK")
+        stages = 1 + max((op.unit for op in parsed.ops()), default=0)
+        info = {"schedule": path.name, "stage_costs": list(args.stage_costs)}
+        return parsed, Workload.of_stages([args.stage_costs] * stages, StageInfo(stages)), None, info
+    if args.network is None:
+        raise InputError("a layer-level --schedule needs the NETWORK its ops belong to")
+    network = load_network(args.network, args.batch)
+    model = cost_model_from_args(args)
+    graph = build_training_graph(network, _graph_options(parsed, config.mode))
+    info = {"network": network.name, "schedule": path.name, "cost_model": model.name}
+    return parsed, Workload.of_graph(graph, model), network, info
+
+
+def _schedule_format(path: Path, text: str, given: str) -> str:
+    if given != "auto":
+        return given
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return "json"
+    if suffix != ".csv":
+        return "text"
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            first = next((cell for cell in line.split(",") if cell.strip()), "")
+            return "torch-csv" if first.strip()[:1].isdigit() else "csv"
+    return "csv"
+
+
+def _graph_options(schedule: OpSchedule, mode: str) -> GraphOptions:
+    """The DFG switches a layer-level schedule's kinds imply (a fused kind says which split is off)."""
+    kinds = {op.kind for op in schedule.ops()}
+    intra = not kinds & {"EG", "AEG"}
+    inter = not kinds & {"AE", "AEG"}
+    return GraphOptions(intra, inter, mode)
+
+
+# --------------------------------------------------------------------------------------------- numerics
+
+
+def _fixed_format(args: argparse.Namespace):
+    from layerpipe.fixedpoint import FixedFormat
+
+    return FixedFormat(args.total_bits, args.frac_bits)
+
+
+def _functional(args: argparse.Namespace, network: Network, schedule: OpSchedule, result: SimResult, fmt,
+                files: dict[str, bytes | Callable[[Path], None]]) -> dict[str, object]:
+    from layerpipe.numerics import init_weights, make_data
+    from layerpipe.sim.functional import FunctionalConfig, order_by_start, run_functional
+
+    config = FunctionalConfig(mode=args.mode, lr=args.lr, fmt=fmt, synchronous=schedule.synchronous,
+                              microbatches=max(schedule.microbatches, 1))
+    init = init_weights(network, args.seed, fmt)
+    data = make_data(network, result.num_iterations * network.batch, args.seed)
+    order = order_by_start(zip(result.ops, result.start.tolist(), strict=True))
+    out = run_functional(network, order, result.version_map, init, data, config)
+    files["init.npz"] = _npz(init)
+    files["data.npz"] = _npz(data)
+    files["final.npz"] = _npz(out.weights)
+    losses = [float(v) for v in out.losses]
+    files["losses.json"] = to_json({"losses": losses}).encode()
+    doc: dict[str, object] = {"functional": args.functional, "lr": args.lr,
+                              "final_loss": losses[-1] if losses else None}
+    if fmt is not None:
+        doc["fixed_format"] = fmt.name
+    if args.mode == "ema":
+        doc["ema_error_max"] = out.ema_error_max
+        doc["ema_error_mean"] = out.ema_error_mean
+    return doc
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        np.savez(path, **{k: arrays[k] for k in sorted(arrays)})
+
+    return write
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def _write_outputs(result: SimResult, files: dict[str, bytes | Callable[[Path], None]], out: Path,
+                   progress: bool) -> None:
+    """Write every file into a temporary sibling of `out`, then swap it into place."""
+    from tqdm import tqdm
+
+    from layerpipe.sim.gantt import write_gantt
+    from layerpipe.sim.trace import trace_json
+
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
+        steps: list[tuple[str, Callable[[], None]]] = [
+            (name, (lambda n=name, d=data: _write_one(tmp / n, d))) for name, data in files.items()]
+        steps.append(("trace.json", lambda: (tmp / "trace.json").write_text(trace_json(result))))
+        steps.append(("gantt.png", lambda: write_gantt(result, tmp / "gantt.png")))
+        steps.append(("gantt.svg", lambda: write_gantt(result, tmp / "gantt.svg")))
+        with tqdm(total=len(steps), desc="writing", unit="file", disable=not progress or None, leave=False) as bar:
+            for name, step in steps:
+                bar.set_postfix_str(name)
+                step()
+                bar.update()
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_one(path: Path, data: bytes | Callable[[Path], None]) -> None:
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        data(path)
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory")
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rmdir(old)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_metrics(out: str | Path) -> dict[str, object]:
+    """metrics.json of a finished run (for tests and scripts)."""
+    return json.loads((Path(out) / "metrics.json").read_text())

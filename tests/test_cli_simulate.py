@@ -1,0 +1,111 @@
+"""`layerpipe simulate`: outputs of policy and file runs, functional mode, one-line errors, atomic DIR."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from layerpipe.cli import main
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_policy_run_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "simulate", "mlp:8-6-4", "--policy", "layerpipe", "-n", "2", "--samples", "12",
+                           "--functional", "float64", "--out", out)
+    assert code == 0, err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["data.npz", "final.npz", "gantt.png", "gantt.svg", "init.npz", "losses.json", "metrics.json",
+                     "trace.json", "versions.json"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("total_cycles", "cycles_per_sample", "utilization_pct", "traffic_words", "peak_memory_words",
+                "bubbles", "final_loss"):
+        assert key in metrics
+    assert len(metrics["peak_memory_words"]) == 2 and metrics["iterations"] == 12
+    trace = json.loads((out / "trace.json").read_text())
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == metrics["num_ops"]
+    versions = json.loads((out / "versions.json").read_text())["versions"]
+    assert {v["kind"] for v in versions} <= {"F", "E"} and len(versions) == 12 * 3  # F1, F2, E2 per iteration
+    assert sorted(np.load(out / "init.npz").files) == ["W1", "W2"]
+    assert sorted(np.load(out / "data.npz").files) == ["x", "y"]
+    assert len(json.loads((out / "losses.json").read_text())["losses"]) == 12
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary sibling left
+
+
+def test_synchronous_policy_fixed_point_with_links(tmp_path, capsys):
+    out = tmp_path / "sync"
+    code, _, err = run_cli(capsys, "simulate", "mlp:8-6-5-4", "--policy", "1f1b", "-n", "2", "--samples", "6",
+                           "--microbatches", "4", "--functional", "fixed", "--lr", "0.0625",
+                           "--link-latency", "3", "--link-words-per-cycle", "2", "--out", out)
+    assert code == 0, err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["interconnect"] == "links" and metrics["link_latency_cycles"] == 3
+    assert metrics["fixed_format"] == "q16.8"
+    final = np.load(out / "final.npz")
+    assert final["W1"].dtype == np.int64
+    versions = json.loads((out / "versions.json").read_text())["versions"]
+    assert {(v["iteration"], v["version"]) for v in versions} == {(t, t // 4) for t in range(6)}
+
+
+GPIPE_CSV = "# layerpipe schedule v1 level=stage procs=2 synchronous microbatches=2\nF0.0,F0.1,B0.0,B0.1\n" \
+            ",F1.0,F1.1,B1.0,B1.1\n"
+
+
+def test_stage_level_csv_with_stage_costs(tmp_path, capsys):
+    csv = tmp_path / "gpipe.csv"
+    csv.write_text(GPIPE_CSV)
+    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", tmp_path / "g")
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "g" / "metrics.json").read_text())
+    assert metrics["total_cycles"] == 9 and metrics["bubble_cycles"] == [3, 0]  # see tests/test_sim.py
+    torch_csv = tmp_path / "torch.csv"
+    torch_csv.write_text("0F0,0F1,0B0,0B1\r\n,1F0,1F1,1B0,1B1\r\n")
+    code, _, err = run_cli(capsys, "simulate", "--schedule", torch_csv, "--stage-costs", "1,2,0",
+                           "--out", tmp_path / "t")
+    assert code == 0, err
+    assert json.loads((tmp_path / "t" / "metrics.json").read_text())["total_cycles"] == 9
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--schedule", "BAD", "--stage-costs", "1,2,0"], "row 3, cell 2"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--mode", "fresh"], "--mode 'fresh' is not one of"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--samples", "0"], "--samples must be a positive integer"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--functional", "fixed", "--total-bits", "99"],
+     "total_bits must be an integer in"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--functional", "fixed", "--frac-bits", "16"],
+     "frac_bits must be an integer in"),
+    (["--schedule", "GOOD"], "needs --stage-costs"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--shared-memory", "--link-latency", "2"], "exclude"),
+    (["mlp:4-3-2", "--policy", "nope", "-n", "2"], "unknown policy 'nope'"),
+])
+def test_bad_input_exits_2_with_one_line_and_leaves_dir_alone(tmp_path, capsys, argv, message):
+    (tmp_path / "BAD.csv").write_text(GPIPE_CSV.replace("F1.0", "X1.0"))
+    (tmp_path / "GOOD.csv").write_text(GPIPE_CSV)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("old run")
+    argv = [str(tmp_path / f"{a}.csv") if a in ("BAD", "GOOD") else a for a in argv]
+    code, _, err = run_cli(capsys, "simulate", *argv, "--out", out)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err, err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["BAD.csv", "GOOD.csv", "out"]
+
+
+def test_existing_dir_is_replaced_whole(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an older run")
+    csv = tmp_path / "s.csv"
+    csv.write_text(GPIPE_CSV)
+    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", out)
+    assert code == 0, err
+    assert not (out / "stale.txt").exists() and (out / "metrics.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.csv"]
