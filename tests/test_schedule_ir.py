@@ -101,7 +101,9 @@ def test_stage_dependencies_are_torch_rules() -> None:
     assert producers(deps, Op(0, "W", 0, 0)) == {("I0.0", 0, "kept")}
     # Step 1's forwards wait for the implicit update: every gradient op (W here) of the stage in step 0.
     assert producers(deps, Op(0, "F", 0, 2)) == {("W0.0", 0, "step"), ("W0.1", 0, "step")}
-    assert producers(deps, Op(1, "F", 1, 3)) == {("F0.3", 7, "activation"), ("W1.0", 0, "step"), ("W1.1", 0, "step")}
+    assert producers(deps, Op(1, "F", 1, 2)) == {("F0.2", 7, "activation"), ("W1.0", 0, "step"), ("W1.1", 0, "step")}
+    # Later forwards of the step follow the first one in program order: no need to repeat the edges.
+    assert producers(deps, Op(1, "F", 1, 3)) == {("F0.3", 7, "activation")}
     full = dependencies(gpipe(2, 1, steps=2))
     assert producers(full, Op(0, "B", 0, 0)) == {("B1.0", 0, "error"), ("F0.0", 0, "kept")}
     assert producers(full, Op(0, "F", 0, 1)) == {("B0.0", 0, "step")}
@@ -165,3 +167,13 @@ def test_expanded_sync_schedules_validate_on_random_networks(data: st.DataObject
     tasks = sum(1 for t in graph.tasks if t.kind != "U")
     updates = sum(1 for t in graph.tasks if t.kind == "U")
     assert sum(len(row) for row in expanded.procs) == tasks * 2 * m + updates * 2
+
+
+def test_step_edges_reach_the_first_forward_on_every_processor() -> None:
+    """A stage whose next-step forwards are split over processors: each processor's first one waits."""
+    text = "# layerpipe schedule v1 level=stage synchronous microbatches=2\n"
+    schedule = OpSchedule.from_text(text + "p0: F0.0 F0.1 B0.0 B0.1 F0.2 B0.2 B0.3\np1: F0.3\n")
+    deps = dependencies(schedule)
+    assert producers(deps, Op(1, "F", 0, 3)) == {("B0.0", 0, "step"), ("B0.1", 0, "step")}
+    assert producers(deps, Op(0, "F", 0, 2)) == {("B0.0", 0, "step"), ("B0.1", 0, "step")}
+    validate(schedule)

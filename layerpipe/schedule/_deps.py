@@ -23,8 +23,9 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 - W_s(t) needs I_s(t) ("kept");
 - step boundaries: the update of stage s for step j is implicit — it happens on the stage's processor right
   after the stage's last gradient op (B or W) of step j. We keep it implicit (torch does too: its
-  REDUCE_GRAD is a communication action, not a compute op), so an F_s(t) of step j ≥ 1 needs every
-  gradient op of stage s in step j−1 (role "step", no data). `expand_stages` makes the update explicit as
+  REDUCE_GRAD is a communication action, not a compute op), so the forwards of stage s in step j ≥ 1 need
+  every gradient op of stage s in step j−1 (role "step", no data). The edges go to the first such forward
+  on each processor; the later ones follow it in program order. `expand_stages` makes the update explicit as
   U ops when a stage-level schedule is applied to a network.
 """
 
@@ -245,12 +246,19 @@ def _stage_dependencies(
     num_stages = stages.num_stages if stages else 1 + max((op.unit for op in schedule.ops()), default=-1)
     info = stages or StageInfo(num_stages)
     m = _microbatches(schedule) if schedule.synchronous else 0
-    # The gradient ops of each (stage, step): what the next step's forwards of that stage wait for.
+    # The gradient ops of each (stage, step): what the next step's forwards of that stage wait for. Only the
+    # first forward of a (stage, step) on each processor gets these edges; the processor's later forwards of
+    # that step follow it in program order anyway, so m edges per stage and step say what m² would.
     gradient_ops: dict[tuple[int, int], list[Op]] = {}
+    first_forwards: set[Op] = set()
     if m:
+        seen: set[tuple[int, int, int]] = set()
         for op in schedule.ops():
             if op.kind in STAGE_GRADIENT_KINDS:
                 gradient_ops.setdefault((op.unit, op.iteration // m), []).append(op)
+            elif op.kind == "F" and (op.unit, op.iteration // m, op.proc) not in seen:
+                seen.add((op.unit, op.iteration // m, op.proc))
+                first_forwards.add(op)
     out: dict[Op, tuple[Dependency, ...]] = {}
     for op in schedule.ops():
         s, t = op.unit, op.iteration
@@ -258,7 +266,7 @@ def _stage_dependencies(
         if op.kind == "F":
             if s > 0:
                 deps.append(Dependency(_lookup(by_key, ("F", s - 1, t), op), info.words_into_forward(s), "activation"))
-            if m and t >= m:
+            if op in first_forwards and t >= m:
                 deps += [Dependency(g, 0, ROLE_STEP) for g in gradient_ops.get((s, t // m - 1), ())]
         elif op.kind in ("B", "I"):
             if s < num_stages - 1:
