@@ -36,12 +36,11 @@ _INPUT = "input"  # the builder's name for the network input
 
 @dataclass
 class _Pending:
-    """A layer before activation fusion: its op, its input values and its inferred output shape."""
+    """A layer before activation fusion: its op and the names of its inputs."""
 
     name: str
     op: LayerOp
     inputs: list[str]
-    shape: Shape
 
 
 def _unsupported(node: Any, what: str, ident: str | None = None) -> InputError:
@@ -108,9 +107,7 @@ class _Importer:
 
     def __init__(self, torch_mod: Any, gm: Any, input_shape: Shape) -> None:
         self.torch = torch_mod
-        self.gm = gm
         self.modules = dict(gm.named_modules())
-        self.input_shape = input_shape
         self.value: dict[Any, str] = {}  # fx node -> layer name (or "input")
         self.shape: dict[str, Shape] = {_INPUT: input_shape}
         self.pending: dict[str, _Pending] = {}
@@ -130,7 +127,7 @@ class _Importer:
     def emit(self, node: Any, name: str, op: LayerOp, inputs: list[str]) -> None:
         name = self.unique(name)
         shape = op.out_shape([self.shape[i] for i in inputs], f"layer '{name}'")
-        self.pending[name] = _Pending(name, op, inputs, shape)
+        self.pending[name] = _Pending(name, op, inputs)
         self.shape[name] = shape
         self.value[node] = name
 
@@ -149,9 +146,7 @@ class _Importer:
             self.visit_module(node)
         elif node.op in ("call_function", "call_method"):
             self.visit_function(node)
-        elif node.op == "get_attr":
-            raise _unsupported(node, str(node.target))
-        else:
+        else:  # get_attr: a parameter or buffer used directly
             raise _unsupported(node, str(node.target))
 
     def visit_module(self, node: Any) -> None:
