@@ -102,7 +102,12 @@ def test_missing_op_marks_who_needs_it() -> None:
 
 def test_missing_op_nobody_needs() -> None:
     error = failure(stage(["F0.0 I0.0", "F1.0 I1.0 W1.0"], 1))
-    assert str(error).startswith("missing op: W0.0")
+    assert str(error) == "missing op: W0.0 (stage 0 splits micro-batch 0 into I and W)"
+    assert marked(error)[1] == "I0.0"
+    graph = build_training_graph(load_network("mlp:4-3"))
+    error = failure(OpSchedule("layer", ((Op(0, "F", 1, 0), Op(0, "A", 1, 0), Op(0, "G", 1, 0)),)), graph)
+    assert str(error) == "missing op: U1.0 — no processor runs it"
+    assert marked(error)[1] == "G1.0"
 
 
 def test_duplicate_op() -> None:

@@ -251,21 +251,29 @@ def _check_counts(schedule: OpSchedule, graph: TrainingGraph | None, stages: Sta
     if schedule.level == "stage":
         for s, t in sorted({(k[1], k[2]) for k in expected}):
             has = {kind for kind in "BIW" if (kind, s, t) in seen}
-            if has == {"B", "I"} or has == {"B", "W"} or has == {"B", "I", "W"}:
+            if "B" in has and len(has) > 1:
                 _fail(schedule, f"duplicate: stage {s} micro-batch {t} has both B and I/W", seen[("B", s, t)])
-            for kind in {"I": "W", "W": "I"}.get(next(iter(has), ""), ""):
-                if kind not in has:
-                    _fail(schedule, f"missing op: {kind}{s}.{t} (stage {s} splits micro-batch {t} into I and W)", None)
+            if has in ({"I"}, {"W"}):
+                present, absent = ("I", "W") if has == {"I"} else ("W", "I")
+                summary = f"missing op: {absent}{s}.{t} (stage {s} splits micro-batch {t} into I and W)"
+                _fail(schedule, summary, seen[(present, s, t)])
             if not has:
-                _fail(schedule, f"missing op: B{s}.{t} (or I{s}.{t} and W{s}.{t}): no processor runs it", None)
+                summary = f"missing op: B{s}.{t} (or I{s}.{t} and W{s}.{t}): no processor runs it"
+                _fail(schedule, summary, _sibling(schedule, s, t))
         extra = [op for op in schedule.ops() if op.iteration >= iterations]
     else:
         extra = [op for op in schedule.ops() if op.key not in expected]
     for key in sorted(expected - seen.keys()):
         kind, unit, it = key
-        _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", None)
+        _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", _sibling(schedule, unit, it))
     if extra:
         _fail(schedule, f"extra op: {extra[0]} on p{extra[0].proc} is outside iterations 0..{iterations - 1}", extra[0])
+
+
+def _sibling(schedule: OpSchedule, unit: int, iteration: int) -> Op | None:
+    """Where to point for an op that is missing and that no other op needs: the last op of the same unit and
+    iteration (its missing partner would come after it), if any."""
+    return next((op for op in reversed(list(schedule.ops())) if (op.unit, op.iteration) == (unit, iteration)), None)
 
 
 def _check_staleness(
