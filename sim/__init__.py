@@ -16,6 +16,7 @@ from layerpipe.schedule._ir import OpSchedule
 from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_schedule, run
 from layerpipe.sim._interconnect import INTERCONNECTS, MODES, SimConfig, link_hold_cycles
 from layerpipe.sim._memory import peak_memory
+from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result
 from layerpipe.sim._report import SimResult, link_traffic
 from layerpipe.sim._versions import version_array
 from layerpipe.sim._workload import Workload
@@ -30,8 +31,11 @@ __all__ = [
     "Workload",
     "compile_schedule",
     "link_hold_cycles",
+    "policy_ops",
+    "repeat_steps",
     "simulate",
     "simulate_compiled",
+    "simulate_policy_result",
 ]
 
 

@@ -1,0 +1,72 @@
+"""`layerpipe explore`: design-space sweeps with a crash-safe, resumable results file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layerpipe.commands._common import int_list, positive_int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explore", help="sweep networks × N × policies × options; Pareto fronts and plots")
+    p.add_argument("networks", nargs="*", help="network specs (or give --sweep FILE.yaml)")
+    p.add_argument("--sweep", help="versioned YAML sweep file instead of the flags below")
+    p.add_argument("-n", "--num-procs", type=int_list("-n"), help="processor counts, e.g. 2,4,8 or 2-16")
+    p.add_argument("--policies", help="comma list of policies (default layerpipe,pipedream)")
+    p.add_argument("--max-staleness", type=int_list("--max-staleness", minimum=0),
+                   help="staleness bounds for the layerpipe policy, e.g. 1,2,4")
+    p.add_argument("--lanes", type=int_list("--lanes"), help="MAC lanes per processor (pe/rtl cost models)")
+    p.add_argument("--link-latency", type=int_list("--link-latency", minimum=0), help="link latency, cycles")
+    p.add_argument("--link-words-per-cycle", type=int_list("--link-words-per-cycle", minimum=0),
+                   help="link bandwidth, words per cycle (0 = shared memory)")
+    p.add_argument("--batch", type=positive_int("--batch"), default=1)
+    p.add_argument("--cost-model", default="pe", help="macs, pe, rtl (default pe)")
+    p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
+    p.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="local worker processes")
+    p.add_argument("--scheduler", help="Dask scheduler address (tcp://host:port) to run the sweep on")
+    p.add_argument("--out", required=True, help="results CSV (appended as points finish)")
+    p.add_argument("--resume", action="store_true", help="skip points already in --out")
+    p.add_argument("--pareto-dir", help="write pareto.csv and plots here (default: beside --out)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def _spec(args: argparse.Namespace):
+    from layerpipe.dse import SweepSpec, load_sweep_yaml
+    from layerpipe.errors import InputError
+
+    if args.sweep:
+        if args.networks or args.num_procs or args.policies:
+            raise InputError("give either --sweep FILE or networks/-n/--policies, not both")
+        return load_sweep_yaml(args.sweep)
+    if not args.networks:
+        raise InputError("explore needs at least one NETWORK or --sweep FILE.yaml")
+    if not args.num_procs:
+        raise InputError("explore needs -n (processor counts), e.g. -n 2,4,8")
+    kw = {}
+    for name in ("lanes", "link_latency", "link_words_per_cycle"):
+        if getattr(args, name):
+            kw[name] = tuple(getattr(args, name))
+    if args.max_staleness:
+        kw["max_staleness"] = tuple(args.max_staleness)
+    policies = tuple((args.policies or "layerpipe,pipedream").split(","))
+    return SweepSpec(tuple(args.networks), tuple(args.num_procs), policies, batch=args.batch,
+                     cost_model=args.cost_model, area=args.area, **kw)
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerpipe.dse import COLUMNS, ResultsFile, run_sweep, save_pareto
+    from layerpipe.dse._evaluate import check_points
+
+    spec = _spec(args)
+    check_points(spec.points())  # bad network/policy names fail before any work
+    summary = run_sweep(spec, args.out, jobs=args.jobs, scheduler=args.scheduler, resume=args.resume,
+                        progress=not args.no_progress)
+    rows = ResultsFile(args.out).read_rows()
+    out_dir = Path(args.pareto_dir) if args.pareto_dir else Path(args.out).parent
+    files = save_pareto(rows, out_dir, COLUMNS)
+    rate = summary.evaluated_points / summary.seconds if summary.seconds > 0 else 0.0
+    print(f"{summary.total_points} points ({summary.skipped_points} resumed, {summary.evaluated_points} evaluated, "
+          f"{rate:.1f} points/s) -> {args.out}; Pareto: {', '.join(str(f) for f in files)}")
+    return 0

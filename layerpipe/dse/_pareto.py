@@ -1,0 +1,117 @@
+"""Pareto fronts and plots of sweep results.
+
+The front is over objectives all to be minimised: cycles per sample, peak memory, staleness and (when the
+sweep measured it) area. A point is on the front when no other point is at least as good in every
+objective and better in one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from layerpipe.dse._store import write_csv
+
+OBJECTIVES: tuple[str, ...] = ("cycles_per_sample", "peak_memory_words", "max_staleness", "area_luts")
+
+
+def _value(row: dict[str, str], key: str) -> float | None:
+    text = row.get(key, "")
+    return float(text) if text not in ("", None) else None
+
+
+def objectives_present(rows: Sequence[dict[str, str]]) -> list[str]:
+    """Objectives with a value in every row (area only when the sweep measured it)."""
+    return [k for k in OBJECTIVES if rows and all(_value(r, k) is not None for r in rows)]
+
+
+def pareto_front(rows: Sequence[dict[str, str]], objectives: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """Non-dominated rows, in input order."""
+    keys = list(objectives or objectives_present(rows))
+    vecs = [tuple(_value(r, k) or 0.0 for k in keys) for r in rows]
+    front = []
+    for i, v in enumerate(vecs):
+        dominated = any(
+            all(o <= s for o, s in zip(w, v, strict=True)) and any(o < s for o, s in zip(w, v, strict=True))
+            for j, w in enumerate(vecs) if j != i
+        )
+        if not dominated:
+            front.append(rows[i])
+    return front
+
+
+def save_pareto(rows: Sequence[dict[str, str]], out_dir: str | Path, columns: Sequence[str]) -> list[Path]:
+    """pareto.csv, pareto.png (cycles vs memory, front highlighted) and speedup_vs_n.png in out_dir."""
+    out = Path(out_dir)
+    front = pareto_front(rows)
+    write_csv(out / "pareto.csv", columns, front)
+    return [out / "pareto.csv", plot_pareto(rows, front, out / "pareto.png"),
+            plot_speedup_vs_n(rows, out / "speedup_vs_n.png")]
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.hashsalt"] = "layerpipe"
+    return plt
+
+
+def plot_pareto(rows: Sequence[dict[str, str]], front: Sequence[dict[str, str]], path: Path) -> Path:
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    by_policy: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        by_policy[r["policy"]].append(r)
+    for policy in sorted(by_policy):
+        pts = by_policy[policy]
+        ax.scatter([float(r["cycles_per_sample"]) for r in pts], [float(r["peak_memory_words"]) for r in pts],
+                   label=policy, s=18, alpha=0.7)
+    f = sorted(front, key=lambda r: float(r["cycles_per_sample"]))
+    ax.plot([float(r["cycles_per_sample"]) for r in f], [float(r["peak_memory_words"]) for r in f],
+            "k--", linewidth=1, label="Pareto front")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cycles per sample")
+    ax.set_ylabel("peak memory (words, max over processors)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str = "pipedream") -> Path:
+    """Per network, speedup of each policy over the baseline at each N (first matching baseline row)."""
+    plt = _figure()
+    networks = sorted({r["network"] for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(networks)), figsize=(4.2 * max(1, len(networks)), 3.6), dpi=100,
+                             squeeze=False)
+    for ax, net in zip(axes[0], networks, strict=False):
+        net_rows = [r for r in rows if r["network"] == net]
+        base = {}
+        for r in net_rows:
+            if r["policy"] == baseline:
+                base.setdefault(int(r["num_procs"]), float(r["cycles_per_sample"]))
+        series: dict[str, dict[int, float]] = defaultdict(dict)
+        for r in net_rows:
+            n = int(r["num_procs"])
+            if n in base:
+                label = r["policy"] + (f" (D≤{r['max_staleness_bound']})" if r.get("max_staleness_bound") else "")
+                series[label].setdefault(n, base[n] / float(r["cycles_per_sample"]))
+        for label in sorted(series):
+            ns = sorted(series[label])
+            ax.plot(ns, [series[label][n] for n in ns], marker="o", markersize=3, label=label)
+        ax.set_title(net, fontsize=9)
+        ax.set_xlabel("processors N")
+        ax.set_ylabel(f"speedup vs {baseline}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path

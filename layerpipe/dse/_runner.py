@@ -1,0 +1,105 @@
+"""Run a sweep: points are evaluated in worker processes (local) or on a Dask cluster, and each finished
+point is appended to the results file by this (the only writing) process, with a progress bar.
+
+The two executors share one loop: submit every pending point, and as each future completes append its
+row. A worker that raises fails the run with its one-line message; rows already written stay.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from layerpipe.dse._evaluate import evaluate_point
+from layerpipe.dse._store import ResultsFile
+from layerpipe.dse._sweep import DesignPoint, SweepSpec
+from layerpipe.errors import InputError
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    total_points: int
+    skipped_points: int
+    evaluated_points: int
+    seconds: float
+
+
+def _row(spec: SweepSpec, index: int, point: DesignPoint) -> dict[str, object]:
+    row = evaluate_point(point, area=spec.area)
+    row.update(sweep_id=spec.sweep_id, point_index=index)
+    return row
+
+
+@contextmanager
+def _local_executor(jobs: int) -> Iterator[Callable[..., Future]]:
+    if jobs == 1:
+        yield _inline_submit
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield pool.submit
+
+
+def _inline_submit(fn: Callable, *args: object) -> Future:
+    fut: Future = Future()
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as exc:  # surfaced by the loop like a worker's failure
+        fut.set_exception(exc)
+    return fut
+
+
+@contextmanager
+def _dask_executor(address: str) -> Iterator[Callable[..., Future]]:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("--scheduler needs dask distributed (pip install -r requirements-dev.txt)") from None
+    try:
+        client = Client(address, timeout="10s")
+    except (OSError, TimeoutError) as exc:
+        raise InputError(f"--scheduler {address}: cannot connect ({exc})") from None
+    try:
+        # distributed futures are concurrent.futures-compatible enough for `wait` via as_completed below.
+        yield lambda fn, *args: client.submit(fn, *args, pure=False)
+    finally:
+        client.close()
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str | None = None,
+              resume: bool = False, progress: bool = True) -> RunSummary:
+    import time
+
+    t0 = time.perf_counter()
+    points = spec.points()
+    store = ResultsFile(out)
+    done = store.start(spec.sweep_id, resume)
+    pending = [(i, p) for i, p in enumerate(points) if i not in done]
+    bar = tqdm(total=len(points), initial=len(points) - len(pending), unit="pt", file=sys.stderr,
+               disable=not progress, desc="explore", dynamic_ncols=True)
+    executor = _dask_executor(scheduler) if scheduler else _local_executor(jobs)
+    with executor as submit, bar:
+        if scheduler:
+            _drain_dask([submit(_row, spec, i, p) for i, p in pending], store, bar)
+        else:
+            futures = {submit(_row, spec, i, p) for i, p in pending}
+            while futures:
+                finished, futures = wait(futures, return_when=FIRST_COMPLETED)
+                for fut in sorted(finished, key=id):
+                    store.append(fut.result())
+                    bar.update(1)
+    store.finalize()
+    return RunSummary(len(points), len(points) - len(pending), len(pending), time.perf_counter() - t0)
+
+
+def _drain_dask(futures: list, store: ResultsFile, bar: tqdm) -> None:
+    from distributed import as_completed
+
+    for fut in as_completed(futures):
+        store.append(fut.result())
+        bar.update(1)

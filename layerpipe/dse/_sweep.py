@@ -1,0 +1,163 @@
+"""Sweep specifications: the design space of `layerpipe explore`, and its points.
+
+A sweep is the cartesian product networks × num_procs × policies × max_staleness × lanes × link
+parameters, given as CLI flags or a versioned YAML file. Options that do not apply to a policy are not
+multiplied in for it (PipeDream has no staleness bound, so it gets one point per (network, N, lanes, link)
+instead of one per bound). Every point has a stable `point_id` (its parameters as text), and the sweep a
+`sweep_id` (a hash of its normalised spec) that `--resume` checks against the results file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from layerpipe.errors import InputError
+
+#: Policies whose schedules take a staleness bound.
+STALENESS_POLICIES = frozenset({"layerpipe"})
+
+
+@dataclass(frozen=True, order=True)
+class DesignPoint:
+    """One point of a sweep. Fields are the sweep axes; `None` means "not applicable to this policy"."""
+
+    network: str
+    num_procs: int
+    policy: str
+    max_staleness: int | None = None
+    lanes: int = 64
+    link_latency: int = 0
+    link_words_per_cycle: int = 0  #: 0 = shared memory (no link cost)
+    batch: int = 1
+    cost_model: str = "pe"
+
+    @property
+    def point_id(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)]
+        return ";".join(parts)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    networks: tuple[str, ...]
+    num_procs: tuple[int, ...]
+    policies: tuple[str, ...]
+    max_staleness: tuple[int | None, ...] = (None,)
+    lanes: tuple[int, ...] = (64,)
+    link_latency: tuple[int, ...] = (0,)
+    link_words_per_cycle: tuple[int, ...] = (0,)
+    batch: int = 1
+    cost_model: str = "pe"
+    area: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("networks", "num_procs", "policies", "max_staleness", "lanes", "link_latency",
+                     "link_words_per_cycle"):
+            if not getattr(self, name):
+                raise InputError(f"sweep is empty: '{name}' has no values")
+        for n in self.num_procs:
+            if n < 1:
+                raise InputError(f"sweep num_procs must be >= 1, got {n}")
+        for v in self.lanes:
+            if v < 1:
+                raise InputError(f"sweep lanes must be >= 1, got {v}")
+        for v in (*self.link_latency, *self.link_words_per_cycle):
+            if v < 0:
+                raise InputError(f"sweep link parameters must be >= 0, got {v}")
+        for s in self.max_staleness:
+            if s is not None and s < 0:
+                raise InputError(f"sweep max_staleness must be >= 0, got {s}")
+
+    def points(self) -> list[DesignPoint]:
+        """All points, in a stable order (the order of the axes as given)."""
+        out: list[DesignPoint] = []
+        seen: set[DesignPoint] = set()
+        for net in self.networks:
+            for n in self.num_procs:
+                for policy in self.policies:
+                    bounds = self.max_staleness if policy in STALENESS_POLICIES else (None,)
+                    for bound in bounds:
+                        for lanes in self.lanes:
+                            for lat in self.link_latency:
+                                for wpc in self.link_words_per_cycle:
+                                    p = DesignPoint(net, n, policy, bound, lanes, lat, wpc, self.batch,
+                                                    self.cost_model)
+                                    if p not in seen:
+                                        seen.add(p)
+                                        out.append(p)
+        return out
+
+    @property
+    def sweep_id(self) -> str:
+        doc = {k: v for k, v in asdict(self).items() if k != "extra"}
+        text = json.dumps(doc, sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: YAML sweep keys and what they take.
+SWEEP_KEYS: dict[str, str] = {
+    "version": "1",
+    "networks": "list of network specs",
+    "num_procs": "list of positive integers",
+    "policies": "list of policy names",
+    "max_staleness": "list of non-negative integers (or null for unbounded)",
+    "lanes": "list of positive integers",
+    "link_latency": "list of non-negative integers (cycles)",
+    "link_words_per_cycle": "list of non-negative integers (0 = shared memory)",
+    "batch": "positive integer",
+    "cost_model": "macs, pe, profiled, rtl",
+    "area": "true/false: add RTL synthesis figures (MLPs only)",
+}
+
+
+def _as_tuple(value: Any, key: str, kind: type) -> tuple:
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if not (item is None and key == "max_staleness") and not isinstance(item, kind):
+            raise InputError(f"sweep key '{key}' takes {SWEEP_KEYS[key]}, got {item!r}")
+        if isinstance(item, bool) and kind is int:
+            raise InputError(f"sweep key '{key}' takes {SWEEP_KEYS[key]}, got {item!r}")
+    return tuple(items)
+
+
+def load_sweep_yaml(path: str | Path) -> SweepSpec:
+    """Read a `version: 1` sweep file; unknown keys are an error that lists the valid keys."""
+    from layerpipe.network._yaml import _parse_yaml  # the strict loader: duplicate keys are errors
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"sweep file {path}: {exc.strerror}") from None
+    doc = _parse_yaml(text, str(path))
+    if not isinstance(doc, dict):
+        raise InputError(f"sweep file {path}: must be a mapping with keys {', '.join(SWEEP_KEYS)}")
+    unknown = sorted(set(doc) - set(SWEEP_KEYS))
+    if unknown:
+        raise InputError(f"sweep file {path}: unknown key '{unknown[0]}'; valid keys: {', '.join(SWEEP_KEYS)}")
+    if doc.get("version") != 1:
+        raise InputError(f"sweep file {path}: field 'version' must be 1, got {doc.get('version')!r}")
+    for key in ("networks", "num_procs", "policies"):
+        if key not in doc:
+            raise InputError(f"sweep file {path}: missing key '{key}' ({SWEEP_KEYS[key]})")
+    kwargs: dict[str, Any] = {
+        "networks": _as_tuple(doc["networks"], "networks", str),
+        "num_procs": _as_tuple(doc["num_procs"], "num_procs", int),
+        "policies": _as_tuple(doc["policies"], "policies", str),
+    }
+    for key in ("max_staleness", "lanes", "link_latency", "link_words_per_cycle"):
+        if key in doc:
+            kwargs[key] = _as_tuple(doc[key], key, int)
+    if "batch" in doc:
+        if not isinstance(doc["batch"], int) or isinstance(doc["batch"], bool) or doc["batch"] < 1:
+            raise InputError(f"sweep key 'batch' takes {SWEEP_KEYS['batch']}, got {doc['batch']!r}")
+        kwargs["batch"] = doc["batch"]
+    if "cost_model" in doc:
+        kwargs["cost_model"] = str(doc["cost_model"])
+    if "area" in doc:
+        kwargs["area"] = bool(doc["area"])
+    return SweepSpec(**kwargs)

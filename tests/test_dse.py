@@ -1,0 +1,165 @@
+"""Design-space exploration: sweeps, crash-safe resume, local vs Dask, Pareto fronts, bad input."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from layerpipe.cli import main
+from layerpipe.dse import COLUMNS, DesignPoint, ResultsFile, SweepSpec, load_sweep_yaml, pareto_front, run_sweep
+
+NETS = ("mlp:16-12-8-4", "lenet5")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def _small_spec(**kw) -> SweepSpec:
+    base = {"networks": NETS, "num_procs": (1, 2, 3), "policies": ("layerpipe", "pipedream", "1f1b"),
+            "max_staleness": (None, 2)}
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+def test_points_expand_only_applicable_options() -> None:
+    spec = _small_spec()
+    points = spec.points()
+    # layerpipe gets both staleness bounds, the others only "not applicable".
+    assert len(points) == len(NETS) * 3 * (2 + 1 + 1)
+    assert all(p.max_staleness is None for p in points if p.policy != "layerpipe")
+    assert len({p.point_id for p in points}) == len(points)
+
+
+def test_jobs_2_gives_one_row_per_point(tmp_path: Path) -> None:
+    spec = _small_spec()
+    out = tmp_path / "r.csv"
+    run_sweep(spec, out, jobs=2, progress=False)
+    rows = _rows(out)
+    assert [int(r["point_index"]) for r in rows] == list(range(len(spec.points())))
+    assert list(rows[0]) == list(COLUMNS)
+    for r, p in zip(rows, spec.points(), strict=True):
+        assert (r["network"], int(r["num_procs"]), r["policy"]) == (p.network, p.num_procs, p.policy)
+        assert float(r["cycles_per_sample"]) > 0
+        assert float(r["cycles_per_sample"]) >= float(r["lower_bound_cycles_per_sample"]) * 0.999 or \
+            r["policy"] == "layerpipe"
+    # One worker or two: the finished file has the same bytes.
+    out1 = tmp_path / "r1.csv"
+    run_sweep(spec, out1, jobs=1, progress=False)
+    assert out1.read_bytes() == out.read_bytes()
+
+
+def test_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path: Path) -> None:
+    out = tmp_path / "k.csv"
+    args = [sys.executable, "-m", "layerpipe.cli", "explore", *NETS, "-n", "1-8",
+            "--policies", "layerpipe,pipedream,ooo", "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 6:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "sweep finished before it could be killed; make it longer"
+    partial = ResultsFile(out).read_rows()
+    assert 5 <= len(partial) < 48
+    rc = subprocess.call([*args, "--resume"], stdout=subprocess.DEVNULL)
+    assert rc == 0
+    resumed = _rows(out)
+    indices = [int(r["point_index"]) for r in resumed]
+    assert indices == list(range(2 * 8 * 3))
+    clean = tmp_path / "clean.csv"
+    assert subprocess.call([*args[:-3], "--out", str(clean), "--no-progress"], stdout=subprocess.DEVNULL) == 0
+    assert clean.read_bytes() == out.read_bytes()
+
+
+def test_torn_last_line_is_dropped_on_resume(tmp_path: Path) -> None:
+    spec = _small_spec(num_procs=(2,), networks=("mlp:16-12-8-4",))
+    out = tmp_path / "t.csv"
+    run_sweep(spec, out, progress=False)
+    full = out.read_bytes()
+    lines = full.splitlines(keepends=True)
+    out.write_bytes(b"".join(lines[:-1]) + lines[-1][:7])  # a killed writer's half line
+    run_sweep(spec, out, resume=True, progress=False)
+    assert out.read_bytes() == full
+
+
+def test_dask_cluster_gives_the_same_rows(tmp_path: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    spec = _small_spec(networks=("mlp:16-12-8-4",))
+    local = tmp_path / "local.csv"
+    run_sweep(spec, local, jobs=1, progress=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cl:
+        remote = tmp_path / "dask.csv"
+        run_sweep(spec, remote, scheduler=cl.scheduler_address, progress=False)
+    assert remote.read_bytes() == local.read_bytes()
+
+
+def test_pareto_front_by_hand() -> None:
+    rows = [
+        {"cycles_per_sample": "10", "peak_memory_words": "5", "max_staleness": "1"},
+        {"cycles_per_sample": "8", "peak_memory_words": "9", "max_staleness": "1"},
+        {"cycles_per_sample": "12", "peak_memory_words": "6", "max_staleness": "1"},  # dominated by the first
+        {"cycles_per_sample": "10", "peak_memory_words": "5", "max_staleness": "0"},  # dominates the first
+    ]
+    front = pareto_front(rows)
+    assert front == [rows[1], rows[3]]
+
+
+def test_cli_writes_results_and_pareto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "res" / "r.csv"
+    rc = main(["explore", "mlp:16-12-8-4", "-n", "2,3", "--policies", "layerpipe,pipedream", "--out", str(out),
+               "--no-progress"])
+    assert rc == 0
+    assert len(_rows(out)) == 4
+    for name in ("pareto.csv", "pareto.png", "speedup_vs_n.png"):
+        assert (out.parent / name).stat().st_size > 0
+    assert "4 points" in capsys.readouterr().out
+
+
+def test_sweep_yaml(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("version: 1\nnetworks: [mlp:16-12-8-4]\nnum_procs: [2, 4]\npolicies: [layerpipe]\n"
+                 "max_staleness: [1, 3]\n")
+    spec = load_sweep_yaml(f)
+    assert [p.max_staleness for p in spec.points()] == [1, 3, 1, 3]
+    assert spec.points()[0] == DesignPoint("mlp:16-12-8-4", 2, "layerpipe", 1)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("version: 1\nnetworks: [lenet5]\nnum_procs: [2]\npolicies: [layerpipe]\nprocs: [3]\n",
+     "unknown key 'procs'; valid keys: version, networks, num_procs"),
+    ("version: 1\nnetworks: []\nnum_procs: [2]\npolicies: [layerpipe]\n", "sweep is empty: 'networks'"),
+    ("version: 2\nnetworks: [lenet5]\nnum_procs: [2]\npolicies: [layerpipe]\n", "'version' must be 1"),
+    ("version: 1\nnetworks: [lenet5]\nnetworks: [vgg16]\nnum_procs: [2]\npolicies: [layerpipe]\n",
+     "duplicate key 'networks' at line 3"),
+    ("version: 1\nnetworks: [lenet5]\nnum_procs: [2]\npolicies: [nope]\n", "unknown policy 'nope'; allowed:"),
+])
+def test_bad_sweep_files_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                              message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    out = tmp_path / "r.csv"
+    assert main(["explore", "--sweep", str(f), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_resume_of_a_different_sweep_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.csv"
+    assert main(["explore", "mlp:16-12-8-4", "-n", "2", "--out", str(out), "--no-progress"]) == 0
+    before = out.read_bytes()
+    assert main(["explore", "mlp:16-12-8-4", "-n", "3", "--out", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "holds results of a different sweep" in err and err.count("\n") == 1
+    assert out.read_bytes() == before
