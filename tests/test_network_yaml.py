@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerpipe.cli import main
 from layerpipe.errors import InputError
@@ -95,6 +97,8 @@ def test_round_trip_through_a_file(tmp_path) -> None:
     ("version: 2\n", "version must be 1 (got 2)"),
     ("name: x\n", "version must be 1 (got missing)"),
     ("version: '1'\n", "version must be 1 (got '1')"),
+    ("version: 1.0\n", "version must be 1 (got 1.0)"),
+    (HEAD + "  - {name: a, type: [linear]}\n", "unknown type ['linear']; allowed: linear"),
     ("- 1\n", "must be a mapping with fields version, name, input_shape, batch, layers"),
     ("version: 1\nshape: [3]\n", "unknown field 'shape'; allowed: version, name, input_shape, batch, layers"),
     ("version: 1\ninput_shape: 4\nlayers: []\n", "input_shape must be a list of positive integers"),
@@ -144,6 +148,28 @@ def test_validation_messages(body: str, message: str | None) -> None:
 def test_duplicate_keys_are_named_with_their_line(body: str, message: str) -> None:
     with pytest.raises(InputError, match="^f.yaml: " + message.replace("(", r"\(").replace(")", r"\)")):
         parse_yaml_network(body, source="f.yaml")
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=False, width=16),
+                    st.sampled_from(["input", "a", "b", "relu", "linear", "conv2d", "maxpool", "add", "flatten"]))
+_keys = st.sampled_from(["version", "name", "input_shape", "batch", "layers", "type", "inputs", "out_features",
+                         "kernel_size", "out_channels", "activation", "stride", "bias", "x"])
+_documents = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner,
+                                                                                                  max_size=5),
+                          max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({"version": st.sampled_from([1, 1, 1, 2, 1.0, True])}, optional={
+    "name": _scalars, "input_shape": st.lists(st.integers(-1, 9), max_size=4) | _documents,
+    "layers": st.lists(st.dictionaries(_keys, _documents, max_size=6), max_size=4) | _documents}))
+def test_any_document_loads_or_fails_with_one_line(doc) -> None:
+    """Whatever the document, parsing gives a Network or an InputError of one line; never anything else."""
+    text = yaml.safe_dump(doc)
+    try:
+        parse_yaml_network(text, source="fuzz.yaml")
+    except InputError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("fuzz.yaml: ")
 
 
 def test_yaml_syntax_error_is_one_line() -> None:

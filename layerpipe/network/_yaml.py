@@ -131,7 +131,7 @@ def parse_yaml_network(text: str, source: str = "<yaml>", batch: int | None = No
     unknown = [k for k in doc if k not in TOP_LEVEL_FIELDS]
     if unknown:
         raise InputError(f"{source}: unknown field '{unknown[0]}'; allowed: {', '.join(TOP_LEVEL_FIELDS)}")
-    if doc.get("version") != FORMAT_VERSION or isinstance(doc.get("version"), bool):
+    if not _is_int(doc.get("version")) or doc["version"] != FORMAT_VERSION:
         got = "missing" if "version" not in doc else repr(doc["version"])
         raise InputError(f"{source}: version must be {FORMAT_VERSION} (got {got})")
     name = doc.get("name", default_name)
@@ -170,7 +170,7 @@ def _add_layer(builder: NetworkBuilder, entry: Any, position: int, source: str) 
         raise InputError(f"{where}{line}: field 'name' must be a non-empty string, got {name!r}")
     where = f"{where} '{name}'{line}"
     type_name = entry.get("type")
-    if type_name not in LAYER_TYPES:
+    if not isinstance(type_name, str) or type_name not in LAYER_TYPES:
         raise InputError(f"{where}: unknown type {type_name!r}; allowed: {', '.join(LAYER_TYPES)}")
     fields = type_fields(type_name)
     allowed = [*COMMON_LAYER_FIELDS, *fields]
