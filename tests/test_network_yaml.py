@@ -159,7 +159,7 @@ _documents = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | 
                           max_leaves=25)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.fixed_dictionaries({"version": st.sampled_from([1, 1, 1, 2, 1.0, True])}, optional={
     "name": _scalars, "input_shape": st.lists(st.integers(-1, 9), max_size=4) | _documents,
     "layers": st.lists(st.dictionaries(_keys, _documents, max_size=6), max_size=4) | _documents}))
