@@ -70,6 +70,12 @@ def cost_model_from_args(args: argparse.Namespace):
     return make_cost_model(args.cost_model, lanes=args.lanes, overhead=args.overhead, profile=args.profile)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write a file so that readers see either the old or the whole new content, never a part."""
     path = Path(path)
@@ -78,6 +84,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

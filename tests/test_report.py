@@ -1,0 +1,47 @@
+"""`layerpipe report`: byte-identical across runs, and the committed reports/ are not stale."""
+
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+
+import pytest
+
+from layerpipe.report import ReportConfig, generate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _same_tree(a: Path, b: Path) -> list[str]:
+    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    return [n for n in names if not ((a / n).exists() and (b / n).exists()
+                                     and filecmp.cmp(a / n, b / n, shallow=False))]
+
+
+@pytest.fixture(scope="module")
+def fresh_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "reports"
+    generate(out, ReportConfig(), progress=False)
+    return out
+
+
+def test_committed_reports_are_current(fresh_report: Path) -> None:
+    differing = _same_tree(fresh_report, ROOT / "reports")
+    assert not differing, f"reports/ is stale ({', '.join(differing)}): run `layerpipe report --out reports/`"
+
+
+def test_report_contents(fresh_report: Path) -> None:
+    readme = (fresh_report / "README.md").read_text()
+    for heading in ("LayerPipe vs PipeDream at N = 7, 8, 9", "Every policy", "Ablation", "Gantt charts",
+                    "RTL: verification and synthesis", "Cost model and assumptions"):
+        assert heading in readme
+    for name in ("compare.csv", "ablation.csv", "speedup.png", "gantt_layerpipe.png", "gantt_pipedream.png"):
+        assert (fresh_report / name).stat().st_size > 0
+    header = (fresh_report / "compare.csv").read_text().splitlines()[0].split(",")
+    assert header[:4] == ["network", "num_procs", "policy", "cycles_per_sample"]
+
+
+def test_regenerating_in_place_gives_the_same_bytes(fresh_report: Path, tmp_path: Path) -> None:
+    again = tmp_path / "reports"
+    generate(again, ReportConfig(), progress=False)
+    assert not _same_tree(fresh_report, again)
