@@ -132,8 +132,8 @@ def layer_benchmarks(torch: Any, network: Network, layer: Layer,
         benches["F"] = lambda: x.flatten(1)
         benches["E"] = lambda: e.reshape(x.shape)
     else:  # Activation and Add: elementwise, with the (fused) activation
-        z = torch.stack(xs).sum(0) if len(xs) > 1 else x
-        benches["F"] = (lambda: f(torch.stack(xs).sum(0))) if len(xs) > 1 else (lambda: f(x))
+        z = sum(xs[1:], start=x)  # the add's sum (a single input for a standalone activation)
+        benches["F"] = lambda: f(sum(xs[1:], start=x))
         benches["E"] = lambda: f_backward(e, z)
     return benches
 
