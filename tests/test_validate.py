@@ -3,6 +3,7 @@ the step × processor grid (failing step marked `>>`, failing cell in brackets) 
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import pytest
@@ -140,6 +141,17 @@ def test_grid_windows_tall_schedules_around_the_mark() -> None:
     lines = error.grid.splitlines()
     assert len(lines) < 35 and "   ..." in lines
     assert marked(error)[1] == "B1.5"
+
+
+def test_errors_survive_pickling() -> None:
+    """Design-space sweeps run on dask workers, which send exceptions back pickled."""
+    error = failure(stage(["F0.0 F0.1 B0.0 B0.1", "B1.0 F1.0 F1.1 B1.1"], 2))
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is ScheduleError and str(copy) == str(error) and copy.grid == error.grid
+    with pytest.raises(ScheduleError) as info:
+        dependencies(stage(["B0.0"], 1))
+    missing = pickle.loads(pickle.dumps(info.value))
+    assert str(missing) == str(info.value) and missing.consumer == info.value.consumer
 
 
 def test_format_grid_marks_row_and_cell() -> None:

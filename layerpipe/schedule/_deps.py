@@ -169,6 +169,9 @@ class MissingProducer(ScheduleError):
         self.consumer = consumer
         self.key = key
 
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.consumer, self.key))
+
 
 def _lookup(by_key: Mapping[OpKey, Op], key: OpKey, consumer: Op) -> Op:
     try:

@@ -66,6 +66,10 @@ class ScheduleError(InputError):
         if grid:
             self.add_note(grid)
 
+    def __reduce__(self) -> tuple:
+        # Exceptions pickle as cls(*args); ours has more than the message (dask workers send them back).
+        return (type(self), (self.summary, self.grid, self.step, self.proc))
+
 
 _OP_RE = re.compile(r"^([A-Z]+)(\d+)\.(\d+)$")
 _SLOT_RE = re.compile(r"^([A-Z]+)(\d+)-(\d+)@(\d+)$")
