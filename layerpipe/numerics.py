@@ -5,7 +5,8 @@ every weight-reading task reads (design notes §3). This module defines those in
 implementations cannot drift apart in anything but the arithmetic they are meant to cross-check.
 
 - `make_data(network, samples, seed)` → {"x": (samples, *input_shape), "y": (samples, *output_shape)},
-  float64 uniform in [−1, 1). Iteration t trains on rows t·B .. t·B + B − 1 (B = network.batch).
+  float64: x uniform in [−1, 1), y = tanh(x T) for a fixed random teacher T (a learnable target in
+  (−1, 1)). Iteration t trains on rows t·B .. t·B + B − 1 (B = network.batch).
 - `init_weights(network, seed, fmt=None)` → {"W{l}": (out, in), "b{l}": (out,)} per linear layer (b only
   with a bias), uniform in ±1/√in like torch's default; quantized to int64 when `fmt` is given.
 - Version maps: {(kind, layer, t): version}. Keys with kind "F" are forward reads; any other kind that
@@ -24,6 +25,7 @@ implementations cannot drift apart in anything but the arithmetic they are meant
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -84,7 +86,11 @@ def make_data(network: Network, samples: int, seed: int) -> dict[str, np.ndarray
         raise InputError(f"samples must be a positive integer, got {samples!r}")
     rng = np.random.default_rng([seed, 1])  # stream 1: data; init_weights uses stream 0
     x = rng.uniform(-1.0, 1.0, size=(samples, *network.input_shape))
-    y = rng.uniform(-1.0, 1.0, size=(samples, *network.output_shape))
+    # A learnable target: a fixed random "teacher" y = tanh(x T) with T ~ N(0, 1/n_in), so losses fall and
+    # gradients of successive samples are correlated, as in real training (pure noise targets are not).
+    n_in, n_out = network.input_size, math.prod(network.output_shape)
+    teacher = rng.normal(0.0, 1.0 / math.sqrt(n_in), size=(n_in, n_out))
+    y = np.tanh(x.reshape(samples, n_in) @ teacher).reshape(samples, *network.output_shape)
     return {"x": x, "y": y}
 
 

@@ -22,7 +22,8 @@ The output layer's error is e_L = a_L − y (loss ½‖a_L − y‖² per sample
 reconstruction Ŵ^(v) = W^(c) + η·(c − v)·ḡ^(c) of the version v that F read, from the version c the map
 gives E and the moving average ḡ ← ḡ + 2^−m·(g − ḡ) of the applied gradients (see `layerpipe.numerics`).
 In `ema` mode every E read also measures ‖Ŵ^(v) − W^(v)‖ / ‖W^(v)‖ against the exact stashed weights
-(`FunctionalResult.ema_error`).
+(`FunctionalResult.ema_error`); `latest` and `ema` record the uncorrected ‖W^(c) − W^(v)‖ / ‖W^(v)‖
+(`stale_error`) for comparison.
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ class FunctionalResult:
     weights: dict[str, np.ndarray]
     losses: np.ndarray
     updates: dict[int, int]  #: layer → updates applied
-    ema_error: list[float] = field(default_factory=list)  #: per E read in `ema` mode, relative to stash
+    #: per E read in `ema` mode: ‖Ŵ^(v) − W^(v)‖ / ‖W^(v)‖, the reconstruction against the stashed weights
+    ema_error: list[float] = field(default_factory=list)
+    #: per E read in `latest` and `ema` modes: ‖W^(c) − W^(v)‖ / ‖W^(v)‖, the error of reading W^(c) as is
+    stale_error: list[float] = field(default_factory=list)
 
     @property
     def ema_error_max(self) -> float:
@@ -205,6 +209,7 @@ class _Executor:
                 self.pending[op.iteration] += 1
         self.last_read = self._last_reads()
         self.ema_error: list[float] = []
+        self.stale_error: list[float] = []
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
@@ -277,7 +282,9 @@ class _Executor:
             self.pending[op.iteration] -= 1
             if self.pending[op.iteration] == 0:
                 self._free(op.iteration)
-        return FunctionalResult(self._final_weights(), self.losses, dict(self.current), self.ema_error)
+        return FunctionalResult(
+            self._final_weights(), self.losses, dict(self.current), self.ema_error, self.stale_error
+        )
 
     def _forward(self, layer: Layer, op: Op) -> None:
         t, arith = op.iteration, self.arith
@@ -338,14 +345,22 @@ class _Executor:
     def _backward_weights(self, layer: int, op: Op) -> np.ndarray:
         current, v_f = self._backward_reads(layer, op.iteration)
         base = self._version(layer, current, op)
-        if self.config.mode != "ema":
+        if self.config.mode == "stash":
+            return base.weights
+        exact = self._version(layer, v_f, op).weights
+        self.stale_error.append(self._relative_error(base.weights, exact))
+        if self.config.mode == "latest":
             return base.weights
         rebuilt = self.arith.ema_reconstruct(base.weights, base.average, current - v_f)
-        exact = self._version(layer, v_f, op).weights
-        norm = float(np.linalg.norm(self.arith.decode(exact)))
-        diff = float(np.linalg.norm(self.arith.decode(rebuilt) - self.arith.decode(exact)))
-        self.ema_error.append(diff / norm if norm else diff)
+        self.ema_error.append(self._relative_error(rebuilt, exact))
         return rebuilt
+
+    def _relative_error(self, approx: np.ndarray, exact: np.ndarray) -> float:
+        """‖approx − exact‖ / ‖exact‖ in real units (the absolute error when exact is 0)."""
+        exact_f = self.arith.decode(exact)
+        norm = float(np.linalg.norm(exact_f))
+        diff = float(np.linalg.norm(self.arith.decode(approx) - exact_f))
+        return diff / norm if norm else diff
 
     def _weight_gradient(self, layer: Layer, op: Op) -> None:
         delta = self._get(self.deltas, layer.index, op.iteration, "δ", op)
