@@ -21,7 +21,7 @@ with m ≥ 2p−1 every processor is busy without a gap from its first op to its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from layerpipe.errors import InputError
 from layerpipe.schedule._ir import Op, OpSchedule
@@ -95,9 +95,13 @@ def _interleaved_rank(procs: int, m: int, v: int, rank: int, zero_bubble: bool) 
     per_round = m // rounds
     total = m * v
     warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (procs - 1 - rank), total)
-    forward_chunk: Callable[[int], int] = lambda k: (k // per_round) % v  # noqa: E731 - k-th forward's chunk
-    backward_chunk: Callable[[int], int] = lambda k: v - 1 - (k // per_round) % v  # noqa: E731
     count: dict[tuple[str, int], int] = {}
+
+    def forward_chunk(k: int) -> int:  # the chunk of the k-th forward: up the chunks, a round at a time
+        return (k // per_round) % v
+
+    def backward_chunk(k: int) -> int:  # the chunk of the k-th backward: down the chunks
+        return v - 1 - (k // per_round) % v
 
     def take(kind: str, chunk: int) -> StageOp:
         stage = chunk * procs + rank
@@ -106,17 +110,17 @@ def _interleaved_rank(procs: int, m: int, v: int, rank: int, zero_bubble: bool) 
         return (kind, stage, t)
 
     ops: list[StageOp] = [take("F", forward_chunk(k)) for k in range(warmup)]
-    backward_stages: list[int] = []
+    backward_chunks: list[int] = []
     for k in range(total):  # the k-th backward, preceded by a forward while forwards remain
         if warmup + k < total:
             ops.append(take("F", forward_chunk(warmup + k)))
         chunk = backward_chunk(k)
         ops.append(take("I" if zero_bubble else "B", chunk))
-        backward_stages.append(chunk)
+        backward_chunks.append(chunk)
         if zero_bubble and k >= rank:
-            ops.append(take("W", backward_stages[k - rank]))
+            ops.append(take("W", backward_chunks[k - rank]))
     if zero_bubble:
-        ops += [take("W", chunk) for chunk in backward_stages[max(0, total - rank) :]]
+        ops += [take("W", chunk) for chunk in backward_chunks[max(0, total - rank) :]]
     return ops
 
 
