@@ -29,8 +29,10 @@ In `ema` mode every E read also measures ‖Ŵ^(v) − W^(v)‖ / ‖W^(v)‖ ag
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -151,6 +153,18 @@ def sequential_ops(
     return ops
 
 
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What a layer's forward keeps for its backward: z, a = f(z) and (linear layers) the input."""
+
+    z: np.ndarray
+    a: np.ndarray
+    a_in: np.ndarray | None
+
+
 @dataclass
 class _Version:
     weights: np.ndarray
@@ -199,14 +213,19 @@ class _Executor:
                 self.current[layer.index] = 0
         # Per iteration: outputs, kept values, incoming errors, deltas, gradients; freed when it is done.
         self.outputs: dict[tuple[int, int], np.ndarray] = {}
-        self.kept: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self.kept: dict[tuple[int, int], _Kept] = {}
         self.errors: dict[tuple[int, int], list[np.ndarray]] = {}
         self.deltas: dict[tuple[int, int], np.ndarray] = {}
         self.grads: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
-        self.pending = {t: 0 for t in range(self.iterations)}
-        for op in ops:
-            if op.kind != "U":
-                self.pending[op.iteration] += 1
+        # Ops still to run per iteration (U ops count updates, not iterations), to free an iteration's data.
+        self.pending = Counter(op.iteration for op in ops if op.kind != "U")
+        # Error contributions a layer's backward waits for: one per consumer input slot, plus the loss.
+        self.error_sources = {layer.index: 0 for layer in network.layers}
+        self.error_sources[len(network)] += 1
+        for layer in network.layers:
+            for src in layer.inputs:
+                if src != INPUT:
+                    self.error_sources[src] += 1
         self.last_read = self._last_reads()
         self.ema_error: list[float] = []
         self.stale_error: list[float] = []
@@ -253,7 +272,7 @@ class _Executor:
         for v in [v for v in history if v != self.current[layer] and self.last_read.get((layer, v), -1) <= index]:
             del history[v]
 
-    def _get(self, store: Mapping[tuple[int, int], object], layer: int, t: int, what: str, op: Op) -> object:
+    def _get(self, store: Mapping[tuple[int, int], _T], layer: int, t: int, what: str, op: Op) -> _T:
         try:
             return store[(layer, t)]
         except KeyError:
@@ -306,7 +325,7 @@ class _Executor:
             z = inputs[0]
         a = arith.activate(z, layer.activation)
         self.outputs[(layer.index, t)] = a
-        self.kept[(layer.index, t)] = (z, a, a_in)
+        self.kept[(layer.index, t)] = _Kept(z, a, a_in)
         if layer.index == len(self.network):
             y = self.y[t * batch : (t + 1) * batch]
             self.losses[t * batch : (t + 1) * batch] = arith.loss(a, y)
@@ -314,18 +333,18 @@ class _Executor:
 
     def _incoming_error(self, layer: Layer, op: Op) -> np.ndarray:
         parts = self._get(self.errors, layer.index, op.iteration, "the error", op)
-        expected = len(self.network.consumers(layer.index)) + (layer.index == len(self.network))
-        if len(parts) != expected:  # type: ignore[arg-type]
+        expected = self.error_sources[layer.index]
+        if len(parts) != expected:
             raise InputError(
-                f"functional mode: {op} ran with {len(parts)} of {expected} error contributions "  # type: ignore[arg-type]
+                f"functional mode: {op} ran with {len(parts)} of {expected} error contributions "
                 "(the op order breaks a dependency)"
             )
-        return self.arith.add(parts)  # type: ignore[arg-type]
+        return self.arith.add(parts)
 
     def _activation_backward(self, layer: Layer, op: Op) -> None:
-        z, a, _ = self._get(self.kept, layer.index, op.iteration, "the kept forward values", op)  # type: ignore[misc]
+        kept = self._get(self.kept, layer.index, op.iteration, "the kept forward values", op)
         self.deltas[(layer.index, op.iteration)] = self.arith.activation_grad(
-            self._incoming_error(layer, op), z, a, layer.activation
+            self._incoming_error(layer, op), kept.z, kept.a, layer.activation
         )
 
     def _input_gradient(self, layer: Layer, op: Op) -> None:
@@ -333,10 +352,10 @@ class _Executor:
         if layer.has_weights:
             delta = self._get(self.deltas, layer.index, t, "δ", op)
             weights = self._backward_weights(layer.index, op)
-            e_in = [arith.input_gradient(weights, delta)]  # type: ignore[arg-type]
+            e_in = [arith.input_gradient(weights, delta)]
         else:
-            z, a, _ = self._get(self.kept, layer.index, t, "the kept forward values", op)  # type: ignore[misc]
-            delta = arith.activation_grad(self._incoming_error(layer, op), z, a, layer.activation)
+            kept = self._get(self.kept, layer.index, t, "the kept forward values", op)
+            delta = arith.activation_grad(self._incoming_error(layer, op), kept.z, kept.a, layer.activation)
             e_in = [delta.reshape((len(delta), *shape)) for shape in layer.in_shapes]
         for src, error in zip(layer.inputs, e_in * len(layer.inputs) if len(e_in) == 1 else e_in, strict=True):
             if src != INPUT:
@@ -364,8 +383,9 @@ class _Executor:
 
     def _weight_gradient(self, layer: Layer, op: Op) -> None:
         delta = self._get(self.deltas, layer.index, op.iteration, "δ", op)
-        _, _, a_in = self._get(self.kept, layer.index, op.iteration, "the kept input", op)  # type: ignore[misc]
-        self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)  # type: ignore[arg-type]
+        a_in = self._get(self.kept, layer.index, op.iteration, "the kept input", op).a_in
+        assert a_in is not None  # linear layers keep their input
+        self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)
 
     def _update(self, layer: Layer, op: Op, index: int) -> None:
         l, k = layer.index, op.iteration
@@ -386,7 +406,7 @@ class _Executor:
         old = self.history[l][k]
         new = _Version(self.arith.sgd(old.weights, g_w), None, self.arith.ema_average(old.average, g_w))
         if old.bias is not None:
-            new.bias = self.arith.sgd(old.bias, self.arith.sum_gradients([gb for _, gb in grads]))  # type: ignore[misc]
+            new.bias = self.arith.sgd(old.bias, self.arith.sum_gradients([gb for _, gb in grads if gb is not None]))
         self.history[l][k + 1] = new
         self.current[l] = k + 1
         self._drop_unread(l, index)

@@ -129,6 +129,16 @@ def test_synchronous_steps_sum_their_gradients(mode: str, fmt: FixedFormat | Non
     assert not np.array_equal(async_got.weights["W1"], got.weights["W1"])
 
 
+@pytest.mark.parametrize("fmt", [None, DEFAULT_FORMAT], ids=["float64", "fixed"])
+def test_an_add_reading_one_layer_twice_sends_it_two_errors(fmt: FixedFormat | None) -> None:
+    b = NetworkBuilder("twice", (4,))
+    b.add("fc1", Linear(3, activation="relu"), ["input"])
+    b.add("double", Add(), ["fc1", "fc1"])
+    b.add("fc2", Linear(2), ["double"])
+    got, want = run_both(b.build(), Lags({1: 2}, {1: 1}), 8, "latest", fmt)
+    (assert_weights_close if fmt is None else assert_weights_equal)(got.weights, want.weights)
+
+
 @pytest.mark.parametrize(("intra", "inter"), [(True, False), (False, True), (False, False)])
 def test_fused_backward_kinds_compute_what_separate_tasks_compute(intra: bool, inter: bool) -> None:
     network = residual_mlp()
