@@ -151,6 +151,14 @@ def _left_sum(values: list[Any]) -> Any:
     return total
 
 
+def _initial(init: Mapping[str, np.ndarray], key: str, shape: tuple[int, ...]) -> np.ndarray:
+    value = init.get(key)
+    if value is None or np.shape(value) != shape:
+        got = "nothing" if value is None else f"shape {np.shape(value)}"
+        raise InputError(f"initial weights '{key}': the network needs shape {shape}, got {got}")
+    return np.asarray(value)
+
+
 class _Reads:
     """Which version each read of each layer and iteration sees."""
 
@@ -187,7 +195,7 @@ class _Trainer:
     ) -> None:
         import torch
 
-        self.network, self.mode, self.lr, self.fixed = network, check_mode(mode), float(lr), fmt is not None
+        self.network, self.mode, self.lr = network, check_mode(mode), float(lr)
         self.ema_weight = 2.0 ** -check_lr_shift(ema_shift, "ema_shift")
         self.ema_shift = ema_shift
         self.int = _TorchFixed(fmt) if fmt is not None else None
@@ -209,8 +217,8 @@ class _Trainer:
 
         for layer in network.layers:
             if layer.has_weights:
-                w0 = self._encode(np.asarray(init[f"W{layer.index}"]))
-                b0 = self._encode(np.asarray(init[f"b{layer.index}"])) if layer.op.bias else None
+                w0 = self._encode(_initial(init, f"W{layer.index}", (layer.out_size, layer.in_size)))
+                b0 = self._encode(_initial(init, f"b{layer.index}", (layer.out_size,))) if layer.op.bias else None
                 self.histories[layer.index] = _History(layer.index, w0, b0, group, self._sgd, self._ema_average)
 
     # representation-specific pieces
