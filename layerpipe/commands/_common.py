@@ -54,7 +54,8 @@ def int_list(field: str, minimum: int = 1):
 
 
 def add_network_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=positive_int("--batch"), default=1, help="micro-batch size B (default 1)")
+    parser.add_argument("--batch", type=positive_int("--batch"), default=None,
+                        help="micro-batch size B (default: the network's own, 1 for built-ins)")
 
 
 def add_cost_args(parser: argparse.ArgumentParser, default: str = "pe") -> None:

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def compare_rows(networks: list[str], procs: list[int], policies: list[str] | None, baseline: str, model,
-                 batch: int = 1, progress: bool = True) -> list[dict[str, object]]:
+                 batch: int | None = None, progress: bool = True) -> list[dict[str, object]]:
     """The comparison rows; `policies=None` means every policy that runs on each network."""
     get_policy(baseline)
     for name in policies or ():

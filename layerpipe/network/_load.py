@@ -9,12 +9,15 @@ from layerpipe.network._graph import Network
 from layerpipe.network._zoo import ZOO, parse_mlp_spec
 
 
-def load_network(spec: str, batch: int = 1) -> Network:
-    """A network from a zoo name (`resnet18`), an MLP spec (`mlp:784-256-10`) or a YAML path."""
+def load_network(spec: str, batch: int | None = None) -> Network:
+    """A network from a zoo name (`resnet18`), an MLP spec (`mlp:784-256-10`) or a YAML path.
+
+    `batch` None means the network's own: 1 for built-ins, the file's `batch` (default 1) for YAML.
+    """
     if spec.startswith("mlp:"):
-        return parse_mlp_spec(spec, batch)
+        return parse_mlp_spec(spec, batch or 1)
     if spec in ZOO:
-        return ZOO[spec](batch)
+        return ZOO[spec](batch or 1)
     if spec.endswith((".yaml", ".yml")) or os.path.sep in spec:
         from layerpipe.network._yaml import load_yaml_network
 
