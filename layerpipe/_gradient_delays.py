@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
 from layerpipe.dfg import Edge, Task, TrainingGraph
 from layerpipe.errors import InputError
@@ -65,6 +63,9 @@ def min_added_delays(
     rows = np.concatenate([np.arange(m), np.arange(m), [k for k, _ in groups]]).astype(np.int64)
     cols = np.concatenate([graph.src, graph.dst, [n + g for _, g in groups]]).astype(np.int64)
     vals = np.concatenate([np.ones(m), -np.ones(m), -np.ones(len(groups))])
+    from scipy.optimize import linprog  # imported here: scipy costs seconds at CLI start-up
+    from scipy.sparse import coo_matrix
+
     a_ub = coo_matrix((vals, (rows, cols)), shape=(m, n + num_groups)).tocsr()
     cost = np.concatenate([np.zeros(n), np.ones(num_groups)])
     result = linprog(cost, A_ub=a_ub, b_ub=-need, bounds=[(0, None)] * (n + num_groups), method="highs")
