@@ -5,9 +5,12 @@ processor is free and all its inputs have arrived — a producer's output arrive
 (same processor, or the `shared` interconnect) or when its transfer arrives (`links`, see
 `layerpipe.sim._interconnect`).
 
-Speed: the schedule is compiled once into integer lists — ops numbered processor-major (the op after i
-on its processor is i + 1), durations, producer lists — and the hot loops touch only Python ints and
-lists, no per-event objects.
+Speed: the schedule is compiled once into integer arrays — ops numbered processor-major (the op after i
+on its processor is i + 1), task ids, durations, producer lists — and the hot loops touch only Python ints
+and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1):
+`dependencies()` for every schedule, except that asynchronous layer-level schedules — the long ones —
+instantiate that module's `layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t)
+needs src(t − delay)) with array indexing; a test checks both give the same producers.
 
 Both interconnect models reduce to the same problem, a longest path through resources that each run a
 fixed program: processors run their ops, and in `links` mode every link p→q runs its transfers in a
@@ -33,13 +36,21 @@ processor, its next op and the producers it waits for.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from layerpipe.errors import InputError
+from layerpipe.schedule._deps import MissingProducer, layer_task_edges
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.sim._interconnect import SimConfig, link_hold_cycles
 from layerpipe.sim._workload import Workload
+
+#: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
+MAX_INDEX_CELLS = 50_000_000
 
 
 class DeadlockError(InputError):
@@ -56,11 +67,11 @@ class DeadlockError(InputError):
 
 @dataclass(frozen=True, eq=False)
 class CompiledSchedule:
-    """A schedule as flat arrays. Op i runs on `proc[i]`; processor p owns ops bounds[p]..bounds[p+1]−1.
+    """A schedule as arrays. Op i runs on `proc[i]`; processor p owns ops bounds[p]..bounds[p+1]−1.
 
-    `prods[i]` lists op i's producers; the same dependencies flattened in CSR form (for vectorised
-    reports) are prod_idx[prod_ptr[i]:prod_ptr[i+1]] with the words each sends (`prod_words`) and its
-    dependency role (`prod_role`).
+    Op i is task `tasks[task[i]]` = (kind, unit) of iteration `iteration[i]`. Its producers are
+    prod_idx[prod_ptr[i]:prod_ptr[i+1]] (CSR), with the words each sends and the dependency role
+    (`roles[prod_role[k]]`).
     """
 
     schedule: OpSchedule
@@ -68,11 +79,14 @@ class CompiledSchedule:
     proc: list[int]
     bounds: list[int]
     dur: list[int]
-    prods: list[list[int]]
-    prod_ptr: list[int]
-    prod_idx: list[int]
-    prod_words: list[int]
-    prod_role: list[str]
+    tasks: tuple[tuple[str, int], ...]
+    task: np.ndarray
+    iteration: np.ndarray
+    prod_ptr: np.ndarray
+    prod_idx: np.ndarray
+    prod_words: np.ndarray
+    prod_role: np.ndarray
+    roles: tuple[str, ...]
 
     @property
     def num_ops(self) -> int:
@@ -83,44 +97,63 @@ class CompiledSchedule:
         return len(self.bounds) - 1
 
     @cached_property
+    def consumer_of_edge(self) -> np.ndarray:
+        """The consumer op of every CSR entry."""
+        return np.repeat(np.arange(self.num_ops, dtype=np.int64), np.diff(self.prod_ptr))
+
+    @cached_property
+    def prods(self) -> list[list[int]]:
+        """Per op, its producer ops (a list per op: what the sweep loop reads)."""
+        return _split(self.prod_idx, self.prod_ptr)
+
+    @cached_property
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
+        one transfer each when they sit on different processors."""
+        n = self.num_ops
+        key = self.prod_idx * n + self.consumer_of_edge
+        uniq, inverse = np.unique(key, return_inverse=True)
+        words = np.bincount(inverse, weights=self.prod_words, minlength=len(uniq)).astype(np.int64)
+        return uniq // n, uniq % n, words
+
+    @cached_property
     def consumers(self) -> list[list[tuple[int, int]]]:
-        """Per op, its (consumer, words) pairs in consumer order; words of one pair summed over its edges."""
-        out: list[dict[int, int]] = [{} for _ in range(self.num_ops)]
-        ptr, idx, words = self.prod_ptr, self.prod_idx, self.prod_words
-        for i in range(self.num_ops):
-            for k in range(ptr[i], ptr[i + 1]):
-                pairs = out[idx[k]]
-                pairs[i] = pairs.get(i, 0) + words[k]
-        return [list(pairs.items()) for pairs in out]
+        """Per op, its (consumer, words) pairs in consumer order (the event-driven engine's view)."""
+        producer, consumer, words = self.pairs
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.num_ops)]
+        for i, j, w in zip(producer.tolist(), consumer.tolist(), words.tolist(), strict=True):
+            out[i].append((j, w))
+        return out
 
     @cached_property
     def link_plan(self) -> LinkPlan:
         """The transfers of the `links` model as nodes n, n+1, ... in link order (see the module docstring)."""
-        n, procs, proc = self.num_ops, self.num_procs, self.proc
-        transfers = sorted((proc[i] * procs + proc[j], i, j, w)
-                           for i, pairs in enumerate(self.consumers) for j, w in pairs if proc[i] != proc[j])
-        prods = [[i for i in row if proc[i] == proc[j]] for j, row in enumerate(self.prods)]
-        bounds_lo, bounds_hi = self.bounds[:-1], self.bounds[1:]
-        words: list[int] = []
-        link = -1
-        for k, (lk, i, j, w) in enumerate(transfers):
-            prods[j].append(n + k)
-            prods.append([i])
-            words.append(w)
-            if lk != link:
-                if link >= 0:
-                    bounds_hi.append(n + k)
-                bounds_lo.append(n + k)
-                link = lk
-        if transfers:
-            bounds_hi.append(n + len(transfers))
-        return LinkPlan(prods, bounds_lo, bounds_hi, words, [t[1] for t in transfers])
+        n, procs = self.num_ops, self.num_procs
+        proc = np.asarray(self.proc, dtype=np.int64)
+        producer, consumer, words = self.pairs
+        cross = proc[producer] != proc[consumer]
+        i, j, w = producer[cross], consumer[cross], words[cross]
+        link = proc[i] * procs + proc[j]
+        order = np.lexsort((j, i, link))
+        i, j, w, link = i[order], j[order], w[order], link[order]
+        node = n + np.arange(len(i), dtype=np.int64)
+        local = ~cross
+        # Node → producer nodes: same-processor producers, incoming transfers, and each transfer's producer.
+        dst = np.concatenate([consumer[local], j, node])
+        src = np.concatenate([producer[local], node, i])
+        by_dst = np.argsort(dst, kind="stable")
+        ptr = np.zeros(n + len(i) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=n + len(i)), out=ptr[1:])
+        starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]]) if len(link) else np.zeros(0, np.int64)
+        lo = self.bounds[:-1] + (n + starts).tolist()
+        hi = self.bounds[1:] + (n + np.r_[starts[1:], len(link)]).tolist() if len(link) else self.bounds[1:]
+        return LinkPlan(_split(src[by_dst], ptr), lo, hi, w.tolist(), i.tolist())
 
 
 @dataclass(frozen=True)
 class LinkPlan:
     """Ops and transfers as one node list. Resource r (processors first, then the used links) runs nodes
-    lo[r]..hi[r]−1; `producer[k]` is the op that transfer node n + k carries data from."""
+    lo[r]..hi[r]−1; transfer node n + k carries `words[k]` from op `producer[k]`."""
 
     prods: list[list[int]]
     lo: list[int]
@@ -129,55 +162,128 @@ class LinkPlan:
     producer: list[int]
 
 
+def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
+    values, cuts = flat.tolist(), ptr.tolist()
+    return [values[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
-    """Number the ops (processor-major), look up durations, and turn the dependencies into integer lists."""
+    """Number the ops (processor-major), look up durations, and turn the dependencies into arrays."""
     ops: list[Op] = []
-    proc: list[int] = []
     bounds = [0]
     for p, row in enumerate(schedule.procs):
         for op in row:
             if op.proc != p:
                 raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
         ops.extend(row)
-        proc.extend([p] * len(row))
         bounds.append(len(ops))
-    keys = [(op.kind, op.unit, op.iteration) for op in ops]
-    if len(set(keys)) != len(ops):
-        seen: dict[tuple[str, int, int], Op] = {}
-        for op, key in zip(ops, keys, strict=True):
-            if key in seen:
-                raise InputError(f"op {op} appears twice (p{seen[key].proc} and p{op.proc})")
-            seen[key] = op
-    durations = workload.durations
-    dur = [durations.get((k[0], k[1]), -1) for k in keys]
-    for i, d in enumerate(dur):
-        if d < 0:
-            dur[i] = workload.duration(ops[i])  # raises for an unknown task
+    proc = np.repeat(np.arange(len(schedule.procs)), np.diff(bounds)).tolist()
+    task_ids: dict[tuple[str, int], int] = {}
+    task = np.fromiter((task_ids.setdefault((op.kind, op.unit), len(task_ids)) for op in ops), np.int64, len(ops))
+    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
+    tasks = tuple(task_ids)
+    slot = task * (int(iteration.max()) + 1 if len(ops) else 1) + iteration
+    if len(np.unique(slot)) != len(ops):
+        _raise_duplicate(ops)
+    cost = [workload.durations.get(t, -1) for t in tasks]
+    for k, c in enumerate(cost):
+        if c < 0:
+            first = ops[int(np.flatnonzero(task == k)[0])]
+            cost[k] = workload.duration(first)  # raises: the workload has no such task
+    dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
+    csr = None
+    if workload.level == "layer" and not schedule.synchronous:
+        csr = _task_edge_dependencies(ops, tasks, task, iteration, workload)
+    if csr is None:
+        csr = _listed_dependencies(schedule, ops, workload)
+    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr)
+
+
+def _raise_duplicate(ops: list[Op]) -> None:
+    seen: dict[tuple[str, int, int], Op] = {}
+    for op in ops:
+        key = (op.kind, op.unit, op.iteration)
+        if key in seen:
+            raise InputError(f"op {op} appears twice (p{seen[key].proc} and p{op.proc})")
+        seen[key] = op
+
+
+def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
+         roles: tuple[str, ...]):
+    order = np.argsort(consumer, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
+    return ptr, producer[order], words[order], role[order], roles
+
+
+def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload):
+    """CSR arrays from `dependencies()` (contract 1), op by op."""
     deps = workload.dependencies(schedule)
     index_of = {id(op): i for i, op in enumerate(ops)}
+    role_ids: dict[str, int] = {}
+    consumer: list[int] = []
+    producer: list[int] = []
+    words: list[int] = []
+    role: list[int] = []
     by_key: dict[tuple[str, int, int], int] | None = None
-    prods: list[list[int]] = []
-    prod_ptr = [0]
-    prod_idx: list[int] = []
-    prod_words: list[int] = []
-    prod_role: list[str] = []
-    # The dependency map lists ops in schedule order; fall back to lookups if it ever does not.
-    in_order = len(deps) == len(ops) and all(a is b for a, b in zip(deps, ops, strict=True))
-    lists = deps.values() if in_order else (deps[op] for op in ops)
-    for dep_list in lists:
-        row = []
+    # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
+    listed = list(deps.items())
+    if len(listed) == len(ops) and all(a is b for (a, _), b in zip(listed, ops, strict=True)):
+        per_op = [d for _, d in listed]
+    else:
+        per_op = [deps[op] for op in ops]
+    for i, dep_list in enumerate(per_op):
         for dep in dep_list:
             j = index_of.get(id(dep.producer))
             if j is None:  # an equal but distinct Op object
-                by_key = by_key or {k: n for n, k in enumerate(keys)}
+                by_key = by_key or {o.key: k for k, o in enumerate(ops)}
                 j = by_key[dep.producer.key]
-            row.append(j)
-            prod_words.append(dep.words)
-            prod_role.append(dep.role)
-        prods.append(row)
-        prod_idx.extend(row)
-        prod_ptr.append(len(prod_idx))
-    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, prods, prod_ptr, prod_idx, prod_words, prod_role)
+            consumer.append(i)
+            producer.append(j)
+            words.append(dep.words)
+            role.append(role_ids.setdefault(dep.role, len(role_ids)))
+    return _csr(np.asarray(consumer, np.int64), np.asarray(producer, np.int64), np.asarray(words, np.int64),
+                np.asarray(role, np.int8), len(ops), tuple(role_ids))
+
+
+def _task_edge_dependencies(ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                            iteration: np.ndarray, workload: Workload):
+    """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
+    assert workload.graph is not None
+    n = len(ops)
+    span = int(iteration.max()) + 1 if n else 0
+    if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
+        return None
+    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    index[task, iteration] = np.arange(n)
+    task_id = {t: k for k, t in enumerate(tasks)}
+    members = np.argsort(task, kind="stable")
+    cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
+    role_ids: dict[str, int] = {}
+    parts: list[tuple[np.ndarray, np.ndarray, int, int]] = []
+    for e in layer_task_edges(workload.graph):
+        dst = task_id.get(e.dst)
+        if dst is None:
+            continue  # no op of this task: nothing consumes the edge
+        consumers = members[cuts[dst]:cuts[dst + 1]]
+        t = iteration[consumers] - e.delay
+        needed = t >= 0
+        consumers, t = consumers[needed], t[needed]
+        src = task_id.get(e.src)
+        producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
+        missing = np.flatnonzero(producers < 0)
+        if len(missing):
+            k = int(missing[0])
+            raise MissingProducer(ops[int(consumers[k])], (*e.src, int(t[k])))
+        parts.append((consumers, producers, e.words, role_ids.setdefault(e.role, len(role_ids))))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return _csr(empty, empty, empty, empty.astype(np.int8), n, tuple(role_ids))
+    consumer = np.concatenate([c for c, _, _, _ in parts])
+    producer = np.concatenate([p for _, p, _, _ in parts])
+    words = np.concatenate([np.full(len(c), w, dtype=np.int64) for c, _, w, _ in parts])
+    role = np.concatenate([np.full(len(c), r, dtype=np.int8) for c, _, _, r in parts])
+    return _csr(consumer, producer, words, role, n, tuple(role_ids))
 
 
 def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
@@ -189,11 +295,20 @@ def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle)
     plan = c.link_plan
-    hold = [link_hold_cycles(w, config.link_words_per_cycle) for w in plan.words]
-    occupy = c.dur + hold
-    deliver = c.dur + [h + config.link_latency for h in hold]
+    hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), config.link_words_per_cycle)
+    occupy = c.dur + hold.tolist()
+    deliver = c.dur + (hold + config.link_latency).tolist()
     start, end = _sweep(c, plan.prods, plan.lo, plan.hi, deliver, occupy, plan.producer)
     return start[:c.num_ops], end[:c.num_ops]
+
+
+def _hold_cycles(words: np.ndarray, words_per_cycle: float) -> np.ndarray:
+    """`link_hold_cycles` of many transfers at once (exact integer ceil for integer bandwidths)."""
+    if words_per_cycle == math.inf:
+        return np.zeros_like(words)
+    if isinstance(words_per_cycle, int):
+        return -(-words // words_per_cycle)
+    return np.ceil(words / words_per_cycle).astype(np.int64)
 
 
 def _zero_duration_sender(c: CompiledSchedule) -> bool:
@@ -213,7 +328,7 @@ def _sweep(c: CompiledSchedule, prods: list[list[int]], lo: list[int], hi: list[
     end = [-1] * total  # delivery time; -1: not run yet
     nxt = lo.copy()
     free = [0] * len(lo)
-    waiting: dict[int, list[int]] = {}  # node → resources parked on it
+    waiters: list[list[int] | None] = [None] * total  # node → resources parked on it
     work = list(range(len(lo) - 1, -1, -1))
     while work:
         r = work.pop()
@@ -223,7 +338,11 @@ def _sweep(c: CompiledSchedule, prods: list[list[int]], lo: list[int], hi: list[
             for j in prods[i]:
                 e = end[j]
                 if e < 0:
-                    waiting.setdefault(j, []).append(r)
+                    parked = waiters[j]
+                    if parked is None:
+                        waiters[j] = [r]
+                    else:
+                        parked.append(r)
                     break
                 if e > s:
                     s = e
@@ -231,10 +350,10 @@ def _sweep(c: CompiledSchedule, prods: list[list[int]], lo: list[int], hi: list[
                 start[i] = s
                 end[i] = s + deliver[i]
                 t = s + occupy[i]
-                if waiting:
-                    woken = waiting.pop(i, None)
-                    if woken:
-                        work.extend(woken)
+                woken = waiters[i]
+                if woken is not None:
+                    work.extend(woken)
+                    waiters[i] = None
                 i += 1
                 continue
             break

@@ -17,8 +17,6 @@ What is counted, as intervals [from, to) on one processor; at equal times releas
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from layerpipe.sim._engine import CompiledSchedule
@@ -39,34 +37,33 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
         times.extend([lo, hi])
         deltas.extend([words, -words])
 
-    proc = np.asarray(c.proc, dtype=np.int64)
     if workload.level == "layer":
-        add(*_kept_intervals(c, start, end, proc))
+        add(*_kept_intervals(c, start, end))
     else:
         add(*_stage_activation_intervals(c, start, end, workload))
     for p, t, d in _weight_steps(c, start, end, versions, workload, mode):
-        procs.append(np.asarray([p] * len(t), dtype=np.int64))
-        times.append(np.asarray(t, dtype=np.int64))
-        deltas.append(np.asarray(d, dtype=np.int64))
+        procs.append(np.full(len(t), p, dtype=np.int64))
+        times.append(t)
+        deltas.append(d)
     peaks = [0] * c.num_procs
-    if not procs:
-        return peaks
     all_p, all_t, all_d = np.concatenate(procs), np.concatenate(times), np.concatenate(deltas)
+    if not len(all_p):
+        return peaks
     order = np.lexsort((all_d, all_t, all_p))  # by processor, then time, releases (negative) first
     all_p, all_d = all_p[order], all_d[order]
+    bounds = np.searchsorted(all_p, np.arange(c.num_procs + 1))
     for p in range(c.num_procs):
-        lo, hi = np.searchsorted(all_p, [p, p + 1])
+        lo, hi = int(bounds[p]), int(bounds[p + 1])
         if hi > lo:
             peaks[p] = max(0, int(np.cumsum(all_d[lo:hi]).max()))
     return peaks
 
 
-def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, proc: np.ndarray):
-    roles = np.asarray(c.prod_role, dtype=object)
-    mask = np.isin(roles, KEPT_ROLES) if len(roles) else np.zeros(0, dtype=bool)
-    consumer = np.repeat(np.arange(c.num_ops), np.diff(np.asarray(c.prod_ptr)))[mask]
-    producer = np.asarray(c.prod_idx, dtype=np.int64)[mask]
-    words = np.asarray(c.prod_words, dtype=np.int64)[mask]
+def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray):
+    proc = np.asarray(c.proc, dtype=np.int64)
+    codes = [k for k, role in enumerate(c.roles) if role in KEPT_ROLES]
+    mask = np.isin(c.prod_role, codes)
+    consumer, producer, words = c.consumer_of_edge[mask], c.prod_idx[mask], c.prod_words[mask]
     local = proc[producer] == proc[consumer]
     where = np.where(local, proc[producer], proc[consumer])
     lo = np.where(local, start[producer], end[producer])
@@ -74,82 +71,61 @@ def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, pro
 
 
 def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workload: Workload):
-    forward: dict[tuple[int, int], int] = {}
-    release: dict[tuple[int, int], int] = {}
-    for i, op in enumerate(c.ops):
-        key = (op.unit, op.iteration)
-        if op.kind == "F":
-            forward[key] = i
-        elif release.get(key, -1) < end[i]:
-            release[key] = int(end[i])
-    rows = [(c.proc[i], int(start[i]), release.get(key, int(end[i])), workload.activation_words.get(key[0], 0))
-            for key, i in forward.items()]
-    arr = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-    return arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
+    unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
+    forward = np.asarray([k == "F" for k, _ in c.tasks], dtype=bool)[c.task]
+    span = int(c.iteration.max()) + 1 if c.num_ops else 1
+    key = unit * span + c.iteration
+    release = np.zeros((int(unit.max()) + 1 if c.num_ops else 1) * span, dtype=np.int64)
+    np.maximum.at(release, key, end)  # the last end among the unit's ops of that micro-batch
+    f = np.flatnonzero(forward)
+    words = np.asarray([workload.activation_words.get(u, 0) for u in range(len(release) // span)], dtype=np.int64)
+    return np.asarray(c.proc, dtype=np.int64)[f], start[f], release[key[f]], words[unit[f]]
 
 
 def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
                   workload: Workload, mode: str):
     """Per weight unit: (owner processor, change times, word deltas) of the words its versions hold."""
-    update_owner: dict[int, int] = {}
-    forward_owner: dict[int, int] = {}
-    update_ends: dict[int, list[int]] = defaultdict(list)
-    reads: dict[int, dict[int, list[int]]] = defaultdict(dict)  # unit → version → [first start, last end]
-    for i, op in enumerate(c.ops):
-        u = op.unit
-        if u not in workload.weight_words:
-            continue
-        if op.kind == "U":
-            update_owner.setdefault(u, op.proc)
-            update_ends[u].append(int(end[i]))
-        elif "F" in op.kind:
-            forward_owner.setdefault(u, op.proc)
-        v = int(versions[i])
-        if v >= 0:
-            span = reads[u].get(v)
-            if span is None:
-                reads[u][v] = [int(start[i]), int(end[i])]
-            else:
-                span[0] = min(span[0], int(start[i]))
-                span[1] = max(span[1], int(end[i]))
+    extra = 1 if mode == "ema" else 0
+    proc = np.asarray(c.proc, dtype=np.int64)
+    kinds = [k for k, _ in c.tasks]
+    unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
+    is_update = np.asarray([k == "U" for k in kinds], dtype=bool)[c.task]
+    is_forward = np.asarray(["F" in k for k in kinds], dtype=bool)[c.task]
+    by_unit = np.argsort(unit, kind="stable")  # stable: program order within a unit's ops
+    sorted_units = unit[by_unit]
+    finish = int(end.max()) + 1 if len(end) else 0
     for u, size in sorted(workload.weight_words.items()):
-        p = update_owner.get(u, forward_owner.get(u))
-        if p is None:
+        lo_i, hi_i = np.searchsorted(sorted_units, [u, u + 1])
+        members = by_unit[lo_i:hi_i]
+        if not len(members):
             continue
-        counts = _held_version_counts(reads[u], sorted(update_ends[u]))
-        extra = 1 if mode == "ema" else 0
-        times, deltas, previous = [], [], 0
-        for t, count in counts:
-            words = (count + extra) * size
-            if words != previous:
-                times.append(t)
-                deltas.append(words - previous)
-                previous = words
-        times.append(int(end.max()) + 1 if len(end) else 0)
-        deltas.append(-previous)
-        yield p, times, deltas
+        updates = members[is_update[members]]
+        owners = updates if len(updates) else members[is_forward[members]]
+        if not len(owners):
+            continue
+        readers = members[versions[members] >= 0]
+        v = versions[readers]
+        count = int(v.max()) + 1 if len(v) else 0
+        lo = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(count, -1, dtype=np.int64)
+        np.minimum.at(lo, v, start[readers])
+        np.maximum.at(hi, v, end[readers])
+        times, counts = _held_version_counts(lo, hi, np.sort(end[updates]))
+        words = (counts + extra) * size
+        delta = np.diff(words, prepend=0)
+        keep = delta != 0
+        yield (int(proc[owners[0]]), np.r_[times[keep], finish], np.r_[delta[keep], -words[-1]])
 
 
-def _held_version_counts(spans: dict[int, list[int]], update_ends: list[int]) -> list[tuple[int, int]]:
-    """(time, number of versions held from then on), for every time the number may change."""
-    changes: dict[int, list[tuple[int, int]]] = defaultdict(list)  # time → (+1 hold / −1 release, version)
-    for v, (lo, hi) in spans.items():
-        if hi > lo:
-            changes[lo].append((1, v))
-            changes[hi].append((-1, v))
-    for t in update_ends:
-        changes.setdefault(t, [])
-    active: dict[int, int] = defaultdict(int)
-    out = [(0, 1)]
-    current = 0
-    k = 0
-    for t in sorted(changes):
-        while k < len(update_ends) and update_ends[k] <= t:
-            k += 1
-        current = k
-        for sign, v in changes[t]:
-            active[v] += sign
-            if not active[v]:
-                del active[v]
-        out.append((t, len(active) + (current not in active)))
-    return out
+def _held_version_counts(lo: np.ndarray, hi: np.ndarray, update_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(times, number of versions held from each time on): the current version, plus every version v with
+    lo[v] <= τ < hi[v] (versions nobody read have lo > hi and never count)."""
+    used = hi > lo
+    span_lo, span_hi = np.sort(lo[used]), np.sort(hi[used])
+    times = np.unique(np.concatenate([[0], span_lo, span_hi, update_ends]))
+    active = np.searchsorted(span_lo, times, side="right") - np.searchsorted(span_hi, times, side="right")
+    current = np.searchsorted(update_ends, times, side="right")
+    known = current < len(lo)
+    cur = np.minimum(current, max(len(lo) - 1, 0))
+    current_held = known & (lo[cur] <= times) & (times < hi[cur]) if len(lo) else np.zeros(len(times), bool)
+    return times, active + (~current_held).astype(np.int64)

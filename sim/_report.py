@@ -177,9 +177,7 @@ class SimResult:
 def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     """Words per ordered processor pair, over every cross-processor (producer, consumer) pair."""
     proc = np.asarray(c.proc, dtype=np.int64)
-    consumer = np.repeat(np.arange(c.num_ops), np.diff(np.asarray(c.prod_ptr)))
-    producer = np.asarray(c.prod_idx, dtype=np.int64)
-    words = np.asarray(c.prod_words, dtype=np.int64)
+    producer, consumer, words = c.pairs
     src, dst = proc[producer], proc[consumer]
     cross = src != dst
     if not cross.any():

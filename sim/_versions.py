@@ -25,44 +25,44 @@ from layerpipe.sim._workload import Workload
 def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workload: Workload,
                   mode: str) -> np.ndarray:
     """Version read by every op (compiled numbering), −1 for ops that read no weights."""
-    n = c.num_ops
-    versions = np.full(n, -1, dtype=np.int64)
-    reads: dict[tuple[str, int], bool] = {}
-    readers: list[int] = []
-    for i, op in enumerate(c.ops):
-        key = (op.kind, op.unit)
-        r = reads.get(key)
-        if r is None:
-            r = reads[key] = workload.reads_weights(*key)
-        if r:
-            readers.append(i)
-    if not readers:
+    versions = np.full(c.num_ops, -1, dtype=np.int64)
+    reads = np.asarray([workload.reads_weights(k, u) for k, u in c.tasks], dtype=bool)[c.task]
+    if not reads.any():
         return versions
     sched = c.schedule
-    idx = np.asarray(readers, dtype=np.int64)
     if sched.synchronous:
-        m = max(sched.microbatches, 1)
-        versions[idx] = np.fromiter((c.ops[i].iteration // m for i in readers), np.int64, len(readers))
+        versions[reads] = c.iteration[reads] // max(sched.microbatches, 1)
         return versions
     if workload.level == "stage":
         return versions
-    update_ends: dict[int, list[int]] = {}
-    for i, op in enumerate(c.ops):
-        if op.kind == "U":
-            update_ends.setdefault(op.unit, []).append(int(end[i]))
-    by_layer: dict[int, list[int]] = {}
-    for i in readers:
-        by_layer.setdefault(c.ops[i].unit, []).append(i)
-    for layer, members in by_layer.items():
-        ends = np.sort(np.asarray(update_ends.get(layer, []), dtype=np.int64))
-        m_idx = np.asarray(members, dtype=np.int64)
-        versions[m_idx] = np.searchsorted(ends, start[m_idx], side="right")
+    unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
+    updates = np.flatnonzero(np.asarray([k == "U" for k, _ in c.tasks], dtype=bool)[c.task])
+    updates = updates[np.lexsort((end[updates], unit[updates]))]  # by layer, then end time
+    update_units, update_ends = unit[updates], end[updates]
+    readers = np.flatnonzero(reads)
+    readers = readers[np.argsort(unit[readers], kind="stable")]
+    layers, first = np.unique(unit[readers], return_index=True)
+    for layer, lo, hi in zip(layers.tolist(), first.tolist(), [*first[1:].tolist(), len(readers)], strict=True):
+        members = readers[lo:hi]
+        a, b = np.searchsorted(update_units, [layer, layer + 1])
+        versions[members] = np.searchsorted(update_ends[a:b], start[members], side="right")
     if mode == "stash":
-        forward = {(op.unit, op.iteration): i for i, op in enumerate(c.ops) if op.kind == "F"}
-        for i in readers:
-            op = c.ops[i]
-            if "F" not in op.kind:  # an E-containing backward op reads its forward's version
-                f = forward.get((op.unit, op.iteration))
-                if f is not None:
-                    versions[i] = versions[f]
+        _stash_from_forward(c, versions, readers, unit)
     return versions
+
+
+def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.ndarray, unit: np.ndarray) -> None:
+    """Backward readers (kinds with E, not F) take the version of F of their layer and iteration."""
+    is_forward = np.asarray([k == "F" for k, _ in c.tasks], dtype=bool)[c.task]
+    backward = readers[~is_forward[readers]]
+    forward = np.flatnonzero(is_forward)
+    if not len(backward) or not len(forward):
+        return
+    span = int(c.iteration.max()) + 1
+    forward_key = unit[forward] * span + c.iteration[forward]
+    order = np.argsort(forward_key)
+    forward, forward_key = forward[order], forward_key[order]
+    key = unit[backward] * span + c.iteration[backward]
+    pos = np.minimum(np.searchsorted(forward_key, key), len(forward_key) - 1)
+    found = forward_key[pos] == key
+    versions[backward[found]] = versions[forward[pos[found]]]

@@ -4,7 +4,8 @@ Layout: one process ("layerpipe"), one thread track per processor (`M` metadata 
 them), one complete (`X`) slice per op named like `F3.7`, with args task, layer (or stage), iteration and
 the weight version it read (−1 when it reads none). Time unit: one cycle is shown as one microsecond (the
 format's unit). Every cross-processor dependency is a flow arrow (`s` at the producer's end on its track,
-`f` at the consumer's start, binding to the enclosing slice) when the run has at most `max_flows` of
+`f` at the consumer's start, binding to the enclosing slice; one per producer/consumer pair) when the run
+has at most `max_flows` of
 them; larger runs leave the arrows out to keep the file small.
 
 The bytes are deterministic: events in processor then program order, keys in a fixed order, no
@@ -44,14 +45,13 @@ def trace_events(result: SimResult, max_flows: int = MAX_FLOWS) -> list[dict[str
     if compiled is None:
         return events
     proc = np.asarray(compiled.proc, dtype=np.int64)
-    consumer = np.repeat(np.arange(compiled.num_ops), np.diff(np.asarray(compiled.prod_ptr)))
-    producer = np.asarray(compiled.prod_idx, dtype=np.int64)
+    producer, consumer, pair_words = compiled.pairs
     cross = np.flatnonzero(proc[producer] != proc[consumer])
     if len(cross) > max_flows:
         return events
     for flow_id, k in enumerate(cross.tolist()):
         i, j = int(producer[k]), int(consumer[k])
-        words = compiled.prod_words[k]
+        words = int(pair_words[k])
         events.append({"name": "transfer", "cat": "transfer", "ph": "s", "id": flow_id, "pid": 0,
                        "tid": int(proc[i]), "ts": end[i] - 1 if end[i] > start[i] else end[i],
                        "args": {"words": words}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,7 @@ from layerpipe.errors import InputError
 from layerpipe.network import mlp
 from layerpipe.schedule import Op, OpSchedule, StageInfo, dependencies, dry_run
 from layerpipe.sim import DeadlockError, SimConfig, Workload, compile_schedule, simulate
-from layerpipe.sim._engine import _run_links_events, run
+from layerpipe.sim._engine import _listed_dependencies, _run_links_events, run
 from tests.strategies import networks
 
 
@@ -130,6 +131,11 @@ def sequential_schedule(graph, iterations: int, procs: int, placement: dict) -> 
     return OpSchedule("layer", tuple(tuple(r) for r in rows))
 
 
+def edge_list(consumer, producer, words, role, roles) -> list[tuple[int, int, int, str]]:
+    return sorted((int(c), int(p), int(w), roles[r]) for c, p, w, r in zip(consumer, producer, words, role,
+                                                                             strict=True))
+
+
 @st.composite
 def placed_schedules(draw):
     net = draw(networks(max_layers=5, max_width=6))
@@ -155,8 +161,13 @@ def test_engine_properties(case, latency, words_per_cycle):
     # Links with no latency and unlimited bandwidth time exactly like shared memory (the other engine).
     free_links = simulate(sched, work, SimConfig.links(0, math.inf))
     assert free_links.start.tolist() == shared.start.tolist()
-    # The static-order sweep and the event-driven engine agree when every op takes >= 1 cycle.
+    # The array path over `layer_task_edges` finds exactly the producers `dependencies()` lists.
     compiled = compile_schedule(sched, work)
+    ptr, producer, words, role, roles = _listed_dependencies(sched, list(compiled.ops), work)
+    consumer = np.repeat(np.arange(compiled.num_ops), np.diff(ptr))
+    assert edge_list(compiled.consumer_of_edge, compiled.prod_idx, compiled.prod_words, compiled.prod_role,
+                     compiled.roles) == edge_list(consumer, producer, words, role, roles)
+    # The static-order sweep and the event-driven engine agree when every op takes >= 1 cycle.
     events = _run_links_events(compiled, latency, words_per_cycle)
     assert events == run(compiled, SimConfig.links(latency, words_per_cycle))
     # With real links: no op starts before its producers end (plus latency across processors), no overlap.
