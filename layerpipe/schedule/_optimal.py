@@ -21,13 +21,15 @@ from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network
-from layerpipe.schedule._layerpipe import group_items, place_items, weight_groups
+from layerpipe.schedule._layerpipe import candidate_placements, group_items, loads_of, place_items, weight_groups
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import TaskTable, asap_keys, asap_times, best_ordering, default_targets
 from layerpipe.schedule.metrics import period_lower_bound
 
-#: Largest (placement items × processors) the policy accepts: beyond it HiGHS may need hours to prove.
-MAX_VARIABLES = 400
+#: Largest graph the policy accepts, in placement items and items × processors: beyond it HiGHS may need
+#: hours to prove optimality (alexnet's 47 tasks on 4 processors already take over a minute).
+MAX_ITEMS = 32
+MAX_VARIABLES = 256
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,10 @@ class OptimalOptions:
             raise InputError(f"time_limit_s must be > 0, got {self.time_limit_s}")
 
 
-def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float) -> tuple[list[int], int, bool]:
-    """(processor per item, minimum largest load, proven optimal) for P||Cmax by MILP."""
+def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float,
+                       upper: int | None = None) -> tuple[list[int], int, bool]:
+    """(processor per item, minimum largest load, proven optimal) for P||Cmax by MILP; `upper` is a known
+    achievable period (a heuristic's), which prunes the search."""
     n = len(costs)
     order = sorted(range(n), key=lambda i: (-costs[i], i))
     procs = [min(r, num_procs - 1) + 1 for r in range(n)]  # item of rank r may use processors 0..r
@@ -58,12 +62,12 @@ def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float) ->
         load[p, k] = costs[i]
     load[:, -1] = -1.0
     lower = np.zeros(nx + 1)
-    upper = np.ones(nx + 1)
+    high = np.ones(nx + 1)
     lower[-1] = period_lower_bound(costs, num_procs)
-    upper[-1] = sum(costs)
+    high[-1] = sum(costs) if upper is None else upper
     integrality = np.ones(nx + 1)
     integrality[-1] = 0
-    res = milp(c, integrality=integrality, bounds=Bounds(lower, upper),
+    res = milp(c, integrality=integrality, bounds=Bounds(lower, high),
                constraints=[LinearConstraint(assign, 1, 1), LinearConstraint(load, -np.inf, 0)],
                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
     if res.x is None:
@@ -84,14 +88,21 @@ def schedule_optimal(network: Network, num_procs: int, model: CostModel, options
     group = weight_groups(table, options.keep_weights_together)
     item_costs, members = group_items(table, group)
     size = len(item_costs) * num_procs
-    if size > MAX_VARIABLES:
+    if len(item_costs) > MAX_ITEMS or size > MAX_VARIABLES:
         raise InputError(f"optimal: graph has {len(item_costs)} tasks × {num_procs} processors = {size}, limit is "
-                         f"{MAX_VARIABLES}; use --policy layerpipe")
-    item_proc, period, proven = optimal_assignment(item_costs, num_procs, options.time_limit_s)
-    placement = place_items(members, item_proc, len(table))
+                         f"{MAX_ITEMS} tasks and {MAX_VARIABLES} task-processor pairs; use --policy layerpipe")
     asap = asap_times(table)
+    placement = min(candidate_placements(table, num_procs, group, asap)[0],
+                    key=lambda p: max(loads_of(table, p, num_procs)))
+    heuristic = max(loads_of(table, placement, num_procs))
+    if heuristic == period_lower_bound(item_costs, num_procs):
+        period, proven, how = heuristic, True, "the period equals the lower bound"
+    else:
+        item_proc, period, proven = optimal_assignment(item_costs, num_procs, options.time_limit_s, heuristic)
+        placement = place_items(members, item_proc, len(table))
+        how = "HiGHS proved the period optimal"
     timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                            default_targets(table, placement, num_procs, asap))
-    note = "period proven optimal by HiGHS" if proven else f"time limit {options.time_limit_s}s hit: period not proven"
+    note = f"optimal: {how}" if proven else f"time limit {options.time_limit_s}s hit: period not proven optimal"
     return periodic_result("optimal", options, table, num_procs, placement, timing.start, timing.lag, period,
                            item_costs, notes=(note,))
