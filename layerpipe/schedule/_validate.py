@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from heapq import heapify, heappop, heappush
 
 from layerpipe.dfg import TrainingGraph
+from layerpipe.errors import InputError
 from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies, layer_task_edges
 from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, PeriodicSchedule, ScheduleError
 
@@ -426,16 +427,29 @@ def validate(
     schedule: OpSchedule | PeriodicSchedule,
     graph: TrainingGraph | None = None,
     stages: StageInfo | None = None,
-    **options,
+    *,
+    max_staleness: int | None = None,
+    iterations: int | None = None,
+    durations: Durations = None,
+    costs: Mapping[tuple[str, int], int] | None = None,
+    comm: Callable[[int], int] | None = None,
 ) -> dict[Op, tuple[int, int]] | None:
     """Validate any schedule; raise `ScheduleError` on the first fault.
 
-    Explicit schedules: options `iterations`, `durations`, `max_staleness`; returns the dry-run timing.
-    Periodic schedules (need `graph`): options `costs`, `comm`, `max_staleness`; returns None.
+    Explicit schedules take `iterations` (default: as many as the ops name), `durations` (for the dry run and
+    the staleness check; default one cycle per op) and return the dry-run timing. Periodic schedules need
+    `graph`, take `costs` (default: the schedule's own) and `comm` (cycles of a transfer of w words between
+    processors), and return None. `max_staleness` bounds the staleness of every F_l in both.
     """
     if isinstance(schedule, PeriodicSchedule):
         if graph is None:
             raise ScheduleError("periodic schedules are validated against their training graph; none given")
-        validate_periodic(schedule, graph, **options)
+        if iterations is not None or durations is not None:
+            raise InputError("validate: 'iterations' and 'durations' apply to explicit schedules, not periodic ones")
+        validate_periodic(schedule, graph, costs=costs, comm=comm, max_staleness=max_staleness)
         return None
-    return validate_explicit(schedule, graph, stages, **options)
+    if costs is not None or comm is not None:
+        raise InputError("validate: 'costs' and 'comm' apply to periodic schedules; explicit ones take 'durations'")
+    return validate_explicit(
+        schedule, graph, stages, iterations=iterations, durations=durations, max_staleness=max_staleness
+    )
