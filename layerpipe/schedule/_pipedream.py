@@ -18,6 +18,7 @@ version per U op, does not describe 2BW's numerics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from layerpipe.costs import CostModel
@@ -53,7 +54,21 @@ def stage_layers(table: TaskTable, num_procs: int) -> list[list[int]]:
     return [[layers[i] for i in run] for run in runs]
 
 
+def block_key(table: TaskTable) -> Callable[[int], tuple[int, int, int]]:
+    """Body order of a stage, forward block first: F_l in layer order, then B_l and U_l, last layer first."""
+
+    def key(v: int) -> tuple[int, int, int]:
+        t = table.tasks[v]
+        if t.kind == "F":
+            return (0, t.layer, 0)
+        return (1, -t.layer, 1 if t.kind == "U" else 0)
+
+    return key
+
+
 def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timing]:
+    """Stages, period and the best 1F1B body timing: forward block first, backward block first, or per
+    stage whichever block's ASAP start comes first modulo the period (1F1B's alternation)."""
     stages = stage_layers(table, num_procs)
     stage_of = {layer: s for s, run in enumerate(stages) for layer in run}
     placement = [stage_of[t.layer] for t in table.tasks]
@@ -62,34 +77,22 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
         loads[p] += table.cost[v]
     period = max(loads)
     asap = asap_times(table)
-    first_b = {}  # stage → the ASAP time of its backward block's first task, modulo the period
-    first_f = {}
-    for v, t in enumerate(table.tasks):
-        s = placement[v]
-        if t.kind == "F":
-            first_f[s] = min(first_f.get(s, asap[v]), asap[v])
-        else:
-            first_b[s] = min(first_b.get(s, asap[v]), asap[v])
+    first: dict[tuple[int, int], int] = {}  # (stage, block) → earliest ASAP start in the block
+    block = block_key(table)
+    for v in range(len(table)):
+        k = (placement[v], block(v)[0])
+        first[k] = min(first.get(k, asap[v]), asap[v])
 
-    def block(v: int) -> tuple[int, int, int]:
-        t = table.tasks[v]
-        if t.kind == "F":
-            return (0, t.layer, 0)
-        return (1, -t.layer, 1 if t.kind == "U" else 0)  # B_l then U_l, last layer first
-
-    def forward_first(v: int) -> tuple:
-        return block(v)
-
-    def backward_first(v: int) -> tuple:
+    def backward_first(v: int) -> tuple[int, int, int]:
         b = block(v)
-        return (1 - b[0], *b[1:])
+        return (1 - b[0], b[1], b[2])
 
-    def alternating(v: int) -> tuple:
+    def alternating(v: int) -> tuple[int, int, int]:
         s, b = placement[v], block(v)
-        f_first = first_f.get(s, 0) % period <= first_b.get(s, 0) % period
-        return (b[0] if f_first else 1 - b[0], *b[1:])
+        f_first = first.get((s, 0), 0) % period <= first.get((s, 1), 0) % period
+        return (b[0] if f_first else 1 - b[0], b[1], b[2])
 
-    timing = best_ordering(table, placement, num_procs, period, [alternating, forward_first, backward_first])
+    timing = best_ordering(table, placement, num_procs, period, [alternating, block, backward_first])
     return placement, period, timing
 
 

@@ -1,0 +1,201 @@
+"""What each policy promises beyond validity: options, placements, staleness bounds, stage layouts, timing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import make_cost_model
+from layerpipe.errors import InputError
+from layerpipe.network import load_network
+from layerpipe.retiming import solve_delays
+from layerpipe.schedule import make_schedule, policy_options, validate
+from layerpipe.schedule._deps import expand_stages
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._ooo import OOOOptions
+from layerpipe.schedule._pipedream import PipeDream2BWOptions, block_key, stage_layers
+from layerpipe.schedule._shared import (
+    TaskTable,
+    loop_lengths,
+    order_bodies,
+    partition_contiguous,
+    time_bodies,
+)
+from layerpipe.schedule._synchronous import SHAPES, SyncOptions, schedule_stages
+from layerpipe.sim import SimConfig, Workload, simulate
+from tests.strategies import networks
+
+MODEL = make_cost_model("pe", lanes=4, overhead=2)
+
+
+# ----------------------------------------------------------------------------------------------- options
+
+
+def test_options_that_do_not_apply_name_the_option_and_the_policy() -> None:
+    with pytest.raises(InputError, match=r"option group_size does not apply to policy 'layerpipe'"):
+        policy_options("layerpipe", {"group_size": 2})
+    with pytest.raises(InputError, match=r"option --virtual-stages does not apply to policy 'gpipe'"):
+        policy_options("gpipe", {"virtual_stages": 2}, {"virtual_stages": "--virtual-stages"})
+    assert policy_options("ooo", {"group_size": 3}) == OOOOptions(group_size=3)
+
+
+def test_unknown_policy_lists_the_valid_ones() -> None:
+    with pytest.raises(InputError, match=r"unknown policy 'nope'; allowed: layerpipe, pipedream, .*optimal"):
+        make_schedule("nope", load_network("mlp:7-6-3"), 2, MODEL)
+
+
+def test_bad_processor_counts_and_option_types_are_input_errors() -> None:
+    net = load_network("mlp:7-6-3")
+    with pytest.raises(InputError, match="num_procs"):
+        make_schedule("layerpipe", net, 0, MODEL)
+    with pytest.raises(InputError, match="takes LayerPipeOptions, got OOOOptions"):
+        make_schedule("layerpipe", net, 2, MODEL, OOOOptions())
+    with pytest.raises(InputError, match="max_staleness must be >= 0"):
+        LayerPipeOptions(max_staleness=-1)
+
+
+# ------------------------------------------------------------------------------------------- layerpipe
+
+
+@pytest.mark.parametrize("intra,inter,kinds", [(True, True, {"F", "A", "E", "G", "U"}),
+                                               (True, False, {"F", "A", "AE", "G", "U"}),
+                                               (False, True, {"F", "A", "EG", "G", "U"}),
+                                               (False, False, {"F", "AG", "AEG", "U"})])
+def test_layerpipe_switches_choose_the_task_split(intra: bool, inter: bool, kinds: set[str]) -> None:
+    result = make_schedule("layerpipe", load_network("mlp:9-8-7-6"), 3, MODEL, LayerPipeOptions(intra, inter))
+    assert {kind for kind, _ in result.periodic.placement()} == kinds  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("spec", ["mlp:784-256-128-10", "lenet5", "resnet18"])
+def test_keep_weights_together_moves_no_weights(spec: str) -> None:
+    net = load_network(spec)
+    for n in (2, 5, 8):
+        result = make_schedule("layerpipe", net, n, MODEL, LayerPipeOptions(keep_weights_together=True))
+        validate(result.periodic, result.graph)
+        where = result.periodic.placement()  # type: ignore[union-attr]
+        for e in result.graph.edges:  # type: ignore[union-attr]
+            if e.role in ("weights", "stash", "gradient"):
+                assert where[(e.src.kind, e.src.layer)] == where[(e.dst.kind, e.dst.layer)], e
+
+
+@settings(max_examples=20, deadline=None)
+@given(net=networks(max_layers=5), n=st.integers(1, 5), k=st.integers(0, 3))
+def test_max_staleness_is_met_and_the_loop_bound_respected(net, n: int, k: int) -> None:
+    result = make_schedule("layerpipe", net, n, MODEL, LayerPipeOptions(max_staleness=k))
+    validate(result.periodic, result.graph, max_staleness=k)
+    assert result.metrics.max_staleness <= k
+    table = TaskTable.of(result.graph, MODEL)  # type: ignore[arg-type]
+    for length in loop_lengths(table).values():
+        assert result.metrics.period_cycles * (k + 1) >= length
+
+
+def test_max_staleness_zero_on_the_zoo_mlp_is_plain_sgd() -> None:
+    net = load_network("mlp:784-256-128-10")
+    result = make_schedule("layerpipe", net, 4, MODEL, LayerPipeOptions(max_staleness=0))
+    assert result.metrics.max_staleness == 0
+    unbounded = make_schedule("layerpipe", net, 4, MODEL)
+    assert result.metrics.period_cycles >= unbounded.metrics.period_cycles
+
+
+# ------------------------------------------------------------------------------------ pipedream family
+
+
+def test_partition_contiguous_is_min_max() -> None:
+    weights = [5, 1, 1, 9, 2, 2, 2, 7]
+    runs = partition_contiguous(weights, 3)
+    assert [i for run in runs for i in run] == list(range(len(weights)))
+    best = min(max(sum(weights[:a]), sum(weights[a:b]), sum(weights[b:]))
+               for a in range(1, len(weights)) for b in range(a + 1, len(weights)))
+    assert max(sum(weights[i] for i in run) for run in runs) == best
+
+
+@pytest.mark.parametrize("widths", [[8] * 7, [12, 10, 8, 8, 6, 4]])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_pipedream_lags_agree_with_the_retiming_solution(widths: list[int], n: int) -> None:
+    """With the forward block first on every stage each stage crossing costs one lag, which is the
+    retiming model of `layerpipe.retiming`: our minimal lags equal its least retiming, and the
+    staleness of layer l is its delay D_l = 2·S(l). Its U_l runs D_l iterations behind (the delays sit on
+    G_l → U_l and r(U_l) counts from there), ours names U_l by the gradient's iteration: lag + D_l."""
+    net = load_network("mlp:" + "-".join(map(str, widths)))
+    result = make_schedule("pipedream", net, n, MODEL)
+    table = TaskTable.of(result.graph, MODEL)  # type: ignore[arg-type]
+    stages = stage_layers(table, n)
+    stage_of = {layer: s for s, run in enumerate(stages) for layer in run}
+    placement = [stage_of[t.layer] for t in table.tasks]
+    period = result.metrics.period_cycles
+    timing = time_bodies(table, order_bodies(placement, n, block_key(table)), period)
+    solution = solve_delays(table.graph, [stage_of[layer.index] for layer in net.layers])
+    expected = {t: r + (solution.delays[t.layer] if t.kind == "U" else 0) for t, r in solution.lags.items()}
+    assert {t: timing.lag[v] for v, t in enumerate(table.tasks)} == expected
+    assert timing.staleness == dict(solution.delays)
+    assert all(d == 2 * solution.stages_after(layer) for layer, d in solution.delays.items())
+
+
+def test_pipedream_stashes_fewer_versions_down_the_pipeline() -> None:
+    result = make_schedule("pipedream", load_network("mlp:" + "-".join(["16"] * 9)), 4, MODEL)
+    versions = result.metrics.weight_versions_per_layer
+    layers = sorted(versions)
+    assert versions[layers[0]] >= versions[layers[-1]] and versions[layers[-1]] <= 2
+
+
+def test_pipedream_2bw_holds_two_versions_and_amortises_the_update() -> None:
+    net = load_network("mlp:" + "-".join(["16"] * 9))
+    plain = make_schedule("pipedream", net, 4, MODEL)
+    two = make_schedule("pipedream-2bw", net, 4, MODEL, PipeDream2BWOptions(microbatches=8))
+    assert two.metrics.weight_versions == 2 and two.metrics.max_staleness == 1
+    assert two.metrics.period_cycles < plain.metrics.period_cycles
+    u_costs = {layer: c for (kind, layer), c in two.periodic.costs.items() if kind == "U"}  # type: ignore[union-attr]
+    full = {layer: c for (kind, layer), c in plain.periodic.costs.items() if kind == "U"}  # type: ignore[union-attr]
+    assert all(u_costs[layer] == -(-full[layer] // 8) for layer in full)
+
+
+# ------------------------------------------------------------------------------------------------- ooo
+
+
+@pytest.mark.parametrize("g", [1, 2, 3])
+def test_ooo_allocates_layers_modulo(g: int) -> None:
+    net = load_network("lenet5")
+    result = make_schedule("ooo", net, 3, MODEL, OOOOptions(group_size=g))
+    for (kind, layer), proc in result.periodic.placement().items():  # type: ignore[union-attr]
+        assert proc == ((layer - 1) // g) % 3, (kind, layer)
+    # output gradients before weight gradients in every body
+    for body in result.periodic.bodies:  # type: ignore[union-attr]
+        kinds = [s.kind for s in sorted(body)]
+        fill = [i for i, k in enumerate(kinds) if k in ("G", "U")]
+        assert all(k in ("G", "U") for k in kinds[fill[0]:] if fill), kinds
+
+
+# ----------------------------------------------------------------------------------------- synchronous
+
+
+@pytest.mark.parametrize("policy", sorted(SHAPES))
+def test_sync_step_time_matches_the_simulator_on_the_layer_expansion(policy: str) -> None:
+    """I/W-split schedules time exactly as the simulator times their layer expansion; fused-B ones are
+    conservative (the stage-level B of the next stage is waited for whole, not only its input gradient)."""
+    net = load_network("mlp:7-6-5-4-3")
+    result = make_schedule(policy, net, 2, MODEL)
+    m = result.explicit.microbatches  # type: ignore[union-attr]
+    two_steps = SHAPES[policy].generate(2, m, result.options)
+    layer_level = expand_stages(two_steps, result.graph, result.stages)  # type: ignore[arg-type]
+    sim = simulate(layer_level, Workload.of_graph(result.graph, MODEL), SimConfig("shared"))  # type: ignore[arg-type]
+    done = sim.completion_times
+    if policy in ("zb-h1", "zb-h2", "zbv"):
+        assert result.metrics.period_cycles == done[1] - done[0]
+    else:
+        assert result.metrics.period_cycles >= done[1] - done[0]
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 9)])
+def test_gpipe_step_is_fill_plus_drain(p: int, m: int) -> None:
+    result = schedule_stages("gpipe", p, SyncOptions(microbatches=m), (2, 3, 1))
+    assert result.metrics.period_cycles == (m + p - 1) * (2 + 3 + 1)
+    validate(result.explicit, stages=result.stages)
+
+
+def test_zero_bubble_beats_1f1b_with_uniform_costs() -> None:
+    one = schedule_stages("1f1b", 4, SyncOptions(microbatches=8), (1, 1, 1)).metrics.period_cycles
+    h1 = schedule_stages("zb-h1", 4, policy_options("zb-h1", {"microbatches": 8}), (1, 1, 1)).metrics  # type: ignore[arg-type]
+    h2 = schedule_stages("zb-h2", 4, SyncOptions(microbatches=8), (1, 1, 1)).metrics.period_cycles
+    assert h2 <= h1.period_cycles < one
+    assert h2 == 3 * 8  # the parallelogram: no bubble at all once m >= 2p - 1
