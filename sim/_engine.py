@@ -193,7 +193,7 @@ def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedu
     dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
     csr = None
     if workload.level == "layer" and not schedule.synchronous:
-        csr = _task_edge_dependencies(ops, tasks, task, iteration, workload)
+        csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
     if csr is None:
         csr = _listed_dependencies(schedule, ops, workload)
     return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr)
@@ -246,7 +246,7 @@ def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload
                 np.asarray(role, np.int8), len(ops), tuple(role_ids))
 
 
-def _task_edge_dependencies(ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
                             iteration: np.ndarray, workload: Workload):
     """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
     assert workload.graph is not None
@@ -261,7 +261,7 @@ def _task_edge_dependencies(ops: list[Op], tasks: tuple[tuple[str, int], ...], t
     cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
     role_ids: dict[str, int] = {}
     parts: list[tuple[np.ndarray, np.ndarray, int, int]] = []
-    for e in layer_task_edges(workload.graph):
+    for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
         dst = task_id.get(e.dst)
         if dst is None:
             continue  # no op of this task: nothing consumes the edge

@@ -122,16 +122,22 @@ def _stage_of_layers(graph: TrainingGraph, stage_layers: Sequence[Sequence[int]]
     return stage_of
 
 
-def layer_task_edges(graph: TrainingGraph) -> list[TaskEdge]:
+def layer_task_edges(graph: TrainingGraph, pinned_reads: Mapping[tuple[str, int], int] | None = None
+                     ) -> list[TaskEdge]:
     """The precedence edges of asynchronous layer-level schedules, per task (see the module docstring).
 
-    Periodic schedules are checked against these directly in modulo form.
+    Periodic schedules are checked against these directly in modulo form. `pinned_reads` are the weight
+    reads an unrolled periodic schedule pins (`OpSchedule.read_staleness`): X_l(t) reading version t − s
+    waits for U_l(t − s − 1), which writes it, and receives the weights (|W_l| words) from it.
     """
+    pinned = pinned_reads or {}
     edges: list[TaskEdge] = []
     for e in graph.edges:
         src, dst = (e.src.kind, e.src.layer), (e.dst.kind, e.dst.layer)
         if e.role == "weights":
-            continue  # a version read, not precedence
+            if dst in pinned:
+                edges.append(TaskEdge(src, dst, pinned[dst] + 1, e.words, e.role))
+            continue  # otherwise a version read, not precedence
         delay = 0 if e.role == "gradient" else e.delay
         edges.append(TaskEdge(src, dst, delay, e.words, e.role))
     for t in graph.tasks:
@@ -184,7 +190,7 @@ def _async_layer_dependencies(
     schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
 ) -> dict[Op, tuple[Dependency, ...]]:
     incoming: dict[tuple[str, int], list[TaskEdge]] = {}
-    for e in layer_task_edges(graph):
+    for e in layer_task_edges(graph, schedule.read_staleness_map()):
         incoming.setdefault(e.dst, []).append(e)
     out: dict[Op, tuple[Dependency, ...]] = {}
     for op in schedule.ops():

@@ -90,10 +90,18 @@ class OpSchedule:
     procs: tuple[tuple[Op, ...], ...]
     synchronous: bool = False
     microbatches: int = 0  #: micro-batches per step (synchronous schedules), 0 for asynchronous
+    #: Weight reads the schedule pins, as (kind, layer, s): op (kind, layer, t) reads version t − s, so it
+    #: waits for the update U_l(t − s − 1) that writes it. `PeriodicSchedule.unroll` derives them from the
+    #: periodic timing, which keeps self-timed execution (simulator, RTL) within the designed staleness;
+    #: hand-written schedules leave it empty and their reads are whatever is current.
+    read_staleness: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def num_procs(self) -> int:
         return len(self.procs)
+
+    def read_staleness_map(self) -> dict[tuple[str, int], int]:
+        return {(kind, layer): s for kind, layer, s in self.read_staleness}
 
     def ops(self) -> Iterable[Op]:
         for row in self.procs:
@@ -122,6 +130,8 @@ class OpSchedule:
         head = f"# layerpipe schedule v1 level={self.level} procs={self.num_procs}"
         if self.synchronous:
             head += f" synchronous microbatches={self.microbatches}"
+        if self.read_staleness:
+            head += " reads=" + ",".join(f"{k}{layer}:{s}" for k, layer, s in self.read_staleness)
         lines = [head]
         for p, row in enumerate(self.procs):
             lines.append(f"p{p}: " + " ".join(str(op) for op in row))
@@ -130,6 +140,7 @@ class OpSchedule:
     @staticmethod
     def from_text(text: str) -> OpSchedule:
         level, sync, m = "layer", False, 0
+        reads: list[tuple[str, int, int]] = []
         rows: list[tuple[Op, ...]] = []
         for n, raw in enumerate(text.splitlines(), start=1):
             line = raw.strip()
@@ -143,6 +154,8 @@ class OpSchedule:
                         sync = True
                     elif word.startswith("microbatches="):
                         m = _header_int(word, n)
+                    elif word.startswith("reads="):
+                        reads = _parse_reads(word, n)
                 continue
             name, _, body = line.partition(":")
             if name != f"p{len(rows)}":
@@ -159,7 +172,21 @@ class OpSchedule:
                 if op.kind not in kinds:
                     allowed = ", ".join(kinds)
                     raise InputError(f"schedule p{op.proc}: op '{op}' kind is not a {level}-level kind ({allowed})")
-        return OpSchedule(level, tuple(rows), sync, m)
+        return OpSchedule(level, tuple(rows), sync, m, tuple(reads))
+
+
+_READ_RE = re.compile(r"^([A-Z]+)(\d+):(-?\d+)$")
+
+
+def _parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
+    out = []
+    for item in word.split("=", 1)[1].split(","):
+        m = _READ_RE.match(item)
+        if not m:
+            raise InputError(f"schedule line {line}: field 'reads' entry '{item}' is not KIND LAYER:STALENESS "
+                             "like F3:2")
+        out.append((m.group(1), int(m.group(2)), int(m.group(3))))
+    return out
 
 
 def _header_int(word: str, line: int) -> int:
@@ -214,7 +241,26 @@ class PeriodicSchedule:
                         timed.append((j * self.period + s.start, s.layer, s.kind, Op(p, s.kind, s.layer, t)))
             timed.sort(key=lambda x: x[:3])
             rows.append(tuple(x[3] for x in timed))
-        return OpSchedule("layer", tuple(rows))
+        return OpSchedule("layer", tuple(rows), read_staleness=self.read_staleness())
+
+    def read_staleness(self) -> tuple[tuple[str, int, int], ...]:
+        """Staleness s of every slot that reads a layer's weights (kinds with F or E), from the timing.
+
+        X_l(t) starts at (t + lag_X)·P + start_X and U_l(i) ends at (i + lag_U)·P + start_U + c_U, so the
+        updates ended by X_l(t)'s start are i ≤ t + k with k = lag_X − lag_U + ⌊(start_X − start_U − c_U)/P⌋:
+        it reads version t + k + 1, staleness s = −k − 1 (−1 for an E that runs after its own update, under
+        `latest`). Needs the update's cost; without `costs` nothing is pinned.
+        """
+        slots = {(s.kind, s.layer): s for body in self.bodies for s in body}
+        updates = {s.layer: s for s in slots.values() if "U" in s.kind}
+        out = []
+        for (kind, layer), x in sorted(slots.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            u = updates.get(layer)
+            if u is None or u is x or not ("F" in kind or "E" in kind) or (u.kind, layer) not in self.costs:
+                continue
+            k = x.lag - u.lag + (x.start - u.start - self.costs[(u.kind, layer)]) // self.period
+            out.append((kind, layer, -k - 1))
+        return tuple(out)
 
     def start_time(self, kind: str, layer: int, iteration: int) -> int:
         for body in self.bodies:
