@@ -192,7 +192,7 @@ class Sequencer(wiring.Component):
             if b.depth == 1:
                 return b.base
             v = Signal(self.iteration_bits + 1, name=f"version_{step.kind}{step.layer}_{offset + 64}")
-            shifted = t.as_signed() + offset
+            shifted = t + offset  # t is unsigned: the sum widens to a signed shape that holds t − |offset|
             m.d.comb += v.eq(Mux(shifted < 0, 0, shifted))
             return _ring(v, b)
 

@@ -1,0 +1,240 @@
+"""Whole-accelerator cocotb bench (launched by tests/test_rtl_accel.py through cocotb_tools.runner).
+
+Roles are kept apart:
+- `Model`   — the expected behaviour, read from the vectors file pytest wrote (integer PyTorch reference for the
+              weights, the Python simulator for the cycle count); no computation of its own;
+- `Driver`  — drives the host ports: loads initial weights, streams the samples (x, target) with optional random
+              valid stalls, starts a run, resets in the middle of one;
+- `Monitor` — observes: waits for done, reads the cycle and op counters and reads back every weight;
+- `Checker` — compares what the monitor saw with the model and writes the observation to a result file.
+
+Inputs are driven and outputs sampled on the falling clock edge, so every value is stable when looked at.
+Environment: LAYERPIPE_VECTORS (vectors JSON), LAYERPIPE_RESULT (where to write the observation, optional),
+LAYERPIPE_STALL (probability that the sample stream's valid is low in a cycle, default 0.3 for the stall test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge, with_timeout
+
+
+def pack(values: list[int], bits: int) -> int:
+    word = 0
+    for j, v in enumerate(values):
+        word |= (int(v) & ((1 << bits) - 1)) << (j * bits)
+    return word
+
+
+def unpack(word: int, lanes: int, bits: int) -> list[int]:
+    out = []
+    for j in range(lanes):
+        v = (word >> (j * bits)) & ((1 << bits) - 1)
+        out.append(v - (1 << bits) if v >> (bits - 1) else v)
+    return out
+
+
+def words_of(values: list[int], lanes: int, bits: int) -> list[int]:
+    padded = list(values) + [0] * (-len(values) % lanes)
+    return [pack(padded[i:i + lanes], bits) for i in range(0, len(padded), lanes)]
+
+
+@dataclass
+class Model:
+    """What the run must produce, as computed outside the simulator."""
+
+    doc: dict[str, Any]
+
+    @staticmethod
+    def load() -> Model:
+        with open(os.environ["LAYERPIPE_VECTORS"]) as fh:
+            return Model(json.load(fh))
+
+    @property
+    def lanes(self) -> int:
+        return self.doc["lanes"]
+
+    @property
+    def bits(self) -> int:
+        return self.doc["total_bits"]
+
+    @property
+    def samples(self) -> int:
+        return self.doc["samples"]
+
+    @property
+    def cycles(self) -> int:
+        return self.doc["cycles_sim"]
+
+    @property
+    def ops(self) -> int:
+        return self.doc["commands"]
+
+    def final_weights(self) -> dict[int, list[list[int]]]:
+        return {layer["layer"]: layer["final"] for layer in self.doc["layers"]}
+
+
+class Driver:
+    def __init__(self, dut: Any, model: Model, rng: random.Random) -> None:
+        self.dut = dut
+        self.model = model
+        self.rng = rng
+
+    async def reset(self, cycles: int = 2) -> None:
+        dut = self.dut
+        await FallingEdge(dut.clk)
+        dut.rst.value = 1
+        dut.start.value = 0
+        dut.samples__valid.value = 0
+        dut.host_w_en.value = 0
+        await ClockCycles(dut.clk, cycles, rising=False)
+        dut.rst.value = 0
+
+    async def load_weights(self) -> None:
+        dut, lanes, bits = self.dut, self.model.lanes, self.model.bits
+        for layer in self.model.doc["layers"]:
+            for r, row in enumerate(layer["init"]):
+                for k, word in enumerate(words_of(row, lanes, bits)):
+                    await FallingEdge(dut.clk)
+                    dut.host_pe.value = layer["pe"]
+                    dut.host_addr.value = layer["init_addr"] + r * layer["row_words"] + k
+                    dut.host_w_data.value = word
+                    dut.host_w_en.value = 1
+        await FallingEdge(dut.clk)
+        dut.host_w_en.value = 0
+
+    async def stream_samples(self, stall: float) -> None:
+        """x(t) words then y(t) words for every t; valid drops with probability `stall` in each cycle."""
+        dut, lanes, bits = self.dut, self.model.lanes, self.model.bits
+        words = []
+        for x, y in zip(self.model.doc["x"], self.model.doc["y"], strict=True):
+            words += words_of(x, lanes, bits) + words_of(y, lanes, bits)
+        for word in words:
+            while True:
+                await FallingEdge(dut.clk)
+                if self.rng.random() >= stall:
+                    break
+                dut.samples__valid.value = 0
+            dut.samples__payload.value = word
+            dut.samples__valid.value = 1
+            assert dut.samples__ready.value == 1, "the sample loader must always be ready"
+        await FallingEdge(dut.clk)
+        dut.samples__valid.value = 0
+
+    async def start(self) -> None:
+        dut = self.dut
+        await FallingEdge(dut.clk)
+        dut.samples_count.value = self.model.samples
+        dut.start.value = 1
+        await FallingEdge(dut.clk)
+        dut.start.value = 0
+
+
+class Monitor:
+    def __init__(self, dut: Any, model: Model) -> None:
+        self.dut = dut
+        self.model = model
+
+    async def wait_done(self) -> None:
+        dut = self.dut
+        if dut.done.value != 1:
+            await with_timeout(RisingEdge(dut.done), 50 * self.model.cycles + 10_000, "ns")
+        await FallingEdge(dut.clk)
+
+    def counters(self) -> dict[str, int]:
+        dut = self.dut
+        return {"cycles": int(dut.cycles.value), "ops": int(dut.ops.value), "error": int(dut.error.value)}
+
+    async def read_weights(self) -> dict[int, list[list[int]]]:
+        """Every layer's final weights; the read data follows the address by one cycle."""
+        dut, lanes, bits = self.dut, self.model.lanes, self.model.bits
+        out: dict[int, list[list[int]]] = {}
+        for layer in self.model.doc["layers"]:
+            rows = []
+            for r in range(layer["rows"]):
+                row: list[int] = []
+                for k in range(layer["row_words"]):
+                    await FallingEdge(dut.clk)
+                    dut.host_pe.value = layer["pe"]
+                    dut.host_addr.value = layer["final_addr"] + r * layer["row_words"] + k
+                    await FallingEdge(dut.clk)
+                    row += unpack(int(dut.host_r_data.value), lanes, bits)
+                rows.append(row[: layer["cols"]])
+            out[layer["layer"]] = rows
+        return out
+
+
+class Checker:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def check(self, counters: dict[str, int], weights: dict[int, list[list[int]]], label: str) -> None:
+        expected = self.model.final_weights()
+        wrong = [layer for layer in expected if weights.get(layer) != expected[layer]]
+        result = {"label": label, "cycles_rtl": counters["cycles"], "ops_rtl": counters["ops"],
+                  "link_error": counters["error"], "bit_exact": not wrong,
+                  "final": {str(k): v for k, v in weights.items()}}
+        path = os.environ.get("LAYERPIPE_RESULT")
+        if path:
+            with open(path, "w") as fh:
+                json.dump(result, fh, sort_keys=True)
+        assert counters["error"] == 0, f"{label}: a link queue overflowed"
+        assert not wrong, f"{label}: final weights of layers {wrong} differ from the integer reference"
+        assert counters["ops"] == self.model.ops, (
+            f"{label}: {counters['ops']} PE commands issued, expected {self.model.ops}")
+        assert counters["cycles"] == self.model.cycles, (
+            f"{label}: {counters['cycles']} cycles, the simulator predicts {self.model.cycles}")
+
+
+async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
+    model = Model.load()
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    driver = Driver(dut, model, random.Random(model.doc["seed"]))
+    await driver.reset()
+    return model, driver, Monitor(dut, model), Checker(model)
+
+
+async def full_run(driver: Driver, monitor: Monitor, stall: float) -> tuple[dict[str, int], dict]:
+    await driver.load_weights()
+    await driver.stream_samples(stall)
+    await driver.start()
+    await monitor.wait_done()
+    counters = monitor.counters()
+    return counters, await monitor.read_weights()
+
+
+@cocotb.test()
+async def run_plain(dut: Any) -> None:
+    """One run, samples streamed without stalls."""
+    _, driver, monitor, checker = await setup(dut)
+    counters, weights = await full_run(driver, monitor, 0.0)
+    checker.check(counters, weights, "plain")
+
+
+@cocotb.test()
+async def run_stalled(dut: Any) -> None:
+    """Random valid stalls on the sample stream: same weights, same cycles (the run starts after loading)."""
+    _, driver, monitor, checker = await setup(dut)
+    counters, weights = await full_run(driver, monitor, float(os.environ.get("LAYERPIPE_STALL", "0.3")))
+    checker.check(counters, weights, "stalled")
+
+
+@cocotb.test()
+async def run_reset_midway(dut: Any) -> None:
+    """Reset halfway through a run, then restart from the beginning: the same result as an undisturbed run."""
+    model, driver, monitor, checker = await setup(dut)
+    await driver.load_weights()
+    await driver.stream_samples(0.0)
+    await driver.start()
+    await ClockCycles(dut.clk, max(1, model.cycles // 2))
+    assert dut.done.value == 0, "the run should still be going at its halfway point"
+    await driver.reset()
+    counters, weights = await full_run(driver, monitor, 0.0)
+    checker.check(counters, weights, "reset")

