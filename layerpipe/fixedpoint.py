@@ -44,6 +44,16 @@ Training operations (rows are samples: an activation batch has shape (B, width);
                           backward passes e to every input unchanged), for the error of a layer read by
                           several consumers (e = add of their contributions) and for a synchronous step's
                           gradient (add of its micro-batches' rescaled gradients).
+- divide(v, d)          = sat(floor((2·v + d) / (2·d))) for a positive integer d: v / d rounded half up
+                          (average pooling divides window sums and errors by d = K²).
+- conv2d and pooling (batch first (B, C, H, W), weights (O, C/groups, K, K), stride s, padding p):
+    F  z[b,o,h,w] = rescale(Σ_{c,i,j} W[o,c,i,j]·x_pad[b,c',h·s+i,w·s+j] + bias[o]·2^f), zero padding;
+    E  e_in[b,c,y,x] = rescale(Σ over every (o,h,w,i,j) whose window reads (c,y,x) of W[o,c,i,j]·δ[b,o,h,w]);
+    G  g[o,c,i,j] = rescale(Σ_{b,h,w} δ[b,o,h,w]·x_pad[b,c',h·s+i,w·s+j]);  g_b[o] = sat(Σ_{b,h,w} δ[b,o,h,w]);
+    max pool: a = the window maximum (padding never wins); backward: each window sends its error to the
+      first maximal position in row-major window order; an input sums what it receives, sat once;
+    avg pool: a = divide(Σ window, K²) with zero padding counted; backward: each window sends
+      divide(e, K²) to each of its positions; an input sums what it receives, sat once.
 - sgd_update(W, g, k)   = sat(W − ((g + 2^(k−1)) >> k)) for k ≥ 1, sat(W − g) for k = 0: learning rate
                           2^−k applied as a round-half-up shift.
 
@@ -230,6 +240,13 @@ class FixedFormat:
     def bias_gradient(self, delta: npt.ArrayLike) -> IntArray:
         """g_b[i] = sat(Σ_b δ[b, i]); already at scale 2^f, so no rescale."""
         return self.saturate(np.atleast_2d(_as_int64(delta)).sum(axis=0))
+
+    def divide(self, values: npt.ArrayLike, divisor: int) -> IntArray:
+        """sat(floor((2·v + d) / (2·d))): v / d rounded half up, for a positive integer divisor d."""
+        if not _is_int(divisor) or divisor < 1:
+            raise InputError(f"divisor must be a positive integer, got {divisor!r}")
+        d = np.int64(divisor)
+        return self.saturate((2 * _as_int64(values) + d) // (2 * d))
 
     def sgd_update(self, weights: npt.ArrayLike, gradient: npt.ArrayLike, lr_shift: int) -> IntArray:
         """W ← sat(W − ((g + 2^(k−1)) >> k)) for learning rate 2^−k (k = lr_shift; k = 0 subtracts g)."""

@@ -7,8 +7,9 @@ implementations cannot drift apart in anything but the arithmetic they are meant
 - `make_data(network, samples, seed)` → {"x": (samples, *input_shape), "y": (samples, *output_shape)},
   float64: x uniform in [−1, 1), y = tanh(x T) for a fixed random teacher T (a learnable target in
   (−1, 1)). Iteration t trains on rows t·B .. t·B + B − 1 (B = network.batch).
-- `init_weights(network, seed, fmt=None)` → {"W{l}": (out, in), "b{l}": (out,)} per linear layer (b only
-  with a bias), uniform in ±1/√in like torch's default; quantized to int64 when `fmt` is given.
+- `init_weights(network, seed, fmt=None)` → {"W{l}": `weight_shape(layer)`, "b{l}": (out,)} per linear or
+  conv2d layer (b only with a bias), uniform in ±1/√fan_in like torch's default; quantized to int64 when
+  `fmt` is given.
 - Version maps: {(kind, layer, t): version}. Keys with kind "F" are forward reads; any other kind that
   contains "E" (E, AE, EG, AEG) is the backward read of that layer and iteration. `Lags` is the compact
   form: F_l(t) reads version max(0, t − lag_F(l)), E_l(t) reads max(0, t − lag_E(l)).
@@ -34,7 +35,7 @@ import numpy as np
 from layerpipe.dfg import WEIGHT_MODES
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
-from layerpipe.network import Network
+from layerpipe.network import Conv2d, Layer, Linear, Network
 
 __all__ = [
     "FUNCTIONAL_LAYER_KINDS",
@@ -50,12 +51,13 @@ __all__ = [
     "read_kind",
     "update_iterations",
     "versions_from_lags",
+    "weight_shape",
 ]
 
 #: (kind, layer, iteration) → weight version read.
 VersionMap = Mapping[tuple[str, int, int], int]
 
-FUNCTIONAL_LAYER_KINDS: tuple[str, ...] = ("linear", "activation", "add", "flatten")
+FUNCTIONAL_LAYER_KINDS: tuple[str, ...] = ("linear", "conv2d", "pool", "activation", "add", "flatten")
 FIXED_ACTIVATIONS: tuple[str, ...] = ("identity", "relu")
 
 
@@ -101,16 +103,24 @@ def init_weights(network: Network, seed: int, fmt: FixedFormat | None = None) ->
     for layer in network.layers:
         if not layer.has_weights:
             continue
-        if layer.kind != "linear":
-            raise InputError(f"init_weights supports linear layers; got {layer.kind} (layer '{layer.name}')")
-        n_in, n_out = layer.in_size, layer.out_size
-        bound = 1.0 / np.sqrt(n_in)
-        out[f"W{layer.index}"] = rng.uniform(-bound, bound, size=(n_out, n_in))
+        shape = weight_shape(layer)
+        bound = 1.0 / math.sqrt(math.prod(shape[1:]))  # 1/√fan_in
+        out[f"W{layer.index}"] = rng.uniform(-bound, bound, size=shape)
         if layer.op.bias:
-            out[f"b{layer.index}"] = rng.uniform(-bound, bound, size=(n_out,))
+            out[f"b{layer.index}"] = rng.uniform(-bound, bound, size=(shape[0],))
     if fmt is not None:
         out = {key: fmt.quantize(value) for key, value in out.items()}
     return out
+
+
+def weight_shape(layer: Layer) -> tuple[int, ...]:
+    """W's shape: (out, in) for linear, (out_channels, in_channels / groups, K, K) for conv2d."""
+    op = layer.op
+    if isinstance(op, Linear):
+        return (layer.out_size, layer.in_size)
+    if isinstance(op, Conv2d):
+        return (op.out_channels, layer.in_shapes[0][0] // op.groups, op.kernel_size, op.kernel_size)
+    raise InputError(f"layer '{layer.name}' ({layer.kind}) has no weight tensor the numerics know")
 
 
 def read_kind(kind: str) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat, check_lr_shift, lr_shift_of
-from layerpipe.network import INPUT, Network
+from layerpipe.network import INPUT, Conv2d, Linear, Network, Pool2d
 from layerpipe.numerics import (
     Lags,
     VersionMap,
@@ -45,10 +45,13 @@ from layerpipe.numerics import (
     normalize_versions,
     num_updates,
     update_iterations,
+    weight_shape,
 )
 
 if TYPE_CHECKING:
     import torch
+
+    from layerpipe._torch_fixed import TorchFixed
 
 __all__ = ["ReferenceResult", "expected_fixed_run", "train_reference"]
 
@@ -59,44 +62,6 @@ class ReferenceResult:
 
     weights: dict[str, np.ndarray]
     losses: np.ndarray
-
-
-# -- integer arithmetic in torch, written from the fixed-point spec -----------------------------------------
-
-
-class _TorchFixed:
-    """`layerpipe.fixedpoint` re-implemented on int64 tensors (independently, from its docstring)."""
-
-    def __init__(self, fmt: FixedFormat) -> None:
-        self.frac = fmt.frac_bits
-        self.low = -(2 ** (fmt.total_bits - 1))
-        self.high = 2 ** (fmt.total_bits - 1) - 1
-
-    def sat(self, v: torch.Tensor) -> torch.Tensor:
-        return v.clamp(self.low, self.high)
-
-    @staticmethod
-    def shift_round(v: torch.Tensor, k: int) -> torch.Tensor:
-        return v if k == 0 else (v + 2 ** (k - 1)) >> k
-
-    def rescale(self, acc: torch.Tensor) -> torch.Tensor:
-        return self.sat(self.shift_round(acc, self.frac))
-
-    def quantize(self, x: np.ndarray) -> torch.Tensor:
-        import torch
-
-        values = torch.as_tensor(np.asarray(x))
-        if not values.dtype.is_floating_point:
-            return self.sat(values.to(torch.int64))
-        scaled = (values.to(torch.float64) * 2.0**self.frac).clamp(self.low - 1.0, self.high + 1.0)
-        whole = scaled.floor()
-        rounded = whole + (scaled - whole >= 0.5).to(torch.float64)
-        return rounded.clamp(self.low, self.high).to(torch.int64)
-
-    def to_float(self, q: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        return q.to(torch.float64) / 2.0**self.frac
 
 
 # -- weight versions ----------------------------------------------------------------------------------------
@@ -198,7 +163,11 @@ class _Trainer:
         self.network, self.mode, self.lr = network, check_mode(mode), float(lr)
         self.ema_weight = 2.0 ** -check_lr_shift(ema_shift, "ema_shift")
         self.ema_shift = ema_shift
-        self.int = _TorchFixed(fmt) if fmt is not None else None
+        self.int: TorchFixed | None = None
+        if fmt is not None:
+            from layerpipe._torch_fixed import TorchFixed
+
+            self.int = TorchFixed(fmt)
         self.lr_shift = lr_shift_of(lr) if fmt is not None else 0
         self.reads = _Reads(versions)
         self.synchronous, self.microbatches = synchronous, microbatches
@@ -217,8 +186,9 @@ class _Trainer:
 
         for layer in network.layers:
             if layer.has_weights:
-                w0 = self._encode(_initial(init, f"W{layer.index}", (layer.out_size, layer.in_size)))
-                b0 = self._encode(_initial(init, f"b{layer.index}", (layer.out_size,))) if layer.op.bias else None
+                shape = weight_shape(layer)
+                w0 = self._encode(_initial(init, f"W{layer.index}", shape))
+                b0 = self._encode(_initial(init, f"b{layer.index}", shape[:1])) if layer.op.bias else None
                 self.histories[layer.index] = _History(layer.index, w0, b0, group, self._sgd, self._ema_average)
 
     # representation-specific pieces
@@ -280,15 +250,21 @@ class _Trainer:
     # float64 path: autograd
 
     def _float_iteration(self, t: int) -> None:
+        import torch.nn.functional as tf
 
-        function = _delayed_linear()
+        function = _delayed_weights()
         outputs: dict[int, torch.Tensor] = {INPUT: self.x[self._rows(t)]}
         for layer in self.network.layers:
             inputs = [outputs[i] for i in layer.inputs]
-            if layer.kind == "linear":
+            op = layer.op
+            if isinstance(op, Linear | Conv2d):
                 w, b = self.forward_weights(layer.index, t)
                 w = w.detach().clone().requires_grad_(True)  # a leaf, so autograd calls this layer's backward
-                z = function.apply(inputs[0], w, b, _BackwardHook(self, layer.index, t))
+                kernel = _LinearKernel() if isinstance(op, Linear) else _ConvKernel(op)
+                z = function.apply(inputs[0], w, b, _BackwardHook(self, layer.index, t), kernel)
+            elif isinstance(op, Pool2d):
+                pool = tf.max_pool2d if op.mode == "max" else tf.avg_pool2d
+                z = pool(inputs[0], op.kernel_size, op.effective_stride, op.padding)
             elif layer.kind == "add":
                 z = _left_sum(inputs)
             elif layer.kind == "flatten":
@@ -310,15 +286,15 @@ class _Trainer:
         assert q is not None
         net = self.network
         outputs: dict[int, torch.Tensor] = {INPUT: self.x[self._rows(t)]}
-        kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer → (z, a_in)
+        kept: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}  # layer → z, a_in, winner
         for layer in net.layers:
             inputs = [outputs[i] for i in layer.inputs]
-            if layer.kind == "linear":
+            op, winner = layer.op, None
+            if isinstance(op, Linear | Conv2d):
                 w, b = self.forward_weights(layer.index, t)
-                acc = inputs[0] @ w.T
-                if b is not None:
-                    acc = acc + (b << q.frac)
-                z = q.rescale(acc)
+                z = q.linear(w, inputs[0], b) if isinstance(op, Linear) else q.conv(w, inputs[0], b, op)
+            elif isinstance(op, Pool2d):
+                z, winner = q.pool(inputs[0], op)
             elif layer.kind == "add":
                 z = q.sat(_left_sum(inputs))
             elif layer.kind == "flatten":
@@ -326,23 +302,32 @@ class _Trainer:
             else:
                 z = inputs[0]
             outputs[layer.index] = z.clamp(min=0) if layer.activation == "relu" else z
-            kept[layer.index] = (z, inputs[0])
+            kept[layer.index] = (z, inputs[0], winner)
         last = len(net)
         y = self.y[self._rows(t)]
         diff = q.to_float(outputs[last]) - q.to_float(y)
         self.losses[self._rows(t)] = 0.5 * (diff * diff).reshape(len(diff), -1).sum(dim=1)
         errors: dict[int, list[torch.Tensor]] = {last: [q.sat(outputs[last] - y)]}
         for layer in reversed(net.layers):
-            z, a_in = kept[layer.index]
+            z, a_in, winner = kept[layer.index]
             e = q.sat(_left_sum(errors.pop(layer.index)))
             delta = e * (z > 0).to(torch.int64) if layer.activation == "relu" else e
-            if layer.has_weights:
-                g_w = q.rescale(delta.T @ a_in)
-                g_b = q.sat(delta.sum(dim=0)) if layer.op.bias else None
+            op = layer.op
+            if isinstance(op, Linear | Conv2d):
+                if isinstance(op, Linear):
+                    g_w, g_b = q.linear_weight_grad(delta, a_in, op.bias)
+                else:
+                    g_w, g_b = q.conv_weight_grad(delta, a_in, op)
                 self.histories[layer.index].add_gradient(t, g_w, g_b)
                 if layer.takes_network_input:
                     continue
-                e_in = [q.rescale(delta @ self.backward_weights(layer.index, t))]
+                w_e = self.backward_weights(layer.index, t)
+                if isinstance(op, Linear):
+                    e_in = [q.linear_input_grad(w_e, delta)]
+                else:
+                    e_in = [q.conv_input_grad(w_e, delta, op, layer.in_shapes[0])]
+            elif isinstance(op, Pool2d):
+                e_in = [q.pool_backward(delta, winner, op, layer.in_shapes[0])]
             else:
                 e_in = [delta.reshape(len(delta), *shape) for shape in layer.in_shapes]
             for src, e_src in zip(layer.inputs, e_in * len(layer.inputs) if len(e_in) == 1 else e_in, strict=True):
@@ -375,37 +360,93 @@ def _torch_activation(z: torch.Tensor, function: str) -> torch.Tensor:
     return z
 
 
+class _LinearKernel:
+    """z = a Wᵀ + b and its two gradients, for `DelayedWeights`."""
+
+    @staticmethod
+    def forward(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        z = a @ w.T
+        return z if b is None else z + b
+
+    @staticmethod
+    def weight_grad(delta: torch.Tensor, a: torch.Tensor, w_shape: torch.Size) -> torch.Tensor:
+        return delta.T @ a
+
+    @staticmethod
+    def bias_grad(delta: torch.Tensor) -> torch.Tensor:
+        return delta.sum(dim=0)
+
+    @staticmethod
+    def input_grad(delta: torch.Tensor, w: torch.Tensor, a_shape: torch.Size) -> torch.Tensor:
+        return delta @ w
+
+
+class _ConvKernel:
+    """conv2d and its two gradients (torch.nn.grad), for `DelayedWeights`."""
+
+    def __init__(self, op: Conv2d) -> None:
+        self.op = op
+
+    def forward(self, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        import torch.nn.functional as tf
+
+        return tf.conv2d(a, w, b, self.op.stride, self.op.padding, 1, self.op.groups)
+
+    def weight_grad(self, delta: torch.Tensor, a: torch.Tensor, w_shape: torch.Size) -> torch.Tensor:
+        import torch
+
+        op = self.op
+        return torch.nn.grad.conv2d_weight(a, w_shape, delta, op.stride, op.padding, 1, op.groups)
+
+    @staticmethod
+    def bias_grad(delta: torch.Tensor) -> torch.Tensor:
+        return delta.sum(dim=(0, 2, 3))
+
+    def input_grad(self, delta: torch.Tensor, w: torch.Tensor, a_shape: torch.Size) -> torch.Tensor:
+        import torch
+
+        op = self.op
+        return torch.nn.grad.conv2d_input(a_shape, w, delta, op.stride, op.padding, 1, op.groups)
+
+
 _FUNCTION: Any = None
 
 
-def _delayed_linear() -> Any:
+def _delayed_weights() -> Any:
     """The custom autograd Function (built on first use so torch stays an optional import)."""
     global _FUNCTION
     if _FUNCTION is None:
         import torch
 
-        class DelayedLinear(torch.autograd.Function):
-            """z = a W_Fᵀ + b forward; backward: g = δᵀ a (to the history), e = δ W_E with W_E per the mode."""
+        class DelayedWeights(torch.autograd.Function):
+            """Forward with W_F; backward: the weight gradient goes to the layer's history first, then the input
+            gradient uses W_E, the weights E reads under the mode (which may be the version that gradient writes).
+            """
 
             @staticmethod
             def forward(
-                ctx: Any, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, hook: _BackwardHook
+                ctx: Any,
+                a: torch.Tensor,
+                w: torch.Tensor,
+                b: torch.Tensor | None,
+                hook: _BackwardHook,
+                kernel: _LinearKernel | _ConvKernel,
             ) -> torch.Tensor:
                 ctx.save_for_backward(a)
-                ctx.hook, ctx.has_bias = hook, b is not None
-                z = a @ w.T
-                return z if b is None else z + b
+                ctx.hook, ctx.kernel, ctx.has_bias, ctx.w_shape = hook, kernel, b is not None, w.shape
+                return kernel.forward(a, w, b)
 
             @staticmethod
             def backward(ctx: Any, delta: torch.Tensor) -> tuple[Any, ...]:
                 (a,) = ctx.saved_tensors
-                g_w = delta.T @ a
-                g_b = delta.sum(dim=0) if ctx.has_bias else None
-                ctx.hook.gradient(g_w, g_b)  # first: E may read the version this very gradient writes
-                e = delta @ ctx.hook.weights_for_e() if ctx.needs_input_grad[0] else None
-                return e, g_w, None, None
+                kernel = ctx.kernel
+                g_w = kernel.weight_grad(delta, a, ctx.w_shape)
+                g_b = kernel.bias_grad(delta) if ctx.has_bias else None
+                ctx.hook.gradient(g_w, g_b)
+                e = kernel.input_grad(delta, ctx.hook.weights_for_e(), a.shape) if ctx.needs_input_grad[0] else None
+                return e, g_w, None, None, None
 
-        _FUNCTION = DelayedLinear
+        _FUNCTION = DelayedWeights
     return _FUNCTION
 
 
@@ -435,12 +476,18 @@ def train_reference(
         raise InputError(f"microbatches must be a positive integer, got {microbatches!r}")
     import torch
 
-    # The integer path builds no autograd graph; the float path needs one.
-    with torch.no_grad() if fmt is not None else contextlib.nullcontext():
-        trainer = _Trainer(
-            network, init, data, versions, mode, lr, fmt, synchronous, microbatches, iterations, ema_shift
-        )
-        return trainer.run()
+    # One thread: the tensors are tiny, and torch's thread pool costs more than it saves (on a busy
+    # machine, 10x more). The integer path builds no autograd graph; the float path needs one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad() if fmt is not None else contextlib.nullcontext():
+            trainer = _Trainer(
+                network, init, data, versions, mode, lr, fmt, synchronous, microbatches, iterations, ema_shift
+            )
+            return trainer.run()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def expected_fixed_run(

@@ -14,6 +14,8 @@ import numpy as np
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
+from layerpipe.network import Conv2d, Pool2d
+from layerpipe.sim._conv import conv_forward_sum, conv_input_sum, conv_weight_sum, pool_backward, pool_forward
 
 __all__ = ["Arithmetic", "FixedArithmetic", "FloatArithmetic"]
 
@@ -72,6 +74,53 @@ class Arithmetic(ABC):
     @abstractmethod
     def ema_reconstruct(self, weights: np.ndarray, average: np.ndarray, staleness: int) -> np.ndarray:
         """W + η·s·ḡ: the weights `staleness` updates older than `weights`."""
+
+    # Hooks that turn exact window sums (`_conv`) into this representation's results.
+
+    @abstractmethod
+    def finish_products(self, acc: np.ndarray) -> np.ndarray:
+        """A sum of products of two encoded values, as an encoded value."""
+
+    @abstractmethod
+    def finish_sum(self, total: np.ndarray) -> np.ndarray:
+        """A sum of encoded values, as an encoded value."""
+
+    @abstractmethod
+    def bias_term(self, bias: np.ndarray) -> np.ndarray:
+        """The bias at the scale of a sum of products."""
+
+    @abstractmethod
+    def divide(self, total: np.ndarray, count: int) -> np.ndarray:
+        """total / count (average pooling)."""
+
+    # conv2d and pooling, one implementation for both representations
+
+    def conv(self, weights: np.ndarray, a_in: np.ndarray, bias: np.ndarray | None, op: Conv2d) -> np.ndarray:
+        acc = conv_forward_sum(a_in, weights, op.stride, op.padding, op.groups)
+        if bias is not None:
+            acc = acc + self.bias_term(bias)[None, :, None, None]
+        return self.finish_products(acc)
+
+    def conv_input_gradient(
+        self, weights: np.ndarray, delta: np.ndarray, op: Conv2d, in_shape: tuple[int, ...]
+    ) -> np.ndarray:
+        return self.finish_products(conv_input_sum(delta, weights, in_shape, op.stride, op.padding, op.groups))
+
+    def conv_weight_gradient(
+        self, delta: np.ndarray, a_in: np.ndarray, op: Conv2d
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        g = self.finish_products(conv_weight_sum(delta, a_in, op.kernel_size, op.stride, op.padding, op.groups))
+        return g, (self.finish_sum(delta.sum(axis=(0, 2, 3))) if op.bias else None)
+
+    def pool(self, a_in: np.ndarray, op: Pool2d) -> tuple[np.ndarray, np.ndarray]:
+        """(output, arg max per window — empty for average pooling)."""
+        total, argmax = pool_forward(a_in, op.mode, op.kernel_size, op.effective_stride, op.padding)
+        return (total if op.mode == "max" else self.divide(total, op.kernel_size**2)), argmax
+
+    def pool_backward(self, e: np.ndarray, argmax: np.ndarray, op: Pool2d, in_shape: tuple[int, ...]) -> np.ndarray:
+        share = e if op.mode == "max" else self.divide(e, op.kernel_size**2)
+        total = pool_backward(share, argmax, op.mode, in_shape, op.kernel_size, op.effective_stride, op.padding)
+        return self.finish_sum(total)
 
     def sum_gradients(self, gradients: Sequence[np.ndarray]) -> np.ndarray:
         return self.add(gradients)
@@ -139,6 +188,18 @@ class FloatArithmetic(Arithmetic):
     def ema_reconstruct(self, weights: np.ndarray, average: np.ndarray, staleness: int) -> np.ndarray:
         return weights + (self.lr * staleness) * average
 
+    def finish_products(self, acc: np.ndarray) -> np.ndarray:
+        return acc
+
+    def finish_sum(self, total: np.ndarray) -> np.ndarray:
+        return total
+
+    def bias_term(self, bias: np.ndarray) -> np.ndarray:
+        return bias
+
+    def divide(self, total: np.ndarray, count: int) -> np.ndarray:
+        return total / count
+
 
 class FixedArithmetic(Arithmetic):
     def __init__(self, fmt: FixedFormat, lr_shift: int, ema_shift: int) -> None:
@@ -186,3 +247,15 @@ class FixedArithmetic(Arithmetic):
 
     def ema_reconstruct(self, weights: np.ndarray, average: np.ndarray, staleness: int) -> np.ndarray:
         return self.fmt.ema_reconstruct(weights, average, staleness, self.lr_shift)
+
+    def finish_products(self, acc: np.ndarray) -> np.ndarray:
+        return self.fmt.rescale(acc)
+
+    def finish_sum(self, total: np.ndarray) -> np.ndarray:
+        return self.fmt.saturate(total)
+
+    def bias_term(self, bias: np.ndarray) -> np.ndarray:
+        return bias << np.int64(self.fmt.frac_bits)
+
+    def divide(self, total: np.ndarray, count: int) -> np.ndarray:
+        return self.fmt.divide(total, count)

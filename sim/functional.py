@@ -9,12 +9,12 @@ into layer tasks with one explicit U_l(j) per layer and step j.
 Arithmetic is float64, or the fixed-point format of `layerpipe.fixedpoint` (bit for bit what the integer
 PyTorch reference and the RTL compute). What each task does, for a micro-batch of B rows:
 
-| task | linear layer l (W, optional b, activation f)       | weightless layer (activation, add, flatten)  |
-|------|----------------------------------------------------|----------------------------------------------|
-| F    | z = a_in Wᵀ + b, a = f(z); keep a_in and z         | z = Σ inputs (add) or the input, a = f(z)    |
-| A    | δ = e ⊙ f'(z), e = Σ of the consumers' errors      | —                                            |
-| E    | e_in = δ W (W per the weight mode)                 | e_in = e ⊙ f'(z) to every input (reshaped)   |
-| G    | g = δᵀ a_in (batch summed), g_b = Σ_rows δ          | —                                            |
+| task | linear / conv2d layer l (W, optional b, act. f)    | weightless layer (pool, activation, add, flatten) |
+|------|----------------------------------------------------|---------------------------------------------------|
+| F    | z = a_in Wᵀ + b (or conv), a = f(z); keep a_in, z  | z = pool(input), Σ inputs (add) or input; a = f(z) |
+| A    | δ = e ⊙ f'(z), e = Σ of the consumers' errors      | —                                                 |
+| E    | e_in = δ W (conv: transposed conv), W per the mode | e_in = pool backward of e ⊙ f'(z), or it reshaped |
+| G    | g = δᵀ a_in (conv: Σ over positions), g_b = Σ δ    | —                                                 |
 | U    | update k: version k+1 = version k − η·Σ g over the iterations of update k (one, or a synchronous step) |
 
 The output layer's error is e_L = a_L − y (loss ½‖a_L − y‖² per sample, recorded at F_L). Weight modes:
@@ -39,13 +39,14 @@ import numpy as np
 from layerpipe.dfg import GraphOptions, backward_groups
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat, check_lr_shift, lr_shift_of
-from layerpipe.network import INPUT, Layer, Network
+from layerpipe.network import INPUT, Conv2d, Layer, Linear, Network, Pool2d
 from layerpipe.numerics import (
     VersionMap,
     check_mode,
     check_supported,
     normalize_versions,
     update_iterations,
+    weight_shape,
 )
 from layerpipe.schedule import Op
 from layerpipe.sim._arith import Arithmetic, FixedArithmetic, FloatArithmetic
@@ -162,7 +163,8 @@ class _Kept:
 
     z: np.ndarray
     a: np.ndarray
-    a_in: np.ndarray | None
+    a_in: np.ndarray | None = None  # linear, conv2d and pool layers keep their input
+    argmax: np.ndarray | None = None  # max pooling: the winning position of every window
 
 
 @dataclass
@@ -205,10 +207,11 @@ class _Executor:
         self.current: dict[int, int] = {}
         for layer in network.layers:
             if layer.has_weights:
-                w = self.arith.encode(_require(init, f"W{layer.index}", (layer.out_size, layer.in_size)))
+                shape = weight_shape(layer)
+                w = self.arith.encode(_require(init, f"W{layer.index}", shape))
                 b = None
                 if layer.op.bias:
-                    b = self.arith.encode(_require(init, f"b{layer.index}", (layer.out_size,)))
+                    b = self.arith.encode(_require(init, f"b{layer.index}", shape[:1]))
                 self.history[layer.index] = {0: _Version(w, b, np.zeros_like(w))}
                 self.current[layer.index] = 0
         # Per iteration: outputs, kept values, incoming errors, deltas, gradients; freed when it is done.
@@ -312,11 +315,15 @@ class _Executor:
             self.x[t * batch : (t + 1) * batch] if src == INPUT else self._get(self.outputs, src, t, "the output", op)
             for src in layer.inputs
         ]
-        a_in = None
-        if layer.kind == "linear":
+        a_in, argmax, op_ = inputs[0], None, layer.op
+        if isinstance(op_, Linear | Conv2d):
             version = self._version(layer.index, self._read_version("F", layer.index, t), op)
-            a_in = inputs[0]
-            z = arith.linear(version.weights, a_in, version.bias)
+            if isinstance(op_, Linear):
+                z = arith.linear(version.weights, a_in, version.bias)
+            else:
+                z = arith.conv(version.weights, a_in, version.bias, op_)
+        elif isinstance(op_, Pool2d):
+            z, argmax = arith.pool(a_in, op_)
         elif layer.kind == "add":
             z = arith.add(inputs)
         elif layer.kind == "flatten":
@@ -325,7 +332,7 @@ class _Executor:
             z = inputs[0]
         a = arith.activate(z, layer.activation)
         self.outputs[(layer.index, t)] = a
-        self.kept[(layer.index, t)] = _Kept(z, a, a_in)
+        self.kept[(layer.index, t)] = _Kept(z, a, a_in, argmax)
         if layer.index == len(self.network):
             y = self.y[t * batch : (t + 1) * batch]
             self.losses[t * batch : (t + 1) * batch] = arith.loss(a, y)
@@ -352,11 +359,18 @@ class _Executor:
         if layer.has_weights:
             delta = self._get(self.deltas, layer.index, t, "δ", op)
             weights = self._backward_weights(layer.index, op)
-            e_in = [arith.input_gradient(weights, delta)]
+            if isinstance(layer.op, Conv2d):
+                e_in = [arith.conv_input_gradient(weights, delta, layer.op, layer.in_shapes[0])]
+            else:
+                e_in = [arith.input_gradient(weights, delta)]
         else:
             kept = self._get(self.kept, layer.index, t, "the kept forward values", op)
             delta = arith.activation_grad(self._incoming_error(layer, op), kept.z, kept.a, layer.activation)
-            e_in = [delta.reshape((len(delta), *shape)) for shape in layer.in_shapes]
+            if isinstance(layer.op, Pool2d):
+                assert kept.argmax is not None
+                e_in = [arith.pool_backward(delta, kept.argmax, layer.op, layer.in_shapes[0])]
+            else:  # flatten, activation, add: the error keeps its values, in each input's shape
+                e_in = [delta.reshape((len(delta), *shape)) for shape in layer.in_shapes]
         for src, error in zip(layer.inputs, e_in * len(layer.inputs) if len(e_in) == 1 else e_in, strict=True):
             if src != INPUT:
                 self.errors.setdefault((src, t), []).append(error)
@@ -384,8 +398,11 @@ class _Executor:
     def _weight_gradient(self, layer: Layer, op: Op) -> None:
         delta = self._get(self.deltas, layer.index, op.iteration, "δ", op)
         a_in = self._get(self.kept, layer.index, op.iteration, "the kept input", op).a_in
-        assert a_in is not None  # linear layers keep their input
-        self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)
+        assert a_in is not None
+        if isinstance(layer.op, Conv2d):
+            self.grads[(layer.index, op.iteration)] = self.arith.conv_weight_gradient(delta, a_in, layer.op)
+        else:
+            self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)
 
     def _update(self, layer: Layer, op: Op, index: int) -> None:
         l, k = layer.index, op.iteration

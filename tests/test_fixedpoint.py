@@ -219,3 +219,18 @@ def test_ema_matches_reference(data: st.DataObject, fmt: FixedFormat, m: int, k:
     n = fmt.total_bits
     assert int(fmt.ema_average(np.array(avg), np.array(g), m)) == ref_sat(avg + ref_round_shift(g - avg, m), n)
     assert int(fmt.ema_reconstruct(np.array(w), np.array(avg), s, k)) == ref_sat(w + ref_round_shift(s * avg, k), n)
+
+
+def test_divide_rounds_half_up_by_hand() -> None:
+    # 13/9 = 1.44 → 1; 14/9 = 1.56 → 2; −13/9 → −1; −14/9 → −2; 9/18 = 0.5 → 1; −9/18 = −0.5 → 0.
+    assert DEFAULT_FORMAT.divide(np.array([13, 14, -13, -14]), 9).tolist() == [1, 2, -1, -2]
+    assert DEFAULT_FORMAT.divide(np.array([9, -9, 27]), 18).tolist() == [1, 0, 2]
+    with pytest.raises(InputError, match="divisor must be a positive integer"):
+        DEFAULT_FORMAT.divide(np.array([1]), 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fmt=formats(), v=st.integers(-(2**40), 2**40), d=st.integers(1, 64))
+def test_divide_matches_reference(fmt: FixedFormat, v: int, d: int) -> None:
+    expect = ref_sat(math.floor(Fraction(v, d) + Fraction(1, 2)), fmt.total_bits)
+    assert int(fmt.divide(np.array(v), d)) == expect

@@ -15,7 +15,7 @@ from strategies import networks
 from layerpipe.dfg import GraphOptions
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
-from layerpipe.network import Activation, Add, Conv2d, Flatten, Linear, Network, NetworkBuilder, mlp
+from layerpipe.network import Activation, Add, Conv2d, Flatten, Linear, Network, NetworkBuilder, Pool2d, lenet5, mlp
 from layerpipe.numerics import Lags, init_weights, make_data, versions_from_lags
 from layerpipe.reference import train_reference
 from layerpipe.schedule import Op
@@ -42,6 +42,17 @@ def image_mlp() -> Network:
     b.add("act", Activation("tanh"), ["fc1"])
     b.add("fc2", Linear(3, bias=True), ["act"])
     b.add("out", Activation("sigmoid"), ["fc2"])
+    return b.build()
+
+
+def small_cnn(pool: str = "max") -> Network:
+    """Grouped, strided, padded conv with bias, a padded overlapping pool, a second conv, flatten, linear."""
+    b = NetworkBuilder(f"cnn-{pool}", (2, 9, 9), 2)
+    b.add("c1", Conv2d(4, 3, stride=2, padding=1, groups=2, bias=True, activation="relu"))
+    b.add("p1", Pool2d(pool, 3, stride=2, padding=1))
+    b.add("c2", Conv2d(3, 2, activation="relu"))
+    b.add("flat", Flatten())
+    b.add("fc", Linear(3, bias=True))
     return b.build()
 
 
@@ -85,7 +96,8 @@ def run_both(network: Network, lags: Lags, iterations: int, mode: str, fmt: Fixe
 @pytest.mark.parametrize(
     ("name", "network", "stages"),
     [("mlp", mlp([7, 6, 5, 3]), [0, 1, 2]), ("resmlp", residual_mlp(), [0, 0, 1, 2]),
-     ("resmlp_b2", residual_mlp(batch=2, act="tanh"), [0, 1, 1, 2]), ("imgmlp", image_mlp(), [0, 0, 1, 1, 2])],
+     ("resmlp_b2", residual_mlp(batch=2, act="tanh"), [0, 1, 1, 2]), ("imgmlp", image_mlp(), [0, 0, 1, 1, 2]),
+     ("cnn_max", small_cnn("max"), [0, 0, 1, 1, 2]), ("cnn_avg", small_cnn("avg"), [0, 1, 1, 2, 2])],
 )
 def test_float64_matches_reference_with_layerpipe_lags(name: str, network: Network, stages: list[int],
                                                         mode: str) -> None:
@@ -98,9 +110,10 @@ def test_float64_matches_reference_with_layerpipe_lags(name: str, network: Netwo
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("network", [mlp([7, 6, 5, 3]), residual_mlp(bias=True)], ids=["mlp", "resmlp"])
+@pytest.mark.parametrize("network", [mlp([7, 6, 5, 3]), residual_mlp(bias=True), small_cnn("max"), small_cnn("avg")],
+                         ids=["mlp", "resmlp", "cnn_max", "cnn_avg"])
 def test_fixed_point_matches_integer_reference_bit_for_bit(network: Network, mode: str) -> None:
-    lags = Lags({1: 4, 2: 2, 3: 1, 4: 0}, {1: 0, 2: 1, 3: 0, 4: -1})
+    lags = Lags({1: 4, 2: 2, 3: 1, 4: 0, 5: 0}, {1: 0, 2: 1, 3: 0, 4: -1, 5: -1})
     got, want = run_both(network, lags, 16, mode, fmt=DEFAULT_FORMAT, lr=2.0**-2)
     assert_weights_equal(got.weights, want.weights)
     assert np.array_equal(got.losses, want.losses)
@@ -231,17 +244,17 @@ def test_updates_out_of_order_are_rejected() -> None:
         run_functional(network, ops, versions_from_lags(network, lags, 2), init, data)
 
 
-@pytest.mark.parametrize(
-    ("network", "config", "message"),
-    [
-        (NetworkBuilder("c", (1, 4, 4)).add("conv", Conv2d(2, 3)).add("f", Flatten()).build(), FunctionalConfig(),
-         "functional mode supports linear, activation, add, flatten layers; got conv2d"),
-        (image_mlp(), FunctionalConfig(fmt=DEFAULT_FORMAT), "fixed-point mode supports activations identity, relu"),
-    ],
-)
-def test_unsupported_networks_are_input_errors(network: Network, config: FunctionalConfig, message: str) -> None:
-    with pytest.raises(InputError, match=message):
-        run_functional(network, [], {}, {}, {"x": np.zeros((1, 1)), "y": np.zeros((1, 1))}, config)
+def test_lenet5_trains_bit_exact_in_fixed_point() -> None:
+    network = lenet5()
+    lags = Lags({1: 4, 3: 3, 6: 2, 7: 1}, {3: 1, 6: 1, 7: 0})
+    got, want = run_both(network, lags, 3, "ema", fmt=DEFAULT_FORMAT, lr=2.0**-4)
+    assert_weights_equal(got.weights, want.weights)
+
+
+def test_fixed_point_refuses_sigmoid_and_tanh() -> None:
+    with pytest.raises(InputError, match="fixed-point mode supports activations identity, relu; got tanh"):
+        run_functional(image_mlp(), [], {}, {}, {"x": np.zeros((1, 1)), "y": np.zeros((1, 1))},
+                       FunctionalConfig(fmt=DEFAULT_FORMAT))
 
 
 @pytest.mark.parametrize(

@@ -9,28 +9,41 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_functional import assert_weights_close, residual_mlp
+from test_functional import assert_weights_close, residual_mlp, small_cnn
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT
-from layerpipe.network import Network, NetworkBuilder, mlp
+from layerpipe.network import Conv2d, Flatten, Linear, Network, NetworkBuilder, Pool2d, mlp
 from layerpipe.numerics import Lags, init_weights, make_data, versions_from_lags
 from layerpipe.reference import expected_fixed_run, train_reference
 from layerpipe.sim.functional import FunctionalConfig, run_functional, sequential_ops
 
 
 def torch_plain_sgd(network: Network, init: dict, data: dict, lr: float, iterations: int) -> dict[str, np.ndarray]:
-    """Ordinary torch training: nn.Linear modules, autograd, optim.SGD, one micro-batch per step."""
+    """Ordinary torch training: nn.Linear / nn.Conv2d / pooling modules, autograd, optim.SGD, a step per micro-batch."""
     torch.manual_seed(0)
-    modules: dict[int, torch.nn.Linear] = {}
+    modules: dict[int, torch.nn.Module] = {}
     for layer in network.layers:
-        if layer.kind == "linear":
-            m = torch.nn.Linear(layer.in_size, layer.out_size, bias=layer.op.bias, dtype=torch.float64)
-            with torch.no_grad():
-                m.weight.copy_(torch.as_tensor(init[f"W{layer.index}"]))
-                if layer.op.bias:
-                    m.bias.copy_(torch.as_tensor(init[f"b{layer.index}"]))
-            modules[layer.index] = m
+        op = layer.op
+        if isinstance(op, Linear):
+            m = torch.nn.Linear(layer.in_size, layer.out_size, bias=op.bias, dtype=torch.float64)
+        elif isinstance(op, Conv2d):
+            m = torch.nn.Conv2d(layer.in_shapes[0][0], op.out_channels, op.kernel_size, op.stride, op.padding,
+                                groups=op.groups, bias=op.bias, dtype=torch.float64)
+        elif isinstance(op, Pool2d):
+            pool = torch.nn.MaxPool2d if op.mode == "max" else torch.nn.AvgPool2d
+            modules[layer.index] = pool(op.kernel_size, op.effective_stride, op.padding)
+            continue
+        elif isinstance(op, Flatten):
+            modules[layer.index] = torch.nn.Flatten()
+            continue
+        else:
+            continue
+        with torch.no_grad():
+            m.weight.copy_(torch.as_tensor(init[f"W{layer.index}"]))
+            if op.bias:
+                m.bias.copy_(torch.as_tensor(init[f"b{layer.index}"]))
+        modules[layer.index] = m
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = torch.optim.SGD(params, lr=lr)
     acts = {"relu": torch.relu, "identity": lambda z: z, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
@@ -39,7 +52,7 @@ def torch_plain_sgd(network: Network, init: dict, data: dict, lr: float, iterati
         outs = {0: torch.as_tensor(data["x"][t * b:(t + 1) * b])}
         for layer in network.layers:
             ins = [outs[i] for i in layer.inputs]
-            z = modules[layer.index](ins[0]) if layer.kind == "linear" else sum(ins[1:], ins[0])
+            z = modules[layer.index](ins[0]) if layer.index in modules else sum(ins[1:], ins[0])
             outs[layer.index] = acts[layer.activation](z)
         loss = 0.5 * ((outs[len(network)] - torch.as_tensor(data["y"][t * b:(t + 1) * b])) ** 2).sum()
         optimizer.zero_grad()
@@ -47,14 +60,15 @@ def torch_plain_sgd(network: Network, init: dict, data: dict, lr: float, iterati
         optimizer.step()
     out = {}
     for index, m in modules.items():
-        out[f"W{index}"] = m.weight.detach().numpy()
-        if m.bias is not None:
-            out[f"b{index}"] = m.bias.detach().numpy()
+        if isinstance(m, torch.nn.Linear | torch.nn.Conv2d):
+            out[f"W{index}"] = m.weight.detach().numpy()
+            if m.bias is not None:
+                out[f"b{index}"] = m.bias.detach().numpy()
     return out
 
 
-@pytest.mark.parametrize("network", [mlp([7, 6, 5, 3], batch=2), residual_mlp(batch=3, act="tanh")],
-                         ids=["mlp", "resmlp"])
+@pytest.mark.parametrize("network", [mlp([7, 6, 5, 3], batch=2), residual_mlp(batch=3, act="tanh"),
+                                     small_cnn("max"), small_cnn("avg")], ids=["mlp", "resmlp", "cnn_max", "cnn_avg"])
 def test_plain_sgd_equals_ordinary_torch_training(network: Network) -> None:
     iterations, lr = 15, 0.05
     init, data = init_weights(network, 3), make_data(network, iterations * network.batch, 3)
