@@ -41,14 +41,17 @@ OPTION_FLAGS = {
 }
 
 
+# Type functions raise ArgumentTypeError: argparse shows its message (a ValueError becomes "invalid value").
+
+
 def non_negative_int(field: str):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise InputError(f"{field} must be an integer >= 0, got '{text}'") from None
+            raise argparse.ArgumentTypeError(f"{field} must be an integer >= 0, got '{text}'") from None
         if value < 0:
-            raise InputError(f"{field} must be an integer >= 0, got {value}")
+            raise argparse.ArgumentTypeError(f"{field} must be an integer >= 0, got {value}")
         return value
 
     return parse
@@ -59,9 +62,9 @@ def positive_float(field: str):
         try:
             value = float(text)
         except ValueError:
-            raise InputError(f"{field} must be a number > 0, got '{text}'") from None
+            raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got '{text}'") from None
         if not value > 0:
-            raise InputError(f"{field} must be a number > 0, got {text}")
+            raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got {text}")
         return value
 
     return parse
@@ -74,7 +77,8 @@ def stage_costs(text: str) -> tuple[int, int, int]:
     except ValueError:
         values = ()
     if len(values) != 3 or min(values) < 0:
-        raise InputError(f"--stage-costs must be three integers >= 0 like 2,2,1 (F,B,W cycles), got '{text}'")
+        raise argparse.ArgumentTypeError(f"--stage-costs must be three integers >= 0 like 2,2,1 (F,B,W cycles), "
+                                         f"got '{text}'")
     return values  # type: ignore[return-value]
 
 

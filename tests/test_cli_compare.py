@@ -1,0 +1,68 @@
+"""`layerpipe compare`: one row per (network, N, policy), speedups against the baseline, stable output."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+from layerpipe.cli import main
+from layerpipe.commands.compare import COLUMNS
+from layerpipe.costs import make_cost_model
+from layerpipe.network import load_network
+from layerpipe.schedule import POLICIES, make_schedule
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_csv_rows_and_speedups(capsys) -> None:
+    assert main(["compare", "mlp:7-6-5-3", "lenet5", "-n", "2,3", "--policies", "layerpipe,pipedream,zb-h2",
+                 "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert list(rows[0]) == list(COLUMNS)
+    assert [(r["network"], r["num_procs"], r["policy"]) for r in rows] == [
+        (net, n, pol) for net in ("mlp:7-6-5-3", "lenet5") for n in ("2", "3") for pol in ("layerpipe", "pipedream",
+                                                                                              "zb-h2")]
+    model = make_cost_model("pe")
+    for r in rows:
+        net = load_network(r["network"])
+        mine = make_schedule(r["policy"], net, int(r["num_procs"]), model).metrics.cycles_per_sample
+        base = make_schedule("pipedream", net, int(r["num_procs"]), model).metrics.cycles_per_sample
+        assert float(r["cycles_per_sample"]) == round(mine, 1)
+        assert float(r["speedup_vs_baseline"]) == round(base / mine, 3)
+        if r["policy"] == "pipedream":
+            assert float(r["speedup_vs_baseline"]) == 1.0
+
+
+def test_default_policies_are_those_that_run(capsys) -> None:
+    assert main(["compare", "mlp:784-256-128-10", "-n", "8", "--format", "json", "--baseline", "gpipe"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"] == "gpipe" and doc["columns"] == list(COLUMNS)
+    assert [r["policy"] for r in doc["rows"]] == list(POLICIES)  # a 3-layer MLP is small enough for optimal
+    assert main(["compare", "alexnet", "-n", "4", "--format", "json"]) == 0
+    assert "optimal" not in [r["policy"] for r in json.loads(capsys.readouterr().out)["rows"]]
+
+
+def test_the_readme_command_is_byte_identical_and_readable() -> None:
+    first = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
+    second = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
+    assert first.returncode == 0 and first.stdout == second.stdout
+    lines = first.stdout.splitlines()
+    assert lines[0] == "mlp:784-256-128-10" and "resnet18" in lines
+    assert sum(1 for line in lines if " layerpipe " in f" {line} ") == 6
+
+
+def test_bad_input_exits_2_with_one_line(capsys) -> None:
+    for args, message in [(["mlp:7-6-3", "-n", "0"], "-n/--num-procs values must be >= 1"),
+                          (["mlp:7-6-3", "-n", "2", "--policies", "layerpipe,bogus"], "unknown policy 'bogus'"),
+                          (["mlp:7-6-3", "-n", "2", "--baseline", "bogus"], "unknown policy 'bogus'"),
+                          (["alexnet", "-n", "4", "--policies", "optimal"], "optimal: graph has")]:
+        assert main(["compare", *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], captured.err
