@@ -203,8 +203,10 @@ def bench_dir() -> Path:
 
 def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: str = "icarus",
               testcases: tuple[str, ...] = ("run_plain",), result_path: Path | None = None,
-              stall: float | None = None) -> tuple[int, int]:
-    """Build `verilog_path` with `sim` and run the bench's `testcases`; returns (tests run, tests failed)."""
+              stall: float | None = None, log_file: Path | None = None) -> tuple[int, int]:
+    """Build `verilog_path` with `sim` and run the bench's `testcases`; returns (tests run, tests failed).
+
+    `log_file` takes the build's and the simulation's output instead of the console."""
     import os
     import sys
 
@@ -224,12 +226,12 @@ def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: s
     # assignments that trigger those processes at time 0.
     build_args = ["-Wno-fatal"] if sim == "verilator" else ["-g2005"]
     runner.build(sources=[verilog_path], hdl_toplevel=TOPLEVEL, build_dir=build_dir, build_args=build_args,
-                 timescale=("1ns", "1ps"), always=True)
+                 timescale=("1ns", "1ps"), always=True, log_file=log_file)
     env = {"LAYERPIPE_VECTORS": str(vectors_path)}
     if result_path is not None:
         env["LAYERPIPE_RESULT"] = str(result_path)
     if stall is not None:
         env["LAYERPIPE_STALL"] = str(stall)
     xml = runner.test(test_module="cocotb_accel", hdl_toplevel=TOPLEVEL, testcase=list(testcases),
-                      build_dir=build_dir, extra_env=env, timescale=("1ns", "1ps"))
+                      build_dir=build_dir, extra_env=env, timescale=("1ns", "1ps"), log_file=log_file)
     return get_results(xml)

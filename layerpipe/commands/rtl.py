@@ -1,0 +1,104 @@
+"""`layerpipe rtl NETWORK --policy NAME -n N --lanes V [--samples T] --out DIR`: generate the accelerator.
+
+Schedules the MLP with the policy under the `rtl` cost model, compiles the periodic schedule to per-PE
+microcode and writes to DIR:
+
+- `layerpipe_accel.v` — the Verilog of the whole accelerator (deterministic: no source locations);
+- `microcode.txt`     — every PE's memory map and microcode, as text;
+- `design.json`       — the design point, the memory per PE, and the simulator's cycle prediction;
+- `synth.json`        — yosys `synth` / `synth_ice40` statistics, when yosys is installed (skip: --no-synth).
+
+The hardware runs asynchronous layer-level periodic schedules (policies layerpipe and pipedream) of MLPs
+(linear layers without bias, ReLU hidden, identity output, batch 1), with every task that touches W_l on
+W_l's owner PE (`--keep-weights-together` for layerpipe). Anything else exits 2 naming the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+from typing import Any
+
+from layerpipe.commands._common import format_table, positive_int, to_json, write_atomic
+
+
+def add_design_args(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by `rtl` and `verify`: the design point."""
+    p.add_argument("network", help="mlp:W0-W1-..., or FILE.yaml of an MLP")
+    p.add_argument("--policy", required=True, help="layerpipe or pipedream (the policies the hardware runs)")
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), required=True,
+                   help="number of processing elements N")
+    p.add_argument("--lanes", type=positive_int("--lanes"), required=True, help="multipliers per PE")
+    p.add_argument("--keep-weights-together", action="store_true",
+                   help="layerpipe: place a layer's F, E, G, U on one PE (the RTL needs it when N > 1)")
+    p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
+
+
+def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
+    from layerpipe.fixedpoint import check_lr_shift
+    from layerpipe.hdl._flow import make_design
+
+    return make_design(args.network, args.policy, args.num_procs, args.lanes, samples,
+                       lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rtl", help="generate the Verilog and microcode of an N-PE training accelerator",
+                       description=__doc__.split("\n\n")[0] if __doc__ else None)
+    add_design_args(p)
+    p.add_argument("--samples", type=positive_int("--samples"), default=64,
+                   help="sample memory capacity T_max (default 64)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--no-synth", action="store_true", help="do not run yosys even when it is installed")
+    p.set_defaults(handler=run)
+
+
+def design_summary(design: Any) -> dict[str, Any]:
+    """The design point and its memory map sizes, JSON-ready."""
+    prog = design.program
+    sim = design.sim
+    return {
+        "network": design.network.name, "policy": design.policy, "num_pes": design.num_pes, "lanes": design.lanes,
+        "samples": design.samples, "lr_shift": design.lr_shift, "weight_mode": prog.weight_mode,
+        "period_cycles": prog.period, "cycles_sim": int(sim.total_cycles),
+        "cycles_per_sample_sim": round(float(sim.cycles_per_sample), 3),
+        "links": [list(link) for link in prog.links()],
+        "pes": [{"pe": pe.index, "entries": len(pe.entries),
+                 "memory_words": {m: pe.memory_words(m) for m in pe.memories}} for pe in prog.pes],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from layerpipe.hdl._flow import TOPLEVEL, export_verilog
+
+    design = make_design_from_args(args, args.samples)
+    out = Path(args.out)
+    verilog = export_verilog(design)
+    write_atomic(out / f"{TOPLEVEL}.v", verilog)
+    write_atomic(out / "microcode.txt", design.program.to_text())
+    summary = design_summary(design)
+    write_atomic(out / "design.json", to_json(summary))
+    synth_note = "skipped (--no-synth)"
+    if not args.no_synth:
+        synth_note = _synthesize(out / f"{TOPLEVEL}.v", out / "synth.json")
+    rows = [[pe["pe"], pe["entries"], sum(pe["memory_words"].values())] for pe in summary["pes"]]
+    print(f"{summary['network']} {design.policy} N={design.num_pes} lanes={design.lanes}: period "
+          f"{summary['period_cycles']} cycles, {summary['cycles_sim']} cycles for {design.samples} samples "
+          f"(simulator), links {summary['links'] or 'none'}; synth: {synth_note}")
+    print(format_table(["pe", "entries", "memory_words"], rows), end="")
+    print(f"wrote {out}")
+    return 0
+
+
+def _synthesize(verilog: Path, target: Path) -> str:
+    """yosys statistics through the hdl package's synthesis flow, when yosys is installed."""
+    if shutil.which("yosys") is None:
+        return "yosys not installed"
+    try:
+        from layerpipe.hdl import synthesize  # type: ignore[attr-defined]
+    except ImportError:
+        return "no synthesis flow in this build of layerpipe.hdl"
+    stats = synthesize(verilog)
+    write_atomic(target, to_json(stats))
+    return f"wrote {target.name}"
