@@ -7,8 +7,11 @@
   over the middle half of the run, (C(hi) − C(lo)) / (hi − lo) with lo = ⌊K/4⌋, hi = K − 1 − ⌊K/4⌋ for K
   iterations (steps), which skips the prologue (pipeline fill) and the epilogue (drain, where ops run
   early because later iterations no longer compete). A periodic schedule in steady state completes one
-  iteration per period, so this equals its period once the fill is shorter than K/4 iterations. With
-  fewer than 3 iterations (steps) it falls back to total_cycles / iterations.
+  iteration per period, so this equals its period once the fill is shorter than K/4 iterations. No
+  steady state is faster than the busiest processor's busy cycles per iteration, so the figure is at least
+  that: ops start as early as possible, a processor can run ahead of its plan during the fill and then
+  give that slack back one cycle at a time for many iterations, which would bias a finite window low.
+  With fewer than 3 iterations (steps) it falls back to total_cycles / iterations.
 - `cycles_per_sample` = cycles_per_iteration / batch (an iteration is one micro-batch of B samples).
 - busy = Σ durations per processor; idle = total_cycles − busy; bubbles = idle intervals between a
   processor's first start and last end (gaps before its first op or after its last are not bubbles).
@@ -137,7 +140,7 @@ class SimResult:
         slope = float(c[hi] - c[lo]) / (hi - lo)
         if self.schedule.synchronous:
             slope /= max(self.schedule.microbatches, 1)
-        return slope
+        return max(slope, max(self.busy_cycles) / self.num_iterations)
 
     @property
     def cycles_per_sample(self) -> float:
