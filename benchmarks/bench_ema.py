@@ -48,7 +48,7 @@ def run_policy(network: Network, policy: str, procs: int, samples: int, lr: floa
     staleness = 0
     for mode in MODES:
         timed = simulate(schedule, workload, SimConfig(mode=mode))
-        order = order_by_start(zip(timed.ops, timed.start.tolist(), strict=True))
+        order = order_by_start(zip(timed.ops, timed.start.tolist(), timed.end.tolist(), strict=True))
         staleness = max(staleness, max((t - v for (k, _, t), v in timed.version_map.items() if k == "F"), default=0))
         start = time.perf_counter()
         runs[mode] = run_functional(network, order, timed.version_map, init, data,

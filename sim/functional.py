@@ -1,7 +1,7 @@
 """Functional mode: the numerics of a schedule, op by op, in the simulated order and with the simulated versions.
 
 `run_functional` executes layer-level ops (DFG task kinds F, A, E, G, U and the fused AE, EG, AG, AEG) in
-the order given — the simulator's order: ops sorted by start time, ties by processor (`order_by_start`) —
+the order given — the simulator's order: ops sorted by start time (`order_by_start` breaks ties) —
 and every F and E reads the weight version the version map gives (design notes §3, `layerpipe.numerics`).
 Stage-level synchronous schedules run through `layerpipe.schedule.expand_stages` first, which turns them
 into layer tasks with one explicit U_l(j) per layer and step j.
@@ -112,11 +112,29 @@ class FunctionalResult:
         return float(np.mean(self.ema_error)) if self.ema_error else 0.0
 
 
-def order_by_start(starts: Iterable[tuple[Op, int]]) -> list[Op]:
-    """The simulated order: ops by start time, ties by processor, then by the order given (program order)."""
-    indexed = [(start, op.proc, i, op) for i, (op, start) in enumerate(starts)]
-    indexed.sort(key=lambda item: item[:3])
-    return [item[3] for item in indexed]
+def order_by_start(starts: Iterable[tuple[Op, int]] | Iterable[tuple[Op, int, int]]) -> list[Op]:
+    """The simulated order: ops by start time; ties by end time, then dataflow rank, processor, order given.
+
+    Takes (op, start) or (op, start, end) pairs. Ties matter only behind zero-cycle ops (a flatten costs
+    nothing): a consumer may then start at the very cycle its producer starts and ends. Ending first and,
+    among ops that start and end together, the order of one iteration's dataflow (`_dataflow_rank`) put
+    the producer first; otherwise the processor, then the order given (program order) decide.
+    """
+    keyed = []
+    for index, item in enumerate(starts):
+        op, start = item[0], item[1]
+        end = item[2] if len(item) > 2 else start  # type: ignore[misc]
+        keyed.append(((start, end, op.iteration, _dataflow_rank(op), op.proc, index), op))
+    keyed.sort(key=lambda pair: pair[0])
+    return [op for _, op in keyed]
+
+
+def _dataflow_rank(op: Op) -> tuple[int, int, int]:
+    """A topological order of one iteration's tasks: forwards by layer, then backwards by reverse layer
+    (consumers before producers), A before E before G before U within a layer."""
+    if op.kind == "F":
+        return (0, op.unit, 0)
+    return (1, -op.unit, "AEGU".index(op.kind[0]))
 
 
 def sequential_ops(

@@ -208,9 +208,17 @@ def test_random_networks_and_lags_match_reference(data: st.DataObject, network: 
 # -- order, versions and input errors ----------------------------------------------------------------------
 
 
-def test_order_by_start_breaks_ties_by_processor_then_program_order() -> None:
-    ops = [(Op(1, "F", 2, 0), 5), (Op(0, "G", 1, 0), 5), (Op(0, "F", 1, 1), 5), (Op(0, "F", 1, 0), 0)]
-    assert [str(op) for op in order_by_start(ops)] == ["F1.0", "G1.0", "F1.1", "F2.0"]
+def test_order_by_start_puts_producers_first_among_ties() -> None:
+    # Start ties: the zero-cycle flatten F2.0 (p1) feeds F3.0 (p0), which starts when it starts and ends.
+    ops = [(Op(0, "F", 3, 0), 5, 9), (Op(1, "F", 2, 0), 5, 5), (Op(0, "F", 1, 0), 0, 5), (Op(2, "G", 1, 1), 5, 9),
+           (Op(1, "A", 3, 0), 9, 11), (Op(0, "E", 3, 0), 11, 14), (Op(1, "G", 3, 0), 11, 14)]
+    assert [str(op) for op in order_by_start(ops)] == ["F1.0", "F2.0", "F3.0", "G1.1", "A3.0", "E3.0", "G3.0"]
+    # Without end times the dataflow rank alone orders the zero-cycle producer first.
+    starts_only = [(op, start) for op, start, _ in ops]
+    assert [str(op) for op in order_by_start(starts_only)][:3] == ["F1.0", "F2.0", "F3.0"]
+    # Independent ops that start together go by processor, then by the order given.
+    same = [(Op(1, "F", 1, 0), 0), (Op(0, "F", 1, 0), 0), (Op(0, "F", 1, 0), 0)]
+    assert [op.proc for op in order_by_start(same)] == [0, 0, 1]
 
 
 def _tiny() -> tuple[Network, dict, dict]:

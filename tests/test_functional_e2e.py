@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from test_functional import MODES, assert_weights_close, assert_weights_equal, residual_mlp
+from test_functional import MODES, assert_weights_close, assert_weights_equal, residual_mlp, small_cnn
 
 from layerpipe.costs import make_cost_model
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
@@ -60,7 +60,7 @@ def run_pair(network: Network, sim: Simulated, mode: str, fmt: FixedFormat | Non
              config: SimConfig | None = None) -> tuple[FunctionalResult, dict[str, np.ndarray], dict]:
     timed = simulate(sim.schedule, sim.workload, config or SimConfig(mode=mode))
     versions = timed.version_map
-    order = order_by_start(zip(timed.ops, timed.start.tolist(), strict=True))
+    order = order_by_start(zip(timed.ops, timed.start.tolist(), timed.end.tolist(), strict=True))
     iterations = sim.schedule.num_iterations
     data, init = make_data(network, iterations * network.batch, 11), init_weights(network, 11, fmt)
     lr = 2.0**-3
@@ -90,6 +90,17 @@ def test_simulated_policy_numerics_match_reference(policy: str, network_name: st
         assert all(not np.array_equal(functional.weights[k], init[k]) for k in init)
         if not sim.synchronous:  # the schedule is really pipelined: some forward reads a stale version
             assert any(t - v > 0 for (kind, _, t), v in versions.items() if kind == "F")
+
+
+@pytest.mark.parametrize("policy", ["layerpipe", "pipedream", "ooo", "1f1b", "zb-h1"])
+def test_simulated_cnn_numerics_match_reference(policy: str) -> None:
+    network = small_cnn("max")
+    sim = simulated_schedule(policy, network)
+    for mode in MODES:
+        functional, want, _ = run_pair(network, sim, mode, None)
+        assert_weights_close(functional.weights, want)
+        fixed, want_fixed, _ = run_pair(network, sim, mode, DEFAULT_FORMAT)
+        assert_weights_equal(fixed.weights, want_fixed)
 
 
 @pytest.mark.parametrize("options", [{"intra": False}, {"inter": False}, {"intra": False, "inter": False}],
