@@ -21,7 +21,14 @@ from typing import Any
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
-from layerpipe.hdl._compiler import SUPPORTED_POLICIES, Program, ceil_div, check_lanes, compile_schedule
+from layerpipe.hdl._compiler import (
+    SUPPORTED_POLICIES,
+    Program,
+    ceil_div,
+    check_lanes,
+    compile_schedule,
+    mlp_widths,
+)
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.network import Network, load_network
 
@@ -114,6 +121,7 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
                          "(asynchronous layer-level periodic schedules)")
     check_lanes(lanes)
     net = load_network(network, 1) if isinstance(network, str) else network
+    mlp_widths(net)  # refuse what the hardware cannot run before scheduling it
     given: dict[str, object] = {"keep_weights_together": keep_weights_together} if policy == "layerpipe" else {}
     result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given))
     if result.periodic is None or result.graph is None:

@@ -1,0 +1,184 @@
+"""The schedule-to-microcode compiler: memory maps, transfers, weight versions, and what it refuses.
+
+The ring-buffer depths and the weight versions are checked against the Python simulator's timing and version
+map on the policies' schedules: no slot is overwritten before its last reader has run, and every F and E reads
+exactly the version the simulator says it reads.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.hdl._compiler import HardwareLimits, Program, compile_schedule
+from layerpipe.hdl._costs import RTLCostModel
+from layerpipe.hdl._flow import make_design
+from layerpipe.network import Linear, NetworkBuilder, load_network, mlp
+from layerpipe.schedule import PeriodicSchedule, Slot
+
+
+def two_pe_schedule() -> PeriodicSchedule:
+    """mlp 5-3-2: layer 1 on PE 0, layer 2 on PE 1, the backward of layer 1 two periods late."""
+    b0 = (Slot(0, "F", 1, 0), Slot(10, "A", 1, 2), Slot(20, "G", 1, 2), Slot(30, "U", 1, 2))
+    b1 = (Slot(0, "F", 2, 1), Slot(10, "A", 2, 1), Slot(20, "E", 2, 1), Slot(30, "G", 2, 1), Slot(40, "U", 2, 1))
+    return PeriodicSchedule(50, (b0, b1))
+
+
+def compile_two_pe(lanes: int = 2, **kwargs: object) -> Program:
+    net = mlp([5, 3, 2])
+    return compile_schedule(net, build_training_graph(net), two_pe_schedule(), lanes, 8, **kwargs)  # type: ignore[arg-type]
+
+
+def test_memory_map_and_transfers_of_a_hand_made_schedule() -> None:
+    prog = compile_two_pe()
+    pe0, pe1 = prog.pes
+    # Samples land where they are read: x with layer 1, y with the output layer's A.
+    assert pe0.buffer("x").memory == "samples" and pe1.buffer("y").memory == "samples"
+    # a1 is produced on PE 0 (bank 0) and received on PE 1 (the bank of the link from PE 0).
+    assert pe0.buffer("a1").memory == "local" and pe1.buffer("a1").memory == "from0"
+    assert pe1.bank("from0") == 2 and pe1.receive_banks == ("samples", "from0")
+    # Vectors take ceil(n / lanes) words per slot: a1 has 3 elements, 2 lanes.
+    assert pe0.buffer("a1").slot_words == 2
+    # A1(t) runs two periods after F1(t) and F1(t + 3) is the first that cannot overtake it: depth 4.
+    assert pe0.buffer("a1").depth == 4
+    # One transfer each way, queued on the link of its producer and counted at the consumer.
+    (f1, a1, _, _) = pe0.entries
+    assert [(s.dest, s.src, s.elements, s.consumer) for s in f1.sends] == [(1, "a1", 3, "F2")]
+    assert a1.waits == (0,) and pe0.counters == ("E2->A1",)
+    assert prog.links() == ((0, 1), (1, 0))
+    # W1: F1(t) follows U1(t') for t' < t − 2, so it reads version t − 2; U reads t.
+    assert f1.steps[0].version == -2
+    assert pe0.buffer("W1").depth == 1  # no update between F2(t) and E2(t): no ring of versions
+
+
+def test_stash_keeps_a_ring_of_versions_and_latest_does_not() -> None:
+    # E2 two periods after F2 with U2 in between: under stash E2(t) reads F2(t)'s version.
+    net = mlp([4, 3, 2])
+    body = (Slot(0, "F", 1, 0), Slot(5, "F", 2, 0), Slot(10, "A", 2, 2), Slot(15, "E", 2, 2), Slot(20, "G", 2, 2),
+            Slot(25, "U", 2, 2), Slot(30, "A", 1, 2), Slot(35, "G", 1, 2), Slot(40, "U", 1, 2))
+    sched = PeriodicSchedule(50, (body,))
+    stash = compile_schedule(net, build_training_graph(net), sched, 1, 4)
+    latest = compile_schedule(net, build_training_graph(net, GraphOptions(weight_mode="latest")), sched, 1, 4)
+    e_stash = next(e for e in stash.pes[0].entries if e.kind == "E")
+    e_latest = next(e for e in latest.pes[0].entries if e.kind == "E")
+    assert e_stash.steps[0].version == -2 and e_latest.steps[0].version == 0
+    assert stash.pes[0].buffer("W2").depth == 4  # versions t − 2 .. t live at once: 3, rounded up
+    assert latest.pes[0].buffer("W2").depth == 1
+
+
+def test_microcode_text_is_deterministic_and_complete() -> None:
+    text = compile_two_pe().to_text()
+    assert text == compile_two_pe().to_text()
+    assert text.startswith("# layerpipe microcode v1 network=mlp:5-3-2 pes=2 lanes=2 period=50")
+    assert "send a1->pe1.a1 3 elements counter 0 for F2" in text
+    assert "F1 3x5 relu x=x w=W1 dst=a1 version=t-2" in text
+    assert "link pe0->pe1: queue depth" in text
+
+
+@pytest.mark.parametrize(("network", "message"), [
+    ("lenet5", "linear layers only"),
+    ("resnet18", "not a chain"),
+])
+def test_rejects_networks_that_are_not_mlps(network: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        make_design(network, "pipedream", 2, 4, 4)
+
+
+def test_rejects_bias_activation_batch_and_widths() -> None:
+    biased = NetworkBuilder("b", (4,)).add("fc1", Linear(3, bias=True, activation="relu")).add("fc2", Linear(2))
+    with pytest.raises(InputError, match="no biases"):
+        make_design(biased.build(), "pipedream", 1, 1, 4)
+    tanh = NetworkBuilder("t", (4,)).add("fc1", Linear(3, activation="tanh")).add("fc2", Linear(2))
+    with pytest.raises(InputError, match="ReLU hidden layers"):
+        make_design(tanh.build(), "pipedream", 1, 1, 4)
+    net = mlp([5, 3, 2], batch=2)
+    with pytest.raises(InputError, match="batch 1"):
+        compile_schedule(net, build_training_graph(net), two_pe_schedule(), 2, 8)
+    with pytest.raises(InputError, match="layer width 5 exceeds the RTL limit of 4"):
+        compile_two_pe(limits=HardwareLimits(max_width=4))
+    with pytest.raises(InputError, match="PE 0 needs 24 words of samples memory, beyond the RTL limit of 20 words"):
+        compile_two_pe(limits=HardwareLimits(max_memory_words=20))
+
+
+@pytest.mark.parametrize("lanes", [0, -1, 10_000])
+def test_rejects_lanes_out_of_range(lanes: int) -> None:
+    with pytest.raises(InputError, match=r"lanes must be an integer in 1\.\."):
+        compile_two_pe(lanes)
+
+
+def test_rejects_weight_tasks_away_from_their_owner() -> None:
+    b0 = (Slot(0, "F", 1, 0), Slot(10, "A", 1, 2), Slot(20, "G", 1, 2), Slot(30, "U", 1, 2), Slot(40, "E", 2, 1))
+    b1 = (Slot(0, "F", 2, 1), Slot(10, "A", 2, 1), Slot(30, "G", 2, 1), Slot(40, "U", 2, 1))
+    net = mlp([5, 3, 2])
+    with pytest.raises(InputError, match=r"places E2 away from W2's owner \(PE 1\); the RTL needs "
+                                         r"--keep-weights-together"):
+        compile_schedule(net, build_training_graph(net), PeriodicSchedule(50, (b0, b1)), 2, 8, policy="layerpipe")
+
+
+def test_rejects_unsupported_policies_and_weight_modes() -> None:
+    with pytest.raises(InputError, match="supported: layerpipe, pipedream"):
+        make_design("mlp:5-3-2", "gpipe", 2, 2, 4)
+    net = mlp([5, 3, 2])
+    with pytest.raises(InputError, match="weight mode 'ema' is not supported by the RTL; supported: stash, latest"):
+        compile_schedule(net, build_training_graph(net, GraphOptions(weight_mode="ema")), two_pe_schedule(), 2, 8)
+
+
+# ---- against the simulator's timing and version map, on the policies' schedules -------------------------
+
+def _check_against_simulator(network: str, policy: str, n: int, lanes: int, samples: int) -> None:
+    design = make_design(network, policy, n, lanes, samples)
+    prog, sim = design.program, design.sim
+    # Every F and E reads the version the simulator observed: max(0, t + offset) of the compiler.
+    versions = sim.version_map
+    for pe in prog.pes:
+        for entry in pe.entries:
+            for step in entry.steps:
+                if step.kind not in "FE" or (step.kind == "E" and step.layer == 1):
+                    continue
+                for t in range(samples):
+                    key = (entry.kind, entry.layer, t)
+                    assert versions[key] == max(0, t + step.version), (key, step)
+    # No ring slot is rewritten before its last reader of the older iteration has ended.
+    start = {op.key: int(s) for op, s in zip(sim.ops, sim.start, strict=True)}
+    end = {op.key: int(e) for op, e in zip(sim.ops, sim.end, strict=True)}
+    owner_of = {(e.kind, e.layer): (pe, e) for pe in prog.pes for e in pe.entries}
+    for pe in prog.pes:
+        for buf in pe.buffers:
+            if buf.memory in ("samples", "weights", "grads") or buf.depth >= samples:
+                continue
+            writers = [e for p2 in prog.pes for e in p2.entries if any(s.dst == buf.name for s in e.steps)]
+            readers = [e for e in pe.entries if any(buf.name in (s.x, s.y) for s in e.steps)]
+            readers += [owner_of[_task_of(s.consumer)][1] for e in pe.entries for s in e.sends if s.src == buf.name]
+            (writer,) = writers
+            for t in range(samples - buf.depth):
+                rewrite = start[(writer.kind, writer.layer, t + buf.depth)]
+                last_read = max(end[(r.kind, r.layer, t)] for r in readers)
+                assert rewrite >= last_read, (pe.index, buf, t)
+
+
+def _task_of(name: str) -> tuple[str, int]:
+    kind = name.rstrip("0123456789")
+    return kind, int(name[len(kind):])
+
+
+@pytest.mark.parametrize(("network", "policy", "n", "lanes"), [
+    ("mlp:7-6-5-3", "layerpipe", 3, 1),
+    ("mlp:7-6-5-3", "pipedream", 3, 2),
+    ("mlp:9-8-4-6-2", "layerpipe", 2, 4),
+    ("mlp:9-8-4-6-2", "pipedream", 4, 4),
+])
+def test_versions_and_ring_depths_match_the_simulator(network: str, policy: str, n: int, lanes: int) -> None:
+    _check_against_simulator(network, policy, n, lanes, 24)
+
+
+@settings(max_examples=12, deadline=None)
+@given(widths=st.lists(st.integers(1, 9), min_size=3, max_size=5), n=st.integers(1, 4),
+       lanes=st.sampled_from([1, 3, 4]), policy=st.sampled_from(["layerpipe", "pipedream"]))
+def test_random_mlps_compile_consistently(widths: list[int], n: int, lanes: int, policy: str) -> None:
+    spec = "mlp:" + "-".join(map(str, widths))
+    _check_against_simulator(spec, policy, n, lanes, 16)
+    net = load_network(spec)
+    assert RTLCostModel(lanes).atomic_cost(net.layers[0], "F", 1) > 0
