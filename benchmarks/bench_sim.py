@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from collections.abc import Callable
 
@@ -135,6 +136,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     versus_torch(args.repeats)
     resnet50(args.iterations)
 

@@ -35,9 +35,12 @@ processor, its next op and the producers it waits for.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -162,13 +165,32 @@ class LinkPlan:
     producer: list[int]
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building many small lists: they hold only ints, but each
+    allocation burst would trigger collections that walk every live object (all the Ops) again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
     values, cuts = flat.tolist(), ptr.tolist()
-    return [values[a:b] for a, b in itertools.pairwise(cuts)]
+    with _gc_paused():
+        return [values[a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     """Number the ops (processor-major), look up durations, and turn the dependencies into arrays."""
+    with _gc_paused():
+        return _compile(schedule, workload)
+
+
+def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     ops: list[Op] = []
     bounds = [0]
     for p, row in enumerate(schedule.procs):
@@ -288,7 +310,11 @@ def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tu
 
 def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     """Start and end cycle of every op (compiled numbering)."""
-    c = compiled
+    with _gc_paused():
+        return _run(compiled, config)
+
+
+def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     if config.interconnect == "shared":
         start, end = _sweep(c, c.prods, c.bounds[:-1], c.bounds[1:], c.dur, c.dur)
         return start, end
