@@ -198,7 +198,9 @@ def test_random_networks_and_lags_match_reference(data: st.DataObject, network: 
     forward = {l: data.draw(st.integers(0, 3), label=f"lag_F{l}") for l in weighted}
     backward = {l: data.draw(st.integers(-1, 3), label=f"lag_E{l}") for l in weighted}
     fmt = DEFAULT_FORMAT if fixed else None
-    got, want = run_both(network, Lags(forward, backward), 6, mode, fmt, seed=data.draw(st.integers(0, 99)))
+    microbatches = data.draw(st.integers(0, 3), label="microbatches (0: asynchronous)")
+    got, want = run_both(network, Lags(forward, backward), 6, mode, fmt, synchronous=microbatches > 0,
+                         microbatches=max(microbatches, 1), seed=data.draw(st.integers(0, 99)))
     if fixed:
         assert_weights_equal(got.weights, want.weights)
     else:
