@@ -40,6 +40,8 @@ from layerpipe.schedule.metrics import period_lower_bound
 
 #: Period probes under a staleness bound grow by this factor until one is feasible.
 PROBE_GROWTH = 1.03
+#: A placement whose period is within this fraction of the shortest may win on staleness.
+PERIOD_SLACK = 0.002
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,13 @@ def place_items(members: Sequence[Sequence[int]], item_proc: Sequence[int], num_
 def candidate_placements(table: TaskTable, num_procs: int, group: Sequence[int],
                          asap: Sequence[int]) -> tuple[list[list[int]], list[int]]:
     """Task placements worth timing, and the item costs: LPT and the iteration's timeline cut into runs,
-    each then repaired by moves and swaps off the busiest processor."""
+    each repaired by moves and swaps off the busiest processor, and the timeline cut as it is (a longer
+    period, but every body one stretch of the iteration: the least staleness)."""
     item_costs, members = group_items(table, group)
     position = {v: k for k, v in enumerate(timeline(table, asap))}
     order = sorted(range(len(members)), key=lambda i: min(position[v] for v in members[i]))
-    starts = [balance(item_costs, num_procs),
-              balance(item_costs, num_procs, timeline_partition(item_costs, order, num_procs))]
+    cut = timeline_partition(item_costs, order, num_procs)
+    starts = [balance(item_costs, num_procs), balance(item_costs, num_procs, cut), cut]
     return [place_items(members, item_proc, len(table)) for item_proc in starts], item_costs
 
 
@@ -111,26 +114,35 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     group = weight_groups(table, options.keep_weights_together)
     asap = asap_times(table)
     placements, item_costs = candidate_placements(table, num_procs, group, asap)
-    best: tuple[tuple, list[int], Timing, int] | None = None
+    timed = []
     for placement in placements:
         period = max(loads_of(table, placement, num_procs))
         timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                                default_targets(table, placement, num_procs, asap))
-        rank = (period, *timing.score())
-        if best is None or rank < best[0]:
-            best = (rank, placement, timing, period)
-    assert best is not None
-    _, placement, timing, period = best
+        timed.append((period, timing.score(), placement, timing))
     k = options.max_staleness
-    if k is not None and timing.score()[0] > k:
-        placement, timing, period = _bounded(table, num_procs, group, item_costs, asap, k)
+    if k is None:
+        # The period first; among periods within PERIOD_SLACK of the best, the lowest staleness.
+        shortest = min(t[0] for t in timed)
+        period, _, placement, timing = min((t for t in timed if t[0] <= shortest * (1 + PERIOD_SLACK)),
+                                           key=lambda t: (t[1], t[0]))
+    else:
+        # The shortest period among the candidates that meet the bound, unless list scheduling finds shorter.
+        meeting = [t for t in timed if t[1][0] <= k]
+        ceiling = min((t[0] for t in meeting), default=None)
+        found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling)
+        if found is not None:
+            placement, timing, period = found
+        else:
+            period, _, placement, timing = min(meeting, key=lambda t: (t[0], t[1]))
     return periodic_result("layerpipe", options, table, num_procs, placement, timing.start, timing.lag, period,
                            item_costs, max_staleness=k)
 
 
 def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs: Sequence[int],
-             asap: Sequence[int], k: int) -> tuple[list[int], Timing, int]:
-    """The smallest period found at which the modulo list scheduler meets staleness ≤ k."""
+             asap: Sequence[int], k: int, known: int | None) -> tuple[list[int], Timing, int] | None:
+    """The smallest period below `known` (a period already achieved with staleness ≤ k, or None) at which
+    the modulo list scheduler meets staleness ≤ k; None if it finds none below `known`."""
     priority = sorted(range(len(table)), key=lambda v: (asap[v], v))
     together = group if any(g < 0 for g in group) else None
 
@@ -148,6 +160,10 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
     low = period_lower_bound(item_costs, num_procs, loop_lengths(table), k)
     # A whole iteration run through on one processor fits every loop in one period: always feasible.
     ceiling = max(table.total, low)
+    if known is not None:
+        if known <= low:
+            return None
+        ceiling = known - 1
     serial = [0] * len(table)
     failed, period = low - 1, low
     while True:
@@ -155,6 +171,8 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
         if found is not None:
             break
         if period >= ceiling:
+            if known is not None:
+                return None
             found = attempt(period, serial)
             assert found is not None, "one processor running one iteration after another meets any bound"
             break

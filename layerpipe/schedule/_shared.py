@@ -425,15 +425,33 @@ def best_ordering(
     """The best (by `Timing.score`) of: gap-free bodies in each order of `keys`, and, for each target
     timing in `targets`, bodies ordered by target offset and packed around the period (`pack_circular`)."""
     candidates = [time_bodies(table, order_bodies(placement, num_procs, key), period) for key in keys]
-    for target in targets:
-        bodies = order_bodies(placement, num_procs, lambda v, t=target: (t[v] % period, t[v], v))
-        start = [0] * len(table)
-        for body in bodies:
-            for v, at in zip(body, pack_circular([target[v] % period for v in body],
-                                                 [table.cost[v] for v in body], period), strict=True):
-                start[v] = at
-        candidates.append(timing_of(table, start, minimal_lags(table, start, period), period))
-    return min(candidates, key=Timing.score)
+    candidates += [_pack_to(table, placement, num_procs, period, target) for target in targets]
+    best = min(candidates, key=Timing.score)
+    for _ in range(REFINE_ROUNDS):
+        # The best timing's own absolute starts are consistent targets (each task after its producers):
+        # packing to them again removes lag steps that conflicts in the first packing introduced.
+        again = _pack_to(table, placement, num_procs, period, [lag * period + s for lag, s in zip(best.lag, best.start,
+                                                                                                   strict=True)])
+        if again.score() >= best.score():
+            break
+        best = again
+    return best
+
+
+#: Rounds of re-packing the best timing to its own start times (`best_ordering`).
+REFINE_ROUNDS = 4
+
+
+def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
+             target: Sequence[int]) -> Timing:
+    """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
+    bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
+    start = [0] * len(table)
+    for body in bodies:
+        for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
+                                             period), strict=True):
+            start[v] = at
+    return timing_of(table, start, minimal_lags(table, start, period), period)
 
 
 def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Bounds and figures of merit of a schedule (design notes §5), in stable snake_case names with units.
 
-- `period_lower_bound` — P ≥ max(⌈Σc/N⌉, max c, c₍N₎ + c₍N+1₎) for asynchronous periodic schedules (c over the items a
-  policy places as a whole: tasks, or a layer's weight tasks under `keep_weights_together`), plus the
+- `period_lower_bound` — P ≥ max(⌈Σc/N⌉, max c, pigeonhole bounds) for asynchronous periodic schedules (c
+  over the items a policy places as a whole: tasks, or a layer's weight tasks under `keep_weights_together`), plus the
   loop bounds ⌈T_loop(l)/(D_max + 1)⌉ under a staleness bound D_max: the weight loop of layer l carries
   D_max + 1 delays, so it cannot turn around faster than that.
 - `traffic_words` — words on DFG edges whose ends run on different processors (weight edges included, so
@@ -43,14 +43,19 @@ class ScheduleMetrics:
 
 def period_lower_bound(item_costs: Sequence[int], num_procs: int, loop_lengths: Mapping[int, int] | None = None,
                        max_staleness: int | None = None) -> int:
-    """max(⌈Σc/N⌉, max c, c₍N₎ + c₍N+1₎), and ⌈T_loop(l)/(D_max+1)⌉ per weight loop under a staleness bound.
+    """max(⌈Σc/N⌉, max c, pigeonhole bounds), and ⌈T_loop(l)/(D_max+1)⌉ per weight loop under a staleness
+    bound D_max.
 
-    c₍k₎ is the k-th largest item: with more than N items two of the N+1 largest share a processor.
+    Pigeonhole: of the kN + 1 largest items some processor holds k + 1, so P is at least the sum of the
+    k + 1 smallest of them, c₍kN−k+1₎ + … + c₍kN+1₎ (c₍i₎ the i-th largest; k = 1 gives c₍N₎ + c₍N+1₎).
     """
     ranked = sorted(item_costs, reverse=True)
     bound = max(-(-sum(ranked) // num_procs), ranked[0] if ranked else 0)
-    if len(ranked) > num_procs:
-        bound = max(bound, ranked[num_procs - 1] + ranked[num_procs])
+    k = 1
+    while k * num_procs < len(ranked):
+        top = k * num_procs + 1
+        bound = max(bound, sum(ranked[top - k - 1 : top]))
+        k += 1
     if max_staleness is not None and loop_lengths:
         bound = max(bound, max(-(-t // (max_staleness + 1)) for t in loop_lengths.values()))
     return bound
