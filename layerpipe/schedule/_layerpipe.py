@@ -1,13 +1,16 @@
 """The `layerpipe` policy: fine-grained training tasks balanced over N processors in a periodic schedule.
 
-Without a staleness bound the period is the largest processor load, so the policy is a load-balancing
-problem: `balance` (LPT + repair) over the tasks — or over each layer's weight tasks F, E, G, U as one item
-under `keep_weights_together`, which keeps W_l on one processor (no weight traffic). The body order is the
-better of two ASAP-based orders and the lags are the minimal legal ones.
+Without a staleness bound the period is the largest processor load, so placement is load balancing over
+the tasks — or over each layer's weight tasks F, E, G, U as one item under `keep_weights_together`, which
+keeps W_l on one processor (no weight traffic). Three candidate placements are timed: LPT + repair (moves
+and swaps off the busiest processor), the iteration's timeline cut into N contiguous runs + repair, and
+that cut unrepaired (each body one stretch of the iteration, so lags step about once per processor: the
+least staleness, at a slightly longer period). Bodies are ordered and packed by `best_ordering`; lags are
+the minimal legal ones. The shortest period wins; within `PERIOD_SLACK` of it, the lowest staleness.
 
-With `max_staleness` K every weight loop must turn around within K + 1 periods (span of F_l … U_l ≤ (K+1)·P).
-The balanced schedule is kept if it already meets that; otherwise the modulo list scheduler places tasks
-at their earliest fit after their producers, for the smallest period it finds feasible from the bound
+With `max_staleness` K every weight loop must turn around within K + 1 periods (span of F_l … U_l ≤
+(K+1)·P). The shortest candidate meeting K is kept unless the modulo list scheduler (tasks at their
+earliest fit after their producers) meets K at a shorter period, searched from the bound
 max(⌈Σc/N⌉, max c, ⌈T_loop(l)/(K+1)⌉) upward (geometric probe, then bisection).
 """
 

@@ -59,12 +59,6 @@ class TaskTable:
     def total(self) -> int:
         return sum(self.cost)
 
-    def index(self, layer: int, kind: str) -> int | None:
-        for i, t in enumerate(self.tasks):
-            if t.layer == layer and t.kind == kind:
-                return i
-        return None
-
     def weight_loops(self) -> list[tuple[int, int, int]]:
         """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer."""
         where = {(t.layer, a): i for i, t in enumerate(self.tasks) for a in t.kind}
@@ -426,20 +420,7 @@ def best_ordering(
     timing in `targets`, bodies ordered by target offset and packed around the period (`pack_circular`)."""
     candidates = [time_bodies(table, order_bodies(placement, num_procs, key), period) for key in keys]
     candidates += [_pack_to(table, placement, num_procs, period, target) for target in targets]
-    best = min(candidates, key=Timing.score)
-    for _ in range(REFINE_ROUNDS):
-        # The best timing's own absolute starts are consistent targets (each task after its producers):
-        # packing to them again removes lag steps that conflicts in the first packing introduced.
-        again = _pack_to(table, placement, num_procs, period, [lag * period + s for lag, s in zip(best.lag, best.start,
-                                                                                                   strict=True)])
-        if again.score() >= best.score():
-            break
-        best = again
-    return best
-
-
-#: Rounds of re-packing the best timing to its own start times (`best_ordering`).
-REFINE_ROUNDS = 4
+    return min(candidates, key=Timing.score)
 
 
 def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
