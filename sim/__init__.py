@@ -5,7 +5,8 @@ order, an op starts when its processor is free and its inputs have arrived under
 of `SimConfig` (`shared` or `links`, contract 2). The `SimResult` has every op's start and end, total
 and steady-state cycles, busy/idle/bubbles per processor, traffic, peak memory and the version map.
 `Workload.of_graph(graph, cost_model)` describes layer-level work, `Workload.of_stages(...)` stage-level
-work with given stage costs. Traces (`trace.py`) and Gantt pictures (`gantt.py`) render a result.
+work with given stage costs; `simulate_policy_result` times what a scheduling policy returned. Traces
+(`trace.py`) and Gantt pictures (`gantt.py`) render a result.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""Simulate what a scheduling policy produced: the bridge from `ScheduleResult` to `simulate`.
+"""Simulating what a scheduling policy returns (`layerpipe.schedule.policies.make_schedule`).
 
-Asynchronous policies give a periodic schedule, unrolled for the requested iterations; synchronous ones
-give one step of stage ops, repeated for enough steps and expanded to layer tasks so every layer's work is
-timed by the same cost model and the same dependency rules. The DFG is rebuilt with the simulation's
-weight mode (under `stash`, E_l waits for the weights its F_l read; otherwise for U_l).
+Asynchronous policies give a periodic body: it is unrolled for the iterations asked. Synchronous policies
+give one step of m micro-batches at stage level: it is repeated for ceil(iterations / m) steps (the last one
+cut short), then expanded to layer tasks by `expand_stages`, so every layer's F, A, E, G and its per-step U
+are timed on their own with the cost model — the same ops the functional mode executes.
 """
 
 from __future__ import annotations
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule._deps import expand_stages
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.sim._engine import compile_schedule
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
 from layerpipe.sim._workload import Workload
@@ -23,6 +25,8 @@ def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
     """A synchronous step's per-processor orders repeated for `iterations` micro-batches (the last step may be
     cut short), micro-batch numbers offset by j·m in step j."""
     m = one_step.microbatches
+    if not one_step.synchronous or m < 1:
+        raise InputError("repeat_steps takes a synchronous schedule with microbatches >= 1")
     steps = -(-iterations // m)
     rows = tuple(tuple(Op(op.proc, op.kind, op.unit, j * m + op.iteration) for j in range(steps) for op in row
                        if j * m + op.iteration < iterations) for row in one_step.procs)
@@ -31,22 +35,31 @@ def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
 
 def policy_ops(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
                mode: str = "stash") -> tuple[OpSchedule, Workload]:
-    """The explicit layer-level ops of `iterations` iterations of `result`, and their workload."""
-    assert result.graph is not None
-    graph = build_training_graph(network, GraphOptions(result.graph.options.intra, result.graph.options.inter, mode))
+    """The explicit layer-level ops of `iterations` iterations (micro-batches) of `result`, and their workload
+    (the policy's graph switches, weight mode `mode`, costs from `model`)."""
+    if result.graph is None:
+        raise InputError(f"policy '{result.policy}' was scheduled without a network; simulate it from a "
+                         "stage-level schedule file with --stage-costs")
+    if result.network is not None and result.network.name != network.name:
+        raise InputError(f"schedule is for network '{result.network.name}', not '{network.name}'")
+    if iterations < 1:
+        raise InputError(f"iterations must be >= 1, got {iterations}")
+    options = result.graph.options
+    graph = build_training_graph(network, GraphOptions(options.intra, options.inter, mode))
     if result.periodic is not None:
         schedule = result.periodic.unroll(iterations)
-    else:
-        assert result.explicit is not None and result.stages is not None
+    elif result.explicit is not None and result.stages is not None:
         schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
+    else:
+        raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
     return schedule, Workload.of_graph(graph, model)
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
                            config: SimConfig | None = None) -> SimResult:
-    """Time `iterations` iterations of a policy's schedule under `config`."""
-    from layerpipe.sim import simulate
+    """Time `iterations` iterations of a policy's schedule of `network` under `config` (default shared)."""
+    from layerpipe.sim import simulate_compiled
 
     config = config or SimConfig()
     schedule, workload = policy_ops(result, network, model, iterations, config.mode)
-    return simulate(schedule, workload, config)
+    return simulate_compiled(compile_schedule(schedule, workload), workload, config)

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layerpipe._gradient_delays import DelaySolution, solve_delays
-from layerpipe.commands.simulate import repeat_steps
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import TrainingGraph, build_training_graph
+from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.schedule import PeriodicSchedule, Slot, expand_stages
 from layerpipe.schedule.policies import make_schedule, policy_options
-from layerpipe.sim import Workload, simulate
+from layerpipe.sim import Workload, repeat_steps, simulate, simulate_policy_result
 from tests.strategies import networks, stage_maps
 
 
@@ -159,3 +159,17 @@ def test_pipedream_2bw_period():
     assert result.periodic is not None and result.graph is not None
     sim = simulate(result.periodic.unroll(200), Workload.of_graph(result.graph, model))
     assert sim.cycles_per_iteration <= result.periodic.period
+
+
+def test_simulate_policy_result_unrolls_or_repeats_steps():
+    net = load_network("mlp:8-6-5-4", 1)
+    model = PEModel(4, 2)
+    sync = make_schedule("1f1b", net, 2, model, policy_options("1f1b", {"microbatches": 4}))
+    result = simulate_policy_result(sync, net, model, 10)  # steps of 4, 4 and 2 micro-batches
+    assert result.num_iterations == 10 and result.schedule.synchronous
+    assert sorted({t // 4 for (_, _, t) in result.version_map}) == [0, 1, 2]
+    assert {op.iteration for op in result.ops if op.kind == "U"} == {0, 1, 2}
+    periodic = make_schedule("layerpipe", net, 2, model)
+    assert simulate_policy_result(periodic, net, model, 7).num_iterations == 7
+    with pytest.raises(InputError, match="not 'lenet5'"):
+        simulate_policy_result(periodic, load_network("lenet5", 1), model, 7)

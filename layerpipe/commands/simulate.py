@@ -29,10 +29,10 @@ from layerpipe.commands._common import add_cost_args, add_network_args, cost_mod
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network, load_network
-from layerpipe.schedule._deps import StageInfo, expand_stages
+from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._formats import load_schedule
-from layerpipe.schedule._ir import Op, OpSchedule, PeriodicSchedule
-from layerpipe.sim import MODES, SimConfig, SimResult, Workload, compile_schedule, simulate_compiled
+from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
+from layerpipe.sim import MODES, SimConfig, SimResult, Workload, compile_schedule, policy_ops, simulate_compiled
 
 #: Explicit schedules with more ops than this show a progress bar (on a terminal).
 PROGRESS_OPS = 20_000
@@ -154,29 +154,11 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     model = cost_model_from_args(args)
     options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
     result = make_schedule(args.policy, network, args.num_procs, model, options)
-    assert result.graph is not None
-    graph = build_training_graph(network, GraphOptions(result.graph.options.intra, result.graph.options.inter,
-                                                       config.mode))
     samples = args.samples or 8 * network.batch
-    iterations = -(-samples // network.batch)
-    if result.periodic is not None:
-        schedule = result.periodic.unroll(iterations)
-    else:
-        assert result.explicit is not None and result.stages is not None
-        schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
+    schedule, workload = policy_ops(result, network, model, -(-samples // network.batch), config.mode)
     info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
-    return schedule, Workload.of_graph(graph, model), network, info
-
-
-def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
-    """A synchronous step's per-processor orders repeated for `iterations` micro-batches (the last step may be
-    cut short), micro-batch numbers offset by j·m in step j."""
-    m = one_step.microbatches
-    steps = -(-iterations // m)
-    rows = tuple(tuple(Op(op.proc, op.kind, op.unit, j * m + op.iteration) for j in range(steps) for op in row
-                       if j * m + op.iteration < iterations) for row in one_step.procs)
-    return OpSchedule(one_step.level, rows, True, m)
+    return schedule, workload, network, info
 
 
 def _from_file(args: argparse.Namespace, config: SimConfig):
