@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
@@ -78,30 +79,58 @@ SHAPES: dict[str, SyncShape] = {
 }
 
 
-def step_cycles(stage_schedule: OpSchedule, stages: StageInfo, costs: Sequence[tuple[int, int, int, int]]) -> int:
+class StageCost(NamedTuple):
+    """Cycles of one stage's work: per micro-batch F, I (input gradient), W (weight gradient); per step U."""
+
+    forward: int
+    input_grad: int
+    weight_grad: int
+    update: int = 0
+    backward_tail: int = 0  #: of a fused B, the work after the error for the previous stage has left
+
+
+def step_cycles(stage_schedule: OpSchedule, stages: StageInfo, costs: Sequence[StageCost]) -> int:
     """Steady-state cycles of one step: the one call site that times synchronous schedules.
 
-    `costs[s]` = (F, I, W, U) of stage s. The schedule is timed at stage level in the `shared` interconnect
-    model (each processor runs its ops in order; an op starts when its producers have ended), with stage
-    s's per-step update U folded into its last gradient op (B or W) of each step — where `expand_stages`
-    puts the U ops. `layerpipe.sim` times the same thing on the layer-level expansion (tests check they
-    agree); it is not used here because expanding resnet50 × 64 micro-batches costs seconds per call.
+    Timed at stage level in the `shared` interconnect model (each processor runs its ops in order; an op
+    starts when its producers have ended), as the layer-level expansion would run: stage s's per-step
+    update U goes right after its last gradient op of the step (where `expand_stages` puts the U ops), and
+    a fused B is timed as its part up to the previous stage's error and then its tail (the first layer's
+    G: B expands to A, E, G per layer, last layer first), so the previous stage's backward does not wait
+    for the tail. `layerpipe.sim` on the layer-level expansion gives the same step time (tests check chains;
+    resnet18 agrees too); it is not called here because expanding resnet50 × 32 micro-batches takes seconds.
     """
+    rows, split = [], set()
+    for row in stage_schedule.procs:
+        ops: list[Op] = []
+        for op in row:
+            if op.kind == "B":
+                head, tail = Op(op.proc, "I", op.unit, op.iteration), Op(op.proc, "W", op.unit, op.iteration)
+                ops += [head, tail]
+                split |= {head, tail}
+            else:
+                ops.append(op)
+        rows.append(tuple(ops))
+    timed = OpSchedule("stage", tuple(rows), True, stage_schedule.microbatches)
+    m = timed.microbatches
     last: dict[tuple[int, int], Op] = {}
-    m = stage_schedule.microbatches
-    for op in stage_schedule.ops():
-        if op.kind in ("B", "W"):
+    for op in timed.ops():
+        if op.kind == "W":
             last[(op.unit, op.iteration // m)] = op  # program order: the stage's last gradient op of the step
-    closing = {op: costs[op.unit][3] for op in last.values()}
-    kind_cost = {"F": 0, "I": 1, "W": 2}
+    closing = {op: costs[op.unit].update for op in last.values()}
 
     def duration(op: Op) -> int:
-        _, i, w, _ = costs[op.unit]
-        base = i + w if op.kind == "B" else costs[op.unit][kind_cost[op.kind]]
+        c = costs[op.unit]
+        if op.kind == "F":
+            base = c.forward
+        elif op in split:
+            base = c.input_grad + c.weight_grad - c.backward_tail if op.kind == "I" else c.backward_tail
+        else:
+            base = c.input_grad if op.kind == "I" else c.weight_grad
         return base + closing.get(op, 0)
 
-    times = dry_run(stage_schedule, dependencies(stage_schedule, stages=stages), duration)
-    done = [0] * (stage_schedule.num_steps)
+    times = dry_run(timed, dependencies(timed, stages=stages), duration)
+    done = [0] * timed.num_steps
     for op, (_, end) in times.items():
         step = op.iteration // m
         done[step] = max(done[step], end)
@@ -163,15 +192,16 @@ def _first_step(schedule: OpSchedule, m: int) -> OpSchedule:
     return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
 
 
-def stage_costs_of(graph: TrainingGraph, model: CostModel,
-                   stage_layers: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
-    """(F, I, W, U) cycles per stage: forward, input gradient (A + E), weight gradient (G), update."""
+def stage_costs_of(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
+    """F, I (A + E), W (G) and U cycles per stage, and the G of the stage's first layer (a fused B's tail)."""
     costs = graph.costs(model)
     stage_of = {layer: s for s, run in enumerate(stage_layers) for layer in run}
-    out = [[0, 0, 0, 0] for _ in stage_layers]
+    out = [[0, 0, 0, 0, 0] for _ in stage_layers]
     for t, c in costs.items():
         out[stage_of[t.layer]][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
-    return [(f, i, w, u) for f, i, w, u in out]
+        if t.kind == "G" and t.layer == min(stage_layers[stage_of[t.layer]]):
+            out[stage_of[t.layer]][4] = c
+    return [StageCost(*row) for row in out]
 
 
 def schedule_stages(policy: str, num_procs: int, options: SyncOptions | InterleavedOptions,
@@ -185,7 +215,7 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
     if min(stage_cost) < 0:
         raise InputError(f"stage costs F,B,W must be >= 0, got {f},{i},{w}")
     stages = StageInfo(num_procs * chunks)
-    step = step_cycles(shape.generate(num_procs, m, options), stages, [(f, i, w, 0)] * stages.num_stages)
+    step = step_cycles(shape.generate(num_procs, m, options), stages, [StageCost(f, i, w)] * stages.num_stages)
     work = m * (f + i + w) * stages.num_stages
     metrics = ScheduleMetrics(
         cycles_per_sample=step / m,
