@@ -9,7 +9,8 @@ Policies: asynchronous ones repeat their periodic body for the T samples (T / B 
 run ceil(T / (m·B)) steps of m micro-batches, expanded to layer tasks (`expand_stages`) so every layer's F,
 A, E, G and U are timed on their own. DIR receives metrics.json, versions.json, trace.json, gantt.png and
 gantt.svg, and with --functional also init.npz (W{layer}), data.npz (x, y), final.npz and losses.json. DIR
-is written as a temporary sibling and renamed into place, so it is never seen half-written.
+is written as a temporary sibling and renamed into place, so it is never seen half-written. On a terminal a
+progress bar on stderr shows the phase (schedule, compile, simulate, functional, write).
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._formats import load_schedule
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
 from layerpipe.sim import MODES, SimConfig, SimResult, Workload, compile_schedule, policy_ops, simulate_compiled
-
-#: Explicit schedules with more ops than this show a progress bar (on a terminal).
-PROGRESS_OPS = 20_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,24 +112,40 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     config = sim_config(args)
     fmt = _fixed_format(args) if args.functional == "fixed" else None
-    if args.schedule is not None:
-        schedule, workload, network, info = _from_file(args, config)
-    else:
-        schedule, workload, network, info = _from_policy(args, config)
-    compiled = compile_schedule(schedule, workload)
-    result = simulate_compiled(compiled, workload, config)
-    files: dict[str, bytes | Callable[[Path], None]] = {}
-    metrics: dict[str, object] = {**info, **result.metrics()}
-    if args.functional is not None:
-        if network is None or schedule.level != "layer":
-            raise InputError("--functional needs a NETWORK and a layer-level schedule")
-        metrics.update(_functional(args, network, schedule, result, fmt, files))
-    files["metrics.json"] = to_json(metrics).encode()
-    files["versions.json"] = to_json({"level": schedule.level, "mode": config.mode,
-                                      "versions": result.version_records()}).encode()
-    _write_outputs(result, files, Path(args.out), len(result.ops) > PROGRESS_OPS)
+    # Phases of the run on stderr; tqdm shows the bar on a terminal only (disable=None).
+    phases = ["schedule", "compile", "simulate", *(["functional"] if args.functional else []), "write"]
+    with tqdm(total=len(phases), desc="simulate", unit="phase", disable=None, leave=False) as bar:
+
+        def phase(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update(0 if name == phases[0] else 1)
+
+        phase("schedule")
+        if args.schedule is not None:
+            schedule, workload, network, info = _from_file(args, config)
+        else:
+            schedule, workload, network, info = _from_policy(args, config)
+        phase("compile")
+        compiled = compile_schedule(schedule, workload)
+        phase("simulate")
+        result = simulate_compiled(compiled, workload, config)
+        files: dict[str, bytes | Callable[[Path], None]] = {}
+        metrics: dict[str, object] = {**info, **result.metrics()}
+        if args.functional is not None:
+            phase("functional")
+            if network is None or schedule.level != "layer":
+                raise InputError("--functional needs a NETWORK and a layer-level schedule")
+            metrics.update(_functional(args, network, schedule, result, fmt, files))
+        phase("write")
+        files["metrics.json"] = to_json(metrics).encode()
+        files["versions.json"] = to_json({"level": schedule.level, "mode": config.mode,
+                                          "versions": result.version_records()}).encode()
+        _write_outputs(result, files, Path(args.out))
+        bar.update(1)
     print(f"{result.total_cycles} cycles, {result.cycles_per_sample:g} cycles/sample, "
           f"{result.utilization_pct:.1f}% utilization, {result.traffic_words} words of traffic -> {args.out}")
     return 0
@@ -257,11 +271,8 @@ def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
 # --------------------------------------------------------------------------------------------- output
 
 
-def _write_outputs(result: SimResult, files: dict[str, bytes | Callable[[Path], None]], out: Path,
-                   progress: bool) -> None:
+def _write_outputs(result: SimResult, files: dict[str, bytes | Callable[[Path], None]], out: Path) -> None:
     """Write every file into a temporary sibling of `out`, then swap it into place."""
-    from tqdm import tqdm
-
     from layerpipe.sim.gantt import write_gantt
     from layerpipe.sim.trace import trace_json
 
@@ -272,16 +283,11 @@ def _write_outputs(result: SimResult, files: dict[str, bytes | Callable[[Path], 
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
-        steps: list[tuple[str, Callable[[], None]]] = [
-            (name, (lambda n=name, d=data: _write_one(tmp / n, d))) for name, data in files.items()]
-        steps.append(("trace.json", lambda: (tmp / "trace.json").write_text(trace_json(result))))
-        steps.append(("gantt.png", lambda: write_gantt(result, tmp / "gantt.png")))
-        steps.append(("gantt.svg", lambda: write_gantt(result, tmp / "gantt.svg")))
-        with tqdm(total=len(steps), desc="writing", unit="file", disable=not progress or None, leave=False) as bar:
-            for name, step in steps:
-                bar.set_postfix_str(name)
-                step()
-                bar.update()
+        for name, data in files.items():
+            _write_one(tmp / name, data)
+        (tmp / "trace.json").write_text(trace_json(result))
+        write_gantt(result, tmp / "gantt.png")
+        write_gantt(result, tmp / "gantt.svg")
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
