@@ -8,7 +8,8 @@ the weights E uses against the exact version F used (what `stash` reads):
   stale_err  ‖W^(c) − W^(v)‖ / ‖W^(v)‖ — reading the current weights as is (`latest`);
   ema_err    ‖Ŵ^(v) − W^(v)‖ / ‖W^(v)‖ — the reconstruction Ŵ^(v) = W^(c) + η·(c − v)·ḡ (`ema`).
 Then how far each mode's final weights end from the stash run's (relative Frobenius distance over all
-layers), the mean loss of the last quarter of the samples, and the functional simulator's speed.
+layers), the mean loss of the last quarter of the samples, and the functional simulator's speed; last, a
+sweep of the moving average's β = 1 − 2^−ema_shift on the layerpipe schedule.
 """
 
 from __future__ import annotations
@@ -67,6 +68,24 @@ def run_policy(network: Network, policy: str, procs: int, samples: int, lr: floa
               f"   mean loss, last quarter {np.mean(runs[mode].losses[quarter]):.4f}")
 
 
+def sweep_beta(network: Network, policy: str, procs: int, samples: int, lr: float) -> None:
+    """The moving average's weight β = 1 − 2^−m against the reconstruction error (float64)."""
+    model = make_cost_model("macs")
+    result = make_schedule(policy, network, procs, model)
+    schedule = result.ops(samples // network.batch)
+    timed = simulate(schedule, Workload.of_graph(result.graph, model), SimConfig(mode="ema"))  # type: ignore[arg-type]
+    order = order_by_start(zip(timed.ops, timed.start.tolist(), timed.end.tolist(), strict=True))
+    data, init = make_data(network, samples, 0), init_weights(network, 0)
+    stash = run_functional(network, order, timed.version_map, init, data, FunctionalConfig(mode="stash", lr=lr))
+    print(f"{policy} float64, β sweep:")
+    for shift in range(0, 7):
+        ema = run_functional(network, order, timed.version_map, init, data,
+                             FunctionalConfig(mode="ema", lr=lr, ema_shift=shift))
+        ratio = ema.ema_error_mean / max(float(np.mean(ema.stale_error)), 1e-300)
+        print(f"    ema_shift {shift} (β = {1 - 2.0**-shift:.4f})   ema_err/stale_err mean {ratio:.2f}"
+              f"   final weights vs stash {distance(ema.weights, stash.weights):.2e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", default="mlp:16-32-32-16-4")
@@ -79,6 +98,7 @@ def main() -> None:
         # Q16.8 is the RTL's format; Q24.16 shows what the correction needs: η·s·ḡ above one LSB.
         for fmt in (FixedFormat(16, 8), FixedFormat(24, 16)):
             run_policy(network, policy, args.procs, args.samples, 2.0**-5, fmt)
+    sweep_beta(network, "layerpipe", args.procs, args.samples, 2.0**-5)
 
 
 if __name__ == "__main__":

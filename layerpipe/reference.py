@@ -36,6 +36,7 @@ from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat, check_lr_shift, lr_shift_of
 from layerpipe.network import INPUT, Conv2d, Linear, Network, Pool2d
 from layerpipe.numerics import (
+    DEFAULT_EMA_SHIFT,
     Lags,
     VersionMap,
     check_mode,
@@ -461,7 +462,7 @@ def train_reference(
     synchronous: bool = False,
     microbatches: int = 1,
     iterations: int | None = None,
-    ema_shift: int = 3,
+    ema_shift: int = DEFAULT_EMA_SHIFT,
 ) -> ReferenceResult:
     """Train `network` sample by sample with the weight versions of `versions` (a map or `Lags`).
 

@@ -41,6 +41,7 @@ from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat, check_lr_shift, lr_shift_of
 from layerpipe.network import INPUT, Conv2d, Layer, Linear, Network, Pool2d
 from layerpipe.numerics import (
+    DEFAULT_EMA_SHIFT,
     VersionMap,
     check_mode,
     check_supported,
@@ -71,7 +72,7 @@ class FunctionalConfig:
     mode: str = "stash"
     lr: float = 2.0**-4
     fmt: FixedFormat | None = None
-    ema_shift: int = 3
+    ema_shift: int = DEFAULT_EMA_SHIFT
     synchronous: bool = False
     microbatches: int = 1
 
