@@ -19,6 +19,10 @@ from layerpipe.hdl._pe import (
     VectorAddr,
     command_layout,
     op_cycles,
+    pack_matrix,
+    pack_vector,
+    unpack_matrix,
+    unpack_vector,
 )
 
 __all__ = [
@@ -34,4 +38,8 @@ __all__ = [
     "VectorAddr",
     "command_layout",
     "op_cycles",
+    "pack_matrix",
+    "pack_vector",
+    "unpack_matrix",
+    "unpack_vector",
 ]

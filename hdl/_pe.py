@@ -39,6 +39,7 @@ then on. Host accesses to the weight memory are only served while the PE is idle
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -53,7 +54,7 @@ from layerpipe.hdl._datapath import LATENCY, Datapath, Opcode, word_layout
 
 __all__ = [
     "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "OP_OVERHEAD_CYCLES", "PEConfig", "PEOp", "ProcessingElement",
-    "VectorAddr", "command_layout", "op_cycles",
+    "VectorAddr", "command_layout", "op_cycles", "pack_matrix", "pack_vector", "unpack_matrix", "unpack_vector",
 ]
 
 #: Cycles an op takes beyond its beats: accept (1) + memory read (1) + datapath (LATENCY).
@@ -229,6 +230,11 @@ class PEOp:
         if self.op == Opcode.UPD:
             _check_range(f"{name} g (grads)", self.g, matrix_words, config.grad_depth)
             _check_range(f"{name} dst (weights)", self.dst, matrix_words, config.weight_depth)
+            # Word k is read at beat k and written 3 cycles later: a shifted overlap would read new values.
+            if self.dst != self.w and abs(self.dst - self.w) < matrix_words:
+                raise InputError(f"{name} dst (weights) words {self.dst}..{self.dst + matrix_words - 1} overlap its "
+                                 f"source words {self.w}..{self.w + matrix_words - 1}: update in place or into a "
+                                 "disjoint version")
         elif self.op == Opcode.GRAD:
             _check_range(f"{name} dst (grads)", self.dst, matrix_words, config.grad_depth)
         else:
@@ -246,12 +252,46 @@ class PEOp:
 
     def encode(self, config: PEConfig) -> int:
         """The command's bits as an integer (for a microcode ROM's init or a cocotb bench)."""
-        return self.as_const(config).as_bits().value
+        return self.as_const(config).as_bits()
 
 
 def _check_range(what: str, base: int, words: int, depth: int) -> None:
     if not isinstance(base, int) or base < 0 or base + words > depth:
         raise InputError(f"{what}: words {base}..{base + words - 1} exceed the memory of {depth} words")
+
+
+# -- the wide-word layout in Python (loading weights and samples, reading results) --------------------------
+
+
+def pack_vector(values: Sequence[int], lanes: int, bits: int) -> list[int]:
+    """A vector as ⌈n/lanes⌉ words (ints), lane 0 in the low bits, the last word zero-padded."""
+    mask = (1 << bits) - 1
+    words = []
+    for start in range(0, len(values), lanes):
+        word = 0
+        for j, value in enumerate(values[start:start + lanes]):
+            word |= (int(value) & mask) << (bits * j)
+        words.append(word)
+    return words
+
+
+def unpack_vector(words: Sequence[int], length: int, lanes: int, bits: int) -> list[int]:
+    """The first `length` elements of packed words, as signed ints."""
+    out = []
+    for index in range(length):
+        raw = (words[index // lanes] >> (bits * (index % lanes))) & ((1 << bits) - 1)
+        out.append(raw - (1 << bits) if raw >> (bits - 1) else raw)
+    return out
+
+
+def pack_matrix(rows: Sequence[Sequence[int]], lanes: int, bits: int) -> list[int]:
+    """A row-major matrix: each row starts a word and is zero-padded to ⌈cols/lanes⌉ words."""
+    return [word for row in rows for word in pack_vector(row, lanes, bits)]
+
+
+def unpack_matrix(words: Sequence[int], rows: int, cols: int, lanes: int, bits: int) -> list[list[int]]:
+    per_row = math.ceil(cols / lanes)
+    return [unpack_vector(words[r * per_row:(r + 1) * per_row], cols, lanes, bits) for r in range(rows)]
 
 
 def read_port_signature(addr_bits: int, word: data.ArrayLayout) -> wiring.Signature:

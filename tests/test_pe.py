@@ -1,0 +1,205 @@
+"""Unit benches of every PE operation in Amaranth's simulator: bit-exact against `layerpipe.fixedpoint`,
+cycle-exact against the `rtl` cost model's formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layerpipe.errors import InputError
+from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
+from layerpipe.hdl import OP_OVERHEAD_CYCLES, Opcode, PEConfig, PEOp, VectorAddr, op_cycles
+from tests.pe_bench import OpCase, PEBench, place, random_operands, reference
+
+ALL_OPS = list(Opcode)
+
+
+def small_config(lanes: int, fmt: FixedFormat = DEFAULT_FORMAT, lr_shift: int = 3) -> PEConfig:
+    return PEConfig(lanes=lanes, fmt=fmt, lr_shift=lr_shift, weight_depth=128, grad_depth=128, local_depth=48,
+                    recv_depths=(28, 14), send_ports=1, max_dim=16)
+
+
+def random_cases(config: PEConfig, rng: np.random.Generator, per_op: int) -> list[OpCase]:
+    cases = []
+    for op in ALL_OPS:
+        for _ in range(per_op):
+            rows = 1 if op in (Opcode.ACT_RELU, Opcode.OUT_ERR) else int(rng.integers(1, 8))
+            cols = int(rng.integers(1, 14))
+            operands = random_operands(rng, op, rows, cols, config.fmt)
+            cases.append(OpCase(place(rng, config, op, rows, cols, operands), operands))
+    rng.shuffle(cases)
+    return cases
+
+
+def check_case(config: PEConfig, case: OpCase) -> None:
+    op = case.op
+    expected = reference(op.op, config.fmt, config.lr_shift, case.operands)
+    assert case.result is not None
+    np.testing.assert_array_equal(case.result, expected, err_msg=f"{op}")
+    assert case.cycles == op_cycles(op.rows, op.cols, config.lanes), f"{op}: {case.cycles} cycles"
+    assert case.done_cycles == [case.cycles - 1], f"{op}: done in cycles {case.done_cycles}"
+    if op.op != Opcode.UPD:  # every op but U writes zeros into the padding lanes of its last word(s)
+        bits, lanes = config.fmt.total_bits, config.lanes
+        length = op.rows if op.op in (Opcode.FWD_LINEAR, Opcode.FWD_RELU) else op.cols
+        raw = list(case.operands["_raw"])
+        words_per_row = -(-length // lanes) if op.op != Opcode.GRAD else -(-op.cols // lanes)
+        used = length % lanes if op.op != Opcode.GRAD else op.cols % lanes
+        if used:
+            for word in raw[words_per_row - 1::words_per_row]:
+                assert word >> (bits * used) == 0, f"{op}: padding lanes not zero in {word:#x}"
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_every_op_bit_and_cycle_exact(lanes: int) -> None:
+    config = small_config(lanes)
+    rng = np.random.default_rng(100 + lanes)
+    cases = random_cases(config, rng, per_op=6)
+    PEBench(config, seed=lanes).run(cases)
+    for case in cases:
+        check_case(config, case)
+
+
+@pytest.mark.parametrize(("fmt", "lr_shift"), [(FixedFormat(8, 3), 0), (FixedFormat(12, 1), 7)])
+def test_other_formats_and_learning_rates(fmt: FixedFormat, lr_shift: int) -> None:
+    config = small_config(3, fmt, lr_shift)  # 3 lanes: not a power of two either
+    rng = np.random.default_rng(7)
+    cases = random_cases(config, rng, per_op=2)
+    PEBench(config, seed=3).run(cases)
+    for case in cases:
+        check_case(config, case)
+
+
+def test_back_to_back_ops_take_the_sum_of_their_cycles() -> None:
+    """A command offered the cycle the engine frees starts then: no hidden gap between ops."""
+    config = small_config(2)
+    fmt = config.fmt
+    rng = np.random.default_rng(5)
+    w, a, y = (rng.integers(-400, 400, shape) for shape in [(5, 7), 7, 5])
+    ops = [  # F writes a'; A reads it; E reads δ; the operands of each op live apart
+        OpCase(PEOp(Opcode.FWD_RELU, 5, 7, x=VectorAddr(1, 0), w=0, dst=0), {"w": w, "x": a}),
+        OpCase(PEOp(Opcode.OUT_ERR, 1, 5, x=VectorAddr(2, 0), y=VectorAddr(2, 4), dst=4), {"x": y, "y": a[:5]}),
+        OpCase(PEOp(Opcode.ERR, 5, 7, y=VectorAddr(1, 8), w=40, dst=10), {"w": w, "y": y}),
+    ]
+    total = PEBench(config, seed=1).run(ops, back_to_back=True)
+    assert total == sum(op_cycles(c.op.rows, c.op.cols, 2) for c in ops)
+    for case in ops:
+        np.testing.assert_array_equal(case.result, reference(case.op.op, fmt, config.lr_shift, case.operands))
+
+
+def test_f_then_a_reads_what_f_wrote() -> None:
+    """The op after F may read F's output at once (everything written is readable when ready rises)."""
+    config = small_config(2)
+    w, a, e = np.arange(-6, 6).reshape(3, 4) * 97, np.array([300, -200, 100, 50]), np.array([11, -12, 13])
+    f = OpCase(PEOp(Opcode.FWD_RELU, 3, 4, x=VectorAddr(1, 0), w=0, dst=0), {"w": w, "x": a})
+    act = OpCase(PEOp(Opcode.ACT_RELU, 1, 3, x=VectorAddr(2, 0), y=VectorAddr(0, 0), dst=6), {"x": e})
+    PEBench(config).run([f, act], back_to_back=True)
+    fwd = reference(Opcode.FWD_RELU, config.fmt, 0, f.operands)
+    np.testing.assert_array_equal(act.result, e * (fwd > 0))
+
+
+def test_cost_formula() -> None:
+    assert op_cycles(5, 7, 2) == 5 * 4 + OP_OVERHEAD_CYCLES
+    assert op_cycles(1, 8, 4) == 2 + OP_OVERHEAD_CYCLES
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lanes": 0}, "lanes must be >= 1, got 0"),
+    ({"lanes": 300}, "lanes must be an integer in 1..256, got 300"),
+    ({"lr_shift": 70}, "lr_shift must be an integer in 0..61, got 70"),
+    ({"weight_depth": 0}, "weight_depth must be an integer in 1..1048576 words, got 0"),
+    ({"recv_depths": (8, 1 << 21)}, "recv_depths[1] must be an integer in 1..1048576 words, got 2097152"),
+    ({"max_dim": 70000}, "max_dim must be an integer in 1..65535 elements, got 70000"),
+    ({"recv_depths": [8]}, "recv_depths must be a tuple of word counts, got [8]"),
+])
+def test_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(InputError) as info:
+        PEConfig(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("op", "message"), [
+    (PEOp(Opcode.FWD_RELU, 20, 4), "FWD_RELU rows must be an integer in 1..16 elements (max_dim 16), got 20"),
+    (PEOp(Opcode.ACT_RELU, 2, 4), "ACT_RELU works on a vector: rows must be 1 (cols = its length), got rows=2"),
+    (PEOp(Opcode.FWD_LINEAR, 16, 16, w=0), "FWD_LINEAR w (weights): words 0..63 exceed the memory of 32 words"),
+    (PEOp(Opcode.ERR, 2, 4, y=VectorAddr(3, 0)), "ERR y.bank must be in 0..2, got 3"),
+    (PEOp(Opcode.GRAD, 2, 4, x=VectorAddr(1, 7)), "GRAD x (bank 1): words 7..7 exceed the memory of 7 words"),
+    (PEOp(Opcode.UPD, 2, 4, w=3, g=0, dst=4),
+     "UPD dst (weights) words 4..5 overlap its source words 3..4: update in place or into a disjoint version"),
+    (PEOp(Opcode.FWD_RELU, 9, 4, dst=6), "FWD_RELU dst (bank 0): words 6..8 exceed the memory of 7 words"),
+])
+def test_command_validation(op: PEOp, message: str) -> None:
+    config = PEConfig(lanes=4, weight_depth=32, grad_depth=32, local_depth=7, recv_depths=(7, 7), max_dim=16)
+    with pytest.raises(InputError) as info:
+        op.check(config)
+    assert str(info.value) == message
+
+
+def test_ports_load_run_and_read_back() -> None:
+    """The outside world's view: weights in through `host`, x through `recv[0]`, F, a' out through `send[0]`,
+    weights read back through `host` (served while idle)."""
+    from amaranth.sim import Simulator
+
+    from layerpipe.hdl import ProcessingElement, pack_matrix, pack_vector, unpack_vector
+
+    config = small_config(4)
+    fmt, lanes, bits = config.fmt, 4, config.fmt.total_bits
+    w = np.arange(-15, 15).reshape(5, 6) * 41
+    a = np.array([256, -128, 512, 77, -300, 1000])
+    w_words, a_words = pack_matrix(w, lanes, bits), pack_vector(a, lanes, bits)
+    pe = ProcessingElement(config)
+    out: dict[str, list[int]] = {}
+
+    async def bench(ctx: object) -> None:
+        for k, word in enumerate(w_words):
+            ctx.set(pe.host.addr, 10 + k)
+            ctx.set(pe.host.w_data.as_value(), word)
+            ctx.set(pe.host.w_en, 1)
+            await ctx.tick()
+        ctx.set(pe.host.w_en, 0)
+        for k, word in enumerate(a_words):
+            ctx.set(pe.recv[0].addr, 3 + k)
+            ctx.set(pe.recv[0].data.as_value(), word)
+            ctx.set(pe.recv[0].en, 1)
+            await ctx.tick()
+        ctx.set(pe.recv[0].en, 0)
+        op = PEOp(Opcode.FWD_RELU, 5, 6, x=VectorAddr(1, 3), w=10, dst=2)
+        ctx.set(pe.cmd.payload.as_value(), op.encode(config))
+        ctx.set(pe.cmd.valid, 1)
+        await ctx.tick()
+        ctx.set(pe.cmd.valid, 0)
+        await ctx.tick().until(pe.cmd.ready)
+        out["a"] = []
+        for k in range(2):
+            ctx.set(pe.send[0].addr, 2 + k)
+            ctx.set(pe.send[0].en, 1)
+            await ctx.tick()
+            out["a"].append(ctx.get(pe.send[0].data.as_value()))
+        out["w"] = []
+        for k in range(len(w_words)):
+            ctx.set(pe.host.addr, 10 + k)
+            await ctx.tick()
+            out["w"].append(ctx.get(pe.host.r_data.as_value()))
+
+    sim = Simulator(pe)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    np.testing.assert_array_equal(unpack_vector(out["a"], 5, lanes, bits), fmt.relu(fmt.matvec(w, a)))
+    assert out["w"] == w_words
+
+
+def test_rtl_cost_model_is_the_pe_formula() -> None:
+    from layerpipe.costs import COST_MODELS, make_cost_model, task_cost
+    from layerpipe.network import load_network
+
+    model = make_cost_model("rtl", lanes=4)
+    assert "rtl" in COST_MODELS
+    net = load_network("mlp:7-6-5-3")
+    fc1, fc3 = net.layer(1), net.layer(3)
+    assert task_cost(model, fc1, "F", 1) == 6 * 2 + OP_OVERHEAD_CYCLES  # 6 rows × ⌈7/4⌉ words
+    assert task_cost(model, fc3, "A", 1) == 1 + OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc3, "AEG", 1) == (1 + 3 * 2 + 3 * 2) + 3 * OP_OVERHEAD_CYCLES
+    with pytest.raises(InputError, match="batch 1"):
+        model.atomic_cost(fc1, "F", 2)
+    with pytest.raises(InputError, match="lanes must be >= 1, got 0"):
+        make_cost_model("rtl", lanes=0)
