@@ -58,8 +58,9 @@ __all__ = [
 #: (kind, layer, iteration) → weight version read.
 VersionMap = Mapping[tuple[str, int, int], int]
 
-#: m of the moving average's β = 1 − 2^−m. β = 0.75 reconstructed best in `benchmarks/bench_ema.py`'s sweep
-#: (mean error per read 0.64x that of reading the current weights, against 0.80x for β = 0.875).
+#: m of the moving average's β = 1 − 2^−m. In `benchmarks/bench_ema.py`'s sweep β = 0.75 ended nearest the
+#: stash run's final weights (per-read error 0.64x that of reading the current weights; β = 0.5 reads
+#: better, 0.49x, but ends a little farther; β = 0.875 gives 0.80x and ends 4x farther).
 DEFAULT_EMA_SHIFT = 2
 
 FUNCTIONAL_LAYER_KINDS: tuple[str, ...] = ("linear", "conv2d", "pool", "activation", "add", "flatten")
