@@ -52,7 +52,8 @@ def test_the_readme_command_is_byte_identical_and_readable() -> None:
     second = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
     assert first.returncode == 0 and first.stdout == second.stdout
     lines = first.stdout.splitlines()
-    assert lines[0] == "mlp:784-256-128-10" and "resnet18" in lines
+    assert lines[0] == "mlp:784-256-128-10 (batch 1)" and "resnet18 (batch 1)" in lines
+    assert lines[-2].startswith("cost model pe (lanes 64, overhead 16)")
     assert sum(1 for line in lines if " layerpipe " in f" {line} ") == 6
 
 

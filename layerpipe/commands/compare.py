@@ -75,6 +75,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
         m = result.metrics
         rows.append({
             "network": net.name,
+            "batch": net.batch,  # for the table's title; not a column
             "num_procs": n,
             "policy": name,
             "cycles_per_sample": round(m.cycles_per_sample, 1),
@@ -92,20 +93,27 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
     if policies is not None and not policies:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
-    rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, cost_model_from_args(args),
-                        args.batch)
-    emit(render(rows, args.format, args.baseline), args.output)
+    model = cost_model_from_args(args)
+    rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch)
+    emit(render(rows, args.format, args.baseline, describe_model(model)), args.output)
     return 0
 
 
-def render(rows: list[dict[str, object]], fmt: str, baseline: str) -> str:
+def describe_model(model) -> str:
+    """The cost model in words, for the table's legend (fields the model has: lanes, overhead)."""
+    details = [f"{name} {getattr(model, name)}" for name in ("lanes", "overhead") if hasattr(model, name)]
+    return f"cost model {model.name}" + (f" ({', '.join(details)})" if details else "")
+
+
+def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = "") -> str:
     if fmt == "json":
-        return to_json({"baseline": baseline, "columns": list(COLUMNS), "rows": rows})
+        return to_json({"baseline": baseline, "cost_model": model, "columns": list(COLUMNS),
+                        "rows": [{k: r[k] for k in COLUMNS} for r in rows]})
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
         return out.getvalue()
     blocks = []
     headers = ["N", "policy", "cycles/sample", "bound", "util %", f"x vs {baseline}", "traffic words/sample",
@@ -121,7 +129,8 @@ def render(rows: list[dict[str, object]], fmt: str, baseline: str) -> str:
             return "  ".join(s.ljust(w) if i in left else s.rjust(w) for i, (s, w) in enumerate(zip(items, widths,
                                                                                                  strict=True)))
 
-        out = [network, line(headers), line(["-" * w for w in widths])]
+        batch = next(r["batch"] for r in rows if r["network"] == network)
+        out = [f"{network} (batch {batch})", line(headers), line(["-" * w for w in widths])]
         previous = None
         for c in cells:
             if previous is not None and c[0] != previous:
@@ -129,7 +138,9 @@ def render(rows: list[dict[str, object]], fmt: str, baseline: str) -> str:
             out.append(line(c))
             previous = c[0]
         blocks.append("\n".join(out) + "\n")
-    return "\n".join(blocks)
+    legend = (f"{model}; cycles/sample: steady state per training sample, bound: the policy's lower bound,\n"
+              f"x vs {baseline}: speedup, versions: weight versions held at once, staleness: updates a read lags\n")
+    return "\n".join(blocks) + "\n" + legend
 
 
 def _cell(key: str, value: object) -> str:
@@ -138,5 +149,5 @@ def _cell(key: str, value: object) -> str:
     if key == "utilization_pct":
         return f"{value:.1f}"
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+        return f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.1f}"
     return str(value)
