@@ -79,12 +79,17 @@ def test_keep_weights_together_moves_no_weights(spec: str) -> None:
                 assert where[(e.src.kind, e.src.layer)] == where[(e.dst.kind, e.dst.layer)], e
 
 
-@settings(max_examples=20, deadline=None)
-@given(net=networks(max_layers=5), n=st.integers(1, 5), k=st.integers(0, 3))
-def test_max_staleness_is_met_and_the_loop_bound_respected(net, n: int, k: int) -> None:
-    result = make_schedule("layerpipe", net, n, MODEL, LayerPipeOptions(max_staleness=k))
+@settings(max_examples=25, deadline=None)
+@given(net=networks(max_layers=5), n=st.integers(1, 5), k=st.integers(0, 3), together=st.booleans())
+def test_max_staleness_is_met_and_the_loop_bound_respected(net, n: int, k: int, together: bool) -> None:
+    options = LayerPipeOptions(max_staleness=k, keep_weights_together=together)
+    result = make_schedule("layerpipe", net, n, MODEL, options)
     validate(result.periodic, result.graph, max_staleness=k)
     assert result.metrics.max_staleness <= k
+    if together:
+        where = result.periodic.placement()  # type: ignore[union-attr]
+        assert all(where[(e.src.kind, e.src.layer)] == where[(e.dst.kind, e.dst.layer)]
+                   for e in result.graph.edges if e.role in ("weights", "stash", "gradient"))  # type: ignore[union-attr]
     table = TaskTable.of(result.graph, MODEL)  # type: ignore[arg-type]
     for length in loop_lengths(table).values():
         assert result.metrics.period_cycles * (k + 1) >= length
