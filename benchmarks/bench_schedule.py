@@ -3,8 +3,9 @@ speedup over PipeDream at the paper's processor counts, and how long scheduling 
 
 Run: .venv/bin/python benchmarks/bench_schedule.py [--cost-model pe] [--lanes 64] [--overhead 16]
 
-1. Over the zoo × N = 2..16: `layerpipe` period ÷ lower bound max(⌈Σc/N⌉, max c, c₍N₎ + c₍N+1₎) —
-   median and max — also with `keep_weights_together` (the RTL's mode), and the worst staleness.
+1. Over the zoo × N = 2..16: `layerpipe` period ÷ lower bound max(⌈Σc/N⌉, max c, pigeonhole bounds) —
+   median and max — also with `keep_weights_together` (the RTL's mode) and under `max_staleness` = N
+   (the bound then includes the loop bounds), and the worst staleness.
 2. At N = 7, 8, 9 per network: cycles per sample of PipeDream ÷ LayerPipe (the LayerPipe paper reports
    1.25× on average and up to 1.8× over PipeDream at 7–9 processors; these are our model's figures).
 3. Wall time of `make_schedule("layerpipe", resnet50, 16)` (median of 5) and of every policy on resnet50
@@ -27,12 +28,17 @@ from layerpipe.schedule._layerpipe import LayerPipeOptions
 ZOO = ["mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50"]
 
 
-def bound_ratios(model, together: bool) -> tuple[list[float], list[tuple[str, int, float, int]]]:
+Row = tuple[str, int, float, int]  # network, N, period / bound, max staleness
+
+
+def bound_ratios(model, together: bool, staleness_n: bool = False) -> tuple[list[float], list[Row]]:
+    """layerpipe period / bound over zoo × N = 2..16 (with `staleness_n`: under max_staleness = N)."""
     ratios, rows = [], []
     for spec in ZOO:
         net = load_network(spec)
         for n in range(2, 17):
-            m = make_schedule("layerpipe", net, n, model, LayerPipeOptions(keep_weights_together=together)).metrics
+            options = LayerPipeOptions(keep_weights_together=together, max_staleness=n if staleness_n else None)
+            m = make_schedule("layerpipe", net, n, model, options).metrics
             ratio = m.cycles_per_sample / m.lower_bound_cycles
             ratios.append(ratio)
             rows.append((spec, n, ratio, m.max_staleness))
@@ -49,10 +55,10 @@ def main() -> None:
     print(f"cost model {model.name} (lanes {args.lanes}, overhead {args.overhead})\n")
 
     print("1. layerpipe period / lower bound over zoo x N=2..16")
-    for together in (False, True):
-        ratios, rows = bound_ratios(model, together)
+    for together, bounded in ((False, False), (True, False), (False, True)):
+        ratios, rows = bound_ratios(model, together, bounded)
         worst = max(rows, key=lambda r: r[2])
-        label = "keep_weights_together" if together else "default"
+        label = "keep_weights_together" if together else "max_staleness=N" if bounded else "default"
         print(f"   {label:22s} median {statistics.median(ratios):.4f}  max {max(ratios):.4f} "
               f"({worst[0]} N={worst[1]})  share at bound {sum(r <= 1.0 for r in ratios) / len(ratios):.0%}  "
               f"worst staleness {max(r[3] for r in rows)}")
