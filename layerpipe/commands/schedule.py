@@ -165,6 +165,7 @@ def describe(result: ScheduleResult) -> dict[str, object]:
         "staleness_per_layer": {str(k): v for k, v in sorted(result.metrics.staleness_per_layer.items())},
         "weight_versions_per_layer": {str(k): v for k, v in
                                       sorted(result.metrics.weight_versions_per_layer.items())},
+        "stage_layers": [list(layers) for layers in result.stages.layers] if result.stages is not None else None,
         "notes": list(result.notes),
     }
 

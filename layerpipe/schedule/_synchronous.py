@@ -15,7 +15,7 @@ step's own bubbles do.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from layerpipe.costs import CostModel
@@ -177,8 +177,8 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
         weight_versions_per_layer={layer.index: 1 for layer in network.layers if layer.has_weights},
     )
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
-    return ScheduleResult(policy, options, num_procs, metrics, network, graph, explicit=one_step, stages=stages,
-                          notes=notes)
+    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network, graph,
+                          explicit=one_step, stages=stages, notes=notes)
 
 
 def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
@@ -229,4 +229,5 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
     )
     one_step = _first_step(shape.generate(num_procs, m, options), m)
     notes = (f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",)
-    return ScheduleResult(policy, options, num_procs, metrics, explicit=one_step, stages=stages, notes=notes)
+    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, explicit=one_step,
+                          stages=stages, notes=notes)
