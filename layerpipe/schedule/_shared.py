@@ -6,9 +6,12 @@ policies differ only in how they make the first two; the lags always come from `
 
 - `TaskTable`     — the training graph in index form: costs, delay-0 precedence, a topological order.
 - `asap_times`    — start times of one iteration on unlimited processors (the critical-path shape).
-- `balance`       — LPT plus move/swap repair: items (tasks or groups of tasks) onto N processors,
-                    minimising the largest load, which is the period of a gap-free body.
+- `balance`       — LPT (or a given start) plus move/swap repair: items (tasks or groups of tasks) onto N
+                    processors, minimising the largest load, which is the period of a gap-free body.
+- `timeline` / `timeline_partition` — one iteration's tasks in critical-path order, cut into N runs.
 - `order_bodies` / `contiguous_starts` — a processor's tasks in a chosen order, packed from offset 0.
+- `pack_circular` — a body packed around the period at or after target offsets (a task may wrap past P).
+- `best_ordering` — the body orders and packings worth trying for a placement, best by staleness.
 - `minimal_lags`  — the smallest legal lags for a placement and starts: a longest path over the delay-0
                     edges, lag_v ≥ lag_u + ⌈(start_u + c_u − start_v)/P⌉.
 - `modulo_list_schedule` — placement and starts together, each task at its earliest fit after its
@@ -319,12 +322,10 @@ def modulo_list_schedule(
     free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
     room = [period] * num_procs  # free cycles not yet promised to a started group
     group_cost: dict[int, int] = {}
-    group_left: dict[int, int] = {}
     group_proc: dict[int, int] = {}
     if group is not None:
         for v in range(n):
             group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
-        group_left = dict(group_cost)
     proc = [-1] * n
     sigma = [0] * n
     for v in priority:
@@ -353,8 +354,6 @@ def modulo_list_schedule(
         elif g not in group_proc:
             group_proc[g] = p
             room[p] -= group_cost[g]
-        if g is not None:
-            group_left[g] -= c
         proc[v], sigma[v] = p, at
     return proc, sigma
 
@@ -446,6 +445,8 @@ def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> l
         return []
     if sum(cost) > period:
         raise ValueError(f"body of {sum(cost)} cycles does not fit the period {period}")
+    # The last end is max(an end fixed by some release, carry + load − P); with load ≤ P the second pass,
+    # started from the first pass's overflow, never overflows past its own first start.
     carry = -period
     while True:
         at, starts = carry, []
