@@ -241,31 +241,24 @@ def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np
 def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload):
     """CSR arrays from `dependencies()` (contract 1), op by op."""
     deps = workload.dependencies(schedule)
-    index_of = {id(op): i for i, op in enumerate(ops)}
-    role_ids: dict[str, int] = {}
-    consumer: list[int] = []
-    producer: list[int] = []
-    words: list[int] = []
-    role: list[int] = []
-    by_key: dict[tuple[str, int, int], int] | None = None
     # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
     listed = list(deps.items())
     if len(listed) == len(ops) and all(a is b for (a, _), b in zip(listed, ops, strict=True)):
         per_op = [d for _, d in listed]
     else:
         per_op = [deps[op] for op in ops]
-    for i, dep_list in enumerate(per_op):
-        for dep in dep_list:
-            j = index_of.get(id(dep.producer))
-            if j is None:  # an equal but distinct Op object
-                by_key = by_key or {o.key: k for k, o in enumerate(ops)}
-                j = by_key[dep.producer.key]
-            consumer.append(i)
-            producer.append(j)
-            words.append(dep.words)
-            role.append(role_ids.setdefault(dep.role, len(role_ids)))
-    return _csr(np.asarray(consumer, np.int64), np.asarray(producer, np.int64), np.asarray(words, np.int64),
-                np.asarray(role, np.int8), len(ops), tuple(role_ids))
+    flat = [(i, dep) for i, dep_list in enumerate(per_op) for dep in dep_list]
+    index_of = {id(op): i for i, op in enumerate(ops)}
+    try:
+        producer = [index_of[id(dep.producer)] for _, dep in flat]
+    except KeyError:  # an equal but distinct Op object: look producers up by key
+        by_key = {op.key: i for i, op in enumerate(ops)}
+        producer = [by_key[dep.producer.key] for _, dep in flat]
+    role_ids: dict[str, int] = {}
+    role = [role_ids.setdefault(dep.role, len(role_ids)) for _, dep in flat]
+    return _csr(np.fromiter((i for i, _ in flat), np.int64, len(flat)), np.asarray(producer, np.int64),
+                np.fromiter((dep.words for _, dep in flat), np.int64, len(flat)), np.asarray(role, np.int8),
+                len(ops), tuple(role_ids))
 
 
 def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
