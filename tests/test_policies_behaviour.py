@@ -19,6 +19,7 @@ from layerpipe.schedule._shared import (
     TaskTable,
     loop_lengths,
     order_bodies,
+    pack_circular,
     partition_contiguous,
     time_bodies,
 )
@@ -225,3 +226,28 @@ def test_simulated_unrolled_schedule_runs_at_the_period_with_no_more_staleness(s
             seen[layer] = max(seen.get(layer, 0), t - version)
     for layer, predicted in result.metrics.staleness_per_layer.items():
         assert predicted - 1 <= seen[layer] <= predicted
+
+
+# ---------------------------------------------------------------------------------------- shared passes
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), period=st.integers(1, 60))
+def test_pack_circular_never_overlaps_modulo_the_period(data, period: int) -> None:
+    costs = data.draw(st.lists(st.integers(0, period), min_size=1, max_size=8).filter(lambda c: sum(c) <= period))
+    release = sorted(data.draw(st.lists(st.integers(0, period - 1), min_size=len(costs), max_size=len(costs))))
+    starts = pack_circular(release, costs, period)
+    assert all(0 <= s < period for s in starts)
+    busy = [(s, c) for s, c in zip(starts, costs, strict=True) if c > 0]
+    for i, (a, ca) in enumerate(busy):
+        for b, cb in busy[i + 1:]:
+            assert (b - a) % period >= ca and (a - b) % period >= cb
+    # unrolled, the tasks run in the given order, each at or after its release, within one period
+    unrolled = [starts[0] + (period if starts[0] < release[0] else 0)]
+    for k in range(1, len(starts)):
+        at = starts[k]
+        while at < unrolled[-1] + costs[k - 1]:
+            at += period
+        unrolled.append(at)
+    assert all(u >= r for u, r in zip(unrolled, release, strict=True))
+    assert unrolled[-1] + costs[-1] <= unrolled[0] + period
