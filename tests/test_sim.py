@@ -183,5 +183,10 @@ def test_engine_properties(case, latency, words_per_cycle):
         s, e = linked.start[mask], linked.end[mask]
         assert (s[1:] >= e[:-1]).all()
     assert linked.total_cycles >= shared.total_cycles
+    # Every processor always holds the current weights of the layers whose updates it runs.
+    owned = [0] * sched.num_procs
+    for layer, words in work.weight_words.items():
+        owned[next(op.proc for op in sched.ops() if op.kind == "U" and op.unit == layer)] += words
+    assert all(peak >= own for peak, own in zip(linked.peak_memory_words, owned, strict=True))
     assert linked.traffic_words == shared.traffic_words
     assert sum(linked.busy_cycles) == sum(work.durations[(op.kind, op.unit)] for op in sched.ops())
