@@ -12,16 +12,15 @@ and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedul
 instantiate that module's `layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t)
 needs src(t − delay)) with array indexing; a test checks both give the same producers.
 
-Both interconnect models reduce to the same problem, a longest path through resources that each run a
-fixed program: processors run their ops, and in `links` mode every link p→q runs its transfers in a
-fixed order too. Transfers on a link go in order of producer end time, ties by consumer order; all
-producers on p→q run on p, one after another, so when every such producer takes at least one cycle
-their end times increase along p's program and the link order is simply (producer position, consumer
-position) — known before timing. A transfer is then a node like an op: it starts when its producer has
-ended and its link is free, occupies the link ceil(w / words_per_cycle) cycles and delivers `latency`
-cycles later. Start times then do not depend on the order nodes are visited in, so a work-list sweep
-computes them without a heap: run each resource as far as its inputs allow, park it on the first
-producer that has not finished, wake it when that producer finishes.
+Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
+go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
+another, so when every such producer takes at least one cycle their end times increase along p's program
+and the link order is simply (producer position, consumer position) — known before timing. The engine
+therefore queues an op's transfers on their links the moment it finishes, while walking its processor's
+program: departure = max(producer end, link free), the link stays busy ceil(w / words_per_cycle) cycles,
+and the data is available `latency` cycles later. Start times then do not depend on the order the
+processors are visited in, so a work-list sweep computes them without a heap: run each processor as far as
+its inputs allow, park it on the first input that is not available yet, wake it when that input is.
 
 Only a zero-duration producer can end in the same cycle as the op before it and so tie with it on a link;
 schedules with such a producer take the event-driven engine (`_run_links_events`): end events in time
@@ -130,37 +129,38 @@ class CompiledSchedule:
 
     @cached_property
     def link_plan(self) -> LinkPlan:
-        """The transfers of the `links` model as nodes n, n+1, ... in link order (see the module docstring)."""
+        """The transfers of the `links` model: inputs n, n+1, ... (see the module docstring)."""
         n, procs = self.num_ops, self.num_procs
         proc = np.asarray(self.proc, dtype=np.int64)
-        producer, consumer, words = self.pairs
+        producer, consumer, words = self.pairs  # sorted by producer, then consumer: each op's send order
         cross = proc[producer] != proc[consumer]
         i, j, w = producer[cross], consumer[cross], words[cross]
-        link = proc[i] * procs + proc[j]
-        order = np.lexsort((j, i, link))
-        i, j, w, link = i[order], j[order], w[order], link[order]
-        node = n + np.arange(len(i), dtype=np.int64)
+        transfer = n + np.arange(len(i), dtype=np.int64)
         local = ~cross
-        # Node → producer nodes: same-processor producers, incoming transfers, and each transfer's producer.
-        dst = np.concatenate([consumer[local], j, node])
-        src = np.concatenate([producer[local], node, i])
+        # Inputs of each op: its same-processor producers and its incoming transfers.
+        dst = np.concatenate([consumer[local], j])
+        src = np.concatenate([producer[local], transfer])
         by_dst = np.argsort(dst, kind="stable")
-        ptr = np.zeros(n + len(i) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(dst, minlength=n + len(i)), out=ptr[1:])
-        starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]]) if len(link) else np.zeros(0, np.int64)
-        lo = self.bounds[:-1] + (n + starts).tolist()
-        hi = self.bounds[1:] + (n + np.r_[starts[1:], len(link)]).tolist() if len(link) else self.bounds[1:]
-        return LinkPlan(_split(src[by_dst], ptr), lo, hi, w.tolist(), i.tolist())
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+        send_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(i, minlength=n), out=send_ptr[1:])
+        links = (proc[i] * procs + proc[j]).tolist()
+        sends_flat = list(zip(transfer.tolist(), links, strict=True))
+        cuts = send_ptr.tolist()
+        with _gc_paused():
+            sends = [sends_flat[a:b] for a, b in itertools.pairwise(cuts)]
+        return LinkPlan(_split(src[by_dst], ptr), sends, w.tolist(), i.tolist())
 
 
 @dataclass(frozen=True)
 class LinkPlan:
-    """Ops and transfers as one node list. Resource r (processors first, then the used links) runs nodes
-    lo[r]..hi[r]−1; transfer node n + k carries `words[k]` from op `producer[k]`."""
+    """Transfer k is input n + k: `words[k]` from op `producer[k]`. `inputs[j]` lists op j's inputs (its
+    same-processor producers' op numbers and its transfers' input numbers); `sends[i]` lists op i's
+    transfers as (input number, link p·N + q) in the order they queue."""
 
-    prods: list[list[int]]
-    lo: list[int]
-    hi: list[int]
+    inputs: list[list[int]]
+    sends: list[list[tuple[int, int]]]
     words: list[int]
     producer: list[int]
 
@@ -309,16 +309,12 @@ def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[
 
 def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     if config.interconnect == "shared":
-        start, end = _sweep(c, c.prods, c.bounds[:-1], c.bounds[1:], c.dur, c.dur)
-        return start, end
+        return _sweep(c, c.prods)
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle)
     plan = c.link_plan
-    hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), config.link_words_per_cycle)
-    occupy = c.dur + hold.tolist()
-    deliver = c.dur + (hold + config.link_latency).tolist()
-    start, end = _sweep(c, plan.prods, plan.lo, plan.hi, deliver, occupy, plan.producer)
-    return start[:c.num_ops], end[:c.num_ops]
+    hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), config.link_words_per_cycle).tolist()
+    return _sweep(c, plan.inputs, plan, hold, config.link_latency)
 
 
 def _hold_cycles(words: np.ndarray, words_per_cycle: float) -> np.ndarray:
@@ -335,51 +331,66 @@ def _zero_duration_sender(c: CompiledSchedule) -> bool:
     return any(c.dur[i] == 0 and any(proc[j] != proc[i] for j, _ in c.consumers[i]) for i in range(c.num_ops))
 
 
-def _sweep(c: CompiledSchedule, prods: list[list[int]], lo: list[int], hi: list[int], deliver: list[int],
-           occupy: list[int], producer: list[int] | None = None) -> tuple[list[int], list[int]]:
-    """Longest path through resources running fixed programs (see the module docstring).
+def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None = None,
+           hold: list[int] | None = None, latency: int = 0) -> tuple[list[int], list[int]]:
+    """Start and end of every op: processors walk their programs (see the module docstring).
 
-    Node i of resource r starts at max(r free, every producer's delivery time); its result is delivered
-    `deliver[i]` cycles after its start and it keeps its resource busy `occupy[i]` cycles.
+    `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
+    only, queued on its link by `plan.sends` when its producer ends); −1 until known.
     """
-    total = len(prods)
-    start = [0] * total
-    end = [-1] * total  # delivery time; -1: not run yet
+    n = c.num_ops
+    dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
+    sends = plan.sends if plan is not None else None
+    total = n + (len(plan.words) if plan is not None else 0)
+    start = [0] * n
+    avail = [-1] * total
+    link_free: dict[int, int] = {}
     nxt = lo.copy()
     free = [0] * len(lo)
-    waiters: list[list[int] | None] = [None] * total  # node → resources parked on it
+    waiters: list[list[int] | None] = [None] * total  # input → processors parked on it
     work = list(range(len(lo) - 1, -1, -1))
     while work:
-        r = work.pop()
-        i, last, t = nxt[r], hi[r], free[r]
+        p = work.pop()
+        i, last, t = nxt[p], hi[p], free[p]
         while i < last:
             s = t
-            for j in prods[i]:
-                e = end[j]
+            for x in inputs[i]:
+                e = avail[x]
                 if e < 0:
-                    parked = waiters[j]
+                    parked = waiters[x]
                     if parked is None:
-                        waiters[j] = [r]
+                        waiters[x] = [p]
                     else:
-                        parked.append(r)
+                        parked.append(p)
                     break
                 if e > s:
                     s = e
             else:
                 start[i] = s
-                end[i] = s + deliver[i]
-                t = s + occupy[i]
+                t = avail[i] = s + dur[i]
                 woken = waiters[i]
                 if woken is not None:
                     work.extend(woken)
                     waiters[i] = None
+                if sends is not None:
+                    for x, link in sends[i]:
+                        depart = link_free.get(link, 0)
+                        if depart < t:
+                            depart = t
+                        depart += hold[x - n]  # type: ignore[index]
+                        link_free[link] = depart
+                        avail[x] = depart + latency
+                        woken = waiters[x]
+                        if woken is not None:
+                            work.extend(woken)
+                            waiters[x] = None
                 i += 1
                 continue
             break
-        nxt[r], free[r] = i, t
+        nxt[p], free[p] = i, t
     if any(nxt[p] < hi[p] for p in range(c.num_procs)):
-        _check_finished(c, nxt, [e >= 0 for e in end], prods, producer or [])
-    return start, end
+        _check_finished(c, nxt, [e >= 0 for e in avail], inputs, plan.producer if plan is not None else [])
+    return start, avail[:n]
 
 
 def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float) -> tuple[list[int], list[int]]:
