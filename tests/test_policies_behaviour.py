@@ -138,6 +138,19 @@ def test_pipedream_lags_agree_with_the_retiming_solution(widths: list[int], n: i
     assert all(d == 2 * solution.stages_after(layer) for layer, d in solution.delays.items())
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_pipedream_on_balanced_stages_has_the_papers_staleness_and_versions(n: int) -> None:
+    """Weight stashing in 1F1B: stage s of S reads weights S − 1 − s updates old and holds S − s versions
+    (the first layer has no E, so it needs no stash)."""
+    net = load_network("mlp:" + "-".join(["64"] * 9))
+    result = make_schedule("pipedream", net, n, MODEL)
+    table = TaskTable.of(result.graph, MODEL)  # type: ignore[arg-type]
+    for s, layers in enumerate(stage_layers(table, n)):
+        for layer in layers:
+            assert result.metrics.staleness_per_layer[layer] == n - 1 - s
+            assert result.metrics.weight_versions_per_layer[layer] == (1 if layer == 1 else n - s)
+
+
 def test_pipedream_stashes_fewer_versions_down_the_pipeline() -> None:
     result = make_schedule("pipedream", load_network("mlp:" + "-".join(["16"] * 9)), 4, MODEL)
     versions = result.metrics.weight_versions_per_layer

@@ -4,9 +4,13 @@ PipeDream: the training graph with the fused backward B_l = A;E;G (`GraphOptions
 into min(N, L) contiguous stages by dynamic programming over per-layer work F + B + U (min-max stage load;
 layers in topological order, so residual networks cut between blocks or across them), one stage per
 processor. In steady state each stage runs one forward block (its layers' F in order) and one backward
-block (B_l then U_l, in reverse layer order) per period; the period is the busiest stage's load. Which
-block comes first on each stage is chosen from the ASAP timing modulo the period, as 1F1B's alternation
-does; lags are the minimal legal ones, so a stage's staleness and stashed versions follow from its depth.
+block (B_l then U_l, in reverse layer order) per period; the period is the busiest stage's load. The
+blocks are laid out as 1F1B's steady state: stage s's forward block starts where stage s − 1's ends and
+its backward block follows it around the period; lags are the minimal legal ones. On balanced stages that
+gives PipeDream's figures: staleness S − 1 − s and S − s stashed versions on stage s of S. (Simpler
+layouts — forward or backward block first everywhere — are also timed and the best kept; with the forward
+block first every crossing costs a lag each way and the lags are exactly the retiming solution of
+`layerpipe.retiming`, D_l = 2·S(l).)
 
 PipeDream-2BW (Narayanan et al., ICML'21), as modelled here: the same stages and 1F1B order; gradients are
 coalesced over `microbatches` m micro-batches and the weights double-buffered. The update of the shadow
@@ -26,7 +30,16 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import TaskTable, Timing, asap_times, best_ordering, partition_contiguous
+from layerpipe.schedule._shared import (
+    TaskTable,
+    Timing,
+    asap_times,
+    best_ordering,
+    minimal_lags,
+    order_bodies,
+    partition_contiguous,
+    timing_of,
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,21 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
         return (b[0] if f_first else 1 - b[0], b[1], b[2])
 
     timing = best_ordering(table, placement, num_procs, period, [alternating, block, backward_first])
-    return placement, period, timing
+    # 1F1B's steady state: stage s's forward block starts where stage s − 1's ends (offsets are the prefix
+    # sums of the forward blocks, modulo P) and its backward block follows it around the period, so a
+    # stage hands activations on, and gets errors back, within a period where the loads allow: staleness
+    # about S − 1 − s on stage s instead of 2·(S − 1 − s) with one lag per crossing each way.
+    forward_first_bodies = order_bodies(placement, num_procs, block)
+    start = [0] * len(table)
+    offset = 0
+    for body in forward_first_bodies[: len(stages)]:
+        at = offset
+        for v in body:
+            start[v] = at % period
+            at += table.cost[v]
+        offset += sum(table.cost[v] for v in body if table.tasks[v].kind == "F")
+    packed = timing_of(table, start, minimal_lags(table, start, period), period)
+    return placement, period, min(timing, packed, key=Timing.score)
 
 
 def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions) -> ScheduleResult:

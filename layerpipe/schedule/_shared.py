@@ -426,6 +426,12 @@ def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period:
              target: Sequence[int]) -> Timing:
     """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
     bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
+    return pack_bodies(table, bodies, period, target)
+
+
+def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> Timing:
+    """Bodies in the given orders packed around the period, each task at or after its target offset
+    (`pack_circular`), with the minimal lags for those starts."""
     start = [0] * len(table)
     for body in bodies:
         for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
