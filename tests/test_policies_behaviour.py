@@ -178,11 +178,11 @@ def test_ooo_allocates_layers_modulo(g: int) -> None:
     result = make_schedule("ooo", net, 3, MODEL, OOOOptions(group_size=g))
     for (kind, layer), proc in result.periodic.placement().items():  # type: ignore[union-attr]
         assert proc == ((layer - 1) // g) % 3, (kind, layer)
-    # output gradients before weight gradients in every body
+    # in every body the weight-gradient work (G, U) is one run after the other work, around the period
     for body in result.periodic.bodies:  # type: ignore[union-attr]
-        kinds = [s.kind for s in sorted(body)]
-        fill = [i for i, k in enumerate(kinds) if k in ("G", "U")]
-        assert all(k in ("G", "U") for k in kinds[fill[0]:] if fill), kinds
+        fill = [s.kind in ("G", "U") for s in sorted(body)]
+        starts_of_runs = sum(1 for i in range(len(fill)) if fill[i] and not fill[i - 1])
+        assert starts_of_runs <= 1 or all(fill), fill
 
 
 # ----------------------------------------------------------------------------------------- synchronous

@@ -4,8 +4,8 @@ The backward splits into output gradients (δ_l and e_{l−1}: the task AE_l, th
 weight gradients G_l, which nothing downstream waits for in the same iteration except U_l. Layers go to
 processors by modulo allocation, processor(l) = ⌊(l−1)/g⌋ mod N for group size g (layers numbered from 1),
 so a processor holds every layer's tasks of its groups; the period is the busiest processor's load. In each
-body the forward and output-gradient work comes first in ASAP order and the weight-gradient work (G, U)
-fills the rest of the period.
+body the forward and output-gradient work comes first (in ASAP order, or at target offsets in the period)
+and the weight-gradient work (G, U) fills the rest of the period after it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import TaskTable, asap_times, best_ordering
+from layerpipe.schedule._shared import (
+    TaskTable,
+    Timing,
+    asap_times,
+    best_ordering,
+    default_targets,
+    order_bodies,
+    pack_bodies,
+)
 
 
 @dataclass(frozen=True)
@@ -47,5 +55,9 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
 
     keys = [lambda v: (filler(v), asap[v], v), lambda v: (filler(v), asap[v] % period, asap[v], v)]
     timing = best_ordering(table, placement, num_procs, period, keys)
+    # Forward and output-gradient work at its target offsets in the period, weight-gradient work after it.
+    for target in default_targets(table, placement, num_procs, asap):
+        bodies = order_bodies(placement, num_procs, lambda v, t=target: (filler(v), t[v] % period, t[v], v))
+        timing = min(timing, pack_bodies(table, bodies, period, target), key=Timing.score)
     return periodic_result("ooo", options, table, num_procs, placement, timing.start, timing.lag, period,
                            table.cost)
