@@ -113,7 +113,10 @@ class Datapath(wiring.Component):
         # ---- S1: lane products and elementwise results -------------------------------------------------
         # One multiplier per lane, shared by F, E and G: the operands are muxed in front of it.
         scalar_y = Signal(signed(n))  # δ_i: lane `lane` of the Y word (the δ vector), broadcast to all lanes
-        m.d.comb += scalar_y.eq(self.y[self.lane])
+        with m.Switch(self.lane):  # a lane mux (indexing the view by a Value would build a shifter)
+            for j in range(lanes):
+                with m.Case(j):
+                    m.d.comb += scalar_y.eq(self.y[j])
         is_mac = _is_fwd(op) | (op == Opcode.ERR) | (op == Opcode.GRAD)
         p = Signal(data.ArrayLayout(signed(2 * n), lanes))
         for j in range(lanes):

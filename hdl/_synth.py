@@ -85,10 +85,10 @@ def synthesize(path: str | Path, top: str, target: str = "ice40", dsp: bool = Fa
     full = f"synth_ice40 -top {top}" + (" -dsp" if dsp else "") if target == "ice40" else f"synth -flatten -top {top}"
     with tempfile.TemporaryDirectory(prefix="layerpipe-synth-") as tmp:
         coarse_json, final_json = Path(tmp, "coarse.json"), Path(tmp, "final.json")
-        # The coarse statistics come from a separate elaboration stopped before memories and multipliers
-        # are mapped to gates; the final ones from the whole script.
-        script = (f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; opt -fast; wreduce; "
-                  f"memory -nomap; opt_clean; tee -q -o {coarse_json} stat -json; design -reset; "
+        # The coarse statistics (memories, multipliers as the design states them) come from the elaborated
+        # design before any mapping; the final ones (what the target needs) from the whole script.
+        script = (f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; opt_clean; "
+                  f"tee -q -o {coarse_json} stat -json; design -reset; "
                   f"read_verilog -sv {path}; {full}; tee -q -o {final_json} stat -json")
         proc = subprocess.run([yosys, "-q", "-p", script], capture_output=True, text=True, check=False, cwd=tmp)
         if proc.returncode != 0:
