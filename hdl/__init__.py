@@ -29,7 +29,15 @@ from layerpipe.hdl._pe import (
     unpack_matrix,
     unpack_vector,
 )
-from layerpipe.hdl._synth import LINT_WAIVERS, SYNTH_TARGETS, LintResult, export_verilog, lint_verilog, synthesize
+from layerpipe.hdl._synth import (
+    LINT_WAIVERS,
+    SYNTH_TARGETS,
+    LintResult,
+    export_verilog,
+    lint_verilog,
+    synthesize,
+    synthesize_design,
+)
 
 __all__ = [
     "LINT_WAIVERS",
@@ -56,6 +64,7 @@ __all__ = [
     "pack_vector",
     "run_cocotb",
     "synthesize",
+    "synthesize_design",
     "unpack_matrix",
     "unpack_vector",
     "verilator_environment",

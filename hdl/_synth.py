@@ -4,14 +4,17 @@
   paths in the text, so the same design gives the same bytes on any machine.
 - `lint_verilog(path, top)`: `verilator --lint-only -Wall` with the waivers of `LINT_WAIVERS` (each is a
   property of the code generator, not of the design; every other warning fails the lint).
-- `synthesize(path, top, target)`: Debian yosys, `stat -json` before memory/multiplier mapping (memory
-  bits, multipliers) and after the full script (cells, LUTs, FFs, DSPs, block RAMs), as a flat dict.
+- `synthesize(path, top, targets)`: Debian yosys, `stat -json` of the elaborated design (memory bits,
+  multipliers) and after each target's full script (cells, LUTs, FFs, DSPs, block RAMs), per target.
+- `synthesize_design(network, policy, num_pes, lanes)`: the same for a whole accelerator design point.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,7 +28,8 @@ from amaranth.lib import wiring
 from layerpipe.errors import InputError
 from layerpipe.hdl._cocotb import verilator_environment
 
-__all__ = ["LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "export_verilog", "lint_verilog", "synthesize"]
+__all__ = ["LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "export_verilog", "lint_verilog", "synthesize",
+           "synthesize_design"]
 
 #: Verilator warnings waived for Amaranth-generated Verilog, and why each is not a design problem.
 LINT_WAIVERS: Mapping[str, str] = {
@@ -72,44 +76,82 @@ def lint_verilog(path: str | Path, top: str, waivers: Mapping[str, str] = LINT_W
     return LintResult(proc.returncode == 0 and not messages, messages, command)
 
 
-def synthesize(path: str | Path, top: str, target: str = "ice40", dsp: bool = False) -> dict[str, int]:
-    """Synthesize with Debian yosys; return cells, luts, ffs, dsps, brams, memory_bits, multipliers.
+def synthesize(path: str | Path, top: str | None = None, targets: tuple[str, ...] = SYNTH_TARGETS,
+               dsp: bool = False) -> dict[str, dict[str, int]]:
+    """Synthesize with Debian yosys; per target: cells, luts, ffs, dsps, brams, multipliers, memory_bits, memories.
 
-    `generic` is yosys `synth -flatten` (gate-level cells; LUTs are not counted: 0); `ice40` is
-    `synth_ice40` (with `dsp`, multipliers map to SB_MAC16 as on an UltraPlus part)."""
-    if target not in SYNTH_TARGETS:
-        raise InputError(f"synthesis target must be one of {', '.join(SYNTH_TARGETS)}, got '{target}'")
+    `generic` is yosys `synth -flatten` (gate-level cells; no LUTs: 0; memories become flip-flops); `ice40` is
+    `synth_ice40` (with `dsp`, multipliers map to SB_MAC16 as on an UltraPlus part). `multipliers`,
+    `memories` and `memory_bits` describe the elaborated design (before any mapping). `top` defaults to the
+    file's one module whose name has no '.' (Amaranth names submodules `top.sub`)."""
+    for target in targets:
+        if target not in SYNTH_TARGETS:
+            raise InputError(f"synthesis target must be one of {', '.join(SYNTH_TARGETS)}, got '{target}'")
     yosys = shutil.which("yosys")
     if yosys is None:
         raise InputError("yosys is not installed (apt-get install yosys)")
-    full = f"synth_ice40 -top {top}" + (" -dsp" if dsp else "") if target == "ice40" else f"synth -flatten -top {top}"
+    path = Path(path).resolve()
+    top = top or _top_module(path)
     with tempfile.TemporaryDirectory(prefix="layerpipe-synth-") as tmp:
-        coarse_json, final_json = Path(tmp, "coarse.json"), Path(tmp, "final.json")
-        # The coarse statistics (memories, multipliers as the design states them) come from the elaborated
-        # design before any mapping; the final ones (what the target needs) from the whole script.
-        script = (f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; opt_clean; "
-                  f"tee -q -o {coarse_json} stat -json; design -reset; "
-                  f"read_verilog -sv {path}; {full}; tee -q -o {final_json} stat -json")
-        proc = subprocess.run([yosys, "-q", "-p", script], capture_output=True, text=True, check=False, cwd=tmp)
-        if proc.returncode != 0:
-            raise RuntimeError(f"yosys failed: {proc.stderr.strip()[-2000:]}")
-        coarse = _totals(json.loads(coarse_json.read_text()))
-        final = _totals(json.loads(final_json.read_text()))
-    by_type = final["num_cells_by_type"]
-    def count(prefixes: tuple[str, ...]) -> int:
-        return sum(n for cell, n in by_type.items() if cell.startswith(prefixes))
-    coarse_types = coarse["num_cells_by_type"]
-    brams = count(("SB_RAM40_4K",))
-    return {
-        "cells": int(final["num_cells"]),
-        "luts": count(("SB_LUT4",)),
-        "ffs": count(("SB_DFF", "$_DFF", "$_SDFF", "$_DFFE", "$_SDFFE", "$_SDFFCE", "$_ALDFF")),
-        "dsps": count(("SB_MAC16",)),
-        "brams": brams,
-        "multipliers": sum(n for cell, n in coarse_types.items() if cell in ("$mul", "$macc")),
-        "memory_bits": int(coarse["num_memory_bits"]),
-        "memories": int(coarse["num_memories"]),
-    }
+        coarse = _run_stat(yosys, tmp, f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; opt_clean")
+        out = {}
+        for target in targets:
+            full = f"synth_ice40 -top {top}" + (" -dsp" if dsp else "") if target == "ice40" else \
+                f"synth -flatten -top {top}"
+            final = _run_stat(yosys, tmp, f"read_verilog -sv {path}; {full}")
+            by_type = final["num_cells_by_type"]
+            def count(prefixes: tuple[str, ...], cells: dict[str, int] = by_type) -> int:
+                return sum(n for cell, n in cells.items() if cell.startswith(prefixes))
+            out[target] = {
+                "cells": int(final["num_cells"]),
+                "luts": count(("SB_LUT4",)),
+                "ffs": count(("SB_DFF", "$_DFF", "$_SDFF", "$_DFFE", "$_SDFFE", "$_SDFFCE", "$_ALDFF")),
+                "dsps": count(("SB_MAC16",)),
+                "brams": count(("SB_RAM40_4K",)),
+                "multipliers": sum(n for cell, n in coarse["num_cells_by_type"].items() if cell in ("$mul", "$macc")),
+                "memory_bits": int(coarse["num_memory_bits"]),
+                "memories": int(coarse["num_memories"]),
+            }
+    return out
+
+
+def _run_stat(yosys: str, workdir: str, script: str) -> dict:
+    """Run a yosys script followed by `stat -json`; the whole design's statistics."""
+    stat = Path(workdir, "stat.json")
+    stat.unlink(missing_ok=True)
+    proc = subprocess.run([yosys, "-q", "-p", f"{script}; tee -q -o {stat} stat -json"], capture_output=True,
+                          text=True, check=False, cwd=workdir)
+    if proc.returncode != 0:
+        raise RuntimeError(f"yosys failed: {proc.stderr.strip()[-2000:]}")
+    return _totals(json.loads(stat.read_text()))
+
+
+def _top_module(path: Path) -> str:
+    names = re.findall(r"^module\s+\\?([^\s(]+)", path.read_text(), flags=re.MULTILINE)
+    tops = [name for name in names if "." not in name]
+    if len(tops) != 1:
+        raise InputError(f"{path.name}: cannot tell the top module among {', '.join(names) or 'none'}; pass top")
+    return tops[0]
+
+
+@functools.lru_cache(maxsize=64)
+def synthesize_design(network: str, policy: str, num_pes: int, lanes: int, target: str = "ice40",
+                      samples: int = 4) -> dict[str, int] | None:
+    """Synthesis figures of the whole accelerator for a design point, or None when the RTL cannot run it
+    (not an MLP, a policy it does not support, limits) or yosys is missing. Cached: synthesis takes minutes."""
+    from layerpipe.hdl._flow import export_verilog as export_design
+    from layerpipe.hdl._flow import make_design
+
+    if shutil.which("yosys") is None:
+        return None
+    try:
+        design = make_design(network, policy, num_pes, lanes, samples)
+    except InputError:
+        return None
+    with tempfile.TemporaryDirectory(prefix="layerpipe-design-") as tmp:
+        verilog_path = Path(tmp, "design.v")
+        verilog_path.write_text(export_design(design))
+        return synthesize(verilog_path, targets=(target,))[target]
 
 
 def _totals(stat: dict) -> dict:
