@@ -6,8 +6,8 @@
    1F1B and ZB-H1 with p = 8 stages and m = 64 micro-batches (SIR's generators, handed to torch as `_Action`s
    with torch's own `_add_send_recv` communication actions). torch's simulator is a unit-time dry run (every
    action one step); ours times real durations (stage costs F, I, W = 7, 9, 5 cycles) and, in `links` mode,
-   transfers with contention. Figures are the best of interleaved batches of calls (the machine is
-   shared), timed with the garbage collector paused:
+   transfers with contention. Figures are CPU time per call, the best of interleaved batches of calls,
+   timed with the garbage collector paused:
    - "engine": `simulate_compiled(..., reports=False)` on a schedule compiled once — the counterpart of
      torch's function, which also starts from a prepared action list;
    - "full": `simulate()` from the `OpSchedule` — dependencies (SIR's `dependencies()`), timing, version map,
@@ -36,15 +36,16 @@ STAGE_COSTS = (7, 9, 5)  # F, I (input gradient), W (weight gradient) cycles
 
 
 def timed(fn: Callable[[], object], loops: int = 1) -> float:
-    """Seconds per call over `loops` calls, with the cyclic garbage collector paused (as `timeit` does) so
-    that garbage one candidate leaves is not collected on another's clock."""
+    """CPU seconds per call over `loops` calls. CPU time of this thread, not wall time: the machine is shared
+    and wall time would count other processes' time slices. The cyclic garbage collector is paused (as
+    `timeit` does) so that garbage one candidate leaves is not collected on another's clock."""
     gc.collect()
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(loops):
             fn()
-        return (time.perf_counter() - t0) / loops
+        return (time.thread_time() - t0) / loops
     finally:
         gc.enable()
 
@@ -52,8 +53,7 @@ def timed(fn: Callable[[], object], loops: int = 1) -> float:
 def interleaved(candidates: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Best seconds per call for each candidate. Each is first calibrated to a batch of calls lasting about
     50 ms; then the candidates run their batches in turn, `repeats` rounds, and the fastest batch counts.
-    The best, as `timeit` advises: on a shared machine a batch that loses time slices to other processes
-    measures the neighbours, not the code, and interleaving gives every candidate the same chances."""
+    The best, as `timeit` advises; interleaving gives every candidate the same conditions (caches, clock)."""
     loops = {name: max(1, round(0.05 / timed(fn))) for name, fn in candidates.items()}
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(repeats):

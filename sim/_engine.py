@@ -314,7 +314,7 @@ def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle)
     plan = c.link_plan
     hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), config.link_words_per_cycle).tolist()
-    return _sweep(c, plan.inputs, plan, hold, config.link_latency)
+    return _sweep(c, plan.inputs, plan, [0] * c.num_ops + hold, config.link_latency)
 
 
 def _hold_cycles(words: np.ndarray, words_per_cycle: float) -> np.ndarray:
@@ -336,7 +336,8 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
     """Start and end of every op: processors walk their programs (see the module docstring).
 
     `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
-    only, queued on its link by `plan.sends` when its producer ends); −1 until known.
+    only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles); −1 until
+    known.
     """
     n = c.num_ops
     dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
@@ -344,7 +345,7 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
     total = n + (len(plan.words) if plan is not None else 0)
     start = [0] * n
     avail = [-1] * total
-    link_free: dict[int, int] = {}
+    link_free = [0] * (c.num_procs * c.num_procs)  # link p→q is p·N + q
     nxt = lo.copy()
     free = [0] * len(lo)
     waiters: list[list[int] | None] = [None] * total  # input → processors parked on it
@@ -374,10 +375,10 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
                     waiters[i] = None
                 if sends is not None:
                     for x, link in sends[i]:
-                        depart = link_free.get(link, 0)
+                        depart = link_free[link]
                         if depart < t:
                             depart = t
-                        depart += hold[x - n]  # type: ignore[index]
+                        depart += hold[x]  # type: ignore[index]
                         link_free[link] = depart
                         avail[x] = depart + latency
                         woken = waiters[x]
