@@ -27,9 +27,18 @@ from collections.abc import Callable
 from layerpipe.costs import PEModel
 from layerpipe.network import load_network
 from layerpipe.schedule._formats import to_torch_actions
+from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._sync import one_f_one_b, zb_h1
 from layerpipe.schedule.policies import make_schedule
-from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate, simulate_compiled
+from layerpipe.sim import (
+    CompiledSchedule,
+    SimConfig,
+    SimResult,
+    Workload,
+    compile_schedule,
+    simulate,
+    simulate_compiled,
+)
 
 STAGES, MICROBATCHES = 8, 64
 STAGE_COSTS = (7, 9, 5)  # F, I (input gradient), W (weight gradient) cycles
@@ -97,39 +106,38 @@ def versus_torch(repeats: int) -> None:
 
 
 def resnet50(iterations: int) -> None:
-    print(f"\n2. resnet50, N=16, policy layerpipe, {iterations} iterations")
+    print(f"\n2. resnet50, N=16, policy layerpipe, {iterations} iterations (CPU seconds)")
     network = load_network("resnet50", 1)
     model = PEModel(64, 16)
-    t0 = time.perf_counter()
-    result = make_schedule("layerpipe", network, 16, model)
-    t_schedule = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    schedule = result.periodic.unroll(iterations)  # type: ignore[union-attr]
-    t_unroll = time.perf_counter() - t0
-    assert result.graph is not None
+    made: dict[str, object] = {}
+    t_schedule = timed(lambda: made.update(result=make_schedule("layerpipe", network, 16, model)))
+    result = made["result"]
+    assert isinstance(result, ScheduleResult) and result.periodic is not None and result.graph is not None
+    t_unroll = timed(lambda: made.update(schedule=result.periodic.unroll(iterations)))  # type: ignore[union-attr]
     workload = Workload.of_graph(result.graph, model)
-    t0 = time.perf_counter()
-    compiled = compile_schedule(schedule, workload)
-    t_compile = time.perf_counter() - t0
+    t_compile = timed(lambda: made.update(compiled=compile_schedule(made["schedule"], workload)))  # type: ignore[arg-type]
+    compiled = made["compiled"]
+    assert isinstance(compiled, CompiledSchedule)
     ops = compiled.num_ops
-    # The first run also builds the per-op producer lists (cached on the compiled schedule).
+    links = SimConfig.links(latency=8, words_per_cycle=16)
+    # First runs also build what is cached on the compiled schedule (producer lists, the link plan).
     t_shared_first = timed(lambda: simulate_compiled(compiled, workload, SimConfig(), reports=False))
     t_shared = timed(lambda: simulate_compiled(compiled, workload, SimConfig(), reports=False))
-    t0 = time.perf_counter()
-    full = simulate_compiled(compiled, workload, SimConfig())
-    t_full = time.perf_counter() - t0
-    links = SimConfig.links(latency=8, words_per_cycle=16)
     t_links_first = timed(lambda: simulate_compiled(compiled, workload, links, reports=False))
     t_links = timed(lambda: simulate_compiled(compiled, workload, links, reports=False))
+    t_full = timed(lambda: made.update(full=simulate_compiled(compiled, workload, SimConfig())))
+    full = made["full"]
+    assert isinstance(full, SimResult)
+    rows = [
+        ("compile (dependencies, durations)", t_compile, ""),
+        ("engine, shared", t_shared, f"first run, building producer lists: {t_shared_first:.2f} s"),
+        ("engine, links", t_links, f"first run, building the link plan: {t_links_first:.2f} s"),
+        ("simulate with reports (versions, memory)", t_full, ""),
+        ("compile + simulate with reports", t_compile + t_full, ""),
+    ]
     print(f"   {ops} ops; scheduler {t_schedule:.2f} s and unroll {t_unroll:.2f} s (not the simulator)")
-    print(f"   compile (dependencies, durations):    {t_compile:7.2f} s  {ops / t_compile:>10,.0f} ops/s")
-    print(f"   engine, shared:                       {t_shared:7.2f} s  {ops / t_shared:>10,.0f} ops/s"
-          f"  (first run, building producer lists: {t_shared_first:.2f} s)")
-    print(f"   engine, links (plan built before):    {t_links:7.2f} s  {ops / t_links:>10,.0f} ops/s"
-          f"  (first run with the plan: {t_links_first:.2f} s)")
-    print(f"   shared with reports (versions, memory): {t_full:5.2f} s  {ops / t_full:>10,.0f} ops/s")
-    total = t_compile + t_full
-    print(f"   compile + simulate with reports:      {total:7.2f} s  {ops / total:>10,.0f} ops/s")
+    for name, seconds, note in rows:
+        print(f"   {name:<42} {seconds:7.2f} s {ops / seconds:>10,.0f} ops/s  {note}".rstrip())
     print(f"   steady state {full.cycles_per_iteration:.0f} cycles/iteration "
           f"(scheduler period {result.metrics.period_cycles}), peak memory {max(full.peak_memory_words)} words")
 
