@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
-from layerpipe.hdl import OP_OVERHEAD_CYCLES, Opcode, PEConfig, PEOp, VectorAddr, op_cycles
+from layerpipe.hdl import (
+    OP_OVERHEAD_CYCLES,
+    Opcode,
+    PEConfig,
+    PEOp,
+    VectorAddr,
+    op_cycles,
+    pack_matrix,
+    unpack_matrix,
+)
 from tests.pe_bench import OpCase, PEBench, place, random_operands, reference
 
 ALL_OPS = list(Opcode)
@@ -203,3 +214,14 @@ def test_rtl_cost_model_is_the_pe_formula() -> None:
         model.atomic_cost(fc1, "F", 2)
     with pytest.raises(InputError, match="lanes must be >= 1, got 0"):
         make_cost_model("rtl", lanes=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(2, 32), st.data())
+def test_pack_unpack_round_trip(lanes: int, bits: int, draw: st.DataObject) -> None:
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    rows = draw.draw(st.lists(st.lists(st.integers(lo, hi), min_size=3, max_size=3), min_size=1, max_size=4))
+    words = pack_matrix(rows, lanes, bits)
+    assert len(words) == len(rows) * -(-3 // lanes)
+    assert all(0 <= word < 1 << (bits * lanes) for word in words)
+    assert unpack_matrix(words, len(rows), 3, lanes, bits) == rows
