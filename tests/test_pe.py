@@ -225,3 +225,31 @@ def test_pack_unpack_round_trip(lanes: int, bits: int, draw: st.DataObject) -> N
     assert len(words) == len(rows) * -(-3 // lanes)
     assert all(0 <= word < 1 << (bits * lanes) for word in words)
     assert unpack_matrix(words, len(rows), 3, lanes, bits) == rows
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_one_layer_training_step_back_to_back(lanes: int) -> None:
+    """F, A (output error), E, G and U of one identity layer chained through the PE's own memories, each
+    command offered the cycle the previous one frees the engine: every intermediate and the updated W
+    are the fixed-point reference's, and the step takes the sum of the op formulas."""
+    config = small_config(lanes)
+    fmt, k = config.fmt, config.lr_shift
+    rng = np.random.default_rng(21)
+    w, x, target = rng.integers(-900, 900, (5, 7)), rng.integers(-900, 900, 7), rng.integers(-300, 300, 5)
+    vec5, vec7 = -(-5 // lanes), -(-7 // lanes)
+    a_at, delta_at, e_at = 0, vec5, 2 * vec5  # bank 0 layout of the step's vectors
+    chain = [
+        OpCase(PEOp(Opcode.FWD_LINEAR, 5, 7, x=VectorAddr(1, 0), w=0, dst=a_at), {"w": w, "x": x}),
+        OpCase(PEOp(Opcode.OUT_ERR, 1, 5, x=VectorAddr(0, a_at), y=VectorAddr(2, 0), dst=delta_at), {"y": target}),
+        OpCase(PEOp(Opcode.ERR, 5, 7, y=VectorAddr(0, delta_at), w=0, dst=e_at), {}),
+        OpCase(PEOp(Opcode.GRAD, 5, 7, x=VectorAddr(1, 0), y=VectorAddr(0, delta_at), dst=0), {}),
+        OpCase(PEOp(Opcode.UPD, 5, 7, w=0, g=0, dst=0), {}),
+    ]
+    total = PEBench(config, seed=2).run(chain, back_to_back=True)
+    a = fmt.matvec(w, x)
+    delta = fmt.output_error(a, target)
+    g = fmt.outer_gradient(delta, x)
+    expected = [a, delta, fmt.matvec(w.T, delta), g, fmt.sgd_update(w, g, k)]
+    for case, want in zip(chain, expected, strict=True):
+        np.testing.assert_array_equal(case.result, want, err_msg=str(case.op.op))
+    assert total == 4 * 5 * vec7 + 1 * vec5 + 5 * OP_OVERHEAD_CYCLES
