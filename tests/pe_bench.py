@@ -58,11 +58,15 @@ class OpCase:
     done_cycles: list[int] = field(default_factory=list)
 
 
-def random_operands(rng: np.random.Generator, op: Opcode, rows: int, cols: int,
-                    fmt: FixedFormat) -> dict[str, IntArray]:
-    """Operands whose magnitude is small, medium or full range (the last saturates sums and differences)."""
+def random_operands(rng: np.random.Generator, op: Opcode, rows: int, cols: int, fmt: FixedFormat,
+                    extremes: bool = False) -> dict[str, IntArray]:
+    """Operands whose magnitude is small, medium or full range (the last saturates sums and differences);
+    with `extremes`, only the corner values MIN, MIN+1, −1, 0, 1, MAX−1, MAX."""
     bound = int(rng.choice([8, 1 << (fmt.total_bits // 2 + 1), -fmt.min_int]))
+    corners = np.array([fmt.min_int, fmt.min_int + 1, -1, 0, 1, fmt.max_int - 1, fmt.max_int], dtype=np.int64)
     def draw(*shape: int) -> IntArray:
+        if extremes:
+            return rng.choice(corners, size=shape)
         values = rng.integers(-bound, bound, size=shape, endpoint=True)
         return np.clip(values, fmt.min_int, fmt.max_int).astype(np.int64)
     if op in (Opcode.ACT_RELU, Opcode.OUT_ERR):

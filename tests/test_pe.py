@@ -30,13 +30,13 @@ def small_config(lanes: int, fmt: FixedFormat = DEFAULT_FORMAT, lr_shift: int = 
                     recv_depths=(28, 14), send_ports=1, max_dim=16)
 
 
-def random_cases(config: PEConfig, rng: np.random.Generator, per_op: int) -> list[OpCase]:
+def random_cases(config: PEConfig, rng: np.random.Generator, per_op: int, extremes: bool = False) -> list[OpCase]:
     cases = []
     for op in ALL_OPS:
         for _ in range(per_op):
             rows = 1 if op in (Opcode.ACT_RELU, Opcode.OUT_ERR) else int(rng.integers(1, 8))
             cols = int(rng.integers(1, 14))
-            operands = random_operands(rng, op, rows, cols, config.fmt)
+            operands = random_operands(rng, op, rows, cols, config.fmt, extremes)
             cases.append(OpCase(place(rng, config, op, rows, cols, operands), operands))
     rng.shuffle(cases)
     return cases
@@ -66,6 +66,18 @@ def test_every_op_bit_and_cycle_exact(lanes: int) -> None:
     rng = np.random.default_rng(100 + lanes)
     cases = random_cases(config, rng, per_op=6)
     PEBench(config, seed=lanes).run(cases)
+    for case in cases:
+        check_case(config, case)
+
+
+@pytest.mark.parametrize(("lanes", "lr_shift"), [(1, 0), (4, 15)])
+def test_corner_values_saturate_like_the_spec(lanes: int, lr_shift: int) -> None:
+    """Only MIN, MAX and their neighbours: sums of MIN·MIN products, MIN − MAX, g = MIN with k = 0 or
+    k ≥ the width — every saturation and rounding corner of the format."""
+    config = small_config(lanes, lr_shift=lr_shift)
+    rng = np.random.default_rng(33 + lanes)
+    cases = random_cases(config, rng, per_op=3, extremes=True)
+    PEBench(config, seed=4).run(cases)
     for case in cases:
         check_case(config, case)
 
@@ -253,3 +265,61 @@ def test_one_layer_training_step_back_to_back(lanes: int) -> None:
     for case, want in zip(chain, expected, strict=True):
         np.testing.assert_array_equal(case.result, want, err_msg=str(case.op.op))
     assert total == 4 * 5 * vec7 + 1 * vec5 + 5 * OP_OVERHEAD_CYCLES
+
+
+def test_reset_in_the_middle_of_an_op() -> None:
+    """A reset while an op runs leaves the PE idle with nothing pending (no late `done`, no stray write);
+    the next op runs as if nothing happened."""
+    from amaranth.hdl import ClockDomain, Module
+    from amaranth.sim import Simulator
+
+    config = small_config(1)
+    rng = np.random.default_rng(8)
+    long_op = OpCase(PEOp(Opcode.FWD_RELU, 7, 13, x=VectorAddr(1, 0), w=0, dst=0),
+                     {"w": rng.integers(-500, 500, (7, 13)), "x": rng.integers(-500, 500, 13)})
+    after = OpCase(PEOp(Opcode.ERR, 4, 6, y=VectorAddr(2, 0), w=100, dst=20),
+                   {"w": rng.integers(-500, 500, (4, 6)), "y": rng.integers(-500, 500, 4)})
+    bench = PEBench(config)
+    pe = bench.pe
+    top = Module()
+    top.domains.sync = sync = ClockDomain("sync")
+    top.submodules.pe = pe
+    observed: dict[str, object] = {}
+
+    async def testbench(ctx: object) -> None:
+        bench._load(ctx, long_op)
+        bench._load(ctx, after)
+        before = [ctx.get(pe.banks[0].data[k].as_value()) for k in range(8)]
+        ctx.set(pe.cmd.payload.as_value(), long_op.op.encode(config))
+        ctx.set(pe.cmd.valid, 1)
+        await ctx.tick()
+        ctx.set(pe.cmd.valid, 0)
+        await ctx.tick().repeat(20)  # F is 7·13 + 4 cycles long: well inside it
+        ctx.set(sync.rst, 1)
+        await ctx.tick()
+        ctx.set(sync.rst, 0)
+        stray = 0
+        for _ in range(10):
+            stray += ctx.get(pe.done) + (not ctx.get(pe.cmd.ready))
+            await ctx.tick()
+        observed["stray"] = stray
+        # F's first rows were written before the reset; nothing after it: words past row 20 are untouched.
+        observed["tail_untouched"] = [ctx.get(pe.banks[0].data[k].as_value()) for k in range(5, 8)] == before[5:]
+        ctx.set(pe.cmd.payload.as_value(), after.op.encode(config))
+        ctx.set(pe.cmd.valid, 1)
+        await ctx.tick()
+        ctx.set(pe.cmd.valid, 0)
+        cycles = 1
+        while not ctx.get(pe.cmd.ready):
+            await ctx.tick()
+            cycles += 1
+        observed["cycles"] = cycles
+        observed["result"] = bench._read(ctx, after)[0]
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8, domain="sync")
+    sim.add_testbench(testbench)
+    sim.run()
+    assert observed["stray"] == 0 and observed["tail_untouched"]
+    assert observed["cycles"] == op_cycles(4, 6, 1)
+    np.testing.assert_array_equal(observed["result"], reference(Opcode.ERR, config.fmt, 0, after.operands))
