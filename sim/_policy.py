@@ -8,6 +8,8 @@ are timed on their own with the cost model — the same ops the functional mode 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
@@ -52,7 +54,12 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
         schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
     else:
         raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
-    return schedule, Workload.of_graph(graph, model)
+    workload = Workload.of_graph(graph, model)
+    if result.periodic is not None and result.periodic.costs:
+        # The durations the policy scheduled win over the cost model's: PipeDream-2BW's U writes 1/m of the
+        # shadow weights per iteration, so its scheduled cost is ⌈c_U/m⌉.
+        workload = replace(workload, durations={**workload.durations, **result.periodic.costs})
+    return schedule, workload
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
