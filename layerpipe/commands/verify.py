@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
         write_vectors(vectors, build / "vectors.json")
         result_path = build / "result.json"
         case = "run_stalled" if args.stall > 0 else "run_plain"
-        run_bench(build / "layerpipe_accel.v", build / "vectors.json", build / "sim_build", sim=args.sim,
-                  testcases=(case,), result_path=result_path, stall=args.stall, log_file=build / "sim.log")
+        run = run_bench(build / "layerpipe_accel.v", build / "vectors.json", build / "sim_build", sim=args.sim,
+                        testcases=(case,), result_path=result_path, stall=args.stall)
         if not result_path.exists():
-            log = (build / "sim.log").read_text() if (build / "sim.log").exists() else ""
+            log = run.log.read_text() if run.log.exists() else ""
             last = next((line.strip() for line in reversed(log.splitlines()) if "Error" in line), "no log")
             raise InputError(f"the RTL simulation did not finish: {last}")
         observed = json.loads(result_path.read_text())
