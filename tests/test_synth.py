@@ -59,3 +59,11 @@ def test_yosys_figures(tiny_verilog: Path, target: str) -> None:
 def test_unknown_synthesis_target(tiny_verilog: Path) -> None:
     with pytest.raises(InputError, match="synthesis target must be one of generic, ice40, got 'xilinx'"):
         synthesize(tiny_verilog, "pe", ("xilinx",))
+
+
+def test_synthesize_design_is_none_for_what_the_rtl_cannot_run() -> None:
+    """DSE asks for every design point; networks that are not MLPs get no area figures (and no yosys run)."""
+    from layerpipe.hdl import synthesize_design
+
+    assert synthesize_design("lenet5", "layerpipe", 2, 4) is None
+    assert synthesize_design("mlp:7-6-3", "gpipe", 2, 4) is None  # a synchronous policy: not on the RTL
