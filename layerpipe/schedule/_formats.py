@@ -25,7 +25,16 @@ import re
 from collections.abc import Mapping, Sequence
 
 from layerpipe.errors import InputError
-from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, LEVELS, Op, OpSchedule, PeriodicSchedule, parse_op
+from layerpipe.schedule._ir import (
+    KINDS_LAYER,
+    KINDS_STAGE,
+    LEVELS,
+    Op,
+    OpSchedule,
+    PeriodicSchedule,
+    parse_op,
+    parse_reads,
+)
 
 #: Names of the formats `dump_schedule` and `load_schedule` take.
 FORMATS = ("text", "csv", "torch-csv", "json")
@@ -87,6 +96,7 @@ def _read_header(line: str) -> dict[str, str]:
 def from_csv(text: str) -> OpSchedule:
     """Parse the CSV form exactly: every non-empty cell must be an op of the schedule's level."""
     level, sync, m = "layer", False, 0
+    reads: tuple[tuple[str, int, int], ...] = ()
     lines = text.splitlines()
     first_row = 1
     if lines and lines[0].startswith("#"):
@@ -99,6 +109,8 @@ def from_csv(text: str) -> OpSchedule:
             raise InputError(f"schedule CSV row 1: microbatches '{fields['microbatches']}' is not an integer") from None
         if level not in LEVELS:
             raise InputError(f"schedule CSV row 1: level '{level}' is not one of {', '.join(LEVELS)}")
+        if "reads" in fields:
+            reads = tuple(parse_reads(f"reads={fields['reads']}", 1))
         first_row = 2
     kinds = KINDS_STAGE if level == "stage" else KINDS_LAYER
     procs = []
@@ -118,7 +130,7 @@ def from_csv(text: str) -> OpSchedule:
                 )
             row.append(Op(p, match.group(1), int(match.group(2)), int(match.group(3))))
         procs.append(tuple(row))
-    return OpSchedule(level, tuple(procs), sync, m)
+    return OpSchedule(level, tuple(procs), sync, m, reads)
 
 
 # ----------------------------------------------------------------------------------------------- torch
@@ -239,6 +251,8 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
             "microbatches": schedule.microbatches,
             "procs": [[str(op) for op in row] for row in schedule.procs],
         }
+        if schedule.read_staleness:
+            doc["read_staleness"] = [f"{k}{layer}:{st}" for k, layer, st in schedule.read_staleness]
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -264,7 +278,11 @@ def from_json(text: str) -> OpSchedule | PeriodicSchedule:
     procs = tuple(
         tuple(parse_op(tok, p) for tok in _json_tokens(row, "procs")) for p, row in enumerate(doc.get("procs", []))
     )
-    return OpSchedule(level, procs, bool(doc.get("synchronous", False)), m)
+    reads = doc.get("read_staleness", [])
+    if not isinstance(reads, list) or not all(isinstance(r, str) for r in reads):
+        raise InputError("schedule JSON: field 'read_staleness' must be a list of strings like 'F3:2'")
+    parsed = tuple(parse_reads("reads=" + ",".join(reads), 1)) if reads else ()
+    return OpSchedule(level, procs, bool(doc.get("synchronous", False)), m, parsed)
 
 
 def _json_tokens(row: object, field: str) -> list[str]:

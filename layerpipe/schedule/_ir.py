@@ -155,7 +155,7 @@ class OpSchedule:
                     elif word.startswith("microbatches="):
                         m = _header_int(word, n)
                     elif word.startswith("reads="):
-                        reads = _parse_reads(word, n)
+                        reads = parse_reads(word, n)
                 continue
             name, _, body = line.partition(":")
             if name != f"p{len(rows)}":
@@ -178,7 +178,7 @@ class OpSchedule:
 _READ_RE = re.compile(r"^([A-Z]+)(\d+):(-?\d+)$")
 
 
-def _parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
+def parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
     out = []
     for item in word.split("=", 1)[1].split(","):
         m = _READ_RE.match(item)
