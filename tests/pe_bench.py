@@ -54,6 +54,7 @@ class OpCase:
     op: PEOp
     operands: dict[str, IntArray]
     result: IntArray | None = None
+    raw_words: list[int] = field(default_factory=list)  # the memory words holding the result
     cycles: int | None = None
     done_cycles: list[int] = field(default_factory=list)
 
@@ -200,12 +201,10 @@ class PEBench:
                     cycle += 1
                 case.cycles = cycle - start
                 if not back_to_back:
-                    case.result, raw = self._read(ctx, case)
-                    case.operands["_raw"] = np.array(raw, dtype=object)
+                    case.result, case.raw_words = self._read(ctx, case)
             if back_to_back:
                 for case in cases:
-                    case.result, raw = self._read(ctx, case)
-                    case.operands["_raw"] = np.array(raw, dtype=object)
+                    case.result, case.raw_words = self._read(ctx, case)
             total = cycle
 
         sim = Simulator(pe)

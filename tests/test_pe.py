@@ -52,7 +52,7 @@ def check_case(config: PEConfig, case: OpCase) -> None:
     if op.op != Opcode.UPD:  # every op but U writes zeros into the padding lanes of its last word(s)
         bits, lanes = config.fmt.total_bits, config.lanes
         length = op.rows if op.op in (Opcode.FWD_LINEAR, Opcode.FWD_RELU) else op.cols
-        raw = list(case.operands["_raw"])
+        raw = case.raw_words
         words_per_row = -(-length // lanes) if op.op != Opcode.GRAD else -(-op.cols // lanes)
         used = length % lanes if op.op != Opcode.GRAD else op.cols % lanes
         if used:
