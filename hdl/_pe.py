@@ -85,15 +85,15 @@ def _check_int(name: str, value: object, lo: int, hi: int, unit: str = "") -> in
 class PEConfig:
     """Generation parameters of one PE. Depths are in words of `lanes` elements."""
 
-    lanes: int = 4
-    fmt: FixedFormat = DEFAULT_FORMAT
-    lr_shift: int = 4
-    weight_depth: int = 1024
-    grad_depth: int = 1024
-    local_depth: int = 256
-    recv_depths: tuple[int, ...] = (256,)
-    send_ports: int = 1
-    max_dim: int = 1024
+    lanes: int = 4  #: multipliers, and elements per memory word
+    fmt: FixedFormat = DEFAULT_FORMAT  #: element format (total and fraction bits)
+    lr_shift: int = 4  #: learning rate 2^-lr_shift, applied by UPD
+    weight_depth: int = 1024  #: weight memory (all owned W_l and their versions)
+    grad_depth: int = 1024  #: gradient memory (G's output, U's input)
+    local_depth: int = 256  #: bank 0: every vector the op engine writes
+    recv_depths: tuple[int, ...] = (256,)  #: banks 1..: one per receive port (links in, sample stream)
+    send_ports: int = 1  #: read ports of bank 0 for link senders
+    max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
 
     def __post_init__(self) -> None:
         if isinstance(self.lanes, int) and not isinstance(self.lanes, bool) and self.lanes < 1:
