@@ -8,11 +8,19 @@ See `hdl/_pe.py` for the memory layout, the command table and the timing contrac
 Tooling: `export_verilog` (deterministic), `lint_verilog` (Verilator, documented waivers), `synthesize`
 (yosys generic / iCE40 figures), `run_cocotb` (cocotb benches on Icarus or Verilator, toolchain facts in
 one place).
+
+Whole accelerator (see hdl/README.md): `make_design` schedules an MLP with a policy under the `rtl` cost model
+and compiles it (`compile_schedule` → `Program`: per-PE microcode and memory maps); `Accelerator` is the top
+level (N PEs, sequencers, links, host ports); `rtl_sim_config(lanes)` is the simulator configuration under
+which `layerpipe.sim` is cycle-exact with it.
 """
 
 from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
+from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_schedule
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._datapath import Opcode
+from layerpipe.hdl._flow import Design, make_design
+from layerpipe.hdl._link import LINK_LATENCY
 from layerpipe.hdl._pe import (
     MAX_DEPTH,
     MAX_DIM,
@@ -38,30 +46,40 @@ from layerpipe.hdl._synth import (
     synthesize,
     synthesize_design,
 )
+from layerpipe.hdl._top import Accelerator, rtl_sim_config
 
 __all__ = [
+    "LINK_LATENCY",
     "LINT_WAIVERS",
     "MAX_DEPTH",
     "MAX_DIM",
     "MAX_LANES",
     "OP_OVERHEAD_CYCLES",
     "SIMULATORS",
+    "SUPPORTED_POLICIES",
     "SYNTH_TARGETS",
+    "Accelerator",
     "CocotbResult",
+    "Design",
+    "HardwareLimits",
     "LintResult",
     "Opcode",
     "PEConfig",
     "PEOp",
     "ProcessingElement",
+    "Program",
     "RTLCostModel",
     "VectorAddr",
     "available_simulators",
     "command_layout",
+    "compile_schedule",
     "export_verilog",
     "lint_verilog",
+    "make_design",
     "op_cycles",
     "pack_matrix",
     "pack_vector",
+    "rtl_sim_config",
     "run_cocotb",
     "synthesize",
     "synthesize_design",
