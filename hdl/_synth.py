@@ -93,7 +93,10 @@ def synthesize(path: str | Path, top: str | None = None, targets: tuple[str, ...
     path = Path(path).resolve()
     top = top or _top_module(path)
     with tempfile.TemporaryDirectory(prefix="layerpipe-synth-") as tmp:
-        coarse = _run_stat(yosys, tmp, f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; opt_clean")
+        # `opt_expr -fine` turns multiplications by constants (address arithmetic) into shifts, so `$mul`
+        # counts the real multipliers only.
+        coarse = _run_stat(yosys, tmp, f"read_verilog -sv {path}; hierarchy -top {top}; proc; flatten; "
+                                       "opt_expr -fine; opt_clean")
         out = {}
         for target in targets:
             full = f"synth_ice40 -top {top}" + (" -dsp" if dsp else "") if target == "ice40" else \
