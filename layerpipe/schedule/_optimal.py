@@ -12,10 +12,11 @@ then come from the same passes as the `layerpipe` policy.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
@@ -44,10 +45,38 @@ class OptimalOptions:
             raise InputError(f"time_limit_s must be > 0, got {self.time_limit_s}")
 
 
+@contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """Point file descriptor 1 at /dev/null for the duration.
+
+    HiGHS (scipy 1.17) prints some internal messages with C printf whatever `disp` says — e.g.
+    "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();" for residual_mlp on 3
+    processors without the intra split — which would corrupt `layerpipe schedule --format json` on stdout.
+    """
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float,
                        upper: int | None = None) -> tuple[list[int], int, bool]:
     """(processor per item, minimum largest load, proven optimal) for P||Cmax by MILP; `upper` is a known
     achievable period (a heuristic's), which prunes the search."""
+    # numpy and scipy load here, not at import: the CLI builds its parser from this package, and scipy.optimize
+    # alone takes ~0.5 s to import.
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     n = len(costs)
     order = sorted(range(n), key=lambda i: (-costs[i], i))
     procs = [min(r, num_procs - 1) + 1 for r in range(n)]  # item of rank r may use processors 0..r
@@ -67,9 +96,10 @@ def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float,
     high[-1] = sum(costs) if upper is None else upper
     integrality = np.ones(nx + 1)
     integrality[-1] = 0
-    res = milp(c, integrality=integrality, bounds=Bounds(lower, high),
-               constraints=[LinearConstraint(assign, 1, 1), LinearConstraint(load, -np.inf, 0)],
-               options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
+    with _stdout_silenced():
+        res = milp(c, integrality=integrality, bounds=Bounds(lower, high),
+                   constraints=[LinearConstraint(assign, 1, 1), LinearConstraint(load, -np.inf, 0)],
+                   options={"time_limit": time_limit_s, "mip_rel_gap": 0.0})
     if res.x is None:
         raise InputError(f"optimal: HiGHS found no schedule within time_limit_s={time_limit_s}: {res.message}")
     proc = [0] * n
