@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerpipe.commands._common import (
     add_cost_args,
@@ -16,8 +16,9 @@ from layerpipe.commands._common import (
 )
 from layerpipe.dfg import WEIGHT_MODES, GraphOptions, build_training_graph
 from layerpipe.network import load_network
-from layerpipe.retiming import DelaySolution, IterationBound, solve_delays
-from layerpipe.stages import parse_stage_map
+
+if TYPE_CHECKING:  # retiming imports numpy: load it in the handler, not when the CLI builds its parser
+    from layerpipe.retiming import DelaySolution, IterationBound
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.retiming import solve_delays
+    from layerpipe.stages import parse_stage_map
+
     net = load_network(args.network, args.batch)
     model = cost_model_from_args(args)
     stages = parse_stage_map(args.stages, net, model)
