@@ -99,6 +99,13 @@ class ProfiledModel:
         except KeyError:
             raise InputError(f"profile of '{self.network}' has no time for {kind} of layer '{layer.name}'") from None
 
+    def check_network(self, network: Network) -> None:
+        """A profile times one network's layers; another network's same-named layers (mlp:8-6-3 against a
+        profile of mlp:7-6-3: both have fc1, fc2) would silently get the wrong times."""
+        if network.name != self.network:
+            raise InputError(f"--profile was measured on network '{self.network}', not '{network.name}'; "
+                             f"profile '{network.name}' with `layerpipe profile`")
+
     def to_json(self) -> str:
         doc = {"version": 1, "network": self.network, "batch": self.batch, "unit": "ns",
                "layers": self.times_ns}
@@ -108,19 +115,26 @@ class ProfiledModel:
     def from_json(path: str | Path) -> ProfiledModel:
         try:
             doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(f"profile file {path}: {exc}") from None
+        except OSError as exc:
+            raise InputError(f"profile file {path}: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"profile file {path}: {exc} (not JSON)") from None
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise InputError(f"profile file {path}: field 'version' must be 1")
         for key in ("network", "batch", "layers"):
             if key not in doc:
                 raise InputError(f"profile file {path}: missing field '{key}'")
-        try:
-            times = {str(k): {str(t): int(v) for t, v in d.items()} for k, d in doc["layers"].items()}
-            return ProfiledModel(str(doc["network"]), int(doc["batch"]), times)
-        except (AttributeError, TypeError, ValueError):
-            raise InputError(f"profile file {path}: 'batch' must be an integer and 'layers' a mapping "
-                             "{layer: {task kind: nanoseconds}}") from None
+        def count(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+        layers = doc["layers"]
+        shape_ok = count(doc["batch"]) and doc["batch"] >= 1 and isinstance(layers, dict) and all(
+            isinstance(d, dict) and all(k in ATOMIC_KINDS and len(k) == 1 and count(v) for k, v in d.items())
+            for d in layers.values())
+        if not shape_ok:
+            raise InputError(f"profile file {path}: 'batch' must be an integer >= 1 and 'layers' a mapping "
+                             f"{{layer: {{task kind ({', '.join(ATOMIC_KINDS)}): nanoseconds >= 0}}}}")
+        return ProfiledModel(str(doc["network"]), doc["batch"], {str(k): dict(d) for k, d in layers.items()})
 
 
 def task_cost(model: CostModel, layer: Layer, kind: str, batch: int) -> int:

@@ -81,7 +81,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     done = store.start(spec.sweep_id, resume)
     pending = [(i, p) for i, p in enumerate(points) if i not in done]
     bar = tqdm(total=len(points), initial=len(points) - len(pending), unit="pt", file=sys.stderr,
-               disable=not progress, desc="explore", dynamic_ncols=True)
+               disable=None if progress else True, desc="explore", dynamic_ncols=True)  # None: terminals only
     executor = _dask_executor(scheduler) if scheduler else _local_executor(jobs)
     with executor as submit, bar:
         if scheduler:

@@ -20,6 +20,9 @@ from layerpipe.errors import InputError
 #: Policies whose schedules take a staleness bound.
 STALENESS_POLICIES = frozenset({"layerpipe"})
 
+#: Cost models a sweep can use: each point builds its model from its own `lanes` (no profile file to give).
+SWEEP_COST_MODELS = ("macs", "pe", "rtl")
+
 
 @dataclass(frozen=True, order=True)
 class DesignPoint:
@@ -72,6 +75,8 @@ class SweepSpec:
         for s in self.max_staleness:
             if s is not None and s < 0:
                 raise InputError(f"sweep max_staleness must be >= 0, got {s}")
+        if self.cost_model not in SWEEP_COST_MODELS:
+            raise InputError(f"sweep cost_model must be one of {', '.join(SWEEP_COST_MODELS)}, got '{self.cost_model}'")
 
     def points(self) -> list[DesignPoint]:
         """All points, in a stable order (the order of the axes as given)."""
@@ -110,7 +115,7 @@ SWEEP_KEYS: dict[str, str] = {
     "link_latency": "list of non-negative integers (cycles)",
     "link_words_per_cycle": "list of non-negative integers (0 = shared memory)",
     "batch": "positive integer",
-    "cost_model": "macs, pe, profiled, rtl",
+    "cost_model": ", ".join(SWEEP_COST_MODELS),
     "area": "true/false: add RTL synthesis figures (MLPs only)",
 }
 
@@ -159,5 +164,7 @@ def load_sweep_yaml(path: str | Path) -> SweepSpec:
     if "cost_model" in doc:
         kwargs["cost_model"] = str(doc["cost_model"])
     if "area" in doc:
-        kwargs["area"] = bool(doc["area"])
+        if not isinstance(doc["area"], bool):  # bool("no") is True: a quoted "no" would start synthesis
+            raise InputError(f"sweep key 'area' takes {SWEEP_KEYS['area']}, got {doc['area']!r}")
+        kwargs["area"] = doc["area"]
     return SweepSpec(**kwargs)

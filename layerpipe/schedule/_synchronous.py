@@ -33,6 +33,16 @@ from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilizati
 #: Steps generated for timing: the second one is the steady state.
 TIMED_STEPS = 2
 
+#: Largest step, in stage-level micro-batch slots (stages × micro-batches), that is generated and timed:
+#: 64 stages × 256 micro-batches take ~8 s here and memory and time grow linearly beyond it.
+MAX_STEP_SLOTS = 32768
+
+
+def _check_step_size(policy: str, stages: int, microbatches: int) -> None:
+    if stages * microbatches > MAX_STEP_SLOTS:
+        raise InputError(f"{policy}: {stages} stages × {microbatches} micro-batches = {stages * microbatches} "
+                         f"stage slots per step; the limit is {MAX_STEP_SLOTS} (fewer --microbatches or stages)")
+
 
 @dataclass(frozen=True)
 class SyncOptions:
@@ -146,6 +156,7 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
         raise InputError(f"{policy}: {chunks} chunks per processor need at least {chunks} layers, "
                          f"network {network.name} has {len(network)}")
     m = options.microbatches or 2 * procs
+    _check_step_size(policy, procs * chunks, m)
     graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
     costs = graph.costs(model)
     per_layer = {layer.index: 0 for layer in network.layers}
@@ -212,8 +223,9 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
     chunks = shape.chunks(options)
     m = options.microbatches or 2 * num_procs
     f, i, w = stage_cost
-    if min(stage_cost) < 0:
-        raise InputError(f"stage costs F,B,W must be >= 0, got {f},{i},{w}")
+    if min(f, i) < 1 or w < 0:
+        raise InputError(f"stage costs F,B,W must have F, B >= 1 and W >= 0, got {f},{i},{w}")
+    _check_step_size(policy, num_procs * chunks, m)
     stages = StageInfo(num_procs * chunks)
     step = step_cycles(shape.generate(num_procs, m, options), stages, [StageCost(f, i, w)] * stages.num_stages)
     work = m * (f + i + w) * stages.num_stages

@@ -37,6 +37,11 @@ from layerpipe.schedule._pipedream import (
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
 
+#: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
+#: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design
+#: these models describe (the papers use up to 16).
+MAX_PROCS = 4096
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -100,8 +105,8 @@ def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
                   options: object | None = None) -> ScheduleResult:
     """Schedule `network` on `num_procs` processors with policy `name` under cost model `model`."""
     policy = get_policy(name)
-    if isinstance(num_procs, bool) or not isinstance(num_procs, int) or num_procs < 1:
-        raise InputError(f"num_procs (-n) must be a positive integer, got {num_procs!r}")
+    if isinstance(num_procs, bool) or not isinstance(num_procs, int) or not 1 <= num_procs <= MAX_PROCS:
+        raise InputError(f"num_procs (-n) must be an integer in 1..{MAX_PROCS}, got {num_procs!r}")
     if options is None:
         options = policy.options()
     elif type(options) is not policy.options:
