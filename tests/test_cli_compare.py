@@ -58,7 +58,7 @@ def test_the_readme_command_is_byte_identical_and_readable() -> None:
 
 
 def test_bad_input_exits_2_with_one_line(capsys) -> None:
-    for args, message in [(["mlp:7-6-3", "-n", "0"], "-n/--num-procs values must be >= 1"),
+    for args, message in [(["mlp:7-6-3", "-n", "0"], "-n/--num-procs values must be in 1.."),
                           (["mlp:7-6-3", "-n", "2", "--policies", "layerpipe,bogus"], "unknown policy 'bogus'"),
                           (["mlp:7-6-3", "-n", "2", "--baseline", "bogus"], "unknown policy 'bogus'"),
                           (["alexnet", "-n", "4", "--policies", "optimal"], "optimal: graph has")]:

@@ -18,7 +18,7 @@ class ArgumentValueError(InputError, argparse.ArgumentTypeError):
     `type=` function it prints only "invalid parse value"), and outside argparse it is an InputError."""
 
 
-def positive_int(field: str):
+def positive_int(field: str, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -26,31 +26,62 @@ def positive_int(field: str):
             raise ArgumentValueError(f"{field} must be a positive integer, got '{text}'") from None
         if value < 1:
             raise ArgumentValueError(f"{field} must be a positive integer (>= 1), got {value}")
+        if maximum is not None and value > maximum:
+            raise ArgumentValueError(f"{field} must be an integer in 1..{maximum}, got {value}")
         return value
 
     return parse
 
 
-def int_list(field: str, minimum: int = 1):
-    """Parse '7,8,9' or '2-16' into a list of ints, each >= minimum."""
+def non_negative_int(field: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ArgumentValueError(f"{field} must be an integer >= 0, got '{text}'") from None
+        if value < 0:
+            raise ArgumentValueError(f"{field} must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
+def int_list(field: str, minimum: int = 1, maximum: int | None = None):
+    """Parse '7,8,9' or '2-16' into a list of ints, each in minimum..maximum."""
 
     def parse(text: str) -> list[int]:
         values: list[int] = []
-        try:
-            for part in text.split(","):
+        allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        out_of_range = ArgumentValueError(f"{field} values must be {allowed}, got '{text}'")
+        for part in text.split(","):
+            try:
                 if "-" in part.strip()[1:]:
-                    lo, hi = part.split("-", 1)
-                    values.extend(range(int(lo), int(hi) + 1))
+                    lo, hi = (int(end) for end in part.split("-", 1))
                 else:
-                    values.append(int(part))
-        except ValueError:
-            raise ArgumentValueError(f"{field} must be integers like 7,8,9 or 2-16, got '{text}'") from None
-        bad = [v for v in values if v < minimum]
-        if bad or not values:
-            raise ArgumentValueError(f"{field} values must be >= {minimum}, got '{text}'")
+                    lo = hi = int(part)
+            except ValueError:
+                raise ArgumentValueError(f"{field} must be integers like 7,8,9 or 2-16, got '{text}'") from None
+            if lo < minimum or hi < lo or (maximum is not None and hi > maximum):  # before '1-100000000' expands
+                raise out_of_range
+            values.extend(range(lo, hi + 1))
         return values
 
     return parse
+
+
+def output_file(text: str) -> str:
+    """An output FILE argument (argparse names the flag in front of the message), checked before any work:
+    not empty and not a directory."""
+    if not text.strip():
+        raise ArgumentValueError("must be a file path, got ''")
+    if Path(text).is_dir():
+        raise ArgumentValueError(f"must be a file path, got the directory '{text}'")
+    return text
+
+
+def add_output_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", type=output_file, default=None,
+                        help="write to FILE (atomically) instead of stdout")
 
 
 def add_network_args(parser: argparse.ArgumentParser) -> None:
@@ -58,17 +89,40 @@ def add_network_args(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch size B (default: the network's own, 1 for built-ins)")
 
 
+#: What each cost model takes from the command line (besides its name).
+COST_MODEL_OPTIONS = {"macs": (), "pe": ("--lanes", "--overhead"), "profiled": ("--profile",), "rtl": ("--lanes",)}
+_DEFAULT_LANES = 64
+_DEFAULT_OVERHEAD = 16
+
+
 def add_cost_args(parser: argparse.ArgumentParser, default: str = "pe") -> None:
+    # --lanes/--overhead default to None so that `cost_model_from_args` can tell a flag the chosen model
+    # ignores (an error) from one left out (the model's default).
     parser.add_argument("--cost-model", default=default, help=f"macs, pe, profiled, rtl (default {default})")
-    parser.add_argument("--lanes", type=positive_int("--lanes"), default=64, help="MACs per cycle (pe, rtl)")
-    parser.add_argument("--overhead", type=int, default=16, help="fixed cycles per op (pe)")
+    parser.add_argument("--lanes", type=positive_int("--lanes"), default=None,
+                        help=f"MACs per cycle (pe, rtl; default {_DEFAULT_LANES})")
+    parser.add_argument("--overhead", type=non_negative_int("--overhead"), default=None,
+                        help=f"fixed cycles per op (pe; default {_DEFAULT_OVERHEAD})")
     parser.add_argument("--profile", default=None, help="profile JSON for --cost-model profiled")
 
 
-def cost_model_from_args(args: argparse.Namespace):
-    from layerpipe.costs import make_cost_model
+def cost_model_from_args(args: argparse.Namespace, network=None):
+    """The cost model the flags ask for; `network` (when given) is checked against a profile's network."""
+    from layerpipe.costs import ProfiledModel, make_cost_model
 
-    return make_cost_model(args.cost_model, lanes=args.lanes, overhead=args.overhead, profile=args.profile)
+    given = {flag: getattr(args, flag.lstrip("-")) for flag in ("--lanes", "--overhead", "--profile")}
+    takes = COST_MODEL_OPTIONS.get(args.cost_model)
+    if takes is not None:  # an unknown name is make_cost_model's error, which lists the models
+        for flag, value in given.items():
+            if value is not None and flag not in takes:
+                users = ", ".join(name for name, flags in COST_MODEL_OPTIONS.items() if flag in flags)
+                raise InputError(f"{flag} applies to --cost-model {users}, not '{args.cost_model}'")
+    lanes = _DEFAULT_LANES if args.lanes is None else args.lanes
+    overhead = _DEFAULT_OVERHEAD if args.overhead is None else args.overhead
+    model = make_cost_model(args.cost_model, lanes=lanes, overhead=overhead, profile=args.profile)
+    if network is not None and isinstance(model, ProfiledModel):
+        model.check_network(network)
+    return model
 
 
 def _umask() -> int:
@@ -80,15 +134,20 @@ def _umask() -> int:
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write a file so that readers see either the old or the whole new content, never a part."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # a directory in the way, a full disk: the user's path, one line
+            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
 
 

@@ -18,6 +18,7 @@ import sys
 from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
+    add_output_arg,
     cost_model_from_args,
     emit,
     int_list,
@@ -25,7 +26,7 @@ from layerpipe.commands._common import (
 )
 from layerpipe.errors import InputError
 from layerpipe.network import load_network
-from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule
+from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule
 
 COLUMNS = ("network", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles", "utilization_pct",
            "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
@@ -35,14 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="cycles per sample of every policy on one cost model",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("networks", nargs="+", metavar="NETWORK", help="zoo names, mlp:W0-W1-..., FILE.yaml")
-    p.add_argument("-n", "--num-procs", dest="num_procs", type=int_list("-n/--num-procs"), required=True,
-                   help="processor counts, e.g. 7,8,9 or 2-16")
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=int_list("-n/--num-procs", maximum=MAX_PROCS),
+                   required=True, help="processor counts, e.g. 7,8,9 or 2-16")
     p.add_argument("--policies", default=None, help=f"comma-separated subset of {', '.join(POLICIES)}")
     p.add_argument("--baseline", default="pipedream", help="policy the speedups are relative to (default pipedream)")
     add_network_args(p)
     add_cost_args(p)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.add_argument("-o", "--output", default=None, help="write to FILE (atomically) instead of stdout")
+    add_output_arg(p)
     p.set_defaults(handler=run)
 
 
@@ -53,6 +54,10 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
     for name in policies or ():
         get_policy(name)
     nets = [load_network(spec, batch) for spec in networks]
+    for net in nets:
+        check = getattr(model, "check_network", None)  # a profiled model times one network only
+        if check is not None:
+            check(net)
     jobs = [(net, n, name) for net in nets for n in procs for name in (policies or list(POLICIES))]
     rows: list[dict[str, object]] = []
     baselines: dict[tuple[str, int], float] = {}
@@ -90,7 +95,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies is not None else None
     if policies is not None and not policies:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
     model = cost_model_from_args(args)

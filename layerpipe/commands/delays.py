@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
+    add_output_arg,
     cost_model_from_args,
     emit,
     format_table,
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")
     p.add_argument("--weight-mode", choices=WEIGHT_MODES, default="stash", help="what backward E reads (default stash)")
     p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("-o", "--output", default=None, help="write to this file (atomically) instead of stdout")
+    add_output_arg(p)
     p.set_defaults(handler=run)
 
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from layerpipe.stages import parse_stage_map
 
     net = load_network(args.network, args.batch)
-    model = cost_model_from_args(args)
+    model = cost_model_from_args(args, net)
     stages = parse_stage_map(args.stages, net, model)
     options = GraphOptions(intra=not args.no_intra, inter=not args.no_inter, weight_mode=args.weight_mode)
     solution = solve_delays(build_training_graph(net, options), stages, model)

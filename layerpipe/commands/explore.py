@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from layerpipe.commands._common import int_list, positive_int
+from layerpipe.commands._common import int_list, output_file, positive_int
+from layerpipe.schedule.policies import MAX_PROCS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="sweep networks × N × policies × options; Pareto fronts and plots")
     p.add_argument("networks", nargs="*", help="network specs (or give --sweep FILE.yaml)")
     p.add_argument("--sweep", help="versioned YAML sweep file instead of the flags below")
-    p.add_argument("-n", "--num-procs", type=int_list("-n"), help="processor counts, e.g. 2,4,8 or 2-16")
+    p.add_argument("-n", "--num-procs", type=int_list("-n", maximum=MAX_PROCS),
+                   help="processor counts, e.g. 2,4,8 or 2-16")
     p.add_argument("--policies", help="comma list of policies (default layerpipe,pipedream)")
     p.add_argument("--max-staleness", type=int_list("--max-staleness", minimum=0),
                    help="staleness bounds for the layerpipe policy, e.g. 1,2,4")
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
     p.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="local worker processes")
     p.add_argument("--scheduler", help="Dask scheduler address (tcp://host:port) to run the sweep on")
-    p.add_argument("--out", required=True, help="results CSV (appended as points finish)")
+    p.add_argument("--out", type=output_file, required=True, help="results CSV (appended as points finish)")
     p.add_argument("--resume", action="store_true", help="skip points already in --out")
     p.add_argument("--pareto-dir", help="write pareto.csv and plots here (default: beside --out)")
     p.add_argument("--no-progress", action="store_true")
@@ -50,7 +52,7 @@ def _spec(args: argparse.Namespace):
             kw[name] = tuple(getattr(args, name))
     if args.max_staleness:
         kw["max_staleness"] = tuple(args.max_staleness)
-    policies = tuple((args.policies or "layerpipe,pipedream").split(","))
+    policies = tuple((args.policies if args.policies is not None else "layerpipe,pipedream").split(","))
     return SweepSpec(tuple(args.networks), tuple(args.num_procs), policies, batch=args.batch,
                      cost_model=args.cost_model, area=args.area, **kw)
 

@@ -7,7 +7,9 @@ import argparse
 from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
+    add_output_arg,
     cost_model_from_args,
+    emit,
     format_table,
     to_json,
 )
@@ -23,12 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-intra", action="store_true", help="keep E and G of a layer in one task")
     p.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    add_output_arg(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     net = load_network(args.network, args.batch)
-    model = cost_model_from_args(args)
+    model = cost_model_from_args(args, net)
     graph = build_training_graph(net, GraphOptions(intra=not args.no_intra, inter=not args.no_inter))
     costs = graph.costs(model)
     layers = []
@@ -56,12 +59,12 @@ def run(args: argparse.Namespace) -> int:
             "total_cycles_per_iteration": sum(costs.values()),
             "layers": layers,
         }
-        print(to_json(doc), end="")
+        emit(to_json(doc), args.output)
         return 0
     headers = ["#", "name", "type", "act", "out_shape", "weights", "tasks (cycles)"]
     rows = [[d["index"], d["name"], d["type"], d["activation"], "x".join(map(str, d["out_shape"])),
              d["weight_words"], " ".join(f"{k}={v}" for k, v in d["task_cycles"].items())] for d in layers]
-    print(f"{net.name}: {len(net)} layers, {len(graph.tasks)} tasks, batch {net.batch}, "
-          f"cost model {model.name}, {sum(costs.values())} cycles per iteration")
-    print(format_table(headers, rows), end="")
+    head = (f"{net.name}: {len(net)} layers, {len(graph.tasks)} tasks, batch {net.batch}, "
+            f"cost model {model.name}, {sum(costs.values())} cycles per iteration\n")
+    emit(head + format_table(headers, rows), args.output)
     return 0

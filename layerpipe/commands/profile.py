@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-from layerpipe.commands._common import ArgumentValueError, add_network_args, emit, format_table, positive_int
+from layerpipe.commands._common import (
+    add_network_args,
+    emit,
+    format_table,
+    non_negative_int,
+    output_file,
+    positive_int,
+)
 from layerpipe.network import load_network
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ArgumentValueError(f"--warmup must be a non-negative integer, got '{text}'")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,11 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("network", help="zoo name (lenet5, alexnet, vgg16, resnet18, resnet50), mlp:W0-W1-..., or FILE.yaml")
     add_network_args(p)
     p.add_argument("--repeats", type=positive_int("--repeats"), default=5, help="timed runs per task (median)")
-    p.add_argument("--warmup", type=_non_negative, default=1, help="untimed runs per task first (default 1)")
+    p.add_argument("--warmup", type=non_negative_int("--warmup"), default=1,
+                   help="untimed runs per task first (default 1)")
     p.add_argument("--threads", type=positive_int("--threads"), default=1,
                    help="torch intra-op threads (default 1: one core per task, stable times)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tensors (default 0)")
-    p.add_argument("-o", "--output", default=None, help="write the profile JSON here (atomically)")
+    p.add_argument("-o", "--output", type=output_file, default=None, help="write the profile JSON here (atomically)")
     p.set_defaults(handler=run)
 
 

@@ -16,8 +16,10 @@ import json
 from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
+    add_output_arg,
     cost_model_from_args,
     emit,
+    non_negative_int,
     positive_int,
     to_json,
 )
@@ -26,7 +28,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule._formats import dump_schedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._synchronous import schedule_stages
-from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
+from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
 
 #: Policy option → its command-line flag, for messages.
 OPTION_FLAGS = {
@@ -42,19 +44,6 @@ OPTION_FLAGS = {
 
 
 # Type functions raise ArgumentTypeError: argparse shows its message (a ValueError becomes "invalid value").
-
-
-def non_negative_int(field: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{field} must be an integer >= 0, got '{text}'") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{field} must be an integer >= 0, got {value}")
-        return value
-
-    return parse
 
 
 def positive_float(field: str):
@@ -76,9 +65,11 @@ def stage_costs(text: str) -> tuple[int, int, int]:
         values = tuple(int(p) for p in parts)
     except ValueError:
         values = ()
-    if len(values) != 3 or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"--stage-costs must be three integers >= 0 like 2,2,1 (F,B,W cycles), "
-                                         f"got '{text}'")
+    # F and B >= 1: a stage without forward or input-gradient work has no pipeline to schedule (all zeros gave
+    # "cycles_per_sample=0"); W may be 0 (no separate weight-gradient work).
+    if len(values) != 3 or min(values[:2]) < 1 or values[2] < 0:
+        raise argparse.ArgumentTypeError(f"--stage-costs must be three integers F,B,W like 2,2,1 (cycles; F, B >= 1, "
+                                         f"W >= 0), got '{text}'")
     return values  # type: ignore[return-value]
 
 
@@ -112,9 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("network", nargs="?", help="zoo name, mlp:W0-W1-..., or FILE.yaml (omit with --stages)")
     p.add_argument("--policy", required=True, help=f"one of {', '.join(POLICIES)}")
-    p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), default=None,
+    p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs", MAX_PROCS), default=None,
                    help="number of processors N")
-    p.add_argument("--stages", type=positive_int("--stages"), default=None,
+    p.add_argument("--stages", type=positive_int("--stages", MAX_PROCS), default=None,
                    help="synchronous policies without a network: number of processors (stages per chunk)")
     p.add_argument("--stage-costs", type=stage_costs, default=None,
                    help="with --stages: F,B,W cycles per stage, B the input-gradient part (default 1,1,1)")
@@ -124,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("text", "csv", "torch-csv", "json"), default="text")
     p.add_argument("--iterations", type=positive_int("--iterations"), default=None,
                    help="iterations to unroll a periodic schedule for csv (default 2 x deepest lag + 2)")
-    p.add_argument("-o", "--output", default=None, help="write to FILE (atomically) instead of stdout")
+    add_output_arg(p)
     p.set_defaults(handler=run)
 
 
@@ -148,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         if args.num_procs is None:
             raise InputError("-n/--num-procs is required with a NETWORK")
         network = load_network(args.network, args.batch)
-        result = make_schedule(args.policy, network, args.num_procs, cost_model_from_args(args), options)
+        result = make_schedule(args.policy, network, args.num_procs, cost_model_from_args(args, network), options)
     emit(render(result, args.format, args.iterations), args.output)
     return 0
 
