@@ -1,0 +1,170 @@
+"""Bad input to the finished commands (graph, delays, schedule, compare, explore, report): exit status 2,
+exactly one line on stderr that names the field and what is allowed, nothing on stdout, no output file.
+
+Most cases run `layerpipe.cli.main` in-process; a few run the console entry point in a subprocess to check
+what a user sees (no traceback) and the start-up import set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerpipe.cli import main
+
+FC = "  - {name: fc, type: linear, out_features: 2}\n"
+YAML_FILES = {
+    "dup.yaml": "version: 1\nname: a\nname: b\ninput_shape: [4]\nlayers:\n" + FC,
+    "v2.yaml": "version: 2\nname: a\ninput_shape: [4]\nlayers:\n" + FC,
+    "lstm.yaml": "version: 1\nname: a\ninput_shape: [4]\nlayers:\n  - {name: fc, type: lstm, out_features: 2}\n",
+    "shape.yaml": ("version: 1\nname: a\ninput_shape: [4]\nlayers:\n" + FC +
+                   "  - {name: fc2, type: linear, out_features: 3}\n  - {name: add, type: add, inputs: [fc, fc2]}\n"),
+    "sweep_area.yaml": "version: 1\nnetworks: [mlp:7-6-3]\nnum_procs: [2]\npolicies: [layerpipe]\narea: \"no\"\n",
+    "sweep_profiled.yaml": "version: 1\nnetworks: [mlp:7-6-3]\nnum_procs: [2]\npolicies: [layerpipe]\n"
+                           "cost_model: profiled\n",
+    "profile.json": json.dumps({"version": 1, "network": "mlp:7-6-3", "batch": 1, "unit": "ns", "layers": {
+        "fc1": {"F": 5, "A": 1, "G": 5, "U": 2}, "fc2": {"F": 3, "A": 1, "E": 3, "G": 3, "U": 1}}}),
+    "negative.json": json.dumps({"version": 1, "network": "mlp:7-6-3", "batch": 1, "layers": {"fc1": {"F": -5}}}),
+}
+
+#: Commands that take -o FILE: every case of theirs also asks for {out}, which must not appear.
+WRITES_OUTPUT = {"graph", "delays", "schedule", "compare"}
+
+# (argv with {tmp} for the fixture folder, words the one stderr line must contain)
+CASES: list[tuple[list[str], list[str]]] = [
+    # networks
+    (["graph", "nosuchnet"], ["unknown network 'nosuchnet'", "lenet5", "mlp:W0-W1-...", "FILE.yaml"]),
+    (["graph", ""], ["unknown network ''", "allowed"]),
+    (["graph", "mlp:7-0-3"], ["mlp widths", "positive"]),
+    (["graph", "{tmp}/lstm.yaml"], ["unknown type 'lstm'", "linear", "conv2d"]),
+    (["graph", "{tmp}/shape.yaml"], ["'add'", "one shape"]),
+    (["graph", "{tmp}/dup.yaml"], ["duplicate key 'name'", "line 3"]),
+    (["graph", "{tmp}/v2.yaml"], ["version must be 1"]),
+    (["graph", "{tmp}/missing.yaml"], ["missing.yaml", "No such file"]),
+    (["graph", "{tmp}"], ["Is a directory"]),
+    # cost models: flags the chosen model ignores, and profiles of another network
+    (["graph", "mlp:7-6-3", "--cost-model", "nope"], ["unknown cost model 'nope'", "macs, pe, profiled, rtl"]),
+    (["graph", "mlp:7-6-3", "--profile", "{tmp}/profile.json"], ["--profile", "--cost-model profiled", "'pe'"]),
+    (["graph", "mlp:7-6-3", "--cost-model", "macs", "--lanes", "4"], ["--lanes", "pe, rtl", "'macs'"]),
+    (["graph", "mlp:7-6-3", "--cost-model", "rtl", "--overhead", "4"], ["--overhead", "--cost-model pe", "'rtl'"]),
+    (["graph", "mlp:7-6-3", "--overhead", "-1"], ["--overhead", ">= 0"]),
+    (["graph", "mlp:8-6-3", "--cost-model", "profiled", "--profile", "{tmp}/profile.json"],
+     ["measured on network 'mlp:7-6-3'", "'mlp:8-6-3'"]),
+    (["graph", "mlp:7-6-3", "--cost-model", "profiled", "--profile", "{tmp}/negative.json"],
+     ["profile file", "nanoseconds >= 0"]),
+    (["graph", "mlp:7-6-3", "--cost-model", "profiled", "--profile", "{tmp}/nope.json"], ["No such file"]),
+    # stage maps
+    (["delays", "lenet5", "--stages", "0,0,1"], ["--stages", "expected 8 stages", "got 3"]),
+    (["delays", "lenet5", "--stages", "0,1,0,1,2,2,3,3"], ["--stages", "non-decreasing"]),
+    (["delays", "lenet5", "--stages", "even:0"], ["--stages", "1 <= M <= 8"]),
+    (["delays", "lenet5", "--stages", ""], ["--stages", "0,0,1,2", "even:M"]),
+    # policies, N and policy options
+    (["schedule", "mlp:7-6-3", "--policy", "nope", "-n", "2"], ["unknown policy 'nope'", "layerpipe, pipedream"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "0"], ["-n/--num-procs", ">= 1"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "100000000"], ["-n/--num-procs", "1..4096"]),
+    (["schedule", "mlp:7-6-3", "--policy", "pipedream", "-n", "2", "--max-staleness", "2"],
+     ["--max-staleness does not apply to policy 'pipedream'"]),
+    (["schedule", "alexnet", "--policy", "optimal", "-n", "4"], ["optimal: graph has 47 tasks", "limit is 32"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "--format", "yaml"],
+     ["--format", "text", "torch-csv", "json"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "--format", "torch-csv"],
+     ["torch-csv is for stage-level", "text, csv or json"]),
+    (["schedule", "--policy", "1f1b", "--stages", "4", "--stage-costs", "0,0,0"],
+     ["--stage-costs", "F, B >= 1", "W >= 0"]),
+    (["schedule", "--policy", "gpipe", "--stages", "1000", "--microbatches", "1000"], ["stage slots", "32768"]),
+    # output files
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", ""], ["-o/--output", "file path"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", "{tmp}"], ["-o/--output", "directory"]),
+    (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", "{tmp}/profile.json/x"], ["cannot write"]),
+    # compare
+    (["compare", "mlp:7-6-3", "-n", "1-100000000"], ["-n/--num-procs", "1..4096"]),
+    (["compare", "mlp:7-6-3", "-n", "2", "--policies", ""], ["--policies must name at least one", "layerpipe"]),
+    (["compare", "mlp:7-6-3", "-n", "2", "--baseline", "nope"], ["unknown policy 'nope'"]),
+    (["compare", "mlp:7-6-3", "lenet5", "-n", "2", "--cost-model", "profiled", "--profile", "{tmp}/profile.json"],
+     ["measured on network 'mlp:7-6-3'", "'lenet5'"]),
+    # explore and report
+    (["explore", "mlp:7-6-3", "-n", "2", "--policies", "", "--out", "{tmp}/r.csv", "--no-progress"],
+     ["unknown policy ''", "layerpipe"]),
+    (["explore", "mlp:7-6-3", "-n", "2", "--out", "{tmp}", "--no-progress"], ["--out", "directory"]),
+    (["explore", "--sweep", "{tmp}/sweep_area.yaml", "--out", "{tmp}/r.csv", "--no-progress"],
+     ["'area'", "true/false"]),
+    (["explore", "--sweep", "{tmp}/sweep_profiled.yaml", "--out", "{tmp}/r.csv", "--no-progress"],
+     ["cost_model", "macs, pe, rtl"]),
+    (["report", "--no-rtl", "--no-progress", "--out", "{tmp}/profile.json"], ["--out", "must be a folder"]),
+]
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    for name, text in YAML_FILES.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def _ids() -> list[str]:
+    return [" ".join(argv)[:60] for argv, _ in CASES]
+
+
+@pytest.mark.parametrize(("argv", "words"), CASES, ids=_ids())
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], words: list[str], inputs: Path, capsys) -> None:
+    args = [a.replace("{tmp}", str(inputs)) for a in argv]
+    out = inputs / "out.txt"
+    if argv[0] in WRITES_OUTPUT and "-o" not in argv:
+        args += ["-o", str(out)]
+    before = sorted(p.name for p in inputs.iterdir())
+    profile_bytes = (inputs / "profile.json").read_bytes()
+
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("layerpipe: error: "), captured.err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    # nothing written or moved aside: no output file, no temporary file, the inputs untouched
+    assert sorted(p.name for p in inputs.iterdir()) == before
+    assert (inputs / "profile.json").read_bytes() == profile_bytes
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("argv", [
+    ["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", "/proc/no/such/dir/x"],
+    ["schedule", "--policy", "1f1b", "--stages", "4", "--stage-costs", "0,0,0"],
+    ["explore", "mlp:7-6-3", "-n", "2", "--out", "", "--no-progress"],
+])
+def test_subprocess_sees_one_line_and_no_traceback(argv: list[str]) -> None:
+    proc = _cli(*argv)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_parser_does_not_import_heavy_libraries() -> None:
+    """Building the parser (every `--help`, every command) must not import scipy, torch, matplotlib or amaranth:
+    scipy.optimize alone added ~0.5 s to each start when `optimal` imported it at module level."""
+    code = ("import sys; from layerpipe.cli import build_parser; build_parser(); "
+            "print(','.join(m for m in ('scipy', 'torch', 'matplotlib', 'amaranth') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.strip() == ""
+
+
+def test_highs_chatter_does_not_reach_stdout(capfd) -> None:
+    """HiGHS prints some messages with C printf (seen: "HighsMipSolverData::transformNewIntegerFeasibleSolution
+    tmpSolver.run();" on residual_mlp, 3 processors, --no-intra), which corrupted `--format json` on stdout.
+    The solve runs with file descriptor 1 pointed at /dev/null; Python's own output before and after stays."""
+    from layerpipe.schedule._optimal import _stdout_silenced
+
+    print("before", flush=True)
+    with _stdout_silenced():
+        os.write(1, b"C-level chatter\n")
+    print("after", flush=True)
+    assert capfd.readouterr().out == "before\nafter\n"
