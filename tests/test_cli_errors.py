@@ -96,6 +96,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["explore", "--sweep", "{tmp}/sweep_profiled.yaml", "--out", "{tmp}/r.csv", "--no-progress"],
      ["cost_model", "macs, pe, rtl"]),
     (["report", "--no-rtl", "--no-progress", "--out", "{tmp}/profile.json"], ["--out", "must be a folder"]),
+    (["report", "--no-rtl", "--no-progress", "--out", "{tmp}"], ["--out", "holds files but no layerpipe report"]),
+    (["report", "--no-rtl", "--no-progress", "--out", "."], ["--out", "'.'"]),
 ]
 
 

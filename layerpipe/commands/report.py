@@ -8,14 +8,24 @@ from pathlib import Path
 from layerpipe.commands._common import ArgumentValueError
 from layerpipe.errors import InputError
 
+#: A file every report folder holds: an existing --out without it is not a report, and is not replaced.
+REPORT_MARKER = "compare.csv"
+
 
 def output_folder(text: str) -> str:
-    """--out: a folder path that is not an existing file (the report replaces the folder as a whole, so a file
-    there would be moved aside and lost), checked before the minutes of work."""
+    """--out, checked before the minutes of work. The report replaces the folder as a whole (built beside it,
+    then swapped in, the old one deleted), so --out must be new, empty or an earlier report: a file there, or
+    a folder of other files (`--out .`, `--out ~/work`), would be moved aside and lost."""
     if not text.strip():
         raise ArgumentValueError("must be a folder path, got ''")
-    if Path(text).exists() and not Path(text).is_dir():
+    path = Path(text)
+    if path.exists() and not path.is_dir():
         raise ArgumentValueError(f"must be a folder, got the file '{text}'")
+    if path.is_dir() and any(path.iterdir()) and not (path / REPORT_MARKER).is_file():
+        raise ArgumentValueError(f"'{text}' holds files but no layerpipe report ({REPORT_MARKER}); give a new or "
+                                 "empty folder, or an earlier report's, since the folder is replaced")
+    if Path.cwd().resolve().is_relative_to(path.resolve()):
+        raise ArgumentValueError(f"must not be the current folder or one above it, got '{text}'")
     return text
 
 
