@@ -3,15 +3,16 @@
 Timing is the simulator's `links` interconnect (`layerpipe.sim.SimConfig.links`) with
 `words_per_cycle = lanes` and `latency = LINK_LATENCY`:
 
-- when an entry's last step ends (cycle e, the cycle its PE is free again) the sequencer pushes
-  (entry, iteration) into the sender of every link the entry sends on; the sender moves that entry's
-  transfers on this link one after another, in the order the compiler listed them (consumer program order);
-- a transfer of w elements is k = ⌈w/lanes⌉ beats on consecutive cycles; the sender issues the memory read
-  of beat i at cycle D + 2 + i, where D = max(e, the cycle the previous transfer left the link) is the model's
-  departure (2 cycles: the queue register and the current-transfer register), the word reaches the link one
-  cycle later (the memory's read latency), and the receiver writes it and, on the last beat, increments the
-  destination's arrival counter, which the destination sequencer sees one cycle later. So the consumer can
-  start at D + k + 3: `LINK_LATENCY` = 3, and the link is busy for exactly k cycles per transfer.
+- in the last busy cycle of an entry's last step (the PE's `done`, cycle e − 1 when the op ends at e) the
+  sequencer pushes (entry, iteration) into the sender of every link the entry sends on; the sender moves
+  that entry's transfers on this link one after another, in the order the compiler listed them (consumer
+  program order), so the queue order is the model's (producer end, consumer order);
+- a transfer of w elements is k = ⌈w/lanes⌉ beats on consecutive cycles. With D = max(e, the cycle the link
+  became free) the model's departure, the sender loads the transfer in cycle D, issues the memory read of
+  beat i in cycle D + 1 + i, the word is on the link in cycle D + 2 + i (the memory's read latency) and the
+  receiver writes it in that cycle; on the last beat it also bumps the destination's arrival counter, which
+  the destination sequencer sees in cycle D + k + 2. The next transfer's reads start at D + k + 1: the link
+  is busy exactly k cycles per transfer. Hence `LINK_LATENCY` = 2.
 
 The receiver never stalls (`ready` is always 1): it writes into a memory port that only it uses. Beats carry
 their destination address, so the receiver has no state.
