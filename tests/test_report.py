@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import json
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ def _same_tree(a: Path, b: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def fresh_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report") / "reports"
-    generate(out, ReportConfig(), progress=False)
+    generate(out, ReportConfig(), progress=False, synthesis_cache=ROOT / "reports" / "rtl.json")
     return out
 
 
@@ -35,13 +36,17 @@ def test_report_contents(fresh_report: Path) -> None:
     for heading in ("LayerPipe vs PipeDream at N = 7, 8, 9", "Every policy", "Ablation", "Gantt charts",
                     "RTL: verification and synthesis", "Cost model and assumptions"):
         assert heading in readme
-    for name in ("compare.csv", "ablation.csv", "speedup.png", "gantt_layerpipe.png", "gantt_pipedream.png"):
+    for name in ("compare.csv", "ablation.csv", "rtl.json", "speedup.png", "gantt_layerpipe.png",
+                 "gantt_pipedream.png"):
         assert (fresh_report / name).stat().st_size > 0
+    rtl = json.loads((fresh_report / "rtl.json").read_text())
+    assert [p["policy"] for p in rtl["points"]] == ["layerpipe", "pipedream"]
+    assert all(p["bit_exact"] and p["cycle_exact"] for p in rtl["points"])
     header = (fresh_report / "compare.csv").read_text().splitlines()[0].split(",")
     assert header[:4] == ["network", "num_procs", "policy", "cycles_per_sample"]
 
 
 def test_regenerating_in_place_gives_the_same_bytes(fresh_report: Path, tmp_path: Path) -> None:
     again = tmp_path / "reports"
-    generate(again, ReportConfig(), progress=False)
+    generate(again, ReportConfig(), progress=False, synthesis_cache=fresh_report / "rtl.json")
     assert not _same_tree(fresh_report, again)
