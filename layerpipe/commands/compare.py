@@ -100,8 +100,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
     model = cost_model_from_args(args)
     rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch)
-    emit(render(rows, args.format, args.baseline, describe_model(model)), args.output)
+    emit(render(rows, args.format, args.baseline, describe_model(model), model_fields(model)), args.output)
     return 0
+
+
+def model_fields(model) -> dict[str, object]:
+    """The cost model as JSON fields: its name and the parameters it has (lanes, overhead)."""
+    return {"name": model.name, **{k: getattr(model, k) for k in ("lanes", "overhead") if hasattr(model, k)}}
 
 
 def describe_model(model) -> str:
@@ -110,10 +115,12 @@ def describe_model(model) -> str:
     return f"cost model {model.name}" + (f" ({', '.join(details)})" if details else "")
 
 
-def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = "") -> str:
+def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = "",
+           model_json: dict[str, object] | None = None) -> str:
     if fmt == "json":
-        return to_json({"baseline": baseline, "cost_model": model, "columns": list(COLUMNS),
-                        "rows": [{k: r[k] for k in COLUMNS} for r in rows]})
+        # the model as fields, not the table legend's prose ("cost model pe (lanes 64, overhead 16)")
+        return to_json({"baseline": baseline, "cost_model": model_json if model_json is not None else model,
+                        "columns": list(COLUMNS), "rows": [{k: r[k] for k in COLUMNS} for r in rows]})
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
