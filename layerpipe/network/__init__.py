@@ -1,9 +1,12 @@
 """Networks: layer operations, the layer DAG with inferred shapes, the built-in zoo and loaders.
 
-`from_torch` (torch.fx import) needs torch only when called.
+`from_torch` (torch.fx import) needs torch only when called. The YAML functions and `from_torch` load on
+first use (PEP 562 `__getattr__`): every CLI start imports this package, and PyYAML alone is ~30 ms of it.
 """
 
-from layerpipe.network._fx import from_torch
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
 from layerpipe.network._load import load_network
 from layerpipe.network._ops import (
@@ -17,8 +20,19 @@ from layerpipe.network._ops import (
     Linear,
     Pool2d,
 )
-from layerpipe.network._yaml import dump_yaml, load_yaml_network, parse_yaml_network
 from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
+
+if TYPE_CHECKING:
+    from layerpipe.network._fx import from_torch
+    from layerpipe.network._yaml import dump_yaml, load_yaml_network, parse_yaml_network
+
+_LAZY = {"from_torch": "_fx", "dump_yaml": "_yaml", "load_yaml_network": "_yaml", "parse_yaml_network": "_yaml"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"layerpipe.network.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ACTIVATIONS",
