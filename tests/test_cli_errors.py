@@ -77,6 +77,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["schedule", "--policy", "1f1b", "--stages", "4", "--stage-costs", "0,0,0"],
      ["--stage-costs", "F, B >= 1", "W >= 0"]),
     (["schedule", "--policy", "gpipe", "--stages", "1000", "--microbatches", "1000"], ["stage slots", "32768"]),
+    (["schedule", "lenet5", "--policy", "layerpipe", "-n", "4", "--format", "csv", "--iterations", "100000000"],
+     ["--iterations", "1..100000"]),
     # output files
     (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", ""], ["-o/--output", "file path"]),
     (["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", "{tmp}"], ["-o/--output", "directory"]),
