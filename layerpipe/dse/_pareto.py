@@ -110,7 +110,11 @@ def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str 
         ax.set_xlabel("processors N")
         ax.set_ylabel(f"speedup vs {baseline}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
+        if series:
+            ax.legend(fontsize=6)
+        else:  # legend() on no lines prints a matplotlib warning on stderr
+            ax.text(0.5, 0.5, f"no {baseline} rows to compare with", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
