@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+import layerpipe
 from layerpipe import __version__
 from layerpipe.errors import InputError
 
@@ -38,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="layerpipe", description=__doc__.splitlines()[0] if __doc__ else None)
+    # the package's one-line summary, not this module's ("The `layerpipe` command line.")
+    parser = _Parser(prog="layerpipe", description=(layerpipe.__doc__ or "").strip() or None)
     parser.add_argument("--version", action="version", version=f"layerpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         module.register(sub)
+    parser.set_defaults(commands=tuple(sub.choices))
     return parser
 
 
@@ -56,9 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
+        if args.command is None:  # like any other bad input: one line on stderr, exit 2 (help is --help)
+            raise InputError(f"a COMMAND is required: {', '.join(args.commands)} (layerpipe --help describes them)")
         return int(args.handler(args) or 0)
     except InputError as exc:
         print(f"layerpipe: error: {exc}", file=sys.stderr)

@@ -37,6 +37,7 @@ WRITES_OUTPUT = {"graph", "delays", "schedule", "compare"}
 
 # (argv with {tmp} for the fixture folder, words the one stderr line must contain)
 CASES: list[tuple[list[str], list[str]]] = [
+    ([], ["a COMMAND is required", "graph, delays, schedule"]),
     # networks
     (["graph", "nosuchnet"], ["unknown network 'nosuchnet'", "lenet5", "mlp:W0-W1-...", "FILE.yaml"]),
     (["graph", ""], ["unknown network ''", "allowed"]),
@@ -111,14 +112,14 @@ def inputs(tmp_path: Path) -> Path:
 
 
 def _ids() -> list[str]:
-    return [" ".join(argv)[:60] for argv, _ in CASES]
+    return [" ".join(argv)[:60] or "(no command)" for argv, _ in CASES]
 
 
 @pytest.mark.parametrize(("argv", "words"), CASES, ids=_ids())
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], words: list[str], inputs: Path, capsys) -> None:
     args = [a.replace("{tmp}", str(inputs)) for a in argv]
     out = inputs / "out.txt"
-    if argv[0] in WRITES_OUTPUT and "-o" not in argv:
+    if argv and argv[0] in WRITES_OUTPUT and "-o" not in argv:
         args += ["-o", str(out)]
     before = sorted(p.name for p in inputs.iterdir())
     profile_bytes = (inputs / "profile.json").read_bytes()
