@@ -393,6 +393,83 @@ class _Distances:
         return self._cache[src].get(dst, 1 << 30)
 
 
+class _UnrolledDistances:
+    """Iteration distances that also hold in the prologue, where the steady-state paths may not exist.
+
+    A steady-state path Y(t) ⇝ X(t + d) can pass through ops of iterations < 0, which are skipped: early in
+    a run the producer can then run further ahead than d. So the distance is also measured on the unrolled
+    op graph of the first `window` iterations (program order of every PE, data edges of existing ops): for
+    each t, the smallest iteration of X reachable from Y(t). Where none is reachable the producer is not
+    held back at all, and the depth must cover every later iteration of the window. The result is the
+    larger of the two, so ring slots are never rewritten before their readers end, whatever the timing.
+    """
+
+    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[tuple[TaskKey, TaskKey]], steady: _Distances,
+                 samples: int) -> None:
+        self.steady = steady
+        max_lag = max((s.lag for body in bodies for s in body), default=0)
+        horizon = 4 * (max_lag + 2) + 16
+        self.window = min(samples, horizon)
+        self.exact = samples <= horizon  # the window is the whole run
+        # Ops of each PE in program order; node = (task, t).
+        self.succ: dict[tuple[TaskKey, int], list[tuple[TaskKey, int]]] = {}
+        order: list[tuple[TaskKey, int]] = []
+        for body in bodies:
+            prev = None
+            for j in range(self.window + max_lag):
+                for slot in body:
+                    t = j - slot.lag
+                    if 0 <= t < self.window:
+                        node = ((slot.kind, slot.layer), t)
+                        self.succ[node] = []
+                        if prev is not None:
+                            self.succ[prev].append(node)
+                        prev = node
+        for src, dst in data_edges:
+            for t in range(self.window):
+                if (src, t) in self.succ and (dst, t) in self.succ:
+                    self.succ[(src, t)].append((dst, t))
+        indegree = dict.fromkeys(self.succ, 0)
+        for outs in self.succ.values():
+            for n in outs:
+                indegree[n] += 1
+        ready = [n for n, k in indegree.items() if k == 0]
+        while ready:
+            n = ready.pop()
+            order.append(n)
+            for m in self.succ[n]:
+                indegree[m] -= 1
+                if indegree[m] == 0:
+                    ready.append(m)
+        if len(order) != len(self.succ):
+            raise InputError("the periodic schedule deadlocks in its first iterations (a dependency cycle)")
+        self.order = order
+        self._reach: dict[TaskKey, dict[tuple[TaskKey, int], int]] = {}
+
+    def _min_reach(self, target: TaskKey) -> dict[tuple[TaskKey, int], int]:
+        """For every op, the smallest iteration of `target` reachable from it (itself included)."""
+        if target not in self._reach:
+            inf = 1 << 30
+            best: dict[tuple[TaskKey, int], int] = {}
+            for node in reversed(self.order):
+                here = node[1] if node[0] == target else inf
+                best[node] = min([here, *(best[m] for m in self.succ[node])])
+            self._reach[target] = best
+        return self._reach[target]
+
+    def __call__(self, reader: TaskKey, producer: TaskKey) -> int:
+        d = self.steady(reader, producer)
+        reach = self._min_reach(producer)
+        # Without the whole run in the window, its last iterations lack the paths a longer run has.
+        last = self.window if self.exact else self.window // 2
+        for t in range(last):
+            r = reach.get((reader, t))
+            if r is None:
+                continue
+            d = max(d, r - t if r < (1 << 30) else self.window - t)
+        return d
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The compiler.
 
@@ -435,7 +512,7 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
                 raise InputError(f"tasks {src[0]}{src[1]} and {dst[0]}{dst[1]} exchange two values on different "
                                  "PEs; the RTL sends one vector per transfer")
             transfers[(src, dst)] = e.words
-    dist = _Distances(bodies, data_edges)
+    dist = _UnrolledDistances(bodies, data_edges, _Distances(bodies, data_edges), max_samples)
 
     # Vector values: name → (producer task or None for a sample, elements, reader tasks).
     values: dict[str, tuple[TaskKey | None, int, list[TaskKey]]] = {
