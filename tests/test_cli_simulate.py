@@ -90,18 +90,19 @@ def test_bad_input_exits_2_with_one_line_and_leaves_dir_alone(tmp_path, capsys, 
     (tmp_path / "GOOD.csv").write_text(GPIPE_CSV)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("old run")
+    (out / "metrics.json").write_text("{}")  # an earlier run: --out accepts it
     argv = [str(tmp_path / f"{a}.csv") if a in ("BAD", "GOOD") else a for a in argv]
     code, _, err = run_cli(capsys, "simulate", *argv, "--out", out)
     assert code == 2
     assert err.count("\n") == 1 and message in err, err
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert [p.name for p in out.iterdir()] == ["metrics.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["BAD.csv", "GOOD.csv", "out"]
 
 
 def test_existing_dir_is_replaced_whole(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
+    (out / "metrics.json").write_text("{}")  # an older run's
     (out / "stale.txt").write_text("from an older run")
     csv = tmp_path / "s.csv"
     csv.write_text(GPIPE_CSV)
@@ -109,3 +110,15 @@ def test_existing_dir_is_replaced_whole(tmp_path, capsys):
     assert code == 0, err
     assert not (out / "stale.txt").exists() and (out / "metrics.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.csv"]
+
+
+def test_out_folder_of_other_files_is_refused_untouched(tmp_path, capsys):
+    """The run replaces --out whole: a folder that is not an earlier run (or the current folder) is refused."""
+    out = tmp_path / "work"
+    out.mkdir()
+    (out / "precious.txt").write_text("user data")
+    csv = tmp_path / "s.csv"
+    csv.write_text(GPIPE_CSV)
+    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", out)
+    assert code == 2 and "holds files but no layerpipe simulate output" in err and err.count("\n") == 1
+    assert [p.name for p in out.iterdir()] == ["precious.txt"]

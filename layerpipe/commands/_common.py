@@ -182,3 +182,35 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.4g}"
     return str(value)
+
+
+def replaceable_folder(marker: str, what: str):
+    """An --out folder that a command replaces as a whole (built beside it, swapped in, the old one deleted).
+
+    It must be new, empty, or an earlier output of the same command (it holds `marker`): a file there, or a
+    folder of other files (`--out .`, `--out ~/work`), would be moved aside and lost. Checked before any work.
+    """
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise ArgumentValueError("must be a folder path, got ''")
+        path = Path(text)
+        if path.exists() and not path.is_dir():
+            raise ArgumentValueError(f"must be a folder, got the file '{text}'")
+        if path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
+            raise ArgumentValueError(f"'{text}' holds files but no {what} ({marker}); give a new or empty folder, "
+                                     f"or an earlier {what}'s, since the folder is replaced")
+        if Path.cwd().resolve().is_relative_to(path.resolve()):
+            raise ArgumentValueError(f"must not be the current folder or one above it, got '{text}'")
+        return text
+
+    return parse
+
+
+def make_parent(out: str) -> None:
+    """Create the folder that will hold `out`; one line on failure."""
+    parent = Path(out).resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create {parent}: {exc.strerror or exc}") from None

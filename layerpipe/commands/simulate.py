@@ -26,7 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from layerpipe.commands._common import add_cost_args, add_network_args, cost_model_from_args, positive_int, to_json
+from layerpipe.commands._common import (
+    add_cost_args,
+    add_network_args,
+    cost_model_from_args,
+    make_parent,
+    positive_int,
+    replaceable_folder,
+    to_json,
+)
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network, load_network
@@ -70,7 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_policy_option_args(p)
     add_network_args(p)
     add_cost_args(p)
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, type=replaceable_folder("metrics.json", "layerpipe simulate output"),
+                   help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.set_defaults(handler=run)
 
 
@@ -144,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         files["metrics.json"] = to_json(metrics).encode()
         files["versions.json"] = to_json({"level": schedule.level, "mode": config.mode,
                                           "versions": result.version_records()}).encode()
+        make_parent(args.out)
         _write_outputs(result, files, Path(args.out))
         bar.update(1)
     print(f"{result.total_cycles} cycles, {result.cycles_per_sample:g} cycles/sample, "
