@@ -37,7 +37,8 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "gpipe", "-n", "2", "--lanes", "4"], "supported: layerpipe, pipedream"),
     (["--policy", "pipedream", "-n", "2", "--lanes", "0"], "--lanes must be a positive integer"),
-    (["--policy", "layerpipe", "-n", "3", "--lanes", "4"], "the RTL needs --keep-weights-together"),
+    (["--policy", "layerpipe", "-n", "3", "--lanes", "4", "--no-keep-weights-together"],
+     "the RTL needs --keep-weights-together"),
 ])
 def test_rtl_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     proc = _run("rtl", "mlp:6-5-4-3", *args, "--out", str(tmp_path))

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from layerpipe.commands._common import format_table, positive_int, to_json, write_atomic
+from layerpipe.commands._common import ArgumentValueError, format_table, positive_int, to_json, write_atomic
 
 
 def add_design_args(p: argparse.ArgumentParser) -> None:
@@ -30,8 +30,8 @@ def add_design_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), required=True,
                    help="number of processing elements N")
     p.add_argument("--lanes", type=positive_int("--lanes"), required=True, help="multipliers per PE")
-    p.add_argument("--keep-weights-together", action="store_true",
-                   help="layerpipe: place a layer's F, E, G, U on one PE (the RTL needs it when N > 1)")
+    p.add_argument("--keep-weights-together", action=argparse.BooleanOptionalAction, default=True,
+                   help="layerpipe: place a layer's F, E, G, U on one PE (default; the RTL needs it when N > 1)")
     p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
 
 
@@ -43,13 +43,21 @@ def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
                        lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together)
 
 
+def _output_dir(text: str) -> str:
+    if not text.strip():
+        raise ArgumentValueError("must be a folder path, got ''")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise ArgumentValueError(f"must be a folder, got the file '{text}'")
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rtl", help="generate the Verilog and microcode of an N-PE training accelerator",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_design_args(p)
     p.add_argument("--samples", type=positive_int("--samples"), default=64,
                    help="sample memory capacity T_max (default 64)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=_output_dir, help="output directory (files in it are overwritten)")
     p.add_argument("--no-synth", action="store_true", help="do not run yosys even when it is installed")
     p.set_defaults(handler=run)
 
