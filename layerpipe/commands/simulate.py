@@ -31,6 +31,7 @@ from layerpipe.commands._common import (
     add_network_args,
     cost_model_from_args,
     make_parent,
+    non_negative_int,
     positive_int,
     replaceable_folder,
     to_json,
@@ -71,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data (default 0)")
     links = p.add_argument_group("interconnect (default: shared memory)")
     links.add_argument("--shared-memory", action="store_true", help="data arrives when its producer ends")
-    links.add_argument("--link-latency", type=_non_negative_int("--link-latency"), default=None,
+    links.add_argument("--link-latency", type=non_negative_int("--link-latency"), default=None,
                        help="point-to-point links: cycles from leaving a link to arrival")
     links.add_argument("--link-words-per-cycle", type=_positive_float("--link-words-per-cycle"), default=None,
                        help="point-to-point links: words per cycle of one link (default 1)")
@@ -92,19 +93,6 @@ def _positive_float(field: str) -> Callable[[str], float]:
         if not (value > 0 and math.isfinite(value)):
             raise InputError(f"{field} must be a finite number > 0, got {text}")
         return int(value) if value.is_integer() else value
-
-    return parse
-
-
-def _non_negative_int(field: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise InputError(f"{field} must be an integer >= 0, got '{text}'") from None
-        if value < 0:
-            raise InputError(f"{field} must be an integer >= 0, got {value}")
-        return value
 
     return parse
 
