@@ -214,3 +214,9 @@ def make_parent(out: str) -> None:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot create {parent}: {exc.strerror or exc}") from None
+
+
+def add_split_args(parser: argparse.ArgumentParser) -> None:
+    """The DFG's split switches (design notes §2), for commands that build the graph themselves."""
+    parser.add_argument("--no-intra", action="store_true", help="keep E and G of a layer in one task")
+    parser.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")

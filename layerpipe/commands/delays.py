@@ -10,6 +10,7 @@ from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
     add_output_arg,
+    add_split_args,
     cost_model_from_args,
     emit,
     format_table,
@@ -29,8 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a stage per layer in layer order (0,0,1,2,2) or even:M (M stages of balanced forward cost)")
     add_network_args(p)
     add_cost_args(p)
-    p.add_argument("--no-intra", action="store_true", help="keep E and G of a layer in one task")
-    p.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")
+    add_split_args(p)
     p.add_argument("--weight-mode", choices=WEIGHT_MODES, default="stash", help="what backward E reads (default stash)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     add_output_arg(p)

@@ -8,6 +8,7 @@ from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
     add_output_arg,
+    add_split_args,
     cost_model_from_args,
     emit,
     format_table,
@@ -22,8 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("network", help="zoo name (lenet5, alexnet, vgg16, resnet18, resnet50), mlp:W0-W1-..., or FILE.yaml")
     add_network_args(p)
     add_cost_args(p)
-    p.add_argument("--no-intra", action="store_true", help="keep E and G of a layer in one task")
-    p.add_argument("--no-inter", action="store_true", help="keep A and E of a layer in one task")
+    add_split_args(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
     add_output_arg(p)
     p.set_defaults(handler=run)
