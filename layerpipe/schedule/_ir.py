@@ -141,27 +141,20 @@ class OpSchedule:
     def from_text(text: str) -> OpSchedule:
         level, sync, m = "layer", False, 0
         reads: list[tuple[str, int, int]] = []
+        header, lines = _split_text(text, "schedule")
+        for n, word in header:
+            if word.startswith("level="):
+                level = word.split("=", 1)[1]
+            elif word == "synchronous":
+                sync = True
+            elif word.startswith("microbatches="):
+                m = _header_int(word, n)
+            elif word.startswith("reads="):
+                reads = parse_reads(word, n)
         rows: list[tuple[Op, ...]] = []
-        for n, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line:
-                continue
-            if line.startswith("#"):
-                for word in line.split():
-                    if word.startswith("level="):
-                        level = word.split("=", 1)[1]
-                    elif word == "synchronous":
-                        sync = True
-                    elif word.startswith("microbatches="):
-                        m = _header_int(word, n)
-                    elif word.startswith("reads="):
-                        reads = parse_reads(word, n)
-                continue
-            name, _, body = line.partition(":")
-            if name != f"p{len(rows)}":
-                raise InputError(f"schedule line {n}: expected 'p{len(rows)}:', got '{name}:'")
+        for n, tokens in lines:
             try:
-                rows.append(tuple(parse_op(tok, len(rows)) for tok in body.split()))
+                rows.append(tuple(parse_op(tok, len(rows)) for tok in tokens))
             except InputError as exc:
                 raise InputError(f"schedule line {n}: {exc}") from None
         if level not in LEVELS:
@@ -173,6 +166,25 @@ class OpSchedule:
                     allowed = ", ".join(kinds)
                     raise InputError(f"schedule p{op.proc}: op '{op}' kind is not a {level}-level kind ({allowed})")
         return OpSchedule(level, tuple(rows), sync, m, tuple(reads))
+
+
+def _split_text(text: str, what: str) -> tuple[list[tuple[int, str]], list[tuple[int, list[str]]]]:
+    """The text forms' shared layout: `#` header lines of words, then one `pN: tok tok ...` line per processor
+    in order. Returns (line, header word) pairs and (line, tokens) per processor."""
+    header: list[tuple[int, str]] = []
+    rows: list[tuple[int, list[str]]] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            header.extend((n, word) for word in line.split())
+            continue
+        name, _, body = line.partition(":")
+        if name != f"p{len(rows)}":
+            raise InputError(f"{what} line {n}: expected 'p{len(rows)}:', got '{name}:'")
+        rows.append((n, body.split()))
+    return header, rows
 
 
 _READ_RE = re.compile(r"^([A-Z]+)(\d+):(-?\d+)$")
@@ -278,21 +290,14 @@ class PeriodicSchedule:
     @staticmethod
     def from_text(text: str) -> PeriodicSchedule:
         period = None
+        header, lines = _split_text(text, "periodic schedule")
+        for n, word in header:
+            if word.startswith("period="):
+                period = _header_int(word, n)
         bodies: list[tuple[Slot, ...]] = []
-        for n, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line:
-                continue
-            if line.startswith("#"):
-                for word in line.split():
-                    if word.startswith("period="):
-                        period = _header_int(word, n)
-                continue
-            name, _, body = line.partition(":")
-            if name != f"p{len(bodies)}":
-                raise InputError(f"periodic schedule line {n}: expected 'p{len(bodies)}:', got '{name}:'")
+        for n, tokens in lines:
             slots = []
-            for tok in body.split():
+            for tok in tokens:
                 m = _SLOT_RE.match(tok)
                 if not m:
                     raise InputError(f"periodic schedule line {n}: slot '{tok}' is not KIND LAYER-LAG@START")
