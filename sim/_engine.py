@@ -41,6 +41,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
@@ -310,6 +311,8 @@ def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[
 def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     if config.interconnect == "shared":
         return _sweep(c, c.prods)
+    if config.interconnect == "bus":  # one channel for every processor: its order is known only while timing
+        return _run_links_events(c, config.link_latency, config.link_words_per_cycle, bus=True)
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle)
     plan = c.link_plan
@@ -317,12 +320,14 @@ def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     return _sweep(c, plan.inputs, plan, [0] * c.num_ops + hold, config.link_latency)
 
 
-def _hold_cycles(words: np.ndarray, words_per_cycle: float) -> np.ndarray:
-    """`link_hold_cycles` of many transfers at once (exact integer ceil for integer bandwidths)."""
+def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.ndarray:
+    """`link_hold_cycles` of many transfers at once (exact integer ceil for integer and fractional bandwidths)."""
     if words_per_cycle == math.inf:
         return np.zeros_like(words)
     if isinstance(words_per_cycle, int):
         return -(-words // words_per_cycle)
+    if isinstance(words_per_cycle, Fraction):
+        return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
     return np.ceil(words / words_per_cycle).astype(np.int64)
 
 
@@ -394,7 +399,9 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
     return start, avail[:n]
 
 
-def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float) -> tuple[list[int], list[int]]:
+def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction,
+                      bus: bool = False) -> tuple[list[int], list[int]]:
+    """Event-driven timing; `bus` puts every transfer on one channel (link number 0)."""
     n, procs = c.num_ops, c.num_procs
     dur, proc, consumers = c.dur, c.proc, c.consumers
     pending = [len(set(row)) for row in c.prods]  # distinct producers: one transfer per pair
@@ -444,7 +451,7 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float)
                     if not pending[j]:
                         try_start(q)
                 else:
-                    transfers.append((p * procs + q, j, i, words))
+                    transfers.append((0 if bus else p * procs + q, j, i, words))
             try_start(p)
         transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
         for link, j, _, words in transfers:

@@ -19,7 +19,15 @@ Two models, chosen by `SimConfig.interconnect`:
   program). The link is free again at ``depart + ceil(w / words_per_cycle)``: the latency is a
   pipeline, not an occupancy.
 
-Same-processor data is free in both models. ``links`` with ``latency=0`` and
+- ``bus``: one medium for every transfer (`layerpipe.interconnect`); the same timing as ``links`` with a
+  single channel: transfers queue on it in order of producer end time across all processors (ties in
+  consumer order), so the event-driven engine times it.
+
+The three kinds are `layerpipe.interconnect.Interconnect`'s (the one model the schedulers, the reports and
+the RTL's cost model share); `SimConfig.of(interconnect)` builds a configuration from one and
+`SimConfig.model` gives it back. Bandwidths may be fractions (`Fraction(1, 16)`: 16 cycles per word).
+
+Same-processor data is free in every model. ``links`` with ``latency=0`` and
 ``words_per_cycle=math.inf`` times exactly like ``shared`` (a property the tests check).
 """
 
@@ -27,10 +35,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect, as_fraction
 
-INTERCONNECTS: tuple[str, ...] = ("shared", "links")
+INTERCONNECTS: tuple[str, ...] = ("shared", "links", "bus")
 MODES: tuple[str, ...] = ("stash", "latest", "ema")
 
 
@@ -45,8 +55,9 @@ class SimConfig:
 
     interconnect: str = "shared"
     link_latency: int = 0
-    link_words_per_cycle: float = 1
+    link_words_per_cycle: float | Fraction = 1
     mode: str = "stash"
+    label: str = ""  #: the interconnect's spec as the user spelled it (`rtl`), for reports
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
@@ -56,12 +67,33 @@ class SimConfig:
         if not isinstance(self.link_latency, int) or self.link_latency < 0:
             raise InputError(f"link_latency must be an integer >= 0 cycles, got {self.link_latency!r}")
         wpc = self.link_words_per_cycle
-        if isinstance(wpc, bool) or not isinstance(wpc, (int, float)) or not wpc > 0:
+        if isinstance(wpc, bool) or not isinstance(wpc, (int, float, Fraction)) or not wpc > 0:
             raise InputError(f"link_words_per_cycle must be > 0 words per cycle, got {wpc!r}")
+        if isinstance(wpc, Fraction) and wpc.denominator == 1:
+            object.__setattr__(self, "link_words_per_cycle", int(wpc))
 
     @staticmethod
-    def links(latency: int, words_per_cycle: float = 1, mode: str = "stash") -> SimConfig:
+    def links(latency: int, words_per_cycle: float | Fraction = 1, mode: str = "stash") -> SimConfig:
         return SimConfig("links", latency, words_per_cycle, mode)
+
+    @staticmethod
+    def of(interconnect: Interconnect, mode: str = "stash") -> SimConfig:
+        """The simulator's configuration for an interconnect of `layerpipe.interconnect`."""
+        if interconnect.is_shared:
+            return SimConfig("shared", mode=mode, label=interconnect.label)
+        assert interconnect.words_per_cycle is not None
+        return SimConfig(interconnect.kind, interconnect.latency, interconnect.words_per_cycle, mode,
+                         interconnect.label)
+
+    @property
+    def model(self) -> Interconnect:
+        """This configuration's interconnect as the shared model (infinite bandwidth has no such form)."""
+        if self.interconnect == "shared":
+            return SHARED
+        w = as_fraction(self.link_words_per_cycle)
+        text = str(w.numerator) if w.denominator == 1 else f"{w.numerator}/{w.denominator}"
+        label = self.label or f"{self.interconnect}:{self.link_latency}:{text}"
+        return Interconnect(self.interconnect, self.link_latency, w, label)
 
     def hold_cycles(self, words: int) -> int:
         """Cycles a transfer of `words` occupies its link."""
@@ -70,17 +102,22 @@ class SimConfig:
     def describe(self) -> dict[str, object]:
         """The configuration as JSON-ready fields (metrics.json)."""
         doc: dict[str, object] = {"interconnect": self.interconnect, "mode": self.mode}
-        if self.interconnect == "links":
+        if self.label:
+            doc["interconnect_spec"] = self.label
+        if self.interconnect != "shared":
             wpc = self.link_words_per_cycle
             doc["link_latency_cycles"] = self.link_latency
-            doc["link_words_per_cycle"] = "inf" if wpc == math.inf else wpc
+            doc["link_words_per_cycle"] = ("inf" if wpc == math.inf else
+                                           f"{wpc.numerator}/{wpc.denominator}" if isinstance(wpc, Fraction) else wpc)
         return doc
 
 
-def link_hold_cycles(words: int, words_per_cycle: float) -> int:
-    """ceil(words / words_per_cycle), exact for integer bandwidths; 0 for infinite bandwidth."""
+def link_hold_cycles(words: int, words_per_cycle: float | Fraction) -> int:
+    """ceil(words / words_per_cycle), exact for integer and fractional bandwidths; 0 for infinite bandwidth."""
     if words <= 0 or words_per_cycle == math.inf:
         return 0
     if isinstance(words_per_cycle, int):
         return -(-words // words_per_cycle)
+    if isinstance(words_per_cycle, Fraction):
+        return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
     return math.ceil(words / words_per_cycle)

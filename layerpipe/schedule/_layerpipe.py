@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
@@ -111,7 +112,8 @@ def loads_of(table: TaskTable, placement: Sequence[int], num_procs: int) -> list
     return load
 
 
-def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions) -> ScheduleResult:
+def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
+                       interconnect: Interconnect = SHARED) -> ScheduleResult:
     graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
     table = TaskTable.of(graph, model)
     group = weight_groups(table, options.keep_weights_together)

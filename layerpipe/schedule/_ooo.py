@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
@@ -41,7 +42,8 @@ def modulo_allocation(layer: int, group_size: int, num_procs: int) -> int:
     return ((layer - 1) // group_size) % num_procs
 
 
-def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions) -> ScheduleResult:
+def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions,
+                 interconnect: Interconnect = SHARED) -> ScheduleResult:
     table = TaskTable.of(build_training_graph(network, GraphOptions(intra=True, inter=False)), model)
     placement = [modulo_allocation(t.layer, options.group_size, num_procs) for t in table.tasks]
     loads = [0] * num_procs

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._layerpipe import candidate_placements, group_items, loads_of, place_items, weight_groups
 from layerpipe.schedule._result import ScheduleResult, periodic_result
@@ -112,7 +113,8 @@ def optimal_assignment(costs: list[int], num_procs: int, time_limit_s: float,
     return proc, max(loads), res.status == 0
 
 
-def schedule_optimal(network: Network, num_procs: int, model: CostModel, options: OptimalOptions) -> ScheduleResult:
+def schedule_optimal(network: Network, num_procs: int, model: CostModel, options: OptimalOptions,
+                     interconnect: Interconnect = SHARED) -> ScheduleResult:
     graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
     table = TaskTable.of(graph, model)
     group = weight_groups(table, options.keep_weights_together)

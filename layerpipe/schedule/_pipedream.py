@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
@@ -123,7 +124,8 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
     return placement, period, min(timing, packed, key=Timing.score)
 
 
-def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions) -> ScheduleResult:
+def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions,
+                       interconnect: Interconnect = SHARED) -> ScheduleResult:
     table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
     placement, period, timing = _one_f_one_b(table, num_procs)
     return periodic_result("pipedream", options, table, num_procs, placement, timing.start, timing.lag, period,
@@ -131,7 +133,7 @@ def schedule_pipedream(network: Network, num_procs: int, model: CostModel, optio
 
 
 def schedule_pipedream_2bw(network: Network, num_procs: int, model: CostModel,
-                           options: PipeDream2BWOptions) -> ScheduleResult:
+                           options: PipeDream2BWOptions, interconnect: Interconnect = SHARED) -> ScheduleResult:
     table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
     m = options.microbatches or len(stage_layers(table, num_procs))
     amortized = tuple(-(-c // m) if t.kind == "U" else c for t, c in zip(table.tasks, table.cost, strict=True))

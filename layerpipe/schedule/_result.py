@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 
 from layerpipe.dfg import TrainingGraph
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
@@ -38,6 +39,8 @@ class ScheduleResult:
     explicit: OpSchedule | None = None
     stages: StageInfo | None = None
     notes: tuple[str, ...] = ()
+    #: The interconnect the schedule's timing assumes (every figure belongs to one).
+    interconnect: Interconnect = SHARED
 
     @property
     def synchronous(self) -> bool:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule import _sync
 from layerpipe.schedule._deps import StageInfo, dependencies
@@ -148,7 +149,8 @@ def step_cycles(stage_schedule: OpSchedule, stages: StageInfo, costs: Sequence[S
 
 
 def schedule_synchronous(policy: str, network: Network, num_procs: int, model: CostModel,
-                         options: SyncOptions | InterleavedOptions) -> ScheduleResult:
+                         options: SyncOptions | InterleavedOptions,
+                         interconnect: Interconnect = SHARED) -> ScheduleResult:
     shape = SHAPES[policy]
     chunks = shape.chunks(options)
     procs = min(num_procs, len(network) // chunks)

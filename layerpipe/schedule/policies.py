@@ -19,11 +19,12 @@ naming the option and the policy — so the CLI and the DSE never pass an untype
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 
 from layerpipe.costs import CostModel
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._layerpipe import LayerPipeOptions, schedule_layerpipe
 from layerpipe.schedule._ooo import OOOOptions, schedule_ooo
@@ -47,7 +48,7 @@ MAX_PROCS = 4096
 class Policy:
     name: str
     options: type
-    run: Callable[[Network, int, CostModel, object], ScheduleResult]
+    run: Callable[[Network, int, CostModel, object, Interconnect], ScheduleResult]
     synchronous: bool
     summary: str
 
@@ -102,8 +103,9 @@ def policy_options(name: str, given: Mapping[str, object] | None = None,
 
 
 def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
-                  options: object | None = None) -> ScheduleResult:
-    """Schedule `network` on `num_procs` processors with policy `name` under cost model `model`."""
+                  options: object | None = None, interconnect: Interconnect | None = None) -> ScheduleResult:
+    """Schedule `network` on `num_procs` processors with policy `name` under cost model `model`, moving data on
+    `interconnect` (default `shared`: free communication, an idealisation the result names)."""
     policy = get_policy(name)
     if isinstance(num_procs, bool) or not isinstance(num_procs, int) or not 1 <= num_procs <= MAX_PROCS:
         raise InputError(f"num_procs (-n) must be an integer in 1..{MAX_PROCS}, got {num_procs!r}")
@@ -111,4 +113,12 @@ def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
         options = policy.options()
     elif type(options) is not policy.options:
         raise InputError(f"policy '{name}' takes {policy.options.__name__}, got {type(options).__name__}")
-    return policy.run(network, num_procs, model, options)
+    if interconnect is None:
+        interconnect = SHARED
+    elif not isinstance(interconnect, Interconnect):
+        raise InputError(f"interconnect must be an Interconnect (layerpipe.interconnect), "
+                         f"got {type(interconnect).__name__}")
+    result = policy.run(network, num_procs, model, options, interconnect)
+    if result.interconnect != interconnect:
+        result = replace(result, interconnect=interconnect)
+    return result
