@@ -116,7 +116,7 @@ def test_bad_schedules_are_input_errors():
     with pytest.raises(InputError, match="no task"):
         simulate(stage_schedule(["F0.0 B0.0", "F1.0 B1.0"], microbatches=1), work)
     with pytest.raises(InputError, match="interconnect"):
-        SimConfig("bus")
+        SimConfig("ring")
     with pytest.raises(InputError, match="link_words_per_cycle"):
         SimConfig.links(1, 0)
 
