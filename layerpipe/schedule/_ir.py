@@ -228,6 +228,10 @@ class PeriodicSchedule:
     period: int
     bodies: tuple[tuple[Slot, ...], ...]
     costs: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)
+    #: Cycles from the end of U_l to its new weights being readable by slot (kind, layer) when the reader sits
+    #: on another processor: the planned transfer of |W_l| words (hold, queueing, latency). The version a read
+    #: pins counts only updates whose weights have arrived (`read_staleness`).
+    read_delays: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)
 
     @property
     def num_procs(self) -> int:
@@ -270,7 +274,8 @@ class PeriodicSchedule:
             u = updates.get(layer)
             if u is None or u is x or not ("F" in kind or "E" in kind) or (u.kind, layer) not in self.costs:
                 continue
-            k = x.lag - u.lag + (x.start - u.start - self.costs[(u.kind, layer)]) // self.period
+            delay = self.read_delays.get((kind, layer), 0)
+            k = x.lag - u.lag + (x.start - u.start - self.costs[(u.kind, layer)] - delay) // self.period
             out.append((kind, layer, -k - 1))
         return tuple(out)
 
