@@ -154,7 +154,7 @@ def vector_words(values: list[int], lanes: int, bits: int) -> list[int]:
 
 
 def write_vectors(doc: dict[str, Any], path: str | Path) -> None:
-    from layerpipe.commands._common import write_atomic
+    from layerpipe._files import write_atomic
 
     write_atomic(path, json.dumps(doc, sort_keys=True) + "\n")
 

@@ -68,6 +68,6 @@ def trace_json(result: SimResult, max_flows: int = MAX_FLOWS) -> str:
 
 
 def write_trace(result: SimResult, path: str | Path, max_flows: int = MAX_FLOWS) -> None:
-    from layerpipe.commands._common import write_atomic
+    from layerpipe._files import write_atomic
 
     write_atomic(path, trace_json(result, max_flows))

@@ -103,13 +103,26 @@ def test_existing_dir_is_replaced_whole(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.json").write_text("{}")  # an older run's
-    (out / "stale.txt").write_text("from an older run")
+    (out / "final.npz").write_text("from an older functional run")  # a file simulate writes: replaced
     csv = tmp_path / "s.csv"
     csv.write_text(GPIPE_CSV)
     code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", out)
     assert code == 0, err
-    assert not (out / "stale.txt").exists() and (out / "metrics.json").exists()
+    assert not (out / "final.npz").exists() and (out / "metrics.json").read_text() != "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.csv"]
+
+
+def test_a_file_the_user_added_to_an_earlier_run_is_refused_not_deleted(tmp_path, capsys):
+    """Issue 12 item 8: the folder is replaced whole, so a file simulate does not write would be lost."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    (out / "notes.txt").write_text("the user's")
+    csv = tmp_path / "s.csv"
+    csv.write_text(GPIPE_CSV)
+    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", out)
+    assert code == 2 and "'notes.txt'" in err and err.count("\n") == 1, err
+    assert (out / "notes.txt").read_text() == "the user's" and (out / "metrics.json").read_text() == "{}"
 
 
 def test_out_folder_of_other_files_is_refused_untouched(tmp_path, capsys):

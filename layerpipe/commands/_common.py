@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from layerpipe._files import check_output_file, check_output_folder, write_atomic
 from layerpipe.errors import InputError
+
+__all__ = ["write_atomic"]  # re-exported: commands import their file helpers from here or from layerpipe._files
 
 
 class ArgumentValueError(InputError, argparse.ArgumentTypeError):
@@ -71,12 +72,11 @@ def int_list(field: str, minimum: int = 1, maximum: int | None = None):
 
 def output_file(text: str) -> str:
     """An output FILE argument (argparse names the flag in front of the message), checked before any work:
-    not empty and not a directory."""
-    if not text.strip():
-        raise ArgumentValueError("must be a file path, got ''")
-    if Path(text).is_dir():
-        raise ArgumentValueError(f"must be a file path, got the directory '{text}'")
-    return text
+    not empty, not a directory, not a socket or block device (`layerpipe._files.check_output_file`)."""
+    try:
+        return check_output_file(text)
+    except InputError as exc:
+        raise ArgumentValueError(str(exc)) from None
 
 
 def add_output_arg(parser: argparse.ArgumentParser) -> None:
@@ -125,32 +125,6 @@ def cost_model_from_args(args: argparse.Namespace, network=None):
     return model
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write a file so that readers see either the old or the whole new content, never a part."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # a directory in the way, a full disk: the user's path, one line
-            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-        raise
-
-
 def emit(text: str, out: str | None) -> None:
     """Print to stdout, or write atomically to `out`."""
     if out:
@@ -184,25 +158,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def replaceable_folder(marker: str, what: str):
+def replaceable_folder(marker: str, what: str, owns: Callable[[str], bool] | None = None):
     """An --out folder that a command replaces as a whole (built beside it, swapped in, the old one deleted).
 
-    It must be new, empty, or an earlier output of the same command (it holds `marker`): a file there, or a
-    folder of other files (`--out .`, `--out ~/work`), would be moved aside and lost. Checked before any work.
+    It must be new, empty, or an earlier output of the same command (it holds `marker`, and only names that
+    `owns` accepts): a file there, or a folder of other files (`--out .`, `--out ~/work`), would be moved aside
+    and lost. `/`, `.`, `..` and folders above the current one are refused. Checked before any work.
     """
 
     def parse(text: str) -> str:
-        if not text.strip():
-            raise ArgumentValueError("must be a folder path, got ''")
-        path = Path(text)
-        if path.exists() and not path.is_dir():
-            raise ArgumentValueError(f"must be a folder, got the file '{text}'")
-        if path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
-            raise ArgumentValueError(f"'{text}' holds files but no {what} ({marker}); give a new or empty folder, "
-                                     f"or an earlier {what}'s, since the folder is replaced")
-        if Path.cwd().resolve().is_relative_to(path.resolve()):
-            raise ArgumentValueError(f"must not be the current folder or one above it, got '{text}'")
-        return text
+        try:
+            return check_output_folder(text, owns or (lambda name: True), marker, what)
+        except InputError as exc:
+            raise ArgumentValueError(str(exc)) from None
 
     return parse
 

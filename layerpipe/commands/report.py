@@ -10,9 +10,15 @@ from layerpipe.commands._common import make_parent, replaceable_folder
 REPORT_MARKER = "compare.csv"
 
 
+def _report_owns(name: str) -> bool:
+    from layerpipe.report import REPORT_OUTPUTS  # on use: building the parser imports no scheduling code
+
+    return REPORT_OUTPUTS(name)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="regenerate reports/ (comparison, ablation, Gantt charts, RTL summary)")
-    p.add_argument("--out", type=replaceable_folder(REPORT_MARKER, "layerpipe report"), default="reports",
+    p.add_argument("--out", type=replaceable_folder(REPORT_MARKER, "layerpipe report", _report_owns), default="reports",
                    help="output folder (default reports/; new, empty or an earlier report's)")
     p.add_argument("--no-rtl", action="store_true", help="skip the RTL verification and synthesis section")
     p.add_argument("--no-progress", action="store_true")

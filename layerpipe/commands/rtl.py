@@ -20,7 +20,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from layerpipe.commands._common import ArgumentValueError, format_table, positive_int, to_json, write_atomic
+from layerpipe._files import check_output_folder, owns_names, staged_folder, write_atomic
+from layerpipe.commands._common import ArgumentValueError, format_table, positive_int, to_json
+from layerpipe.errors import InputError
 
 
 def add_design_args(p: argparse.ArgumentParser) -> None:
@@ -43,12 +45,15 @@ def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
                        lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together)
 
 
+#: Every file `rtl --out` writes: an existing folder holding anything else is refused, never deleted.
+RTL_OUTPUTS = owns_names("layerpipe_accel.v", "microcode.txt", "design.json", "synth.json")
+
+
 def _output_dir(text: str) -> str:
-    if not text.strip():
-        raise ArgumentValueError("must be a folder path, got ''")
-    if Path(text).exists() and not Path(text).is_dir():
-        raise ArgumentValueError(f"must be a folder, got the file '{text}'")
-    return text
+    try:
+        return check_output_folder(text, RTL_OUTPUTS, "design.json", "layerpipe rtl output")
+    except InputError as exc:
+        raise ArgumentValueError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_design_args(p)
     p.add_argument("--samples", type=positive_int("--samples"), default=64,
                    help="sample memory capacity T_max (default 64)")
-    p.add_argument("--out", required=True, type=_output_dir, help="output directory (files in it are overwritten)")
+    p.add_argument("--out", required=True, type=_output_dir,
+                   help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.add_argument("--no-synth", action="store_true", help="do not run yosys even when it is installed")
     p.set_defaults(handler=run)
 
@@ -83,13 +89,14 @@ def run(args: argparse.Namespace) -> int:
     design = make_design_from_args(args, args.samples)
     out = Path(args.out)
     verilog = export_verilog(design)
-    write_atomic(out / f"{TOPLEVEL}.v", verilog)
-    write_atomic(out / "microcode.txt", design.program.to_text())
     summary = design_summary(design)
-    write_atomic(out / "design.json", to_json(summary))
     synth_note = "skipped (--no-synth)"
-    if not args.no_synth:
-        synth_note = _synthesize(out / f"{TOPLEVEL}.v", out / "synth.json")
+    with staged_folder(out, RTL_OUTPUTS) as tmp:  # the old folder or the whole new one, never a mix
+        write_atomic(tmp / f"{TOPLEVEL}.v", verilog)
+        write_atomic(tmp / "microcode.txt", design.program.to_text())
+        write_atomic(tmp / "design.json", to_json(summary))
+        if not args.no_synth:
+            synth_note = _synthesize(tmp / f"{TOPLEVEL}.v", tmp / "synth.json")
     rows = [[pe["pe"], pe["entries"], sum(pe["memory_words"].values())] for pe in summary["pes"]]
     print(f"{summary['network']} {design.policy} N={design.num_pes} lanes={design.lanes}: period "
           f"{summary['period_cycles']} cycles, {summary['cycles_sim']} cycles for {design.samples} samples "

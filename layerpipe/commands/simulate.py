@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from layerpipe._files import owns_names, read_text_limited, staged_folder
 from layerpipe.commands._common import (
     add_cost_args,
     add_network_args,
@@ -79,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_policy_option_args(p)
     add_network_args(p)
     add_cost_args(p)
-    p.add_argument("--out", required=True, type=replaceable_folder("metrics.json", "layerpipe simulate output"),
+    p.add_argument("--out", required=True,
+                   type=replaceable_folder("metrics.json", "layerpipe simulate output", SIM_OUTPUTS),
                    help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.set_defaults(handler=run)
 
@@ -177,10 +176,7 @@ def _from_file(args: argparse.Namespace, config: SimConfig):
     if args.num_procs is not None or args.samples is not None:
         raise InputError("-n and --samples go with --policy; a --schedule file fixes processors and iterations")
     path = Path(args.schedule)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"--schedule {path}: {exc.strerror}") from None
+    text = read_text_limited(path, "--schedule")
     parsed = load_schedule(text, _schedule_format(path, text, args.schedule_format))
     if isinstance(parsed, PeriodicSchedule):
         raise InputError(f"--schedule {path}: a periodic schedule; unroll it (`layerpipe schedule --format csv`)")
@@ -269,27 +265,22 @@ def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
 # --------------------------------------------------------------------------------------------- output
 
 
+#: Every file a simulate run writes: an existing --out holding anything else is refused, never deleted.
+SIM_OUTPUTS = owns_names("metrics.json", "versions.json", "trace.json", "gantt.png", "gantt.svg", "init.npz",
+                         "data.npz", "final.npz", "losses.json")
+
+
 def _write_outputs(result: SimResult, files: dict[str, bytes | Callable[[Path], None]], out: Path) -> None:
-    """Write every file into a temporary sibling of `out`, then swap it into place."""
+    """Write every file into a temporary sibling of `out`, then swap it into place (`staged_folder`)."""
     from layerpipe.sim.gantt import write_gantt
     from layerpipe.sim.trace import trace_json
 
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
+    with staged_folder(out, SIM_OUTPUTS) as tmp:
         for name, data in files.items():
             _write_one(tmp / name, data)
         (tmp / "trace.json").write_text(trace_json(result))
         write_gantt(result, tmp / "gantt.png")
         write_gantt(result, tmp / "gantt.svg")
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _write_one(path: Path, data: bytes | Callable[[Path], None]) -> None:
@@ -297,20 +288,6 @@ def _write_one(path: Path, data: bytes | Callable[[Path], None]) -> None:
         path.write_bytes(data)
     else:
         data(path)
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} exists and is not a directory")
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.rmdir(old)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_metrics(out: str | Path) -> dict[str, object]:

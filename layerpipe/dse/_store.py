@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from layerpipe.commands._common import write_atomic
+from layerpipe._files import write_atomic
 from layerpipe.errors import InputError
 
 #: Result columns, with units in their names. Stable: downstream scripts read these.
