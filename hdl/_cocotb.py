@@ -4,8 +4,9 @@ All the toolchain facts of design notes §10 live here and nowhere else:
 - cocotb 2.1 `cocotb_tools.runner.get_runner`; Icarus needs `timescale=("1ns", "1ps")` in `build()`.
 - `COCOTB_REWRITE_ASSERTION_FILES='cocotb_*.py'` (else every module imported in the simulator is
   rewritten: seconds per start) and `AMARANTH_USE_YOSYS=builtin`.
-- The runner replaces PYTHONPATH with the caller's sys.path: the repository root must be on it (the root
-  conftest.py does that for pytest; `run_cocotb` adds it too) so benches import `layerpipe` and `tests`.
+- The runner replaces PYTHONPATH with the caller's sys.path, so a bench module must be importable from the
+  caller: the accelerator bench is part of the package (`layerpipe.hdl.cocotb_accel`, works from a wheel);
+  the PE unit bench `tests.cocotb_pe` is found through the root conftest.py under pytest. No sys.path edits.
 - Icarus: the runner passes -g2012, under which the `reg x = 0;` initialisers yosys emits run before the
   `always @*` processes start, so combinational logic whose inputs keep their initial values stays X;
   `-g2005` (the last -g wins) turns them into time-zero events (found by RTL-B on the whole accelerator).
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,6 @@ from layerpipe.errors import InputError
 __all__ = ["SIMULATORS", "CocotbResult", "available_simulators", "run_cocotb", "verilator_environment"]
 
 SIMULATORS = ("icarus", "verilator")
-_REPO_ROOT = Path(__file__).resolve().parent.parent
 _BASE_ENV = {"COCOTB_REWRITE_ASSERTION_FILES": "cocotb_*.py", "AMARANTH_USE_YOSYS": "builtin"}
 
 
@@ -96,7 +95,7 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
                simulator: str = "icarus", extra_env: Mapping[str, str] | None = None,
                seed: int | None = None, testcases: Sequence[str] | None = None) -> CocotbResult:
     """Build `verilog_sources` for `simulator` under `build_dir` and run the cocotb `test_module` (a dotted
-    module name importable from the repository root) against `toplevel` (all its tests, or `testcases`).
+    module name importable by the caller) against `toplevel` (all its tests, or `testcases`).
     Never raises on a failing bench:
     the result says how many tests ran and failed; the simulator's output is in `log`."""
     if simulator not in SIMULATORS:
@@ -107,8 +106,6 @@ def run_cocotb(*, verilog_sources: Sequence[Path], toplevel: str, test_module: s
     from cocotb_tools.check_results import get_results
     from cocotb_tools.runner import get_runner
 
-    if str(_REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(_REPO_ROOT))
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "sim.log"

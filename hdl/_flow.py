@@ -177,7 +177,7 @@ def export_verilog(design: Design) -> str:
 def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: str = "icarus",
               testcases: tuple[str, ...] = ("run_plain",), result_path: Path | None = None,
               stall: float | None = None) -> Any:
-    """Build `verilog_path` with `sim` and run the accelerator bench's `testcases` (tests/cocotb_accel.py)
+    """Build `verilog_path` with `sim` and run the accelerator bench's `testcases` (`layerpipe.hdl.cocotb_accel`)
     through the hdl package's cocotb runner; returns its `CocotbResult` (the log is `result.log`)."""
     from layerpipe.hdl._cocotb import run_cocotb
 
@@ -187,5 +187,5 @@ def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: s
     if stall is not None:
         env["LAYERPIPE_STALL"] = str(stall)
     return run_cocotb(verilog_sources=[Path(verilog_path).resolve()], toplevel=TOPLEVEL,
-                      test_module="tests.cocotb_accel", build_dir=build_dir, simulator=sim, extra_env=env,
+                      test_module="layerpipe.hdl.cocotb_accel", build_dir=build_dir, simulator=sim, extra_env=env,
                       testcases=list(testcases))

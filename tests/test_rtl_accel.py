@@ -1,7 +1,7 @@
 """Whole-accelerator benches: the generated Verilog, run by cocotb on Icarus (and Verilator), against
 the integer PyTorch reference (final weights, bit for bit) and the Python simulator (cycles, exactly).
 
-Expected values are computed here, in the pytest process, and handed to the bench (`cocotb_accel.py`) in a
+Expected values are computed here, in the pytest process, and handed to the bench (`layerpipe.hdl.cocotb_accel`) in a
 JSON file; torch never runs in the simulator. The matrix covers N = 1, 2, 3 PEs, lanes 1 and 4, three MLP
 shapes (widths not divisible by 4 included), and both policies the hardware runs, with a pairwise-covering
 set of points to stay within CI's time; stalls, a mid-run reset and Verilator run on a few of them.

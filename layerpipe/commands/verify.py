@@ -1,6 +1,6 @@
 """`layerpipe verify NETWORK --policy NAME -n N --lanes V --samples T [--sim icarus|verilator] [--seed S]`.
 
-Builds the accelerator, runs it in an RTL simulator through the cocotb bench (`tests/cocotb_accel.py`) on T
+Builds the accelerator, runs it in an RTL simulator through the cocotb bench (`layerpipe.hdl.cocotb_accel`) on T
 samples, and compares it with
 
 - the integer PyTorch reference (bit-exact final weights, `bit_exact`),

@@ -1,4 +1,5 @@
-"""Whole-accelerator cocotb bench (launched by tests/test_rtl_accel.py through cocotb_tools.runner).
+"""Whole-accelerator cocotb bench, part of the package so `layerpipe verify` runs from a wheel (launched by
+`layerpipe.hdl._flow.run_bench` through cocotb_tools.runner).
 
 Roles are kept apart:
 - `Model`   — the expected behaviour, read from the vectors file pytest wrote (integer PyTorch reference for the
