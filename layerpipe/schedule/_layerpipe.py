@@ -24,6 +24,8 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
     TaskTable,
@@ -34,12 +36,12 @@ from layerpipe.schedule._shared import (
     best_ordering,
     default_targets,
     loop_lengths,
-    minimal_lags,
     modulo_list_schedule,
     timeline,
     timeline_partition,
     timing_of,
 )
+from layerpipe.schedule._shared import timed as timed_starts
 from layerpipe.schedule.metrics import period_lower_bound
 
 #: Period probes under a staleness bound grow by this factor until one is feasible.
@@ -54,10 +56,14 @@ class LayerPipeOptions:
     inter: bool = True  #: split δ_l (A_l) from e_{l−1} (E_l), so per-layer work can be balanced
     max_staleness: int | None = None  #: bound on how many updates a weight read may lag (None: unbounded)
     keep_weights_together: bool = False  #: a layer's F, E, G, U on one processor: no weight traffic
+    max_traffic: float | None = None  #: bound on words moved between processors per sample (None: unbounded)
 
     def __post_init__(self) -> None:
         if self.max_staleness is not None and self.max_staleness < 0:
             raise InputError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_traffic is not None and not self.max_traffic >= 0:
+            raise InputError(f"max_traffic (--max-traffic) must be >= 0 words per sample, got {self.max_traffic}; "
+                             "the least any placement needs is 0 (every task on one processor)")
 
 
 def weight_groups(table: TaskTable, together: bool) -> list[int]:
@@ -116,51 +122,132 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
     graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
     table = TaskTable.of(graph, model)
-    group = weight_groups(table, options.keep_weights_together)
     asap = asap_times(table)
-    placements, item_costs = candidate_placements(table, num_procs, group, asap)
-    timed = []
-    for placement in placements:
-        period = max(loads_of(table, placement, num_procs))
-        timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
-                               default_targets(table, placement, num_procs, asap))
-        timed.append((period, timing.score(), placement, timing))
+    max_words = None if options.max_traffic is None else options.max_traffic * network.batch
+    timed = [_time(table, num_procs, placement, asap, interconnect)
+             for placement in search_space(table, num_procs, asap, options, interconnect, model, max_words)]
+    if max_words is not None:
+        timed = [t for t in timed if t.cost.words <= max_words]
     k = options.max_staleness
     if k is None:
-        # The period first; among periods within PERIOD_SLACK of the best, the lowest staleness.
-        shortest = min(t[0] for t in timed)
-        period, _, placement, timing = min((t for t in timed if t[0] <= shortest * (1 + PERIOD_SLACK)),
-                                           key=lambda t: (t[1], t[0]))
+        # The period on the interconnect first, then the words moved, then staleness.
+        best = min(timed, key=lambda t: (t.period, t.cost.words, t.timing.score()))
     else:
         # The shortest period among the candidates that meet the bound, unless list scheduling finds shorter.
-        meeting = [t for t in timed if t[1][0] <= k]
-        ceiling = min((t[0] for t in meeting), default=None)
-        found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling)
-        if found is not None:
-            placement, timing, period = found
-        else:
-            period, _, placement, timing = min(meeting, key=lambda t: (t[0], t[1]))
-    return periodic_result("layerpipe", options, table, num_procs, placement, timing.start, timing.lag, period,
-                           item_costs, max_staleness=k)
+        meeting = [t for t in timed if t.timing.score()[0] <= k]
+        ceiling = min((t.period for t in meeting), default=None)
+        group = weight_groups(table, options.keep_weights_together)
+        item_costs, _ = group_items(table, group)
+        found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling, interconnect, max_words)
+        best = found or min(meeting, key=lambda t: (t.period, t.cost.words, t.timing.score()))
+    group = weight_groups(table, options.keep_weights_together)
+    item_costs, _ = group_items(table, group)
+    return periodic_result("layerpipe", options, table, num_procs, best.placement, best.timing.start,
+                           best.timing.lag, best.period, item_costs, max_staleness=k, interconnect=interconnect,
+                           arrival=best.timing.arrival)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A placement timed on the interconnect: its period, traffic and body timing."""
+
+    placement: list[int]
+    period: int
+    cost: PlacementCost
+    timing: Timing
+
+
+def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence[int],
+          interconnect: Interconnect) -> Candidate:
+    cost = placement_cost(table, placement, num_procs, interconnect)
+    period = cost.period
+    timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
+                           default_targets(table, placement, num_procs, asap), interconnect)
+    return Candidate(placement, period, cost, timing)
+
+
+def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
+                 interconnect: Interconnect, model: CostModel, max_words: int | None) -> list[list[int]]:
+    """The placements LayerPipe times (design notes §11, issue 9's search space):
+
+    - load-balanced placements of single tasks (LPT + repair, the timeline cut + repair, the cut as is);
+    - weight-stationary placements: the same three over items that keep a layer's F, E, G, U where W_l
+      lives (no weight or gradient traffic; A and weightless layers move freely);
+    - PipeDream's own placement (the `pipedream` policy's stages on this interconnect), so LayerPipe is never
+      slower than PipeDream on the same interconnect;
+    and, off `shared`, each of them improved by `improve` (moves off the busiest processor or channel while
+    they lower the period, then the words moved) — which moves a G away from its U only when the gradient
+    transfer pays. `keep_weights_together` keeps only weight-stationary items.
+    """
+    together = weight_groups(table, True)
+    groupings = [together] if options.keep_weights_together else [weight_groups(table, False), together]
+    out: list[list[int]] = []
+    for group in groupings:
+        out += candidate_placements(table, num_procs, group, asap)[0]
+    pipedream = pipedream_placement(table, num_procs, model, interconnect)
+    if pipedream is not None and (not options.keep_weights_together or _keeps_weights(table, pipedream)):
+        out.append(pipedream)
+    if max_words is not None:
+        out.append([0] * len(table))  # one processor moves nothing: a bound is always met
+    if not interconnect.is_shared or max_words is not None:
+        _, members = group_items(table, together if options.keep_weights_together else range(len(table)))
+        out += [improve(table, placement, num_procs, interconnect, members, max_words) for placement in out]
+    unique: dict[tuple[int, ...], list[int]] = {}
+    for placement in out:
+        unique.setdefault(tuple(placement), placement)
+    return list(unique.values())
+
+
+def pipedream_placement(table: TaskTable, num_procs: int, model: CostModel,
+                        interconnect: Interconnect) -> list[int] | None:
+    """PipeDream's placement of `table`'s tasks: each task on the processor of the PipeDream task of its
+    layer that holds its first atomic part. None when PipeDream's schedule unfolds iterations (replicated
+    stages), which this single-iteration table cannot express."""
+    from layerpipe.schedule._pipedream import PipeDreamOptions, schedule_pipedream
+
+    result = schedule_pipedream(table.graph.network, num_procs, model, PipeDreamOptions(), interconnect)
+    periodic = result.periodic
+    if periodic is None or getattr(periodic, "unfold", 1) != 1:
+        return None
+    where: dict[tuple[int, str], int] = {}
+    for (kind, layer), p in periodic.placement().items():
+        for atomic in kind:
+            where[(layer, atomic)] = p
+    return [where[(t.layer, t.kind[0])] for t in table.tasks]
+
+
+def _keeps_weights(table: TaskTable, placement: Sequence[int]) -> bool:
+    group = weight_groups(table, True)
+    home: dict[int, int] = {}
+    return all(home.setdefault(g, placement[v]) == placement[v] for v, g in enumerate(group) if g < 0)
 
 
 def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs: Sequence[int],
-             asap: Sequence[int], k: int, known: int | None) -> tuple[list[int], Timing, int] | None:
+             asap: Sequence[int], k: int, known: int | None, interconnect: Interconnect = SHARED,
+             max_words: int | None = None) -> Candidate | None:
     """The smallest period below `known` (a period already achieved with staleness ≤ k, or None) at which
-    the modulo list scheduler meets staleness ≤ k; None if it finds none below `known`."""
+    the modulo list scheduler meets staleness ≤ k on the interconnect (its placement's channels must fit the
+    period, its transfers are planned); None if it finds none below `known`."""
     priority = sorted(range(len(table)), key=lambda v: (asap[v], v))
     together = group if any(g < 0 for g in group) else None
 
-    def attempt(period: int, fixed: Sequence[int] | None = None) -> tuple[list[int], Timing] | None:
+    def attempt(period: int, fixed: Sequence[int] | None = None) -> Candidate | None:
         found = modulo_list_schedule(table, period, num_procs, priority, together, fixed)
         if found is None:
             return None
         placement, sigma = found
+        cost = placement_cost(table, placement, num_procs, interconnect)
+        if cost.period > period or (max_words is not None and cost.words > max_words):
+            return None
+        comm = Comm(placement, interconnect, num_procs)
         start = [s % period for s in sigma]
-        listed = timing_of(table, start, [s // period for s in sigma], period)
-        tight = timing_of(table, start, minimal_lags(table, start, period), period)
+        if interconnect.is_shared:
+            listed = timing_of(table, start, [s // period for s in sigma], period)
+        else:
+            listed = timed_starts(table, start, period, comm)
+        tight = timed_starts(table, start, period, comm)
         best = min(listed, tight, key=Timing.score)
-        return (placement, best) if best.score()[0] <= k else None
+        return Candidate(placement, period, cost, best) if best.score()[0] <= k else None
 
     low = period_lower_bound(item_costs, num_procs, loop_lengths(table), k)
     # A whole iteration run through on one processor fits every loop in one period: always feasible.
@@ -189,4 +276,4 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
             failed = mid
         else:
             period, found = mid, trial
-    return found[0], found[1], period
+    return found

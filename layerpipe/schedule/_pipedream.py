@@ -30,16 +30,16 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
     TaskTable,
     Timing,
     asap_times,
     best_ordering,
-    minimal_lags,
     order_bodies,
     partition_contiguous,
-    timing_of,
+    timed,
 )
 
 
@@ -80,7 +80,8 @@ def block_key(table: TaskTable) -> Callable[[int], tuple[int, int, int]]:
     return key
 
 
-def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timing]:
+def _one_f_one_b(table: TaskTable, num_procs: int,
+                 interconnect: Interconnect = SHARED) -> tuple[list[int], int, Timing]:
     """Stages, period and the best 1F1B body timing: forward block first, backward block first, or per
     stage whichever block's ASAP start comes first modulo the period (1F1B's alternation)."""
     stages = stage_layers(table, num_procs)
@@ -89,7 +90,9 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
     loads = [0] * num_procs
     for v, p in enumerate(placement):
         loads[p] += table.cost[v]
-    period = max(loads)
+    comm = Comm(placement, interconnect, num_procs)
+    # The period fits the busiest stage and the busiest channel (activations and errors between stages).
+    period = max(max(loads), busiest_channel(table, comm))
     asap = asap_times(table)
     first: dict[tuple[int, int], int] = {}  # (stage, block) → earliest ASAP start in the block
     block = block_key(table)
@@ -106,7 +109,8 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
         f_first = first.get((s, 0), 0) % period <= first.get((s, 1), 0) % period
         return (b[0] if f_first else 1 - b[0], b[1], b[2])
 
-    timing = best_ordering(table, placement, num_procs, period, [alternating, block, backward_first])
+    timing = best_ordering(table, placement, num_procs, period, [alternating, block, backward_first],
+                           interconnect=interconnect)
     # 1F1B's steady state: stage s's forward block starts where stage s − 1's ends (offsets are the prefix
     # sums of the forward blocks, modulo P) and its backward block follows it around the period, so a
     # stage hands activations on, and gets errors back, within a period where the loads allow: staleness
@@ -120,16 +124,16 @@ def _one_f_one_b(table: TaskTable, num_procs: int) -> tuple[list[int], int, Timi
             start[v] = at % period
             at += table.cost[v]
         offset += sum(table.cost[v] for v in body if table.tasks[v].kind == "F")
-    packed = timing_of(table, start, minimal_lags(table, start, period), period)
+    packed = timed(table, start, period, comm)
     return placement, period, min(timing, packed, key=Timing.score)
 
 
 def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions,
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
     table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
-    placement, period, timing = _one_f_one_b(table, num_procs)
+    placement, period, timing = _one_f_one_b(table, num_procs, interconnect)
     return periodic_result("pipedream", options, table, num_procs, placement, timing.start, timing.lag, period,
-                           table.cost)
+                           table.cost, interconnect=interconnect, arrival=timing.arrival)
 
 
 def schedule_pipedream_2bw(network: Network, num_procs: int, model: CostModel,
@@ -138,9 +142,10 @@ def schedule_pipedream_2bw(network: Network, num_procs: int, model: CostModel,
     m = options.microbatches or len(stage_layers(table, num_procs))
     amortized = tuple(-(-c // m) if t.kind == "U" else c for t, c in zip(table.tasks, table.cost, strict=True))
     table = replace(table, cost=amortized)
-    placement, period, timing = _one_f_one_b(table, num_procs)
+    placement, period, timing = _one_f_one_b(table, num_procs, interconnect)
     notes = (f"2BW model: gradients coalesced over m={m} micro-batches; each U op writes 1/m of the shadow "
              "weight buffer; 2 versions held, reads 1 update stale",)
     return periodic_result("pipedream-2bw", replace(options, microbatches=m), table, num_procs, placement,
                            timing.start, timing.lag, period, table.cost,
-                           notes=notes, versions_override=2, staleness_override=1)
+                           notes=notes, versions_override=2, staleness_override=1, interconnect=interconnect,
+                           arrival=timing.arrival)

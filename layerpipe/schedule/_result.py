@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
 from layerpipe.schedule._shared import TaskTable, loop_lengths, periodic_from
@@ -74,13 +75,20 @@ def periodic_result(
     notes: Sequence[str] = (),
     versions_override: int | None = None,
     staleness_override: int | None = None,
+    interconnect: Interconnect = SHARED,
+    arrival: dict[tuple[int, int], int] | None = None,
 ) -> ScheduleResult:
-    """Assemble an asynchronous policy's periodic schedule and measure it."""
+    """Assemble an asynchronous policy's periodic schedule and measure it.
+
+    `arrival` is the planned arrival of every transfer (`Timing.arrival`, from the start of its producer's
+    period) on `interconnect`; the bound adds the busiest channel of this placement to the compute bounds.
+    """
     graph = table.graph
-    schedule = periodic_from(table, placement, start, lag, period, num_procs)
+    schedule = periodic_from(table, placement, start, lag, period, num_procs, arrival)
     batch = graph.network.batch
     bound = period_lower_bound(item_costs, num_procs, loop_lengths(table) if max_staleness is not None else None,
                                max_staleness)
+    bound = max(bound, busiest_channel(table, Comm(placement, interconnect, num_procs)))
     where = {t: placement[v] for v, t in enumerate(table.tasks)}
     timing = {t: (lag[v] * period + start[v], table.cost[v]) for v, t in enumerate(table.tasks)}
     staleness = periodic_staleness(schedule, graph)
@@ -101,4 +109,5 @@ def periodic_result(
         staleness_per_layer=staleness,
         weight_versions_per_layer=versions,
     )
-    return ScheduleResult(policy, options, num_procs, metrics, graph.network, graph, schedule, notes=tuple(notes))
+    return ScheduleResult(policy, options, num_procs, metrics, graph.network, graph, schedule, notes=tuple(notes),
+                          interconnect=interconnect)

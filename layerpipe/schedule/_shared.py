@@ -25,10 +25,12 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import Task, TrainingGraph
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._comm import Comm, channel_timing
 from layerpipe.schedule._deps import layer_task_edges
 from layerpipe.schedule._ir import PeriodicSchedule, Slot
 
@@ -42,18 +44,25 @@ class TaskTable:
     cost: tuple[int, ...]
     preds: tuple[tuple[int, ...], ...]  # delay-0 precedence predecessors (the dependency rules of `_deps`)
     topo: tuple[int, ...]
+    #: Words each precedence edge carries, aligned with `preds` (what crosses when the ends are apart).
+    pred_words: tuple[tuple[int, ...], ...] = ()
+    #: Weight reads (U task, reader task, |W| words): the reader gets every new version from U.
+    weight_reads: tuple[tuple[int, int, int], ...] = ()
 
     @staticmethod
     def of(graph: TrainingGraph, model: CostModel) -> TaskTable:
         costs = graph.costs(model)
         order = graph.intra_iteration_order()
         index = {t: i for i, t in enumerate(order)}
-        preds: list[set[int]] = [set() for _ in order]
+        words: list[dict[int, int]] = [{} for _ in order]
         for e in layer_task_edges(graph):
             if e.delay == 0:
-                preds[index[Task(e.dst[1], e.dst[0])]].add(index[Task(e.src[1], e.src[0])])
-        return TaskTable(graph, tuple(order), tuple(costs[t] for t in order),
-                         tuple(tuple(sorted(p)) for p in preds), tuple(range(len(order))))
+                u, v = index[Task(e.src[1], e.src[0])], index[Task(e.dst[1], e.dst[0])]
+                words[v][u] = words[v].get(u, 0) + e.words
+        preds = tuple(tuple(sorted(w)) for w in words)
+        reads = tuple(sorted((index[e.src], index[e.dst], e.words) for e in graph.edges if e.role == "weights"))
+        return TaskTable(graph, tuple(order), tuple(costs[t] for t in order), preds, tuple(range(len(order))),
+                         tuple(tuple(words[v][u] for u in ps) for v, ps in enumerate(preds)), reads)
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -262,28 +271,64 @@ def contiguous_starts(bodies: Sequence[Sequence[int]], cost: Sequence[int]) -> l
     return start
 
 
-def minimal_lags(table: TaskTable, start: Sequence[int], period: int) -> list[int]:
+def minimal_lags(table: TaskTable, start: Sequence[int], period: int, comm: Comm | None = None) -> list[int]:
     """The smallest non-negative lags under which every delay-0 edge u→v is met:
-    (lag_v − lag_u)·P + start_v ≥ start_u + c_u, i.e. lag_v ≥ lag_u + ⌈(start_u + c_u − start_v)/P⌉.
+    (lag_v − lag_u)·P + start_v ≥ ready_uv, i.e. lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉, where ready_uv is
+    start_u + c_u, or the planned arrival of the transfer when `comm` puts u and v on different processors.
 
     A longest path in topological order; the order edges U_l(t−1) → U_l(t) hold for any lags (one slot
     per period), and weight edges are version reads, not precedence.
     """
+    return comm_timing(table, start, period, comm)[0]
+
+
+def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
+                  arrival: dict[tuple[int, int], int]) -> list[int]:
     lag = [0] * len(table)
     for v in table.topo:
         for u in table.preds[v]:
-            need = lag[u] - ((start[v] - start[u] - table.cost[u]) // period)  # lag_u + ceil(gap / P)
+            ready = arrival.get((u, v), start[u] + table.cost[u])
+            need = lag[u] - ((start[v] - ready) // period)  # lag_u + ceil((ready − start_v) / P)
             if need > lag[v]:
                 lag[v] = need
     return lag
 
 
-def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int) -> dict[int, int]:
-    """Per weight layer: cycles from the start of F_l(t) to the end of U_l(t) in the periodic timing.
+#: Rounds of re-planning the channels with the consumers' plan times (their program order) as the tie order.
+COMM_ROUNDS = 4
 
-    F_l(t + k) reads g_l(t) only if U_l(t) has ended, so a span ≤ (k+1)·P means staleness ≤ k.
+
+def comm_timing(table: TaskTable, start: Sequence[int], period: int,
+                comm: Comm | None = None) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """Minimal lags and the planned arrival offset of every transfer (`_comm.channel_timing`).
+
+    The queue order of one producer's consumers on a channel is their program order, which depends on the
+    lags; the channels are planned with the start offsets first, then with the resulting plan times, until
+    the lags stop changing.
     """
-    return {layer: (lag[u] - lag[f]) * period + start[u] + table.cost[u] - start[f]
+    if comm is None or comm.free:
+        return _longest_lags(table, start, period, {}), {}
+    arrival = channel_timing(table, comm, start, period)
+    lag = _longest_lags(table, start, period, arrival)
+    for _ in range(COMM_ROUNDS):
+        plan = [lag[v] * period + start[v] for v in range(len(table))]
+        arrival = channel_timing(table, comm, start, period, plan)
+        again = _longest_lags(table, start, period, arrival)
+        if again == lag:
+            break
+        lag = again
+    return lag, arrival
+
+
+def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int,
+               arrival: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
+    """Per weight layer: cycles from the start of F_l(t) to U_l(t)'s weights being readable by F_l — the end
+    of U_l(t), or the arrival of its transfer when F_l runs elsewhere — in the periodic timing.
+
+    F_l(t + k) reads g_l(t) only if those weights are there, so a span ≤ (k+1)·P means staleness ≤ k.
+    """
+    arrival = arrival or {}
+    return {layer: (lag[u] - lag[f]) * period + arrival.get((u, f), start[u] + table.cost[u]) - start[f]
             for layer, f, u in table.weight_loops()}
 
 
@@ -292,12 +337,18 @@ def staleness_from_span(span: int, period: int) -> int:
 
 
 def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
-                  period: int, num_procs: int) -> PeriodicSchedule:
+                  period: int, num_procs: int, arrival: dict[tuple[int, int], int] | None = None) -> PeriodicSchedule:
+    """The IR form of a timing; `arrival` (planned transfers) sets how late each remote weight read sees a
+    new version (`PeriodicSchedule.read_delays`)."""
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
         bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
-    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs)
+    delays = {}
+    for u, x, _ in table.weight_reads:
+        if arrival and (u, x) in arrival:
+            delays[(table.tasks[x].kind, table.tasks[x].layer)] = arrival[(u, x)] - start[u] - table.cost[u]
+    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs, delays)
 
 
 # ------------------------------------------------------------------------- modulo list scheduling
@@ -394,42 +445,54 @@ class Timing:
     start: list[int]
     lag: list[int]
     staleness: dict[int, int]
+    #: Planned arrival of every transfer (u, v), from the start of u's period (empty on `shared`).
+    arrival: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def score(self) -> tuple[int, int, int]:
         """Smaller is better: worst staleness, total staleness, deepest lag (activation memory)."""
         return (max(self.staleness.values(), default=0), sum(self.staleness.values()), max(self.lag, default=0))
 
 
-def time_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int) -> Timing:
+def time_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, comm: Comm | None = None) -> Timing:
     """Gap-free starts in the given body orders and the minimal lags for them."""
-    start = contiguous_starts(bodies, table.cost)
-    return timing_of(table, start, minimal_lags(table, start, period), period)
+    return timed(table, contiguous_starts(bodies, table.cost), period, comm)
 
 
-def timing_of(table: TaskTable, start: list[int], lag: list[int], period: int) -> Timing:
-    spans = loop_spans(table, start, lag, period)
-    return Timing(start, lag, {layer: staleness_from_span(s, period) for layer, s in spans.items()})
+def timed(table: TaskTable, start: list[int], period: int, comm: Comm | None = None) -> Timing:
+    """The minimal lags for these starts (transfers planned on `comm`) and the staleness they give."""
+    lag, arrival = comm_timing(table, start, period, comm)
+    return timing_of(table, start, lag, period, arrival)
+
+
+def timing_of(table: TaskTable, start: list[int], lag: list[int], period: int,
+              arrival: dict[tuple[int, int], int] | None = None) -> Timing:
+    spans = loop_spans(table, start, lag, period, arrival)
+    return Timing(start, lag, {layer: staleness_from_span(s, period) for layer, s in spans.items()},
+                  dict(arrival or {}))
 
 
 def best_ordering(
     table: TaskTable, placement: Sequence[int], num_procs: int, period: int, keys: Sequence[Callable[[int], tuple]],
-    targets: Sequence[Sequence[int]] = (),
+    targets: Sequence[Sequence[int]] = (), interconnect: Interconnect = SHARED,
 ) -> Timing:
     """The best (by `Timing.score`) of: gap-free bodies in each order of `keys`, and, for each target
-    timing in `targets`, bodies ordered by target offset and packed around the period (`pack_circular`)."""
-    candidates = [time_bodies(table, order_bodies(placement, num_procs, key), period) for key in keys]
-    candidates += [_pack_to(table, placement, num_procs, period, target) for target in targets]
+    timing in `targets`, bodies ordered by target offset and packed around the period (`pack_circular`).
+    Transfers between processors are planned on `interconnect` (the period must fit its busiest channel)."""
+    comm = Comm(placement, interconnect, num_procs)
+    candidates = [time_bodies(table, order_bodies(placement, num_procs, key), period, comm) for key in keys]
+    candidates += [_pack_to(table, placement, num_procs, period, target, comm) for target in targets]
     return min(candidates, key=Timing.score)
 
 
 def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
-             target: Sequence[int]) -> Timing:
+             target: Sequence[int], comm: Comm | None = None) -> Timing:
     """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
     bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
-    return pack_bodies(table, bodies, period, target)
+    return pack_bodies(table, bodies, period, target, comm)
 
 
-def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> Timing:
+def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int],
+                comm: Comm | None = None) -> Timing:
     """Bodies in the given orders packed around the period, each task at or after its target offset
     (`pack_circular`), with the minimal lags for those starts."""
     start = [0] * len(table)
@@ -437,7 +500,7 @@ def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, 
         for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
                                              period), strict=True):
             start[v] = at
-    return timing_of(table, start, minimal_lags(table, start, period), period)
+    return timed(table, start, period, comm)
 
 
 def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:

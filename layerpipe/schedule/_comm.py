@@ -1,0 +1,151 @@
+"""Transfers of a periodic placement: which data crosses processors, on which channel, and when it arrives
+(design notes §11; the interconnect model is `layerpipe.interconnect`).
+
+A placement puts each task of the training graph on a processor. Every precedence edge u → v whose ends sit
+on different processors is a transfer of the edge's words from u's processor to v's, and so is every weight
+read: the task X_l that reads W_l away from the processor running U_l receives the new version (|W_l| words)
+after each update. Under the simulator's rules (`layerpipe.sim._engine`) a transfer leaves its channel when
+its producer has ended and the channel is free, in producer order (a link p→q only carries transfers from
+p, so its order is p's program order; consumers of one producer go in their program order), holds it
+⌈words / w⌉ cycles and arrives `latency` later.
+
+A periodic schedule repeats every P cycles, so each channel repeats too: `channel_timing` packs a channel's
+transfers around the period in that FIFO order (the steady state of the queue: each transfer departs at
+max(its release, the previous one's departure + hold), the last of one period feeding the first of the
+next), which needs the channel's occupancy Σ hold ≤ P. The arrivals it returns, relative to the producer's
+period, are what `minimal_lags` waits for: lag_v ≥ lag_u + ⌈(arrival − start_v) / P⌉. Because the
+simulator's queue order is the plan's and the plan is one valid execution, self-timed execution is never
+slower than the plan, and it cannot be faster than the busiest processor or channel: with
+P = max(busiest processor, busiest channel) the simulated period equals the scheduled one.
+
+On a `bus` every transfer shares channel 0 and the simulator orders them by producer end time across all
+processors; the plan orders them by release offset in the period, which is the same order when the run
+follows the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from layerpipe.interconnect import SHARED, Interconnect
+
+if TYPE_CHECKING:
+    from layerpipe.schedule._shared import TaskTable
+
+
+@dataclass(frozen=True)
+class Comm:
+    """The interconnect a periodic timing is planned on, with the placement it applies to."""
+
+    placement: Sequence[int]
+    interconnect: Interconnect = SHARED
+    num_procs: int = 1
+
+    @property
+    def free(self) -> bool:
+        return self.interconnect.is_shared
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Producer task index `src` sends `words` to consumer task index `dst` on `channel`; `weight` marks a
+    weight read (U_l → a reader of W_l: it sets the version read, not a lag)."""
+
+    src: int
+    dst: int
+    words: int
+    channel: int
+    hold: int
+    weight: bool = False
+
+
+def transfers(table: TaskTable, comm: Comm) -> list[Transfer]:
+    """Every transfer of one iteration under `comm`'s placement (none on `shared`)."""
+    if comm.free:
+        return []
+    ic, place, n = comm.interconnect, comm.placement, comm.num_procs
+    out = []
+    for v, ps in enumerate(table.preds):
+        for u, w in zip(ps, table.pred_words[v], strict=True):
+            if place[u] != place[v]:
+                out.append(Transfer(u, v, w, ic.channel(place[u], place[v], n), ic.hold(w)))
+    for u, x, w in table.weight_reads:
+        if place[u] != place[x]:
+            out.append(Transfer(u, x, w, ic.channel(place[u], place[x], n), ic.hold(w), weight=True))
+    return out
+
+
+def channel_loads(table: TaskTable, comm: Comm) -> dict[int, int]:
+    """Cycles each channel is held per iteration (only channels that carry something)."""
+    load: dict[int, int] = {}
+    for t in transfers(table, comm):
+        if t.hold:
+            load[t.channel] = load.get(t.channel, 0) + t.hold
+    return load
+
+
+def busiest_channel(table: TaskTable, comm: Comm) -> int:
+    """The period bound the placement's traffic sets: the most cycles any channel is held per iteration."""
+    return max(channel_loads(table, comm).values(), default=0)
+
+
+def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
+                   consumer_time: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
+    """Arrival of every transfer (u, v), in cycles from the start of u's period (u's start is start[u]).
+
+    `consumer_time[v]` orders the consumers of one producer on one channel (their program order: absolute
+    start in the plan, lag·P + start); without it they go by start offset. Channels must fit in the period.
+    """
+    found = transfers(table, comm)
+    if not found:
+        return {}
+    latency = comm.interconnect.latency
+    key_of = consumer_time if consumer_time is not None else start
+    by_channel: dict[int, list[Transfer]] = {}
+    for t in found:
+        by_channel.setdefault(t.channel, []).append(t)
+    place = comm.placement
+    arrival: dict[tuple[int, int], int] = {}
+    for queue in by_channel.values():
+        # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
+        # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
+        # releases in the consumer's program order — its processor, then its plan time (a weight read is
+        # consumed one version later) — as the simulator's engine queues them.
+        def order(t: Transfer) -> tuple[int, ...]:
+            r = start[t.src] + table.cost[t.src]
+            return (r % period, -(r // period), place[t.dst], key_of[t.dst] + (period if t.weight else 0), t.dst)
+
+        queue.sort(key=order)
+        ends = [start[t.src] + table.cost[t.src] for t in queue]
+        depart = _fifo_departures([r % period for r in ends], [t.hold for t in queue], period)
+        for t, r, d in zip(queue, ends, depart, strict=True):
+            arrival[(t.src, t.dst)] = d + (r - r % period) + t.hold + latency
+    return arrival
+
+
+def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:
+    """Steady-state departures of a FIFO channel that sees these releases every `period` cycles.
+
+    d_k = max(r_k, d_{k−1} + h_{k−1}); the first transfer also waits for the last one of the previous
+    period (d_last + h_last − P). Iterated to the fixpoint from "no carry"; it exists when Σh ≤ P and is
+    reached within two passes because the carry can only grow and is bounded by the first release.
+    """
+    if sum(hold) > period:
+        raise ValueError(f"channel of {sum(hold)} cycles per period does not fit the period {period}")
+    carry: int | None = None
+    while True:
+        at = carry if carry is not None else release[0]
+        out = []
+        for r, h in zip(release, hold, strict=True):
+            at = max(r, at)
+            out.append(at)
+            at += h
+        new_carry = at - period
+        if carry is not None and new_carry <= carry:
+            return out
+        if new_carry <= out[0] and carry is None:
+            # The previous period's last transfer frees the channel before this period's first departs.
+            return out
+        carry = new_carry
