@@ -28,10 +28,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from layerpipe.costs import CostModel, task_cost
 from layerpipe.errors import InputError
 from layerpipe.network import INPUT, Layer, Network
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 WEIGHT_MODES: tuple[str, ...] = ("stash", "latest", "ema")
 
@@ -139,25 +143,50 @@ class TrainingGraph:
             out[e.dst].append(e)
         return out
 
+    @cached_property
+    def _zero_delay(self) -> nx.DiGraph:
+        """One iteration's precedence: the delay-0 edges over task indices (ints hash faster than `Task`s)."""
+        import networkx as nx  # ~0.1 s of import: loaded when a graph is built, not at every CLI start
+
+        index = {t: i for i, t in enumerate(self.tasks)}
+        dag = nx.DiGraph()
+        dag.add_nodes_from(range(len(self.tasks)))
+        dag.add_edges_from((index[e.src], index[e.dst]) for e in self.edges if e.delay == 0)
+        return dag
+
     def intra_iteration_order(self) -> list[Task]:
-        """Tasks in a topological order of the delay-0 edges (a valid sequential execution order)."""
-        indeg = {t: 0 for t in self.tasks}
+        """Tasks in a topological order of the delay-0 edges (a valid sequential execution order).
+
+        networkx's order (Kahn's, generation by generation, nodes and successors in insertion order) is
+        deterministic: the same graph always gives the same order.
+        """
+        import networkx as nx
+
+        try:
+            return [self.tasks[i] for i in nx.topological_sort(self._zero_delay)]
+        except nx.NetworkXUnfeasible:
+            raise AssertionError("training graph has a delay-free cycle") from None
+
+    def to_networkx(self, model: CostModel | None = None) -> nx.MultiDiGraph:
+        """The DFG as a networkx multigraph (a fresh copy: editing it does not touch this graph).
+
+        Nodes are the `Task`s, in task order, with attributes `layer`, `kind`, `label` (e.g. "AEG3") and,
+        with a cost `model`, `cost` (cycles). Edges keep their order and carry `words`, `delay` and `role`
+        (parallel edges are distinct: under PipeDream's fused backward F_l feeds AEG_l three things).
+        """
+        import networkx as nx
+
+        costs = self.costs(model) if model is not None else None
+        graph = nx.MultiDiGraph(network=self.network.name, batch=self.network.batch, intra=self.options.intra,
+                                inter=self.options.inter, weight_mode=self.options.weight_mode)
+        for t in self.tasks:
+            attrs: dict[str, object] = {"layer": t.layer, "kind": t.kind, "label": str(t)}
+            if costs is not None:
+                attrs["cost"] = costs[t]
+            graph.add_node(t, **attrs)
         for e in self.edges:
-            if e.delay == 0:
-                indeg[e.dst] += 1
-        ready = [t for t in self.tasks if indeg[t] == 0]
-        order: list[Task] = []
-        while ready:
-            t = ready.pop(0)
-            order.append(t)
-            for e in self.successors[t]:
-                if e.delay == 0:
-                    indeg[e.dst] -= 1
-                    if indeg[e.dst] == 0:
-                        ready.append(e.dst)
-        if len(order) != len(self.tasks):
-            raise AssertionError("training graph has a delay-free cycle")
-        return order
+            graph.add_edge(e.src, e.dst, words=e.words, delay=e.delay, role=e.role)
+        return graph
 
     def gradient_edge(self, layer: int) -> Edge:
         """The G_l → U_l edge, where delayed-gradient delays D_l go."""

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerpipe._gradient_delays import DelaySolution, solve_delays
+from layerpipe.retiming import DelaySolution, solve_delays
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import TrainingGraph, build_training_graph
 from layerpipe.errors import InputError

@@ -17,12 +17,18 @@ All arithmetic is exact — ratios are `Fraction`s, potentials integers scaled b
 so there is no tolerance to tune; ties keep the current edge (strict improvement only), which together
 with the fixed root rule makes the iteration terminate. Graphs are given as index arrays: node count,
 edge sources, edge targets, node times, edge delays.
+
+Why hand-written: networkx has no maximum cycle ratio (nor mean) algorithm, and enumerating its
+`simple_cycles` is exponential; the graph work around it (strongly connected components, the zero-delay
+cycle search) is networkx's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
+
+import networkx as nx
 
 
 class ZeroDelayCycleError(ValueError):
@@ -33,58 +39,33 @@ class ZeroDelayCycleError(ValueError):
         self.cycle = cycle
 
 
+def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> nx.DiGraph:
+    """The delay-0 edges over nodes 0..n−1 (node order kept, so networkx's traversals are deterministic)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
+    return graph
+
+
 def find_zero_delay_cycle(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> list[int] | None:
-    """A cycle made only of delay-0 edges (node indices in order), or None if the delay-0 subgraph is a DAG."""
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for u, v, w in zip(src, dst, delay, strict=True):
-        if w == 0:
-            indeg[v] += 1
-            succ[u].append(v)
-            pred[v].append(u)
-    ready = [v for v in range(n) if indeg[v] == 0]
-    removed = [False] * n
-    while ready:
-        u = ready.pop()
-        removed[u] = True
-        for v in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    left = [v for v in range(n) if not removed[v]]
-    if not left:
+    """A cycle made only of delay-0 edges (node indices in edge order), or None if the delay-0 subgraph is a DAG."""
+    graph = zero_delay_graph(n, src, dst, delay)
+    if nx.is_directed_acyclic_graph(graph):  # a topological sort: far cheaper than find_cycle's edge DFS
         return None
-    # Every node left has a delay-0 predecessor that is also left: walk backwards until a node repeats.
-    seen: dict[int, int] = {}
-    walk: list[int] = []
-    v = left[0]
-    while v not in seen:
-        seen[v] = len(walk)
-        walk.append(v)
-        v = next(u for u in pred[v] if not removed[u])
-    cycle = walk[seen[v]:]
-    cycle.reverse()  # the walk followed edges backwards
-    return cycle
+    return [int(u) for u, _ in nx.find_cycle(graph)]
 
 
-def _cyclic_core(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
-    """Nodes that can reach a cycle: repeatedly drop nodes without an out-edge to a kept node."""
-    outdeg = [0] * n
-    pred: list[list[int]] = [[] for _ in range(n)]
-    for u, v in zip(src, dst, strict=True):
-        outdeg[u] += 1
-        pred[v].append(u)
-    keep = [True] * n
-    sinks = [v for v in range(n) if outdeg[v] == 0]
-    while sinks:
-        v = sinks.pop()
-        keep[v] = False
-        for u in pred[v]:
-            outdeg[u] -= 1
-            if outdeg[u] == 0:
-                sinks.append(u)
-    return keep
+def _cyclic_edges(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
+    """Edges that lie inside one strongly connected component: only those can be on a cycle.
+
+    Every node of a nontrivial component (or with a self-loop) keeps an out-edge inside it, which is what
+    the policy iteration needs: each node must point somewhere a cycle can close.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(zip(src, dst, strict=True))
+    component = {v: k for k, members in enumerate(nx.strongly_connected_components(graph)) for v in members}
+    return [component[u] == component[v] for u, v in zip(src, dst, strict=True)]
 
 
 def max_cycle_ratio(
@@ -98,12 +79,12 @@ def max_cycle_ratio(
     zero = find_zero_delay_cycle(n, src, dst, delay)
     if zero is not None:
         raise ZeroDelayCycleError(zero)
-    keep = _cyclic_core(n, src, dst)
+    inside = _cyclic_edges(n, src, dst)
     out: list[list[int]] = [[] for _ in range(n)]
-    for e, (u, v) in enumerate(zip(src, dst, strict=True)):
-        if keep[u] and keep[v]:
+    for e, u in enumerate(src):
+        if inside[e]:
             out[u].append(e)
-    nodes = [v for v in range(n) if keep[v]]
+    nodes = [v for v in range(n) if out[v]]
     if not nodes:
         return Fraction(0), [], []
 

@@ -1,4 +1,8 @@
-"""The delayed-gradient solver: the fewest gradient delays D_l that let retiming pipeline a training graph.
+"""Retiming of training graphs: timed views, weight-loop bounds, and the delayed-gradient solver — the
+fewest gradient delays D_l that let retiming pipeline a training graph.
+
+`timed_graph` turns a `TrainingGraph` (with task costs and optional D_l) into a `TimedGraph`;
+`loop_bounds` gives the weight loop of every layer (networkx's DAG longest path over one iteration).
 
 Formulation (design notes §4). Inputs: a training graph (tasks v, edges e = u→v with delays w(e)), a
 stage for every task, and the weight-register rule (on by default). Unknowns: integers D_l ≥ 0, one per
@@ -20,7 +24,8 @@ single nonzero; appending unit columns keeps a matrix totally unimodular, and th
 integral, so the vertex HiGHS returns is integral. We check that and round.
 
 The answer is made canonical in a second step: with D fixed, the feasible r form a lattice (difference
-constraints), and we report its least element with r ≥ 0 (`least_retiming`, Bellman–Ford), so min r = 0.
+constraints), and we report its least element with r ≥ 0 (`solve_difference_constraints`, Bellman–Ford),
+so min r = 0.
 r(v) is the iteration lag of task v: in period j a periodic schedule runs task v of iteration j − r(v).
 The retimed delay of an activation edge is how many iterations its activation waits in a buffer.
 
@@ -35,16 +40,83 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
+import networkx as nx
 import numpy as np
 
-from layerpipe.dfg import Edge, Task, TrainingGraph
+from layerpipe.dfg import Edge, Task, TrainingGraph, iter_loops
 from layerpipe.errors import InputError
+from layerpipe.retiming._leiserson_saxe import (
+    IterationBound,
+    TimedEdge,
+    TimedGraph,
+    iteration_bound,
+    retimed_delays,
+    solve_difference_constraints,
+)
 
 if TYPE_CHECKING:
     from layerpipe.costs import CostModel
-    from layerpipe.retiming import IterationBound, TimedGraph
+
+__all__ = [
+    "DelaySolution",
+    "LoopBound",
+    "delays_feasible",
+    "loop_bounds",
+    "min_added_delays",
+    "solve_delays",
+    "timed_graph",
+]
+
+
+def timed_graph(graph: TrainingGraph, costs: Mapping[Task, int],
+                delays: Mapping[int, int] | None = None) -> TimedGraph:
+    """A training graph as a timed graph; `delays` adds D_l delays on each layer's G_l → U_l edge."""
+    delays = delays or {}
+    edges = []
+    for e in graph.edges:
+        extra = delays.get(e.src.layer, 0) if e.role == "gradient" else 0
+        edges.append(TimedEdge(e.src, e.dst, e.delay + extra))
+    return TimedGraph(graph.tasks, {t: int(costs[t]) for t in graph.tasks}, tuple(edges))
+
+
+@dataclass(frozen=True)
+class LoopBound:
+    """The weight loop of a layer: U_l → F_l, the longest path on to G_l → U_l, and its delays."""
+
+    layer: int
+    path: tuple[Task, ...]  # F_l … U_l along the longest-time path
+    time: int
+    delays: int
+
+    @property
+    def bound(self) -> Fraction:
+        return Fraction(self.time, self.delays)
+
+
+def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
+                delays: Mapping[int, int] | None = None) -> list[LoopBound]:
+    """T_loop(l) = (time of the loop's longest path) / (its delays) for every layer with weights.
+
+    The loop closes through the weight edge U_l → F_l; its path F_l ⇝ U_l runs over the delay-0 edges of
+    one iteration (the D_l of the gradient edge count as delays of the loop, not as a cut). networkx's
+    DAG longest path weighs edges, so an edge weighs the cost of its head, over the tasks between F_l
+    and U_l (descendants of one, ancestors of the other).
+    """
+    delays = delays or {}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(graph.tasks)
+    dag.add_weighted_edges_from(((e.src, e.dst, costs[e.dst]) for e in graph.edges if e.delay == 0), weight="t")
+    out = []
+    for layer, weight_edge in iter_loops(graph):
+        start, end = weight_edge.dst, weight_edge.src
+        between = (nx.descendants(dag, start) & nx.ancestors(dag, end)) | {start, end}
+        path = nx.dag_longest_path(dag.subgraph(between), weight="t")
+        time = sum(costs[t] for t in path)
+        out.append(LoopBound(layer, tuple(path), time, weight_edge.delay + delays.get(layer, 0)))
+    return out
 
 
 def min_added_delays(
@@ -55,15 +127,15 @@ def min_added_delays(
 
     Raises ValueError when no x works (a cycle without group edges needs more delays than it has).
     """
-    from layerpipe.retiming import least_retiming
-
     n, m = len(graph.nodes), len(graph.edges)
     need = np.asarray(required, dtype=np.int64) - graph.delays
     groups = [(k, g) for k, g in enumerate(group_of_edge) if g is not None]
     rows = np.concatenate([np.arange(m), np.arange(m), [k for k, _ in groups]]).astype(np.int64)
     cols = np.concatenate([graph.src, graph.dst, [n + g for _, g in groups]]).astype(np.int64)
     vals = np.concatenate([np.ones(m), -np.ones(m), -np.ones(len(groups))])
-    from scipy.optimize import linprog  # imported here: scipy costs seconds at CLI start-up
+    # The LP stays (networkx has no min-cost tension / LP solver): HiGHS solves it exactly. Imported here
+    # because scipy costs seconds at CLI start-up, not to dodge a circle.
+    from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
     a_ub = coo_matrix((vals, (rows, cols)), shape=(m, n + num_groups)).tocsr()
@@ -78,7 +150,7 @@ def min_added_delays(
     if not np.allclose(result.x[n:], added, atol=1e-6):
         raise AssertionError(f"delay LP returned a fractional vertex: {result.x[n:]}")
     added_ints = [int(a) for a in added]
-    r = least_retiming(n, graph.src, graph.dst, _bounds(graph, need, group_of_edge, added_ints))
+    r = solve_difference_constraints(n, graph.src, graph.dst, _bounds(graph, need, group_of_edge, added_ints))
     if r is None:
         raise AssertionError("rounded LP delays are infeasible")
     return added_ints, r
@@ -117,8 +189,6 @@ def _stage_of_task(graph: TrainingGraph, stages: Sequence[int] | Mapping[Task, i
 
 
 def _problem(graph: TrainingGraph, stage: Mapping[Task, int], weight_register: bool) -> _Problem:
-    from layerpipe.retiming import timed_graph
-
     weight_layers = [layer.index for layer in graph.network.layers if layer.has_weights]
     group = {layer: k for k, layer in enumerate(weight_layers)}
     required, group_of_edge = [], []
@@ -177,8 +247,6 @@ def solve_delays(
     `stages` gives a stage per layer (layer order) or per task. With a cost `model`, the solution also
     carries the iteration bounds before (D = 0) and after (with D_l). See the module docstring.
     """
-    from layerpipe.retiming import iteration_bound, retimed_delays, timed_graph
-
     stage = _stage_of_task(graph, stages)
     problem = _problem(graph, stage, weight_register)
     added, r = min_added_delays(problem.timed, problem.required, problem.group_of_edge, len(problem.layers))
@@ -202,10 +270,8 @@ def delays_feasible(
     weight_register: bool = True,
 ) -> bool:
     """Whether some retiming meets the stage and register constraints with these D_l (missing = 0)."""
-    from layerpipe.retiming import least_retiming
-
     problem = _problem(graph, _stage_of_task(graph, stages), weight_register)
     added = [int(delays.get(layer, 0)) for layer in problem.layers]
     need = np.asarray(problem.required, dtype=np.int64) - problem.timed.delays
     bounds = _bounds(problem.timed, need, problem.group_of_edge, added)
-    return least_retiming(len(graph.tasks), problem.timed.src, problem.timed.dst, bounds) is not None
+    return solve_difference_constraints(len(graph.tasks), problem.timed.src, problem.timed.dst, bounds) is not None

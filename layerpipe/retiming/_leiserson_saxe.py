@@ -1,4 +1,4 @@
-"""Retiming of dataflow graphs (design notes §4; Leiserson & Saxe 1991; Parhi, VLSI DSP Systems ch. 2 and 4).
+"""Timed graphs and their retiming (design notes §4; Leiserson & Saxe 1991; Parhi, VLSI DSP Systems ch. 2, 4).
 
 A `TimedGraph` has nodes with computation times t(v) and edges with delays w(e) (iteration distances).
 A retiming r: V → ℤ moves delays across nodes: w_r(u→v) = w(u→v) + r(v) − r(u). It is legal when every
@@ -7,22 +7,24 @@ w_r ≥ 0; around any cycle the r terms telescope, so no cycle's delay count cha
 What this module computes on such graphs:
 - `iteration_bound`: T∞ = max over cycles of Σ t / Σ w — a lower bound on the period of any schedule,
   however retimed or unfolded. Exact (`Fraction`), with a critical cycle, by Howard's policy iteration
-  (`layerpipe._cycle_ratio`); 0 for acyclic graphs; `ZeroDelayCycleError` when a cycle has no delay.
+  (`_cycle_ratio`); 0 for acyclic graphs; `ZeroDelayCycleError` when a cycle has no delay.
 - `clock_period`: the longest zero-delay path (what one period must fit without overlapping iterations).
 - `wd_matrices`, `retime_to_period`, `min_period_retiming`: Leiserson–Saxe retiming to a target clock
   period. W(u,v) = fewest delays on a u⇝v path; D(u,v) = most time on a u⇝v path with W(u,v) delays.
   Period c is reachable iff the difference constraints r(u) − r(v) ≤ w(e) (every edge) and
   r(u) − r(v) ≤ W(u,v) − 1 (every pair with D(u,v) > c) are feasible; Bellman–Ford decides.
+  W and D come from networkx's Floyd–Warshall (numpy) on one lexicographic key.
 - `retiming_violations`, `is_legal_retiming`: legality of a retiming, or of a proposed retimed delay
   assignment: every delay ≥ 0 and every cycle's delay count unchanged. The latter holds iff the change
   w' − w is a potential difference r(v) − r(u); it is checked edge by edge against a spanning forest,
   which is the same as checking the delay count of every fundamental cycle.
-- `least_retiming`: the solver every pass shares — the pointwise least r ≥ 0 with r(dst) ≥ r(src) + b
-  for given (src, dst, b) constraints, by Bellman–Ford, or None if a positive cycle makes it infeasible.
+- `solve_difference_constraints` (alias `least_retiming`): the solver every pass shares — the pointwise
+  least r ≥ 0 with r(dst) ≥ r(src) + b for given (src, dst, b) constraints, by networkx's Bellman–Ford
+  from a virtual source, or None if a positive cycle makes it infeasible.
 
-Training graphs come in through `timed_graph` (a `TrainingGraph`, its task costs and optional
-delayed-gradient delays D_l) and `loop_bounds` (the weight loop of every layer). The delayed-gradient
-solver is in `layerpipe._gradient_delays` and re-exported here.
+Graph algorithms are networkx's (topological order, DAG longest path, Floyd–Warshall, Bellman–Ford,
+spanning forest); Howard's maximum cycle ratio is our own (`_cycle_ratio`: networkx has none). Training
+graphs come in through `layerpipe.retiming._delays` (`timed_graph`, `loop_bounds`, `solve_delays`).
 """
 
 from __future__ import annotations
@@ -32,31 +34,30 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
+import networkx as nx
 import numpy as np
 
-from layerpipe._cycle_ratio import ZeroDelayCycleError, find_zero_delay_cycle, max_cycle_ratio
-from layerpipe.dfg import Task, TrainingGraph, iter_loops
+from layerpipe.retiming._cycle_ratio import (
+    ZeroDelayCycleError,
+    find_zero_delay_cycle,
+    max_cycle_ratio,
+    zero_delay_graph,
+)
 
 __all__ = [
-    "DelaySolution",
     "IterationBound",
-    "LoopBound",
     "TimedEdge",
     "TimedGraph",
     "ZeroDelayCycleError",
     "clock_period",
-    "delays_feasible",
     "is_legal_retiming",
     "iteration_bound",
     "least_retiming",
-    "loop_bounds",
-    "min_added_delays",
     "min_period_retiming",
     "retime_to_period",
     "retimed_delays",
     "retiming_violations",
-    "solve_delays",
-    "timed_graph",
+    "solve_difference_constraints",
     "wd_matrices",
 ]
 
@@ -156,61 +157,69 @@ def iteration_bound(graph: TimedGraph) -> IterationBound:
     return IterationBound(ratio, nodes, sum(graph.time[v] for v in nodes), sum(graph.edges[e].delay for e in edges))
 
 
-def _zero_delay_order(graph: TimedGraph) -> list[int]:
-    """Nodes in a topological order of the delay-0 edges; raises `ZeroDelayCycleError` on a delay-free cycle."""
-    cycle = find_zero_delay_cycle(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist())
+def _zero_delay_dag(graph: TimedGraph) -> nx.DiGraph:
+    """The delay-0 edges as a networkx DAG over node indices; raises `ZeroDelayCycleError` on a cycle."""
+    src, dst, delays = graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist()
+    cycle = find_zero_delay_cycle(len(graph.nodes), src, dst, delays)
     if cycle is not None:
         raise ZeroDelayCycleError(cycle)
-    n = len(graph.nodes)
-    indeg = np.zeros(n, dtype=np.int64)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
-        if w == 0:
-            succ[u].append(v)
-            indeg[v] += 1
-    order = [v for v in range(n) if indeg[v] == 0]
-    for u in order:  # the list grows while we walk it
-        for v in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                order.append(v)
-    return order
+    return zero_delay_graph(len(graph.nodes), src, dst, delays)
 
 
 def clock_period(graph: TimedGraph) -> int:
-    """The longest path of node times over delay-0 edges: the critical path of one clock period."""
-    order = _zero_delay_order(graph)
-    finish = graph.times.copy()
-    succ: list[list[int]] = [[] for _ in graph.nodes]
-    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
-        if w == 0:
-            succ[u].append(v)
-    for u in order:
-        for v in succ[u]:
-            finish[v] = max(finish[v], finish[u] + graph.times[v])
-    return int(finish.max()) if len(finish) else 0
+    """The longest path of node times over delay-0 edges: the critical path of one clock period.
+
+    networkx's DAG longest path weighs edges, so an edge u→v weighs t(v) and a virtual source reaches
+    every node v with weight t(v).
+    """
+    dag = _zero_delay_dag(graph)
+    if not len(dag):
+        return 0
+    times = graph.times.tolist()
+    for _, v, data in dag.edges(data=True):
+        data["t"] = times[v]
+    source = len(graph.nodes)
+    dag.add_weighted_edges_from(((source, v, times[v]) for v in range(len(graph.nodes))), weight="t")
+    return int(nx.dag_longest_path_length(dag, weight="t"))
 
 
 # --- difference constraints ------------------------------------------------------------------------------
 
 
-def least_retiming(n: int, src: np.ndarray, dst: np.ndarray, bound: np.ndarray) -> np.ndarray | None:
+def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: np.ndarray | Sequence[int],
+                                 bound: np.ndarray | Sequence[int]) -> np.ndarray | None:
     """The least integer vector r ≥ 0 with r[dst[i]] ≥ r[src[i]] + bound[i] for every i, or None.
 
     Feasible difference constraints form a lattice, so a least solution exists; it is the longest path
-    from a virtual source joined to every node by a 0 edge. Bellman–Ford, one vectorised sweep of all
-    constraints per round; more than n rounds means a positive cycle, i.e. no solution.
+    from a virtual source joined to every node by a 0 edge, i.e. minus the shortest path over weights
+    −bound (Bellman–Ford, networkx; a negative cycle there is a positive cycle of bounds: no solution).
+    Of parallel constraints only the largest bound matters.
     """
     r = np.zeros(n, dtype=np.int64)
     if len(src) == 0:
         return r
-    for _ in range(n + 1):
-        new = r.copy()
-        np.maximum.at(new, dst, r[src] + bound)
-        if np.array_equal(new, r):
-            return r
-        r = new
-    return None
+    weight: dict[tuple[int, int], int] = {}
+    for u, v, b in zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), np.asarray(bound).tolist(), strict=True):
+        if u == v:
+            if b > 0:
+                return None  # r[v] ≥ r[v] + b
+            continue
+        weight[(u, v)] = max(weight.get((u, v), b), b)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n + 1))
+    graph.add_weighted_edges_from((n, v, 0) for v in range(n))
+    graph.add_weighted_edges_from((u, v, -b) for (u, v), b in weight.items())
+    try:
+        dist = nx.single_source_bellman_ford_path_length(graph, n)
+    except nx.NetworkXUnbounded:
+        return None
+    for v in range(n):
+        r[v] = -dist[v]
+    return r
+
+
+#: The name the passes have used since the first solver; the same function.
+least_retiming = solve_difference_constraints
 
 
 # --- legality ----------------------------------------------------------------------------------------------
@@ -228,23 +237,21 @@ def retiming_violations(graph: TimedGraph, new_delays: Sequence[int]) -> list[st
         return [f"expected {len(graph.edges)} delays, got {len(new_delays)}"]
     problems = [f"edge {e.src}->{e.dst} has {d} delays after retiming (must be >= 0)"
                 for e, d in zip(graph.edges, new_delays, strict=True) if d < 0]
-    adjacent: dict[int, list[tuple[int, int]]] = {i: [] for i in range(len(graph.nodes))}
     change = [int(d) - e.delay for e, d in zip(graph.edges, new_delays, strict=True)]
-    for k, (u, v) in enumerate(zip(graph.src.tolist(), graph.dst.tolist(), strict=True)):
-        adjacent[u].append((v, change[k]))
-        adjacent[v].append((u, -change[k]))
+    src, dst = graph.src.tolist(), graph.dst.tolist()
+    forest = nx.Graph()  # undirected: a tree edge may be walked against its direction
+    forest.add_nodes_from(range(len(graph.nodes)))
+    for k, (u, v) in enumerate(zip(src, dst, strict=True)):
+        if not forest.has_edge(u, v):
+            forest.add_edge(u, v, tail=u, change=change[k])
     r: dict[int, int] = {}
     for root in range(len(graph.nodes)):
         if root in r:
             continue
         r[root] = 0
-        stack = [root]
-        while stack:
-            u = stack.pop()
-            for v, d in adjacent[u]:
-                if v not in r:
-                    r[v] = r[u] + d
-                    stack.append(v)
+        for a, b in nx.dfs_edges(forest, root):  # the spanning tree of root's component
+            data = forest.edges[a, b]
+            r[b] = r[a] + data["change"] if data["tail"] == a else r[a] - data["change"]
     for k, e in enumerate(graph.edges):
         u, v = int(graph.src[k]), int(graph.dst[k])
         if r[v] - r[u] != change[k]:
@@ -265,21 +272,24 @@ def wd_matrices(graph: TimedGraph) -> tuple[np.ndarray, np.ndarray]:
 
     One shortest-path run on the lexicographic weight (w(e), −t(u)) encoded as w(e)·K − t(u) with K larger
     than any path's total time: the shortest key gives the fewest delays, then the most time among those.
+    networkx's `floyd_warshall_numpy` works in float64, exact for integers below 2**53; larger keys are
+    refused rather than rounded.
     """
     n = len(graph.nodes)
-    _zero_delay_order(graph)  # raises on a delay-free cycle, whose lexicographic weight would be negative
+    _zero_delay_dag(graph)  # raises on a delay-free cycle, whose lexicographic weight would be negative
     scale = int(graph.times.sum()) + 1
     max_key = (int(graph.delays.sum()) + 1) * scale
-    if max_key * 4 > np.iinfo(np.int64).max:
-        raise ValueError("graph too large for the int64 W/D encoding")
+    if max_key >= 2**52:
+        raise ValueError("graph too large for the exact float64 W/D encoding")
+    times = graph.times.tolist()
+    multi = nx.MultiDiGraph()  # parallel edges: Floyd–Warshall keeps the smallest key
+    multi.add_nodes_from(range(n))
+    multi.add_weighted_edges_from((u, v, w * scale - times[u])
+                                  for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(),
+                                                     strict=True))
+    dist = nx.floyd_warshall_numpy(multi, nodelist=range(n)) if n else np.zeros((0, 0))
     inf = np.iinfo(np.int64).max // 4
-    key = np.full((n, n), inf, dtype=np.int64)
-    np.fill_diagonal(key, 0)
-    for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(), strict=True):
-        key[u, v] = min(key[u, v], w * scale - int(graph.times[u]))
-    for k in range(n):
-        np.minimum(key, key[:, k, None] + key[None, k, :], out=key)
-        np.minimum(key, inf, out=key)
+    key = np.where(np.isinf(dist), inf, dist).astype(np.int64)
     reachable = key < inf // 2
     w_mat = np.where(reachable, -((-key) // scale), -1)
     path_time = w_mat * scale - key  # time of every node on the path but the last
@@ -321,67 +331,3 @@ def min_period_retiming(graph: TimedGraph) -> tuple[int, dict[Hashable, int]]:
         else:
             hi, best = mid, r
     return candidates[lo], best
-
-
-# --- training graphs ---------------------------------------------------------------------------------------
-
-
-def timed_graph(graph: TrainingGraph, costs: Mapping[Task, int],
-                delays: Mapping[int, int] | None = None) -> TimedGraph:
-    """A training graph as a timed graph; `delays` adds D_l delays on each layer's G_l → U_l edge."""
-    delays = delays or {}
-    edges = []
-    for e in graph.edges:
-        extra = delays.get(e.src.layer, 0) if e.role == "gradient" else 0
-        edges.append(TimedEdge(e.src, e.dst, e.delay + extra))
-    return TimedGraph(graph.tasks, {t: int(costs[t]) for t in graph.tasks}, tuple(edges))
-
-
-@dataclass(frozen=True)
-class LoopBound:
-    """The weight loop of a layer: U_l → F_l, the longest path on to G_l → U_l, and its delays."""
-
-    layer: int
-    path: tuple[Task, ...]  # F_l … U_l along the longest-time path
-    time: int
-    delays: int
-
-    @property
-    def bound(self) -> Fraction:
-        return Fraction(self.time, self.delays)
-
-
-def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
-                delays: Mapping[int, int] | None = None) -> list[LoopBound]:
-    """T_loop(l) = (time of the loop's longest path) / (its delays) for every layer with weights.
-
-    The loop closes through the weight edge U_l → F_l; its path F_l ⇝ U_l runs over the delay-0 edges of
-    one iteration (the D_l of the gradient edge count as delays of the loop, not as a cut).
-    """
-    delays = delays or {}
-    order = graph.intra_iteration_order()
-    out = []
-    for layer, weight_edge in iter_loops(graph):
-        start, end = weight_edge.dst, weight_edge.src
-        best: dict[Task, int] = {start: costs[start]}
-        via: dict[Task, Task] = {}
-        for t in order[order.index(start):]:
-            if t not in best:
-                continue
-            for e in graph.successors[t]:
-                if e.delay == 0 and best[t] + costs[e.dst] > best.get(e.dst, -1):
-                    best[e.dst], via[e.dst] = best[t] + costs[e.dst], t
-        path = [end]
-        while path[-1] != start:
-            path.append(via[path[-1]])
-        out.append(LoopBound(layer, tuple(reversed(path)), best[end], weight_edge.delay + delays.get(layer, 0)))
-    return out
-
-
-# The delayed-gradient solver builds on everything above; it is re-exported as part of this module's API.
-from layerpipe._gradient_delays import (  # noqa: E402
-    DelaySolution,
-    delays_feasible,
-    min_added_delays,
-    solve_delays,
-)
