@@ -25,8 +25,10 @@ from layerpipe.schedule._ir import (
 )
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._sync import (
+    dualpipev,
     gpipe,
     interleaved_1f1b,
+    looped_bfs,
     looping_stage_map,
     one_f_one_b,
     v_stage_map,
@@ -55,6 +57,7 @@ __all__ = [
     "TaskEdge",
     "dependencies",
     "dry_run",
+    "dualpipev",
     "dump_schedule",
     "expand_stages",
     "format_grid",
@@ -66,6 +69,7 @@ __all__ = [
     "interleaved_1f1b",
     "layer_task_edges",
     "load_schedule",
+    "looped_bfs",
     "looping_stage_map",
     "make_schedule",
     "one_f_one_b",

@@ -186,14 +186,18 @@ def zbv(procs: int, microbatches: int, steps: int = 1) -> OpSchedule:
 
 
 def zb_h2(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
-    """Zero Bubble H2: up to 2(p−1−i)+1 forwards in flight on stage i (ZB-H1 and 1F1B allow p−i), B split
-    into I and W, W passes only where nothing else can run.
+    """Zero Bubble H2 (Qi et al., ICLR'24, §3.1 and Figure 4): B split into I and W, extra warm-up forwards
+    and W passes that fill the steady-state gaps, the tail's W passes reordered into a parallelogram.
 
     The order is a unit-time list simulation (F = I = W = 1, the paper's assumption): at every time step each
-    stage runs, in this priority, its next I if its inputs are in, else its next F if inputs are in and the
-    in-flight limit allows, else its oldest pending W. With m ≥ 2p−1 no processor idles between its first
-    and its last op: stage i is busy over [i, i + 3m), a parallelogram, so consecutive steps tile with no
-    bubble (ZB-H1 leaves p−1−i idle units on stage i, 1F1B 3(p−1−i)).
+    stage i runs, in this priority, its next I if its inputs are in; else its next F if its inputs are in and
+    two limits allow it — at most 2(p−1−i)+1 forwards ahead of the I's (the paper's warm-up, which fills the
+    bubble before the first I) and at most 2p−1 activations held, an activation being held from its F until
+    its W (the paper's peak memory (2p−1)·M_B); else its oldest pending W. So W runs in the steady state
+    whenever the memory limit stops the next F, not only at the end of the step. With m ≥ 2p−1 stage i is busy
+    without a gap over [i, i + 3m): consecutive steps tile with no bubble ((p−1)(F+I−2W) = 0), where ZB-H1
+    leaves p−1−i idle units on stage i and 1F1B 3(p−1−i). Simplification: the paper's post-validation step
+    (which removes the optimizer's synchronisation) is not modelled; our step boundary is per stage anyway.
     """
     _check(stages, microbatches, steps)
     p, m = stages, microbatches
@@ -217,7 +221,7 @@ def zb_h2(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
             f, b, w = started["F"][i], started["I"][i], started["W"][i]
             candidates = [
                 ("I", i, b) if b < m else None,
-                ("F", i, f) if f < m and f - b < 2 * (p - 1 - i) + 1 else None,
+                ("F", i, f) if f < m and f - b < 2 * (p - 1 - i) + 1 and f - w < 2 * p - 1 else None,
                 ("W", i, w) if w < b else None,
             ]
             for op in candidates:
@@ -228,3 +232,97 @@ def zb_h2(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
                     break
         now += 1
     return _schedule(rows, m, steps)
+
+
+def looped_bfs(procs: int, microbatches: int, virtual_stages: int = 2, steps: int = 1) -> OpSchedule:
+    """Breadth-first pipeline parallelism (Lamy-Poirier, "Breadth-First Pipeline Parallelism", arXiv
+    2211.05953; torch 2.13's ScheduleLoopedBFS): `virtual_stages` stages per processor, stage s on s mod p;
+    a processor runs every micro-batch's forward of its first stage, then of its next, and the full backwards
+    of its stages in reverse, micro-batches last first (torch's order). Modelled: the order; torch's idle
+    padding is dropped (the simulator waits for inputs itself)."""
+    _check(procs, microbatches, steps, virtual_stages)
+    m, rows = microbatches, []
+    for rank in range(procs):
+        own = range(rank, procs * virtual_stages, procs)
+        row: list[StageOp] = [("F", s, t) for s in own for t in range(m)]
+        row += [("B", s, t) for s in reversed(own) for t in reversed(range(m))]
+        rows.append(row)
+    return _schedule(rows, m, steps)
+
+
+def dualpipev(procs: int, microbatches: int, steps: int = 1) -> OpSchedule:
+    """DualPipeV (DeepSeek-V3 technical report, arXiv 2412.19437 §3.2.1, and its "cut-in-half" V variant from
+    github:deepseek-ai/DualPipe; torch 2.13's ScheduleDualPipeV): two stages per processor in a V (stages r
+    and 2p−1−r on processor r), eight phases per rank as torch builds them — warm-up forwards of the first
+    stage, paired forwards, zero-bubble I/W on the second stage, the main phase of overlapped forward of one
+    stage with full backward of the other, then backwards that switch to I with deferred W halfway.
+
+    Simplification: an overlapped "F&B" pair runs as its F then its B, back to back on the processor (the
+    report's overlap of one chunk's compute with the other's communication is not modelled), so the pair
+    costs F + B, not less. torch refuses fewer micro-batches than stages (2p); so do we.
+    """
+    _check(procs, microbatches, steps)
+    if microbatches < 2 * procs:
+        raise InputError(f"microbatches {microbatches}: dualpipev on {procs} processors needs at least "
+                         f"{2 * procs} (one per stage, as torch's ScheduleDualPipeV)")
+    rows = [_dualpipev_rank(procs, microbatches, r) for r in range(procs)]
+    return _schedule(rows, microbatches, steps)
+
+
+def _dualpipev_rank(procs: int, m: int, rank: int) -> list[StageOp]:
+    """One rank's order, phase by phase as torch 2.13 builds it (counters per stage and kind; a full B
+    advances both the I and the W counter; a W takes the oldest I still without its W)."""
+    first, second = rank, 2 * procs - 1 - rank
+    count: dict[tuple[str, int], int] = {}
+    pending_w: list[tuple[int, int]] = []
+    ops: list[StageOp] = []
+
+    def add(kind: str, stage: int) -> None:
+        t = count.get(("I" if kind == "B" else kind, stage), 0)
+        ops.append((kind, stage, t))
+        if kind == "B":
+            count[("I", stage)] = t + 1
+            count[("W", stage)] = count.get(("W", stage), 0) + 1
+            return
+        if kind == "I":
+            pending_w.append((stage, t))
+        count[(kind, stage)] = t + 1
+
+    def weight() -> None:
+        if pending_w:
+            stage, t = pending_w.pop(0)
+            ops.append(("W", stage, t))
+            count[("W", stage)] = count.get(("W", stage), 0) + 1
+
+    for _ in range(2 * (procs - rank - 1)):  # 1: forwards of the first stage
+        add("F", first)
+    for _ in range(rank + 1):  # 2: forwards of both stages
+        add("F", first)
+        add("F", second)
+    for _ in range(procs - rank - 1):  # 3: I, W, F of the second stage (zero bubble)
+        add("I", second)
+        weight()
+        add("F", second)
+    for _ in range(m - 2 * procs + rank + 1):  # 4: main phase, F of one stage with B of the other
+        add("F", first)
+        add("B", second)
+        add("F", second)
+        add("B", first)
+    for _ in range(procs - rank - 1):  # 5: B of the second stage, then F of the second with B of the first
+        add("B", second)
+        add("F", second)
+        add("B", first)
+    zero_bubble = False
+    for i in range(rank + 1):  # 6: backwards of both stages, I (with W deferred) from the middle on
+        if i == (rank + 1) // 2 and rank % 2 == 1:
+            zero_bubble = True
+        add("I" if zero_bubble else "B", second)
+        if i == (rank + 1) // 2 and rank % 2 == 0:
+            zero_bubble = True
+        add("I" if zero_bubble else "B", first)
+    for _ in range(procs - rank - 1):  # 7: a deferred W, then the first stage's backward
+        weight()
+        add("I" if zero_bubble else "B", first)
+    for _ in range(rank + 1):  # 8: the remaining W
+        weight()
+    return ops

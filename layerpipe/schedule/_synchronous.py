@@ -1,15 +1,26 @@
-"""Synchronous policies on a network: SIR's stage-level generators (`_sync`) applied to contiguous stages.
+"""Synchronous policies on a network: the stage-level generators (`_sync`) applied to contiguous stages,
+timed on the interconnect the policy is given.
 
 A network's layers are cut into S contiguous stages by dynamic programming (min-max per-step stage work
-m·(F + I + W) + U, layers in topological order); S = p·v for p processors holding v chunks each (v = 1 for
-gpipe, 1f1b, zb-h1, zb-h2; `virtual_stages` for interleaved-1f1b and zb-h1; 2 for zbv), with p = min(N,
-⌊L/v⌋) so no stage is empty (the other processors idle). Stage costs come from `task_cost` through the
-training graph: F_s = Σ F_l, I_s = Σ A_l + E_l (input gradient), W_s = Σ G_l (weight gradient), and the
-per-step update U_s = Σ U_l, which runs right after the stage's last gradient op of the step.
+m·(F + A + E + G) + U, layers in topological order); S = p·v for p processors holding v chunks each (v = 1
+for gpipe, 1f1b, zb-h1, zb-h2; `virtual_stages` for interleaved-1f1b, zb-h1 and looped-bfs; 2 for zbv and
+dualpipev), with p = min(N, ⌊L/v⌋) so no stage is empty (the other processors idle). `ooo` lays its stages
+out by modulo allocation instead (`_ooo.py`) and shares everything below.
 
-Timing (`step_cycles`): two steps are timed in the `shared` interconnect model; the step time is the
-difference of the two steps' completion times, so the first step's pipeline fill does not count but every
-step's own bubbles do.
+Timing (`timed_step`): the step is the steady-state step time of the schedule the simulator runs — the
+layer-level expansion (`expand_stages`: every layer's F, A, E, G and its per-step U) of K steps, timed by
+`layerpipe.sim` on the policy's interconnect (`SimConfig.of(interconnect)`: activations and errors between
+stages are transfers on links or the bus). Step k's completion C(k) is its ops' latest end; the step time is
+C(k) − C(k−1) once that difference has settled (the same value for the last SETTLED steps before the final
+one, whose drain runs without the next step competing). K starts at MIN_TIMED_STEPS and doubles up to
+MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference seen over the
+last half, rounded up, and says so in its notes (never seen on the zoo). Because the scheduler asks the
+simulator, `simulate` of the result gives the scheduled step by construction, on shared, links and bus
+(tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
+
+Lower bound (`lower_bound_cycles`): no step of m micro-batches is shorter than its work spread evenly over
+the N processors, nor than the heaviest layer's work in the step (no policy here splits a layer) — exact
+fractions, not rounded to whole cycles, so no self-timed run can beat it.
 """
 
 from __future__ import annotations
@@ -24,19 +35,23 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule import _sync
-from layerpipe.schedule._deps import StageInfo, dependencies
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._deps import StageInfo, expand_stages
+from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._shared import partition_contiguous
-from layerpipe.schedule._validate import dry_run
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
-#: Steps generated for timing: the second one is the steady state.
+#: Steps `SyncShape.generate` returns (tests train and simulate two steps).
 TIMED_STEPS = 2
+#: Steps first simulated to find the steady state, and the most ever simulated.
+MIN_TIMED_STEPS = 6
+MAX_TIMED_STEPS = 48
+#: Consecutive equal step differences that count as the steady state.
+SETTLED = 3
 
 #: Largest step, in stage-level micro-batch slots (stages × micro-batches), that is generated and timed:
-#: 64 stages × 256 micro-batches take ~8 s here and memory and time grow linearly beyond it.
-MAX_STEP_SLOTS = 32768
+#: K steps of 64 stages × 256 micro-batches expanded to layers are ~10^6 ops, seconds to time.
+MAX_STEP_SLOTS = 16384
 
 
 def _check_step_size(policy: str, stages: int, microbatches: int) -> None:
@@ -72,21 +87,32 @@ class ZBH1Options(InterleavedOptions):
 
 @dataclass(frozen=True)
 class SyncShape:
-    """How a synchronous policy lays stages out: chunks per processor and the generator."""
+    """How a synchronous policy lays stages out: chunks per processor, the generator of `steps` steps and the
+    default micro-batches per step for p processors."""
 
     chunks: Callable[[object], int]
-    generate: Callable[[int, int, object], OpSchedule]  # (processors, microbatches, options) → one step
+    build: Callable[[int, int, object, int], OpSchedule]  # (processors, microbatches, options, steps)
+    default_microbatches: Callable[[int], int] = lambda p: 2 * p
+
+    def generate(self, procs: int, microbatches: int, options: object) -> OpSchedule:
+        """`TIMED_STEPS` steps of the policy's order."""
+        return self.build(procs, microbatches, options, TIMED_STEPS)
+
+
+def _virtual(o: object) -> int:
+    return o.virtual_stages  # type: ignore[attr-defined,no-any-return]
 
 
 SHAPES: dict[str, SyncShape] = {
-    "gpipe": SyncShape(lambda o: 1, lambda p, m, o: _sync.gpipe(p, m, TIMED_STEPS)),
-    "1f1b": SyncShape(lambda o: 1, lambda p, m, o: _sync.one_f_one_b(p, m, TIMED_STEPS)),
-    "interleaved-1f1b": SyncShape(lambda o: o.virtual_stages,  # type: ignore[attr-defined]
-                                  lambda p, m, o: _sync.interleaved_1f1b(p, m, o.virtual_stages, TIMED_STEPS)),  # type: ignore[attr-defined]
-    "zb-h1": SyncShape(lambda o: o.virtual_stages,  # type: ignore[attr-defined]
-                       lambda p, m, o: _sync.zb_h1(p, m, o.virtual_stages, TIMED_STEPS)),  # type: ignore[attr-defined]
-    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o: _sync.zb_h2(p, m, TIMED_STEPS)),
-    "zbv": SyncShape(lambda o: 2, lambda p, m, o: _sync.zbv(p, m, TIMED_STEPS)),
+    "gpipe": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.gpipe(p, m, k)),
+    "1f1b": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.one_f_one_b(p, m, k)),
+    "interleaved-1f1b": SyncShape(_virtual, lambda p, m, o, k: _sync.interleaved_1f1b(p, m, _virtual(o), k)),
+    "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _sync.zb_h1(p, m, _virtual(o), k)),
+    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.zb_h2(p, m, k)),
+    "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.zbv(p, m, k)),
+    # DualPipeV needs one micro-batch per stage at least (torch refuses fewer): 2 stages per processor.
+    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.dualpipev(p, m, k), lambda p: 4 * p),
+    "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _sync.looped_bfs(p, m, _virtual(o), k)),
 }
 
 
@@ -97,55 +123,122 @@ class StageCost(NamedTuple):
     input_grad: int
     weight_grad: int
     update: int = 0
-    backward_tail: int = 0  #: of a fused B, the work after the error for the previous stage has left
 
 
-def step_cycles(stage_schedule: OpSchedule, stages: StageInfo, costs: Sequence[StageCost]) -> int:
-    """Steady-state cycles of one step: the one call site that times synchronous schedules.
+# ------------------------------------------------------------------------------------------------ timing
 
-    Timed at stage level in the `shared` interconnect model (each processor runs its ops in order; an op
-    starts when its producers have ended), as the layer-level expansion would run: stage s's per-step
-    update U goes right after its last gradient op of the step (where `expand_stages` puts the U ops), and
-    a fused B is timed as its part up to the previous stage's error and then its tail (the first layer's
-    G: B expands to A, E, G per layer, last layer first), so the previous stage's backward does not wait
-    for the tail. `layerpipe.sim` on the layer-level expansion gives the same step time (tests check chains;
-    resnet18 agrees too); it is not called here because expanding resnet50 × 32 micro-batches takes seconds.
-    """
-    rows, split = [], set()
-    for row in stage_schedule.procs:
-        ops: list[Op] = []
-        for op in row:
-            if op.kind == "B":
-                head, tail = Op(op.proc, "I", op.unit, op.iteration), Op(op.proc, "W", op.unit, op.iteration)
-                ops += [head, tail]
-                split |= {head, tail}
-            else:
-                ops.append(op)
-        rows.append(tuple(ops))
-    timed = OpSchedule("stage", tuple(rows), True, stage_schedule.microbatches)
-    m = timed.microbatches
-    last: dict[tuple[int, int], Op] = {}
-    for op in timed.ops():
-        if op.kind == "W":
-            last[(op.unit, op.iteration // m)] = op  # program order: the stage's last gradient op of the step
-    closing = {op: costs[op.unit].update for op in last.values()}
 
-    def duration(op: Op) -> int:
-        c = costs[op.unit]
-        if op.kind == "F":
-            base = c.forward
-        elif op in split:
-            base = c.input_grad + c.weight_grad - c.backward_tail if op.kind == "I" else c.backward_tail
-        else:
-            base = c.input_grad if op.kind == "I" else c.weight_grad
-        return base + closing.get(op, 0)
+def settled_step(completions: Sequence[int]) -> int | None:
+    """The step time once C(k) − C(k−1) is the same for the last `SETTLED` steps before the final one."""
+    diffs = [completions[k] - completions[k - 1] for k in range(1, len(completions) - 1)]
+    tail = diffs[-SETTLED:]
+    return tail[0] if len(tail) == SETTLED and len(set(tail)) == 1 else None
 
-    times = dry_run(timed, dependencies(timed, stages=stages), duration)
-    done = [0] * timed.num_steps
-    for op, (_, end) in times.items():
-        step = op.iteration // m
-        done[step] = max(done[step], end)
-    return done[1] - done[0]
+
+def timed_step(run: Callable[[int], Sequence[int]]) -> tuple[int, bool]:
+    """(steady-state step time, settled?) from `run(steps)`, the completion time of each of `steps` steps."""
+    steps = MIN_TIMED_STEPS
+    while True:
+        completions = run(steps)
+        step = settled_step(completions)
+        if step is not None:
+            return step, True
+        if steps >= MAX_TIMED_STEPS:
+            half = [completions[k] - completions[k - 1] for k in range(len(completions) // 2, len(completions) - 1)]
+            return max(half), False
+        steps = min(2 * steps, MAX_TIMED_STEPS)
+
+
+def network_step(build: Callable[[int], OpSchedule], graph: TrainingGraph, stages: StageInfo, model: CostModel,
+                 interconnect: Interconnect) -> tuple[int, bool]:
+    """Steady-state step of the stage-level order `build(steps)` run on `graph`'s network: the simulator times
+    the layer-level expansion on `interconnect`."""
+    from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate_compiled
+
+    workload = Workload.of_graph(graph, model)
+    config = SimConfig.of(interconnect)
+
+    def run(steps: int) -> Sequence[int]:
+        layer_level = expand_stages(build(steps), graph, stages)
+        sim = simulate_compiled(compile_schedule(layer_level, workload), workload, config, reports=False)
+        return [int(c) for c in sim.completion_times]
+
+    return timed_step(run)
+
+
+def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, int, int]],
+               interconnect: Interconnect) -> tuple[int, bool]:
+    """Steady-state step of a stage-level order with given stage costs (F, I, W) and no network: transfers
+    carry no words, so on links and the bus they cost the latency only."""
+    from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate_compiled
+
+    workload = Workload.of_stages(costs)
+    config = SimConfig.of(interconnect)
+
+    def run(steps: int) -> Sequence[int]:
+        sim = simulate_compiled(compile_schedule(build(steps), workload), workload, config, reports=False)
+        return [int(c) for c in sim.completion_times]
+
+    return timed_step(run)
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+def contiguous_stages(network: Network, graph: TrainingGraph, model: CostModel, count: int,
+                      microbatches: int) -> list[list[int]]:
+    """`count` contiguous stages of `network`'s layers, balanced on per-step work m·(F + A + E + G) + U."""
+    per_layer = layer_step_work(graph, model, microbatches)
+    layers = [layer.index for layer in network.layers]
+    runs = partition_contiguous([per_layer[i] for i in layers], count)
+    return [[layers[i] for i in run] for run in runs]
+
+
+def layer_step_work(graph: TrainingGraph, model: CostModel, microbatches: int) -> dict[int, int]:
+    """Per layer, the cycles of its work in one step of `microbatches`: m·(F + A + E + G) + U."""
+    per_layer = {layer.index: 0 for layer in graph.network.layers}
+    for t, c in graph.costs(model).items():
+        per_layer[t.layer] += c * (1 if t.kind == "U" else microbatches)
+    return per_layer
+
+
+def synchronous_result(policy: str, options: object, network: Network, graph: TrainingGraph, num_procs: int,
+                       model: CostModel, interconnect: Interconnect, stage_layers: Sequence[Sequence[int]],
+                       build: Callable[[int], OpSchedule], microbatches: int, notes: Sequence[str]
+                       ) -> ScheduleResult:
+    """Time `build`'s order of `stage_layers` on `interconnect` and measure it (shared by every synchronous
+    policy). `build(steps)` gives `steps` steps on at most `num_procs` processors."""
+    m = microbatches
+    stages = StageInfo.of_network(graph, stage_layers)
+
+    def padded(steps: int) -> OpSchedule:
+        return _pad(build(steps), num_procs)
+
+    step, settled = network_step(padded, graph, stages, model, interconnect)
+    one_step = padded(1)
+    costs = graph.costs(model)
+    work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
+    bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
+    proc_of_stage = {op.unit: op.proc for op in one_step.ops()}
+    placement = {t: proc_of_stage[s] for s, run in enumerate(stage_layers) for t in graph.tasks if t.layer in run}
+    batch = network.batch
+    metrics = ScheduleMetrics(
+        cycles_per_sample=step / (m * batch),
+        lower_bound_cycles=bound / (m * batch),
+        utilization_pct=utilization_pct(work, num_procs, step),
+        traffic_words_per_sample=traffic_words(graph, placement) / batch,
+        weight_versions=1,
+        max_staleness=0,
+        period_cycles=step,
+        samples_per_period=m * batch,
+        staleness_per_layer={layer.index: 0 for layer in network.layers if layer.has_weights},
+        weight_versions_per_layer={layer.index: 1 for layer in network.layers if layer.has_weights},
+    )
+    said = [*notes, f"step timed by the simulator on {interconnect}"]
+    if not settled:
+        said.append(f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half")
+    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,  # type: ignore[type-var]
+                          graph, explicit=one_step, stages=stages, notes=tuple(said), interconnect=interconnect)
 
 
 def schedule_synchronous(policy: str, network: Network, num_procs: int, model: CostModel,
@@ -157,41 +250,15 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     if procs < 1:
         raise InputError(f"{policy}: {chunks} chunks per processor need at least {chunks} layers, "
                          f"network {network.name} has {len(network)}")
-    m = options.microbatches or 2 * procs
+    m = options.microbatches or shape.default_microbatches(procs)
     _check_step_size(policy, procs * chunks, m)
+    if policy == "dualpipev" and m < 2 * procs:  # fail before timing, with the generator's message
+        _sync.dualpipev(procs, m)
     graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
-    costs = graph.costs(model)
-    per_layer = {layer.index: 0 for layer in network.layers}
-    for t, c in costs.items():
-        per_layer[t.layer] += c * (1 if t.kind == "U" else m)
-    layers = [layer.index for layer in network.layers]
-    runs = partition_contiguous([per_layer[i] for i in layers], procs * chunks)
-    stage_layers = [[layers[i] for i in run] for run in runs]
-    stages = StageInfo.of_network(graph, stage_layers)
-    stage_schedule = _pad(shape.generate(procs, m, options), num_procs)
-    step = step_cycles(stage_schedule, stages, stage_costs_of(graph, model, stage_layers))
-    one_step = _first_step(stage_schedule, m)
-
-    batch = network.batch
-    work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
-    busiest = max(-(-work // num_procs), max(costs.values()))
-    proc_of_stage = {op.unit: op.proc for op in one_step.ops()}
-    placement = {t: proc_of_stage[s] for s, run in enumerate(stage_layers) for t in graph.tasks if t.layer in run}
-    metrics = ScheduleMetrics(
-        cycles_per_sample=step / (m * batch),
-        lower_bound_cycles=busiest / (m * batch),
-        utilization_pct=utilization_pct(work, num_procs, step),
-        traffic_words_per_sample=traffic_words(graph, placement) / batch,
-        weight_versions=1,
-        max_staleness=0,
-        period_cycles=step,
-        samples_per_period=m * batch,
-        staleness_per_layer={layer.index: 0 for layer in network.layers if layer.has_weights},
-        weight_versions_per_layer={layer.index: 1 for layer in network.layers if layer.has_weights},
-    )
+    stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
-    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network, graph,
-                          explicit=one_step, stages=stages, notes=notes)
+    return synchronous_result(policy, options, network, graph, num_procs, model, interconnect, stage_layers,
+                              lambda steps: shape.build(procs, m, options, steps), m, notes)
 
 
 def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
@@ -200,40 +267,29 @@ def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
     return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
 
 
-def _first_step(schedule: OpSchedule, m: int) -> OpSchedule:
-    rows = tuple(tuple(op for op in row if op.iteration < m) for row in schedule.procs)
-    return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
-
-
-def stage_costs_of(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
-    """F, I (A + E), W (G) and U cycles per stage, and the G of the stage's first layer (a fused B's tail)."""
-    costs = graph.costs(model)
-    stage_of = {layer: s for s, run in enumerate(stage_layers) for layer in run}
-    out = [[0, 0, 0, 0, 0] for _ in stage_layers]
-    for t, c in costs.items():
-        out[stage_of[t.layer]][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
-        if t.kind == "G" and t.layer == min(stage_layers[stage_of[t.layer]]):
-            out[stage_of[t.layer]][4] = c
-    return [StageCost(*row) for row in out]
-
-
 def schedule_stages(policy: str, num_procs: int, options: SyncOptions | InterleavedOptions,
-                    stage_cost: tuple[int, int, int]) -> ScheduleResult:
+                    stage_cost: tuple[int, int, int], interconnect: Interconnect = SHARED) -> ScheduleResult:
     """A synchronous policy on `num_procs` processors with uniform stage costs (F, I, W) and no network:
-    the torch.distributed.pipelining view (`--stages P --stage-costs F,B,W`, B the input-gradient part)."""
+    the torch.distributed.pipelining view (`--stages P --stage-costs F,B,W`, B the input-gradient part),
+    timed by the simulator at stage level on `interconnect` (transfers of no words: latency only)."""
+    if policy not in SHAPES:
+        sync = ", ".join(SHAPES)
+        raise InputError(f"--stages takes one of {sync}; '{policy}' needs a NETWORK")
     shape = SHAPES[policy]
     chunks = shape.chunks(options)
-    m = options.microbatches or 2 * num_procs
+    m = options.microbatches or shape.default_microbatches(num_procs)
     f, i, w = stage_cost
     if min(f, i) < 1 or w < 0:
         raise InputError(f"stage costs F,B,W must have F, B >= 1 and W >= 0, got {f},{i},{w}")
     _check_step_size(policy, num_procs * chunks, m)
+    one_step = shape.build(num_procs, m, options, 1)
     stages = StageInfo(num_procs * chunks)
-    step = step_cycles(shape.generate(num_procs, m, options), stages, [StageCost(f, i, w)] * stages.num_stages)
+    step, settled = stage_step(lambda k: shape.build(num_procs, m, options, k), [(f, i, w)] * stages.num_stages,
+                               interconnect)
     work = m * (f + i + w) * stages.num_stages
     metrics = ScheduleMetrics(
         cycles_per_sample=step / m,
-        lower_bound_cycles=-(-work // num_procs) / m,
+        lower_bound_cycles=max(work / num_procs, m * (f + i + w)) / m,
         utilization_pct=utilization_pct(work, num_procs, step),
         traffic_words_per_sample=0.0,
         weight_versions=1,
@@ -241,7 +297,9 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
         period_cycles=step,
         samples_per_period=m,
     )
-    one_step = _first_step(shape.generate(num_procs, m, options), m)
-    notes = (f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",)
+    notes = (f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",
+             f"step timed by the simulator on {interconnect}")
+    if not settled:
+        notes += (f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half",)
     return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, explicit=one_step,
-                          stages=stages, notes=notes)
+                          stages=stages, notes=notes, interconnect=interconnect)

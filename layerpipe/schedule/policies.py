@@ -12,8 +12,8 @@ naming the option and the policy — so the CLI and the DSE never pass an untype
 | pipedream-2bw     | async, periodic | microbatches                                                   |
 | ooo               | async, periodic | group_size                                                     |
 | optimal           | async, periodic | intra, inter, keep_weights_together, time_limit_s              |
-| gpipe, 1f1b, zb-h2, zbv | sync, explicit stage-level | microbatches                          |
-| interleaved-1f1b, zb-h1 | sync, explicit stage-level | microbatches, virtual_stages          |
+| gpipe, 1f1b, zb-h2, zbv, dualpipev | sync, explicit stage-level | microbatches               |
+| interleaved-1f1b, zb-h1, looped-bfs | sync, explicit stage-level | microbatches, virtual_stages |
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     _sync("zb-h1", ZBH1Options, "Zero Bubble H1: B split into I and W"),
     _sync("zb-h2", SyncOptions, "Zero Bubble H2: more warm-up, W fills the tail"),
     _sync("zbv", SyncOptions, "Zero Bubble V: two chunks per processor in a V"),
+    _sync("dualpipev", SyncOptions, "DualPipeV: two chunks in a V, overlapped F&B pairs run back to back"),
+    _sync("looped-bfs", InterleavedOptions, "breadth-first looped stages, virtual_stages chunks each"),
     Policy("ooo", OOOOptions, schedule_ooo, False,  # type: ignore[arg-type]
            "OOO BackProp: output gradients first, weight gradients fill, modulo layer allocation"),
     Policy("optimal", OptimalOptions, schedule_optimal, False,  # type: ignore[arg-type]
