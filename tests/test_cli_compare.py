@@ -11,6 +11,7 @@ import sys
 from layerpipe.cli import main
 from layerpipe.commands.compare import COLUMNS
 from layerpipe.costs import make_cost_model
+from layerpipe.interconnect import Interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import POLICIES, make_schedule
 
@@ -28,10 +29,13 @@ def test_csv_rows_and_speedups(capsys) -> None:
         (net, n, pol) for net in ("mlp:7-6-5-3", "lenet5") for n in ("2", "3") for pol in ("layerpipe", "pipedream",
                                                                                               "zb-h2")]
     model = make_cost_model("pe")
+    rtl = Interconnect.rtl(64)  # the default interconnect: the hardware's links at the model's lanes
     for r in rows:
         net = load_network(r["network"])
-        mine = make_schedule(r["policy"], net, int(r["num_procs"]), model).metrics.cycles_per_sample
-        base = make_schedule("pipedream", net, int(r["num_procs"]), model).metrics.cycles_per_sample
+        assert r["interconnect"] == "rtl" and r["batch"] == "1"
+        mine = make_schedule(r["policy"], net, int(r["num_procs"]), model, interconnect=rtl).metrics.cycles_per_sample
+        base = make_schedule("pipedream", net, int(r["num_procs"]), model,
+                             interconnect=rtl).metrics.cycles_per_sample
         assert float(r["cycles_per_sample"]) == round(mine, 1)
         assert float(r["speedup_vs_baseline"]) == round(base / mine, 3)
         if r["policy"] == "pipedream":
@@ -52,7 +56,8 @@ def test_the_readme_command_is_byte_identical_and_readable() -> None:
     second = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
     assert first.returncode == 0 and first.stdout == second.stdout
     lines = first.stdout.splitlines()
-    assert lines[0] == "mlp:784-256-128-10 (batch 1)" and "resnet18 (batch 1)" in lines
+    assert lines[0] == "mlp:784-256-128-10 (batch 1, interconnect rtl (links:2:64))"
+    assert "resnet18 (batch 1, interconnect rtl (links:2:64))" in lines
     assert lines[-2].startswith("cost model pe (lanes 64, overhead 16)")
     assert sum(1 for line in lines if " layerpipe " in f" {line} ") == 6
 
@@ -61,7 +66,11 @@ def test_bad_input_exits_2_with_one_line(capsys) -> None:
     for args, message in [(["mlp:7-6-3", "-n", "0"], "-n/--num-procs values must be in 1.."),
                           (["mlp:7-6-3", "-n", "2", "--policies", "layerpipe,bogus"], "unknown policy 'bogus'"),
                           (["mlp:7-6-3", "-n", "2", "--baseline", "bogus"], "unknown policy 'bogus'"),
-                          (["alexnet", "-n", "4", "--policies", "optimal"], "optimal: graph has")]:
+                          (["alexnet", "-n", "4", "--policies", "optimal"], "optimal: graph has"),
+                          (["mlp:7-6-3", "-n", "2", "--interconnect", "links:2"], "links:LATENCY:WORDS_PER_CYCLE"),
+                          (["mlp:7-6-3", "-n", "2", "--interconnect", "bus:1:0"], "WORDS_PER_CYCLE must be > 0"),
+                          (["mlp:7-6-3", "-n", "2", "--interconnect", "links:2:1/0"], "divides by zero"),
+                          (["mlp:7-6-3", "-n", "2", "--interconnect", "mesh"], "is not one of the forms shared")]:
         assert main(["compare", *args]) == 2
         captured = capsys.readouterr()
         assert captured.out == ""

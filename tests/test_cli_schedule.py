@@ -19,7 +19,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_text_is_a_periodic_schedule_with_a_metrics_header(capsys) -> None:
     assert main(["schedule", "mlp:7-6-5-3", "--policy", "layerpipe", "-n", "3", "--lanes", "4"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# layerpipe on mlp:7-6-5-3, 3 processors: cycles_per_sample=")
+    assert out.startswith("# layerpipe on mlp:7-6-5-3, 3 processors, interconnect rtl (links:2:4): cycles_per_sample=")
     schedule = PeriodicSchedule.from_text(out)
     assert schedule.num_procs == 3
     assert f"cycles_per_sample={schedule.period}" in out.splitlines()[0]
@@ -31,7 +31,8 @@ def test_json_has_metrics_options_and_the_schedule(capsys, tmp_path) -> None:
                  "--keep-weights-together", "--format", "json", "-o", str(target)]) == 0
     assert capsys.readouterr().out == ""
     doc = json.loads(target.read_text())
-    assert doc["options"] == {"intra": True, "inter": True, "max_staleness": 3, "keep_weights_together": True}
+    assert doc["options"] == {"intra": True, "inter": True, "max_staleness": 3, "keep_weights_together": True,
+                              "max_traffic": None}
     assert doc["max_staleness"] <= 3 and doc["num_procs"] == 4
     assert doc["schedule"]["format"] == "layerpipe-periodic-schedule"
     assert doc["schedule"]["period_cycles"] == doc["period_cycles"]

@@ -125,6 +125,23 @@ def cost_model_from_args(args: argparse.Namespace, network=None):
     return model
 
 
+def add_interconnect_arg(parser: argparse.ArgumentParser, default: str = "rtl") -> None:
+    parser.add_argument("--interconnect", default=default, metavar="SPEC",
+                        help="how data moves between processors: shared (free, an idealisation), "
+                             "links:LATENCY:WORDS_PER_CYCLE (one link per processor pair; W may be a fraction "
+                             "such as 1/16), bus:LATENCY:WORDS_PER_CYCLE (one medium), or rtl (the links "
+                             f"`layerpipe rtl` generates: latency 2, --lanes words per cycle); default {default}")
+
+
+def interconnect_from_args(args: argparse.Namespace, model=None):
+    """The interconnect the flags ask for; `rtl` takes the cost model's lanes (1 for models without lanes:
+    one MAC and one word per cycle)."""
+    from layerpipe.interconnect import parse_interconnect
+
+    lanes = getattr(model, "lanes", None) or 1
+    return parse_interconnect(args.interconnect, lanes=lanes)
+
+
 def emit(text: str, out: str | None) -> None:
     """Print to stdout, or write atomically to `out`."""
     if out:

@@ -17,19 +17,22 @@ import sys
 
 from layerpipe.commands._common import (
     add_cost_args,
+    add_interconnect_arg,
     add_network_args,
     add_output_arg,
     cost_model_from_args,
     emit,
     int_list,
+    interconnect_from_args,
     to_json,
 )
 from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule
 
-COLUMNS = ("network", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles", "utilization_pct",
-           "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
+COLUMNS = ("network", "batch", "interconnect", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles",
+           "utilization_pct", "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,14 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="pipedream", help="policy the speedups are relative to (default pipedream)")
     add_network_args(p)
     add_cost_args(p)
+    add_interconnect_arg(p)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     add_output_arg(p)
     p.set_defaults(handler=run)
 
 
 def compare_rows(networks: list[str], procs: list[int], policies: list[str] | None, baseline: str, model,
-                 batch: int | None = None, progress: bool = True) -> list[dict[str, object]]:
-    """The comparison rows; `policies=None` means every policy that runs on each network."""
+                 batch: int | None = None, progress: bool = True,
+                 interconnect: Interconnect | None = None) -> list[dict[str, object]]:
+    """The comparison rows; `policies=None` means every policy that runs on each network. Every policy is
+    scheduled on `interconnect` (default `shared`), and each row names it."""
+    interconnect = interconnect or SHARED
     get_policy(baseline)
     for name in policies or ():
         get_policy(name)
@@ -68,7 +75,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
     for net, n, name in bar:
         bar.set_postfix_str(f"{net.name} N={n} {name}", refresh=False)
         try:
-            result = make_schedule(name, net, n, model)
+            result = make_schedule(name, net, n, model, interconnect=interconnect)
         except InputError:
             if policies is None:
                 continue  # this policy does not run on this network (size limit, too few layers)
@@ -76,11 +83,13 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
         key = (net.name, n)
         if key not in baselines:
             baselines[key] = (result.metrics.cycles_per_sample if name == baseline
-                              else make_schedule(baseline, net, n, model).metrics.cycles_per_sample)
+                              else make_schedule(baseline, net, n, model, interconnect=interconnect)
+                              .metrics.cycles_per_sample)
         m = result.metrics
         rows.append({
             "network": net.name,
-            "batch": net.batch,  # for the table's title; not a column
+            "batch": net.batch,
+            "interconnect": interconnect.spec,
             "num_procs": n,
             "policy": name,
             "cycles_per_sample": round(m.cycles_per_sample, 1),
@@ -99,8 +108,11 @@ def run(args: argparse.Namespace) -> int:
     if policies is not None and not policies:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
     model = cost_model_from_args(args)
-    rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch)
-    emit(render(rows, args.format, args.baseline, describe_model(model), model_fields(model)), args.output)
+    interconnect = interconnect_from_args(args, model)
+    rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch,
+                        interconnect=interconnect)
+    emit(render(rows, args.format, args.baseline, describe_model(model), model_fields(model), interconnect),
+         args.output)
     return 0
 
 
@@ -116,10 +128,12 @@ def describe_model(model) -> str:
 
 
 def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = "",
-           model_json: dict[str, object] | None = None) -> str:
+           model_json: dict[str, object] | None = None, interconnect: Interconnect | None = None) -> str:
+    interconnect = interconnect or SHARED
     if fmt == "json":
         # the model as fields, not the table legend's prose ("cost model pe (lanes 64, overhead 16)")
         return to_json({"baseline": baseline, "cost_model": model_json if model_json is not None else model,
+                        "interconnect": interconnect.describe(),
                         "columns": list(COLUMNS), "rows": [{k: r[k] for k in COLUMNS} for r in rows]})
     if fmt == "csv":
         out = io.StringIO()
@@ -142,7 +156,8 @@ def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = 
                                                                                                  strict=True)))
 
         batch = next(r["batch"] for r in rows if r["network"] == network)
-        out = [f"{network} (batch {batch})", line(headers), line(["-" * w for w in widths])]
+        out = [f"{network} (batch {batch}, interconnect {interconnect})", line(headers),
+               line(["-" * w for w in widths])]
         previous = None
         for c in cells:
             if previous is not None and c[0] != previous:

@@ -15,10 +15,12 @@ import json
 
 from layerpipe.commands._common import (
     add_cost_args,
+    add_interconnect_arg,
     add_network_args,
     add_output_arg,
     cost_model_from_args,
     emit,
+    interconnect_from_args,
     non_negative_int,
     positive_int,
     to_json,
@@ -43,6 +45,7 @@ OPTION_FLAGS = {
     "virtual_stages": "--virtual-stages",
     "microbatches": "--microbatches",
     "time_limit_s": "--time-limit",
+    "max_traffic": "--max-traffic",
 }
 
 
@@ -57,6 +60,20 @@ def positive_float(field: str):
             raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got '{text}'") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got {text}")
+        return value
+
+    return parse
+
+
+def non_negative_float(field: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{field} must be a number >= 0, got '{text}'") from None
+        if not 0 <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{field} must be a finite number >= 0 (the least any placement "
+                                             f"needs is 0: every task on one processor), got {text}")
         return value
 
     return parse
@@ -87,6 +104,8 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
                    default=None, help="layerpipe: bound on the updates a weight read may lag")
     g.add_argument("--keep-weights-together", dest="keep_weights_together", action="store_const", const=True,
                    default=None, help="layerpipe, optimal: a layer's F, E, G, U on one processor")
+    g.add_argument("--max-traffic", dest="max_traffic", type=non_negative_float("--max-traffic"), default=None,
+                   metavar="WORDS", help="layerpipe: bound on words moved between processors per sample")
     g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,
                    help="ooo: layers per modulo-allocation group")
     g.add_argument("--virtual-stages", dest="virtual_stages", type=positive_int("--virtual-stages"), default=None,
@@ -115,6 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_policy_option_args(p)
     add_network_args(p)
     add_cost_args(p)
+    add_interconnect_arg(p)
     p.add_argument("--format", choices=("text", "csv", "torch-csv", "json"), default="text")
     # capped: unrolling is linear in iterations (lenet5 on 4 processors: 100000 take ~40 s and 0.7 GB)
     p.add_argument("--iterations", type=positive_int("--iterations", MAX_ITERATIONS), default=None,
@@ -144,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         if args.num_procs is None:
             raise InputError("-n/--num-procs is required with a NETWORK")
         network = load_network(args.network, args.batch)
-        result = make_schedule(args.policy, network, args.num_procs, cost_model_from_args(args, network), options)
+        model = cost_model_from_args(args, network)
+        result = make_schedule(args.policy, network, args.num_procs, model, options,
+                               interconnect_from_args(args, model))
     emit(render(result, args.format, args.iterations), args.output)
     return 0
 
@@ -156,6 +178,7 @@ def describe(result: ScheduleResult) -> dict[str, object]:
         "network": result.network.name if result.network is not None else None,
         "batch": result.network.batch if result.network is not None else 1,
         "num_procs": result.num_procs,
+        "interconnect": result.interconnect.describe(),
         "options": result.options_dict(),
         **result.metrics.row(),
         "staleness_per_layer": {str(k): v for k, v in sorted(result.metrics.staleness_per_layer.items())},
@@ -182,7 +205,8 @@ def render(result: ScheduleResult, fmt: str, iterations: int | None = None) -> s
     schedule = result.periodic if result.periodic is not None else result.explicit
     m = result.metrics
     where = result.network.name if result.network is not None else "uniform stages"
-    head = (f"# {result.policy} on {where}, {result.num_procs} processors: cycles_per_sample={m.cycles_per_sample:g} "
+    head = (f"# {result.policy} on {where}, {result.num_procs} processors, interconnect {result.interconnect}: "
+            f"cycles_per_sample={m.cycles_per_sample:g} "
             f"lower_bound_cycles={m.lower_bound_cycles:g} utilization_pct={m.utilization_pct:g} "
             f"traffic_words_per_sample={m.traffic_words_per_sample:g} weight_versions={m.weight_versions} "
             f"max_staleness={m.max_staleness}\n")
