@@ -7,9 +7,9 @@ cd "$(dirname "$0")"
 dev=0
 [[ "${1:-}" == "--dev" ]] && dev=1
 if [[ $dev == 1 ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
-    if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null; then
+    if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null || ! command -v dot >/dev/null; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog yosys >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog yosys graphviz >/dev/null
     fi
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv

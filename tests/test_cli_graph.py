@@ -1,15 +1,24 @@
-"""`layerpipe graph`: table and JSON output, and one-line exit-2 errors without tracebacks."""
+"""`layerpipe graph`: table and JSON output, DOT and GraphML graph files, and one-line exit-2 errors."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerpipe.cli import main
+from layerpipe.costs import MacsModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.network import Network, NetworkBuilder, to_dot, to_graphml
+from layerpipe.network._ops import Add, Linear
+from tests.strategies import networks
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "residual_mlp.yaml")
 
@@ -71,7 +80,8 @@ def test_subprocess_table() -> None:
 def test_help(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["graph", "--help"])
-    assert info.value.code == 0 and "--format {table,json}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "--format {table,json,dot,graphml}" in out and "--level {training,network}" in out
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -88,7 +98,9 @@ def test_help(capsys) -> None:
     (["graph", "lenet5", "--overhead", "-1"], "overhead must be >= 0, got -1"),
     (["graph", "lenet5", "--bogus"], "unrecognized arguments: --bogus"),
     (["graph"], "the following arguments are required: network"),
-    (["graph", "no/such/file.yaml"], "cannot read network file no/such/file.yaml"),
+    (["graph", "no/such/file.yaml"], "no/such/file.yaml"),
+    (["graph", "lenet5", "--level", "network"], "--level applies to --format dot or graphml, not 'table'"),
+    (["graph", "lenet5", "--format", "dot", "--level", "layers"], "argument --level: invalid choice: 'layers'"),
 ])
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str, capsys) -> None:
     assert main(args) == 2
@@ -103,3 +115,80 @@ def test_subprocess_bad_input_has_no_traceback() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "layerpipe: error: unknown network 'resnet51'; allowed: lenet5, alexnet, vgg16, resnet18, " \
                           "resnet50, mlp:W0-W1-..., FILE.yaml\n"
+
+
+# --- graph files ------------------------------------------------------------------------------------------
+
+
+def _graphviz_json(dot_text: str) -> dict:
+    """Graphviz's own parse of a DOT text (dot -Tjson): the real reader, not a regex."""
+    proc = subprocess.run(["dot", "-Tjson"], input=dot_text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _same_multigraph(read: nx.MultiDiGraph, graph: nx.MultiDiGraph) -> None:
+    """`read` (from a file, nodes named by label) has exactly `graph`'s nodes, edges and attributes."""
+    label = {v: d["label"] for v, d in graph.nodes(data=True)}
+    assert list(read.nodes) == [label[v] for v in graph.nodes]
+    for v, data in graph.nodes(data=True):
+        assert read.nodes[label[v]] == {k: x for k, x in data.items() if k != "label"}
+    expected = sorted((label[u], label[v], tuple(sorted(d.items()))) for u, v, d in graph.edges(data=True))
+    got = sorted((u, v, tuple(sorted(d.items()))) for u, v, d in read.edges(data=True))
+    assert got == expected
+    # networkx's reader adds empty node/edge defaults GraphML had no <default> for
+    assert {k: v for k, v in read.graph.items() if k not in ("node_default", "edge_default")} == graph.graph
+
+
+@settings(max_examples=25, deadline=None)
+@given(networks(max_layers=6), st.booleans(), st.booleans(), st.sampled_from(["stash", "latest"]))
+def test_graphml_round_trips_every_training_graph(net: Network, intra: bool, inter: bool, mode: str) -> None:
+    graph = build_training_graph(net, GraphOptions(intra, inter, mode)).to_networkx(MacsModel())
+    read = nx.read_graphml(io_text(to_graphml(graph)), force_multigraph=True)
+    _same_multigraph(read, graph)
+
+
+@settings(max_examples=25, deadline=None)
+@given(networks(max_layers=6))
+def test_graphml_round_trips_every_network(net: Network) -> None:
+    graph = net.to_networkx()
+    _same_multigraph(nx.read_graphml(io_text(to_graphml(graph)), force_multigraph=True), graph)
+
+
+def io_text(text: str) -> io.BytesIO:
+    return io.BytesIO(text.encode())
+
+
+@settings(max_examples=8, deadline=None)
+@given(networks(max_layers=5), st.booleans())
+def test_dot_is_read_by_graphviz_with_every_node_and_edge(net: Network, fused: bool) -> None:
+    options = GraphOptions.pipedream() if fused else GraphOptions()
+    dfg = build_training_graph(net, options)
+    doc = _graphviz_json(to_dot(dfg.to_networkx(MacsModel())))
+    names = [o["name"] for o in doc.get("objects", [])]
+    assert names == [str(t) for t in dfg.tasks]
+    assert len(doc.get("edges", [])) == len(dfg.edges)  # parallel edges stay distinct
+    loops = [e for e in doc.get("edges", []) if e.get("style") == "dashed"]
+    assert len(loops) == sum(e.delay > 0 for e in dfg.edges)
+
+
+def test_dot_quotes_names_graphviz_would_split() -> None:
+    # '.', '-' and digits first are legal layer names; unquoted DOT would read `conv-1.a` as several tokens.
+    net = (NetworkBuilder('odd "net"', [4]).add("1st-layer.a", Linear(4, "relu"))
+           .add("b", Linear(4)).add("sum", Add(), ["1st-layer.a", "b"]).add("out", Linear(2)).build())
+    doc = _graphviz_json(to_dot(net.to_networkx()))
+    assert [o["name"] for o in doc["objects"]] == ["input", "1st-layer.a", "b", "sum", "out"]
+    assert doc["name"] == 'odd "net"'
+    assert len(doc["edges"]) == 5
+
+
+def test_cli_writes_dot_and_graphml_files(tmp_path: Path) -> None:
+    dot, graphml = tmp_path / "g.dot", tmp_path / "g.graphml"
+    assert main(["graph", EXAMPLE, "--format", "dot", "-o", str(dot)]) == 0
+    assert main(["graph", EXAMPLE, "--format", "graphml", "--level", "network", "-o", str(graphml)]) == 0
+    net_graph = nx.read_graphml(graphml, force_multigraph=True)
+    assert net_graph.graph["batch"] == 1 and "input" in net_graph
+    assert _graphviz_json(dot.read_text())["name"] == "residual_mlp"
+    first = dot.read_bytes()
+    assert main(["graph", EXAMPLE, "--format", "dot", "-o", str(dot)]) == 0
+    assert dot.read_bytes() == first  # same inputs, same bytes

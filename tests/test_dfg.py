@@ -204,3 +204,45 @@ def test_invariants_on_random_chains_and_dags(net: Network, options: GraphOption
         if e.role in ("activation", "error"):
             producer = e.src.layer if e.role == "activation" else e.dst.layer
             assert e.words == net.batch * net.layer(producer).out_size
+
+
+# --- the networkx view ----------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(networks(max_layers=8), st.sampled_from(list(VARIANTS.values())), st.sampled_from(["stash", "latest", "ema"]))
+def test_to_networkx_carries_every_task_and_edge(net: Network, options: GraphOptions, mode: str) -> None:
+    import networkx as nx
+
+    from layerpipe.costs import PEModel
+
+    options = GraphOptions(options.intra, options.inter, mode)
+    graph = build_training_graph(net, options)
+    model = PEModel(lanes=4, overhead=1)
+    g = graph.to_networkx(model)
+    assert list(g.nodes) == list(graph.tasks)
+    costs = graph.costs(model)
+    assert all(g.nodes[t] == {"layer": t.layer, "kind": t.kind, "label": str(t), "cost": costs[t]} for t in g)
+    edges = Counter((u, v, d["words"], d["delay"], d["role"]) for u, v, d in g.edges(data=True))
+    assert edges == Counter((e.src, e.dst, e.words, e.delay, e.role) for e in graph.edges)
+    # The order is a topological order of the delay-0 edges, and networkx agrees the rest is a DAG.
+    order = {t: i for i, t in enumerate(graph.intra_iteration_order())}
+    assert all(order[e.src] < order[e.dst] for e in graph.edges if e.delay == 0)
+    zero = nx.MultiDiGraph([(u, v) for u, v, d in g.edges(data=True) if d["delay"] == 0])
+    assert nx.is_directed_acyclic_graph(zero)
+    g.remove_node(graph.tasks[0])  # a copy: the training graph is untouched
+    assert graph.to_networkx().number_of_nodes() == len(graph.tasks)
+
+
+def test_network_to_networkx_by_hand() -> None:
+    net = load_network("resnet18")
+    g = net.to_networkx()
+    assert g.number_of_nodes() == len(net) + 1 and g.nodes[0]["kind"] == "input"
+    assert g.number_of_edges() == sum(len(layer.inputs) for layer in net.layers)
+    adds = [v for v, d in g.nodes(data=True) if d["kind"] == "add"]
+    assert len(adds) == 8 and all(g.in_degree(v) == 2 for v in adds)
+    for layer in net.layers:
+        assert g.nodes[layer.index]["weights"] == layer.weight_count
+        for src in layer.inputs:
+            words = net.batch * (net.input_size if src == 0 else net.layer(src).out_size)
+            assert next(d["words"] for d in g.get_edge_data(src, layer.index).values()) == words

@@ -1,8 +1,14 @@
-"""`layerpipe graph NETWORK`: layers, tasks and costs of a network's training graph."""
+"""`layerpipe graph NETWORK`: layers, tasks and costs of a network's training graph.
+
+`--format table|json` describe the layers and their task costs; `--format dot|graphml` write the graph
+itself for Graphviz or Gephi, at `--level training` (the DFG of one iteration: tasks with costs, edges
+with words, delays and roles; the default) or `--level network` (the layer DAG with shapes and words).
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from layerpipe.commands._common import (
     add_cost_args,
@@ -15,7 +21,17 @@ from layerpipe.commands._common import (
     to_json,
 )
 from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
 from layerpipe.network import load_network
+
+if TYPE_CHECKING:
+    from layerpipe.costs import CostModel
+    from layerpipe.dfg import TrainingGraph
+    from layerpipe.network import Network
+
+
+FORMATS = ("table", "json", "dot", "graphml")
+LEVELS = ("training", "network")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_network_args(p)
     add_cost_args(p)
     add_split_args(p)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=FORMATS, default="table",
+                   help="table or json (layers and task costs), dot or graphml (the graph, for Graphviz/Gephi)")
+    p.add_argument("--level", choices=LEVELS, default=None,
+                   help="with dot/graphml: the training graph (tasks, default) or the network (layers)")
     add_output_arg(p)
     p.set_defaults(handler=run)
 
@@ -33,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
     net = load_network(args.network, args.batch)
     model = cost_model_from_args(args, net)
     graph = build_training_graph(net, GraphOptions(intra=not args.no_intra, inter=not args.no_inter))
+    if args.format in ("dot", "graphml"):
+        return _write_graph(args, net, graph, model)
+    if args.level is not None:
+        raise InputError(f"--level applies to --format dot or graphml, not '{args.format}'")
     costs = graph.costs(model)
     layers = []
     for layer in net.layers:
@@ -67,4 +90,14 @@ def run(args: argparse.Namespace) -> int:
     head = (f"{net.name}: {len(net)} layers, {len(graph.tasks)} tasks, batch {net.batch}, "
             f"cost model {model.name}, {sum(costs.values())} cycles per iteration\n")
     emit(head + format_table(headers, rows), args.output)
+    return 0
+
+
+def _write_graph(args: argparse.Namespace, net: Network, graph: TrainingGraph, model: CostModel) -> int:
+    from layerpipe.network import to_dot, to_graphml
+
+    nx_graph = net.to_networkx() if args.level == "network" else graph.to_networkx(model)
+    if args.level != "network":
+        nx_graph.graph["cost_model"] = model.name
+    emit(to_dot(nx_graph) if args.format == "dot" else to_graphml(nx_graph), args.output)
     return 0

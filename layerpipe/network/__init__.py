@@ -7,6 +7,7 @@ first use (PEP 562 `__getattr__`): every CLI start imports this package, and PyY
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from layerpipe.network._export import to_dot, to_graphml
 from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
 from layerpipe.network._load import load_network
 from layerpipe.network._ops import (
@@ -59,5 +60,7 @@ __all__ = [
     "parse_yaml_network",
     "resnet18",
     "resnet50",
+    "to_dot",
+    "to_graphml",
     "vgg16",
 ]

@@ -124,21 +124,23 @@ class Network:
     def to_networkx(self) -> nx.MultiDiGraph:
         """The layer DAG as a networkx multigraph: node 0 is the input, nodes 1..L the layers (layer order).
 
-        Node attributes: `name`, `kind` (layer type, "input" for node 0), `activation`, `out_shape` (a
-        string like "16x8x8", so GraphML can hold it), `out_words` (activation words per micro-batch),
-        `weights` (|W_l|) and `macs` (forward MACs per micro-batch). An edge src → layer carries `words`,
-        the activation words that cross it per micro-batch; an `add` fed twice by one layer has two edges.
+        Node attributes: `name` (also as `label`, the id graph files use), `kind` (layer type, "input" for
+        node 0), `activation`, `out_shape` (a string like "16x8x8", so GraphML can hold it), `out_words`
+        (activation words per micro-batch), `weights` (|W_l|) and `macs` (forward MACs per micro-batch).
+        An edge src → layer carries `words`, the activation words that cross it per micro-batch; an `add`
+        fed twice by one layer has two edges.
         """
         import networkx as nx  # ~0.1 s of import: only when asked for, not at every CLI start
 
         graph = nx.MultiDiGraph(name=self.name, batch=self.batch)
-        graph.add_node(INPUT, name="input", kind="input", activation="identity",
+        graph.add_node(INPUT, label="input", name="input", kind="input", activation="identity",
                        out_shape="x".join(map(str, self.input_shape)), out_words=self.batch * self.input_size,
                        weights=0, macs=0)
         for layer in self.layers:
-            graph.add_node(layer.index, name=layer.name, kind=layer.kind, activation=layer.activation,
-                           out_shape="x".join(map(str, layer.out_shape)), out_words=self.batch * layer.out_size,
-                           weights=layer.weight_count, macs=self.batch * layer.forward_macs)
+            graph.add_node(layer.index, label=layer.name, name=layer.name, kind=layer.kind,
+                           activation=layer.activation, out_shape="x".join(map(str, layer.out_shape)),
+                           out_words=self.batch * layer.out_size, weights=layer.weight_count,
+                           macs=self.batch * layer.forward_macs)
         for layer in self.layers:
             for src in layer.inputs:
                 graph.add_edge(src, layer.index, words=graph.nodes[src]["out_words"])
