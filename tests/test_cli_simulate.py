@@ -43,10 +43,11 @@ def test_synchronous_policy_fixed_point_with_links(tmp_path, capsys):
     out = tmp_path / "sync"
     code, _, err = run_cli(capsys, "simulate", "mlp:8-6-5-4", "--policy", "1f1b", "-n", "2", "--samples", "6",
                            "--microbatches", "4", "--functional", "fixed", "--lr", "0.0625",
-                           "--link-latency", "3", "--link-words-per-cycle", "2", "--out", out)
+                           "--interconnect", "links:3:2", "--out", out)
     assert code == 0, err
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["interconnect"] == "links" and metrics["link_latency_cycles"] == 3
+    assert metrics["interconnect_spec"] == "links:3:2"
     assert metrics["fixed_format"] == "q16.8"
     final = np.load(out / "final.npz")
     assert final["W1"].dtype == np.int64
@@ -61,14 +62,15 @@ GPIPE_CSV = "# layerpipe schedule v1 level=stage procs=2 synchronous microbatche
 def test_stage_level_csv_with_stage_costs(tmp_path, capsys):
     csv = tmp_path / "gpipe.csv"
     csv.write_text(GPIPE_CSV)
-    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", tmp_path / "g")
+    code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0",
+                           "--interconnect", "shared", "--out", tmp_path / "g")
     assert code == 0, err
     metrics = json.loads((tmp_path / "g" / "metrics.json").read_text())
     assert metrics["total_cycles"] == 9 and metrics["bubble_cycles"] == [3, 0]  # see tests/test_sim.py
     torch_csv = tmp_path / "torch.csv"
     torch_csv.write_text("0F0,0F1,0B0,0B1\r\n,1F0,1F1,1B0,1B1\r\n")
     code, _, err = run_cli(capsys, "simulate", "--schedule", torch_csv, "--stage-costs", "1,2,0",
-                           "--out", tmp_path / "t")
+                           "--interconnect", "shared", "--out", tmp_path / "t")
     assert code == 0, err
     assert json.loads((tmp_path / "t" / "metrics.json").read_text())["total_cycles"] == 9
 
@@ -82,7 +84,10 @@ def test_stage_level_csv_with_stage_costs(tmp_path, capsys):
     (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--functional", "fixed", "--frac-bits", "16"],
      "frac_bits must be an integer in"),
     (["--schedule", "GOOD"], "needs --stage-costs"),
-    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--shared-memory", "--link-latency", "2"], "exclude"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--shared-memory"],
+     "--shared-memory is gone; give --interconnect"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--link-latency", "2"], "--link-latency is gone"),
+    (["mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--interconnect", "links:1:1/0"], "divides by zero"),
     (["mlp:4-3-2", "--policy", "nope", "-n", "2"], "unknown policy 'nope'"),
 ])
 def test_bad_input_exits_2_with_one_line_and_leaves_dir_alone(tmp_path, capsys, argv, message):

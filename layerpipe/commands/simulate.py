@@ -1,7 +1,7 @@
 """`layerpipe simulate`: time a schedule cycle by cycle, optionally run its numerics, write the results.
 
     layerpipe simulate NETWORK --policy NAME -n N --samples T [--functional float64|fixed] [--mode stash|latest|ema]
-        [--lr LR] [--link-latency C --link-words-per-cycle W | --shared-memory] [--seed S] [--cost-model ...] --out DIR
+        [--lr LR] [--interconnect SPEC] [--seed S] [--cost-model ...] --out DIR
     layerpipe simulate --schedule FILE.csv --stage-costs F,B,W --out DIR            (stage-level, no network)
     layerpipe simulate NETWORK --schedule FILE.csv --out DIR                        (layer-level schedule file)
 
@@ -26,10 +26,11 @@ import numpy as np
 from layerpipe._files import owns_names, read_text_limited, staged_folder
 from layerpipe.commands._common import (
     add_cost_args,
+    add_interconnect_arg,
     add_network_args,
     cost_model_from_args,
+    interconnect_from_args,
     make_parent,
-    non_negative_int,
     positive_int,
     replaceable_folder,
     to_json,
@@ -68,15 +69,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--total-bits", type=int, default=16, help="fixed point: total bits n (default 16)")
     p.add_argument("--frac-bits", type=int, default=8, help="fixed point: fraction bits f (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data (default 0)")
-    links = p.add_argument_group("interconnect (default: shared memory)")
-    links.add_argument("--shared-memory", action="store_true", help="data arrives when its producer ends")
-    links.add_argument("--link-latency", type=non_negative_int("--link-latency"), default=None,
-                       help="point-to-point links: cycles from leaving a link to arrival")
-    links.add_argument("--link-words-per-cycle", type=_positive_float("--link-words-per-cycle"), default=None,
-                       help="point-to-point links: words per cycle of one link (default 1)")
+    for gone in ("--shared-memory", "--link-latency", "--link-words-per-cycle"):
+        p.add_argument(gone, nargs=0 if gone == "--shared-memory" else None, action=_Gone, help=argparse.SUPPRESS)
     add_policy_option_args(p)
     add_network_args(p)
     add_cost_args(p)
+    add_interconnect_arg(p)
     p.add_argument("--out", required=True,
                    type=replaceable_folder("metrics.json", "layerpipe simulate output", SIM_OUTPUTS),
                    help="output directory (new, empty or an earlier run's; replaced atomically)")
@@ -96,15 +94,23 @@ def _positive_float(field: str) -> Callable[[str], float]:
     return parse
 
 
+class _Gone(argparse.Action):
+    """The interconnect flags before `--interconnect`: one line naming the spelling that replaced them."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+        raise InputError(f"{option_string} is gone; give --interconnect shared, links:LATENCY:WORDS_PER_CYCLE, "
+                         "bus:LATENCY:WORDS_PER_CYCLE or rtl")
+
+
 def sim_config(args: argparse.Namespace) -> SimConfig:
+    """The simulator's configuration: the weight mode and the interconnect (`rtl` at the cost model's lanes)."""
     if args.mode not in MODES:
         raise InputError(f"--mode '{args.mode}' is not one of {', '.join(MODES)}")
-    use_links = args.link_latency is not None or args.link_words_per_cycle is not None
-    if use_links and args.shared_memory:
-        raise InputError("--shared-memory and --link-latency/--link-words-per-cycle exclude each other")
-    if not use_links:
-        return SimConfig(mode=args.mode)
-    return SimConfig.links(args.link_latency or 0, args.link_words_per_cycle or 1, args.mode)
+    if args.schedule is not None and args.stage_costs is not None and args.network is None:
+        model = None  # stage-level costs: no cost model, `rtl` means one lane
+    else:
+        model = cost_model_from_args(args)
+    return SimConfig.of(interconnect_from_args(args, model), args.mode)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,10 +170,11 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     network = load_network(args.network, args.batch)
     model = cost_model_from_args(args)
     options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
-    result = make_schedule(args.policy, network, args.num_procs, model, options)
+    result = make_schedule(args.policy, network, args.num_procs, model, options, config.model)
     samples = args.samples or 8 * network.batch
     schedule, workload = policy_ops(result, network, model, -(-samples // network.batch), config.mode)
     info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
+            "interconnect": result.interconnect.spec,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
     return schedule, workload, network, info
 
