@@ -275,3 +275,53 @@ def test_iteration_bound_certificate_on_larger_graphs(graph: TimedGraph) -> None
     if result.bound > 0:  # any λ' < λ is beaten by the critical cycle
         tighter = (q * 1000) * graph.times[graph.src] - (p * 1000 - 1) * graph.delays
         assert least_retiming(len(graph.nodes), graph.src, graph.dst, tighter) is None
+
+
+# --- the difference-constraint solver and the package's shape --------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(-3, 3)), max_size=7))))
+def test_difference_constraints_give_the_least_solution(case: tuple[int, list[tuple[int, int, int]]]) -> None:
+    from layerpipe.retiming import solve_difference_constraints
+
+    n, rows = case
+    src, dst, bound = ([r[k] for r in rows] for k in range(3))
+    r = solve_difference_constraints(n, src, dst, bound)
+    # Any feasible system has its least solution within [0, Σ positive bounds]: brute force that box.
+    top = sum(b for b in bound if b > 0)
+    feasible = [x for x in itertools.product(range(top + 1), repeat=n)
+                if all(x[v] >= x[u] + b for u, v, b in rows)]
+    if not feasible:
+        assert r is None
+        return
+    assert r is not None
+    least = tuple(min(x[i] for x in feasible) for i in range(n))
+    assert tuple(r.tolist()) == least and least in feasible
+
+
+def test_retiming_package_has_no_import_circle_and_no_local_imports_of_itself() -> None:
+    import ast
+    from pathlib import Path
+
+    import networkx as nx
+
+    import layerpipe.retiming
+
+    folder = Path(layerpipe.retiming.__file__).parent
+    imports = nx.DiGraph()
+    for path in sorted(folder.glob("*.py")):
+        module = f"layerpipe.retiming.{path.stem}" if path.stem != "__init__" else "layerpipe.retiming"
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("layerpipe.retiming"):
+                imports.add_edge(module, node.module)
+        for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            local = [n.module for n in ast.walk(func) if isinstance(n, ast.ImportFrom) and n.module]
+            assert not [m for m in local if m.startswith("layerpipe")], f"{path.name}: {func.name} imports {local}"
+    assert nx.is_directed_acyclic_graph(imports), list(nx.simple_cycles(imports))
+    assert imports.number_of_edges() >= 4  # the face imports its three layers, _delays the Leiserson–Saxe core
+    for old in ("layerpipe._gradient_delays", "layerpipe._cycle_ratio"):
+        with pytest.raises(ModuleNotFoundError):
+            __import__(old)
