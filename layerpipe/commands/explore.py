@@ -19,9 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-staleness", type=int_list("--max-staleness", minimum=0),
                    help="staleness bounds for the layerpipe policy, e.g. 1,2,4")
     p.add_argument("--lanes", type=int_list("--lanes"), help="MAC lanes per processor (pe/rtl cost models)")
-    p.add_argument("--link-latency", type=int_list("--link-latency", minimum=0), help="link latency, cycles")
-    p.add_argument("--link-words-per-cycle", type=int_list("--link-words-per-cycle", minimum=0),
-                   help="link bandwidth, words per cycle (0 = shared memory)")
+    p.add_argument("--interconnect", dest="interconnects", default=None, metavar="SPEC[,SPEC...]",
+                   help="interconnects to sweep, comma-separated: shared, links:L:W, bus:L:W, rtl (default rtl)")
+    p.add_argument("--max-traffic", dest="max_traffic", default=None, metavar="WORDS[,WORDS...]",
+                   help="layerpipe: bounds on words per sample, to trace the cycles-vs-traffic front")
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
     p.add_argument("--cost-model", default="pe", help="macs, pe, rtl (default pe)")
     p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
@@ -47,9 +48,12 @@ def _spec(args: argparse.Namespace):
     if not args.num_procs:
         raise InputError("explore needs -n (processor counts), e.g. -n 2,4,8")
     kw = {}
-    for name in ("lanes", "link_latency", "link_words_per_cycle"):
-        if getattr(args, name):
-            kw[name] = tuple(getattr(args, name))
+    if args.lanes:
+        kw["lanes"] = tuple(args.lanes)
+    if args.interconnects is not None:
+        kw["interconnects"] = tuple(s.strip() for s in args.interconnects.split(",") if s.strip())
+    if args.max_traffic is not None:
+        kw["max_traffic"] = tuple(_words(s) for s in args.max_traffic.split(","))
     if args.max_staleness:
         kw["max_staleness"] = tuple(args.max_staleness)
     policies = tuple((args.policies if args.policies is not None else "layerpipe,pipedream").split(","))
@@ -57,16 +61,32 @@ def _spec(args: argparse.Namespace):
                      cost_model=args.cost_model, area=args.area, **kw)
 
 
+def _words(text: str) -> float:
+    from layerpipe.errors import InputError
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise InputError(f"--max-traffic takes words per sample >= 0 (the least any placement needs is 0: every "
+                         f"task on one processor), got '{text}'")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from layerpipe.dse import COLUMNS, ResultsFile, run_sweep, save_pareto
     from layerpipe.dse._evaluate import check_points
+    from layerpipe.dse._pareto import check_pareto_dir
 
     spec = _spec(args)
     check_points(spec.points())  # bad network/policy names fail before any work
+    out_dir = Path(args.pareto_dir) if args.pareto_dir else Path(args.out).parent
+    ResultsFile(args.out).check(spec.sweep_id)  # another sweep's file, or not a results file: refused
+    check_pareto_dir(out_dir, spec.sweep_id, COLUMNS)  # never over files of the user's or of another sweep
     summary = run_sweep(spec, args.out, jobs=args.jobs, scheduler=args.scheduler, resume=args.resume,
                         progress=not args.no_progress)
     rows = ResultsFile(args.out).read_rows()
-    out_dir = Path(args.pareto_dir) if args.pareto_dir else Path(args.out).parent
     files = save_pareto(rows, out_dir, COLUMNS)
     rate = summary.evaluated_points / summary.seconds if summary.seconds > 0 else 0.0
     print(f"{summary.total_points} points ({summary.skipped_points} resumed, {summary.evaluated_points} evaluated, "

@@ -1,8 +1,8 @@
 """Evaluate one design point: schedule it, simulate it, and (optionally) synthesise its RTL.
 
 The scheduler gives the period, bounds, staleness and versions; the cycle-accurate simulator gives the
-cycles per sample under the point's interconnect (shared memory, or links of the given latency and
-bandwidth) and the peak memory per processor. Area comes from the RTL synthesis flow for MLP points.
+cycles per sample on the point's interconnect (the one the schedule was planned on: `layerpipe.interconnect`)
+and the peak memory per processor. Area comes from the RTL synthesis flow for MLP points.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from layerpipe.costs import make_cost_model
 from layerpipe.dse._sweep import DesignPoint
 from layerpipe.errors import InputError
+from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 
 #: Iterations simulated per point: enough for several steady-state periods after the prologue.
@@ -58,13 +59,14 @@ def evaluate_point(point: DesignPoint, area: bool = False) -> dict[str, object]:
 
     network = load_network(point.network, point.batch)
     model = make_cost_model(point.cost_model, lanes=point.lanes)
-    given = {"max_staleness": point.max_staleness} if point.max_staleness is not None else {}
-    result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given))
+    given: dict[str, object] = {"max_staleness": point.max_staleness} if point.max_staleness is not None else {}
+    if point.max_traffic is not None:
+        given["max_traffic"] = point.max_traffic
+    interconnect = parse_interconnect(point.interconnect, lanes=getattr(model, "lanes", None) or 1)
+    result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given),
+                           interconnect)
     m = result.metrics
-    if point.link_words_per_cycle > 0:
-        config = SimConfig.links(point.link_latency, point.link_words_per_cycle)
-    else:
-        config = SimConfig()
+    config = SimConfig.of(interconnect)
     iterations = simulated_iterations(result)
     sim = simulate_policy_result(result, network, model, iterations, config)
     row: dict[str, object] = {
@@ -73,8 +75,8 @@ def evaluate_point(point: DesignPoint, area: bool = False) -> dict[str, object]:
         "policy": point.policy,
         "max_staleness_bound": point.max_staleness,
         "lanes": point.lanes,
-        "link_latency_cycles": point.link_latency,
-        "link_words_per_cycle": point.link_words_per_cycle,
+        "interconnect": interconnect.spec,
+        "max_traffic_bound": point.max_traffic,
         "batch": point.batch,
         "cost_model": point.cost_model,
         "cycles_per_sample": round(sim.cycles_per_sample, 3),

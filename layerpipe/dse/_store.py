@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from layerpipe._files import write_atomic
+from layerpipe._files import read_bytes_limited, write_atomic
 from layerpipe.errors import InputError
 
 #: Result columns, with units in their names. Stable: downstream scripts read these.
@@ -28,8 +28,8 @@ COLUMNS: tuple[str, ...] = (
     "policy",
     "max_staleness_bound",
     "lanes",
-    "link_latency_cycles",
-    "link_words_per_cycle",
+    "interconnect",
+    "max_traffic_bound",
     "batch",
     "cost_model",
     "cycles_per_sample",
@@ -45,6 +45,10 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+#: Largest results file read back (a million points is about 300 MB).
+MAX_RESULTS_BYTES = 1 << 30
+
+
 def _line(row: dict[str, object]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow([_cell(row.get(c)) for c in COLUMNS])
@@ -52,10 +56,14 @@ def _line(row: dict[str, object]) -> str:
 
 
 def _cell(value: object) -> str:
+    """Exact text of a value: a float as its shortest round-trip repr (24720992.0 → '24720992', never the
+    6-digit '2.4721e+07' that lost data, issue 12 item 4), so a reader gets back the very number written."""
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.6g}"
+        if value.is_integer() and abs(value) < 2**53:
+            return str(int(value))
+        return repr(value)
     return str(value)
 
 
@@ -69,16 +77,27 @@ class ResultsFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
+    def check(self, sweep_id: str) -> list[dict[str, str]]:
+        """Before any work: an existing --out must be a results file of this sweep (or hold no rows yet).
+
+        A file belongs to one sweep (every row's `sweep_id` says which); another file, or another sweep's, is
+        refused with one line rather than overwritten or mixed (issue 12 item 4)."""
+        if not self.path.exists():
+            return []
+        rows = self.read_rows()
+        other = {r["sweep_id"] for r in rows} - {sweep_id}
+        if other:
+            raise InputError(f"--out {self.path} holds results of a different sweep (sweep_id {sorted(other)[0]}, "
+                             f"this sweep is {sweep_id}); one file holds one sweep: give another --out")
+        return rows
+
     def start(self, sweep_id: str, resume: bool) -> set[int]:
         """Prepare the file; returns the point indices already done (resume) or an empty set."""
+        self.check(sweep_id)
         if resume and self.path.exists():
             rows = self.read_rows(truncate_torn=True)
-            other = {r["sweep_id"] for r in rows} - {sweep_id}
-            if other:
-                raise InputError(f"--resume: {self.path} holds results of a different sweep "
-                                 f"(sweep_id {sorted(other)[0]}, this sweep is {sweep_id})")
             return {int(r["point_index"]) for r in rows}
-        write_atomic(self.path, header())
+        write_atomic(self.path, header())  # this sweep's own file, run again from the start
         return set()
 
     def append(self, row: dict[str, object]) -> None:
@@ -91,17 +110,26 @@ class ResultsFile:
             os.close(fd)
 
     def read_rows(self, truncate_torn: bool = False) -> list[dict[str, str]]:
-        raw = self.path.read_bytes()
+        raw = read_bytes_limited(self.path, "results file", MAX_RESULTS_BYTES)
         if not raw.startswith(header().encode()):
-            raise InputError(f"{self.path}: not a layerpipe results file (header differs)")
+            raise InputError(f"{self.path} exists and is not a layerpipe results file (its header differs); "
+                             "give a new --out or the results file of this sweep")
         if not raw.endswith(b"\n"):  # a torn last line from a killed run: drop it
             cut = raw.rfind(b"\n") + 1
             raw = raw[:cut]
             if truncate_torn:
                 with open(self.path, "r+b") as fh:
                     fh.truncate(cut)
-        reader = csv.DictReader(io.StringIO(raw.decode()))
-        return list(reader)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"results file {self.path}: not UTF-8 text (byte {exc.start})") from None
+        rows = list(csv.DictReader(io.StringIO(text)))
+        for number, row in enumerate(rows, start=2):
+            if None in row or not row.get("point_index", "").isdigit():
+                raise InputError(f"results file {self.path}: line {number} is not a row of {len(COLUMNS)} "
+                                 "columns with a point_index")
+        return rows
 
     def finalize(self) -> None:
         """Rewrite in point order (deterministic bytes), one row per point (last wins)."""

@@ -1,9 +1,10 @@
 """Sweep specifications: the design space of `layerpipe explore`, and its points.
 
-A sweep is the cartesian product networks × num_procs × policies × max_staleness × lanes × link
-parameters, given as CLI flags or a versioned YAML file. Options that do not apply to a policy are not
-multiplied in for it (PipeDream has no staleness bound, so it gets one point per (network, N, lanes, link)
-instead of one per bound). Every point has a stable `point_id` (its parameters as text), and the sweep a
+A sweep is the cartesian product networks × num_procs × policies × max_staleness × max_traffic × lanes ×
+interconnects (`layerpipe.interconnect` specs), given as CLI flags or a versioned YAML file. Options that do
+not apply to a policy are not multiplied in for it (PipeDream has no staleness or traffic bound, so it gets
+one point per (network, N, lanes, interconnect) instead of one per bound). Every point has a stable
+`point_id` (its parameters as text), and the sweep a
 `sweep_id` (a hash of its normalised spec) that `--resume` checks against the results file.
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 
 from layerpipe.errors import InputError
 
-#: Policies whose schedules take a staleness bound.
+#: Policies whose schedules take a staleness bound, and those that take a bound on words per sample.
 STALENESS_POLICIES = frozenset({"layerpipe"})
+TRAFFIC_POLICIES = frozenset({"layerpipe"})
 
 #: Cost models a sweep can use: each point builds its model from its own `lanes` (no profile file to give).
 SWEEP_COST_MODELS = ("macs", "pe", "rtl")
@@ -33,8 +35,8 @@ class DesignPoint:
     policy: str
     max_staleness: int | None = None
     lanes: int = 64
-    link_latency: int = 0
-    link_words_per_cycle: int = 0  #: 0 = shared memory (no link cost)
+    interconnect: str = "rtl"  #: an interconnect spec (`rtl` resolves at the point's lanes)
+    max_traffic: float | None = None  #: bound on words per sample (layerpipe), None: unbounded
     batch: int = 1
     cost_model: str = "pe"
 
@@ -51,16 +53,15 @@ class SweepSpec:
     policies: tuple[str, ...]
     max_staleness: tuple[int | None, ...] = (None,)
     lanes: tuple[int, ...] = (64,)
-    link_latency: tuple[int, ...] = (0,)
-    link_words_per_cycle: tuple[int, ...] = (0,)
+    interconnects: tuple[str, ...] = ("rtl",)
+    max_traffic: tuple[float | None, ...] = (None,)
     batch: int = 1
     cost_model: str = "pe"
     area: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("networks", "num_procs", "policies", "max_staleness", "lanes", "link_latency",
-                     "link_words_per_cycle"):
+        for name in ("networks", "num_procs", "policies", "max_staleness", "lanes", "interconnects", "max_traffic"):
             if not getattr(self, name):
                 raise InputError(f"sweep is empty: '{name}' has no values")
         for n in self.num_procs:
@@ -69,9 +70,13 @@ class SweepSpec:
         for v in self.lanes:
             if v < 1:
                 raise InputError(f"sweep lanes must be >= 1, got {v}")
-        for v in (*self.link_latency, *self.link_words_per_cycle):
-            if v < 0:
-                raise InputError(f"sweep link parameters must be >= 0, got {v}")
+        from layerpipe.interconnect import parse_interconnect
+
+        for spec in self.interconnects:
+            parse_interconnect(spec, lanes=1, field="sweep interconnects")
+        for t in self.max_traffic:
+            if t is not None and not 0 <= t < float("inf"):
+                raise InputError(f"sweep max_traffic must be >= 0 words per sample, got {t}")
         for s in self.max_staleness:
             if s is not None and s < 0:
                 raise InputError(f"sweep max_staleness must be >= 0, got {s}")
@@ -86,11 +91,12 @@ class SweepSpec:
             for n in self.num_procs:
                 for policy in self.policies:
                     bounds = self.max_staleness if policy in STALENESS_POLICIES else (None,)
+                    traffic = self.max_traffic if policy in TRAFFIC_POLICIES else (None,)
                     for bound in bounds:
-                        for lanes in self.lanes:
-                            for lat in self.link_latency:
-                                for wpc in self.link_words_per_cycle:
-                                    p = DesignPoint(net, n, policy, bound, lanes, lat, wpc, self.batch,
+                        for words in traffic:
+                            for lanes in self.lanes:
+                                for ic in self.interconnects:
+                                    p = DesignPoint(net, n, policy, bound, lanes, ic, words, self.batch,
                                                     self.cost_model)
                                     if p not in seen:
                                         seen.add(p)
@@ -112,8 +118,8 @@ SWEEP_KEYS: dict[str, str] = {
     "policies": "list of policy names",
     "max_staleness": "list of non-negative integers (or null for unbounded)",
     "lanes": "list of positive integers",
-    "link_latency": "list of non-negative integers (cycles)",
-    "link_words_per_cycle": "list of non-negative integers (0 = shared memory)",
+    "interconnects": "list of interconnect specs (shared, links:L:W, bus:L:W, rtl)",
+    "max_traffic": "list of non-negative numbers of words per sample (or null for unbounded)",
     "batch": "positive integer",
     "cost_model": ", ".join(SWEEP_COST_MODELS),
     "area": "true/false: add RTL synthesis figures (MLPs only)",
@@ -123,7 +129,7 @@ SWEEP_KEYS: dict[str, str] = {
 def _as_tuple(value: Any, key: str, kind: type) -> tuple:
     items = value if isinstance(value, list) else [value]
     for item in items:
-        if not (item is None and key == "max_staleness") and not isinstance(item, kind):
+        if not (item is None and key in ("max_staleness", "max_traffic")) and not isinstance(item, kind):
             raise InputError(f"sweep key '{key}' takes {SWEEP_KEYS[key]}, got {item!r}")
         if isinstance(item, bool) and kind is int:
             raise InputError(f"sweep key '{key}' takes {SWEEP_KEYS[key]}, got {item!r}")
@@ -154,9 +160,14 @@ def load_sweep_yaml(path: str | Path) -> SweepSpec:
         "num_procs": _as_tuple(doc["num_procs"], "num_procs", int),
         "policies": _as_tuple(doc["policies"], "policies", str),
     }
-    for key in ("max_staleness", "lanes", "link_latency", "link_words_per_cycle"):
+    for key in ("max_staleness", "lanes"):
         if key in doc:
             kwargs[key] = _as_tuple(doc[key], key, int)
+    if "interconnects" in doc:
+        kwargs["interconnects"] = _as_tuple(doc["interconnects"], "interconnects", str)
+    if "max_traffic" in doc:
+        kwargs["max_traffic"] = tuple(None if v is None else float(v)
+                                      for v in _as_tuple(doc["max_traffic"], "max_traffic", (int, float)))
     if "batch" in doc:
         if not isinstance(doc["batch"], int) or isinstance(doc["batch"], bool) or doc["batch"] < 1:
             raise InputError(f"sweep key 'batch' takes {SWEEP_KEYS['batch']}, got {doc['batch']!r}")
