@@ -6,7 +6,8 @@ and every stage holds at least one layer. Two spellings on the command line:
 
 - `0,0,1,2,2` — one stage per layer, in layer order;
 - `even:M`   — M stages of balanced forward cost, each a contiguous run of layers in layer (topological)
-  order, chosen by the linear-partition dynamic program that minimises the largest stage's F cost.
+  order, chosen by `partition_contiguous` (the project's one min-max contiguous partitioner, which the
+  pipeline policies use too) to minimise the largest stage's F cost.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from layerpipe.costs import CostModel, MacsModel, task_cost
 from layerpipe.errors import InputError
 from layerpipe.network import INPUT, Network
 
-__all__ = ["check_stage_map", "even_stages", "parse_stage_map", "stages_after"]
+__all__ = ["check_stage_map", "even_stages", "parse_stage_map", "partition_contiguous", "stages_after"]
 
 FIELD = "--stages"
 
@@ -61,36 +62,56 @@ def check_stage_map(stages: Sequence[int], network: Network) -> tuple[int, ...]:
 
 
 def even_stages(network: Network, num_stages: int, model: CostModel | None = None) -> tuple[int, ...]:
-    """M contiguous stages (layer order) minimising the largest stage's forward cost.
-
-    Linear partition by dynamic programming: best[k][i] is the smallest bottleneck of the first i layers
-    in k stages. Ties go to the earliest possible cut, so the answer is deterministic.
-    """
+    """M contiguous stages (layer order) minimising the largest stage's forward cost (`partition_contiguous`)."""
     layers = len(network)
     if not 1 <= num_stages <= layers:
         raise InputError(f"{FIELD}: even:M needs 1 <= M <= {layers} (the number of layers), got {num_stages}")
     model = model or MacsModel()
     cost = [task_cost(model, layer, "F", network.batch) for layer in network.layers]
-    prefix = [0]
-    for c in cost:
-        prefix.append(prefix[-1] + c)
-    inf = float("inf")
-    best = [[inf] * (layers + 1) for _ in range(num_stages + 1)]
-    cut = [[0] * (layers + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0
-    for k in range(1, num_stages + 1):
-        for i in range(k, layers - (num_stages - k) + 1):
-            for j in range(k - 1, i):  # the last stage is layers j+1..i
-                value = max(best[k - 1][j], prefix[i] - prefix[j])
-                if value < best[k][i]:
-                    best[k][i], cut[k][i] = value, j
     stages = [0] * layers
-    i = layers
-    for k in range(num_stages, 0, -1):
-        j = cut[k][i]
-        stages[j:i] = [k - 1] * (i - j)
-        i = j
+    for stage, run in enumerate(partition_contiguous(cost, num_stages)):
+        for i in run:
+            stages[i] = stage
     return tuple(stages)
+
+
+def partition_contiguous(weights: Sequence[int], parts: int) -> list[list[int]]:
+    """Split item indices 0..n−1 into `parts` non-empty contiguous runs minimising the heaviest run.
+
+    The one stage partitioner of the project: `even:M` stage maps and the pipeline policies (PipeDream's
+    stages, GPipe/1F1B's, the timeline partition) all cut with it. Bisection on the bottleneck B with a
+    greedy check (fill each run while it stays ≤ B: the linear-partition problem's classic O(n log Σw)
+    answer, as in PipeDream's planner's contiguous split), then runs are split until there are exactly
+    `parts` (splitting never raises the maximum). Deterministic: early runs take as much as B allows.
+    """
+    n = len(weights)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot split {n} items into {parts} non-empty parts")
+
+    def greedy(bound: int) -> list[list[int]]:
+        runs: list[list[int]] = [[]]
+        total = 0
+        for i, w in enumerate(weights):
+            if runs[-1] and total + w > bound:
+                runs.append([])
+                total = 0
+            runs[-1].append(i)
+            total += w
+        return runs
+
+    lo, hi = max(weights), sum(weights)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(greedy(mid)) <= parts:
+            hi = mid
+        else:
+            lo = mid + 1
+    runs = greedy(lo)
+    while len(runs) < parts:  # split the longest run (by item count) until there are enough
+        k = max(range(len(runs)), key=lambda r: (len(runs[r]), -r))
+        half = len(runs[k]) // 2
+        runs[k : k + 1] = [runs[k][:half], runs[k][half:]]
+    return runs
 
 
 def stages_after(stages: Sequence[int]) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ policies differ only in how they make the first two; the lags always come from `
 - `modulo_list_schedule` — placement and starts together, each task at its earliest fit after its
                     producers in a per-processor modulo reservation table (used under a staleness bound,
                     where how early the backward of a layer comes back matters, not only the load).
-- `partition_contiguous` — min-max split of a sequence into contiguous parts (stage partitioning).
+- `partition_contiguous` — min-max split of a sequence into contiguous parts (from `layerpipe.stages`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._comm import Comm, channel_timing
 from layerpipe.schedule._deps import layer_task_edges
 from layerpipe.schedule._ir import PeriodicSchedule, Slot
+from layerpipe.stages import partition_contiguous  # the one contiguous partitioner; re-exported for the policies
 
 
 @dataclass(frozen=True)
@@ -211,42 +212,6 @@ def _move(i: int, src: int, dst: int, weights: Sequence[int], proc: list[int], m
     load[src] -= weights[i]
     load[dst] += weights[i]
     proc[i] = dst
-
-
-def partition_contiguous(weights: Sequence[int], parts: int) -> list[list[int]]:
-    """Split item indices 0..n−1 into `parts` non-empty contiguous runs minimising the heaviest run.
-
-    Bisection on the bottleneck B with a greedy check (fill each run while it stays ≤ B), then runs are
-    split until there are exactly `parts` (splitting never raises the maximum). O(n log Σw).
-    """
-    n = len(weights)
-    if not 1 <= parts <= n:
-        raise ValueError(f"cannot split {n} items into {parts} non-empty parts")
-
-    def greedy(bound: int) -> list[list[int]]:
-        runs: list[list[int]] = [[]]
-        total = 0
-        for i, w in enumerate(weights):
-            if runs[-1] and total + w > bound:
-                runs.append([])
-                total = 0
-            runs[-1].append(i)
-            total += w
-        return runs
-
-    lo, hi = max(weights), sum(weights)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(greedy(mid)) <= parts:
-            hi = mid
-        else:
-            lo = mid + 1
-    runs = greedy(lo)
-    while len(runs) < parts:  # split the longest run (by item count) until there are enough
-        k = max(range(len(runs)), key=lambda r: (len(runs[r]), -r))
-        half = len(runs[k]) // 2
-        runs[k : k + 1] = [runs[k][:half], runs[k][half:]]
-    return runs
 
 
 # ------------------------------------------------------------------------------------ bodies and lags
