@@ -49,9 +49,14 @@ def atomic_work(layer: Layer, kind: str, batch: int) -> int:
 
 
 class CostModel(Protocol):
-    """Cycles of one atomic task; `name` identifies the model in reports."""
+    """Cycles of one atomic task; `name` identifies the model in reports.
 
-    name: str
+    `name` is a read-only property here: the models are frozen dataclasses, whose fields a Protocol's
+    plain (settable) attribute would not match.
+    """
+
+    @property
+    def name(self) -> str: ...
 
     def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int: ...
 
@@ -142,30 +147,45 @@ def task_cost(model: CostModel, layer: Layer, kind: str, batch: int) -> int:
     return sum(model.atomic_cost(layer, k, batch) for k in kind)
 
 
-#: Cost model factories by name; `layerpipe.hdl` adds "rtl" when imported.
-COST_MODELS: dict[str, Callable[..., CostModel]] = {
-    "macs": MacsModel,
-    "pe": PEModel,
+def _profiled(profile: str | None) -> CostModel:
+    if profile is None:
+        raise InputError("cost model 'profiled' needs --profile FILE.json (made by `layerpipe profile`)")
+    return ProfiledModel.from_json(profile)
+
+
+def _rtl(lanes: int) -> CostModel:
+    try:  # the hdl extra (amaranth) is optional: only this model needs it
+        from layerpipe.hdl import RTLCostModel
+    except ImportError as exc:
+        raise InputError(f"cost model 'rtl' needs the hdl extra: {exc}") from None
+    return RTLCostModel(lanes=lanes)
+
+
+@dataclass(frozen=True)
+class CostModelKind:
+    """A registered cost model: its factory and the parameters (of lanes, overhead, profile) it takes."""
+
+    make: Callable[..., CostModel]
+    takes: tuple[str, ...]
+
+
+#: The one registry of cost models: the CLI's --cost-model, `make_cost_model`, the DSE sweeps and the
+#: error messages all list and build models from it.
+COST_MODELS: dict[str, CostModelKind] = {
+    "macs": CostModelKind(MacsModel, ()),
+    "pe": CostModelKind(PEModel, ("lanes", "overhead")),
+    "profiled": CostModelKind(_profiled, ("profile",)),
+    "rtl": CostModelKind(_rtl, ("lanes",)),
 }
 
 
 def make_cost_model(name: str, *, lanes: int = 64, overhead: int = 16, profile: str | None = None) -> CostModel:
-    """A cost model by name: macs, pe (lanes, overhead), profiled (profile JSON path), rtl (lanes)."""
-    if name == "macs":
-        return MacsModel()
-    if name == "pe":
-        return PEModel(lanes, overhead)
-    if name == "profiled":
-        if profile is None:
-            raise InputError("cost model 'profiled' needs --profile FILE.json (made by `layerpipe profile`)")
-        return ProfiledModel.from_json(profile)
-    if name == "rtl":
-        try:
-            from layerpipe.hdl import RTLCostModel
-        except ImportError as exc:
-            raise InputError(f"cost model 'rtl' needs the hdl extra: {exc}") from None
-        return RTLCostModel(lanes=lanes)
-    raise InputError(f"unknown cost model '{name}'; allowed: macs, pe, profiled, rtl")
+    """A cost model by name (a key of `COST_MODELS`), given the parameters it takes."""
+    kind = COST_MODELS.get(name)
+    if not isinstance(kind, CostModelKind):
+        raise InputError(f"unknown cost model '{name}'; allowed: {', '.join(COST_MODELS)}")
+    given = {"lanes": lanes, "overhead": overhead, "profile": profile}
+    return kind.make(**{key: given[key] for key in kind.takes})
 
 
 def network_costs(model: CostModel, network: Network, kinds: str = ATOMIC_KINDS) -> dict[tuple[int, str], int]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from layerpipe._files import check_output_file, check_output_folder, write_atomic
+from layerpipe.costs import COST_MODELS
 from layerpipe.errors import InputError
 
 __all__ = ["write_atomic"]  # re-exported: commands import their file helpers from here or from layerpipe._files
@@ -29,6 +31,21 @@ def positive_int(field: str, maximum: int | None = None):
             raise ArgumentValueError(f"{field} must be a positive integer (>= 1), got {value}")
         if maximum is not None and value > maximum:
             raise ArgumentValueError(f"{field} must be an integer in 1..{maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(field: str) -> Callable[[str], float]:
+    """The one parser of a finite number > 0 (--lr, --time-limit): '0.0625', '2e-4' and '3' are fine;
+    'nan', 'inf', '0' and '-1' are refused naming the field."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ArgumentValueError(f"{field} must be a number > 0 such as 0.0625 or 2e-4, got '{text}'") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise ArgumentValueError(f"{field} must be a finite number > 0, got {text}")
         return value
 
     return parse
@@ -89,8 +106,8 @@ def add_network_args(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch size B (default: the network's own, 1 for built-ins)")
 
 
-#: What each cost model takes from the command line (besides its name).
-COST_MODEL_OPTIONS = {"macs": (), "pe": ("--lanes", "--overhead"), "profiled": ("--profile",), "rtl": ("--lanes",)}
+#: What each cost model takes from the command line (besides its name), from the one registry.
+COST_MODEL_OPTIONS = {name: tuple(f"--{p}" for p in kind.takes) for name, kind in COST_MODELS.items()}
 _DEFAULT_LANES = 64
 _DEFAULT_OVERHEAD = 16
 
@@ -98,7 +115,7 @@ _DEFAULT_OVERHEAD = 16
 def add_cost_args(parser: argparse.ArgumentParser, default: str = "pe") -> None:
     # --lanes/--overhead default to None so that `cost_model_from_args` can tell a flag the chosen model
     # ignores (an error) from one left out (the model's default).
-    parser.add_argument("--cost-model", default=default, help=f"macs, pe, profiled, rtl (default {default})")
+    parser.add_argument("--cost-model", default=default, help=f"{', '.join(COST_MODELS)} (default {default})")
     parser.add_argument("--lanes", type=positive_int("--lanes"), default=None,
                         help=f"MACs per cycle (pe, rtl; default {_DEFAULT_LANES})")
     parser.add_argument("--overhead", type=non_negative_int("--overhead"), default=None,

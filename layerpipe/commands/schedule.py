@@ -22,6 +22,7 @@ from layerpipe.commands._common import (
     emit,
     interconnect_from_args,
     non_negative_int,
+    positive_float,
     positive_int,
     to_json,
 )
@@ -50,19 +51,6 @@ OPTION_FLAGS = {
 
 
 # Type functions raise ArgumentTypeError: argparse shows its message (a ValueError becomes "invalid value").
-
-
-def positive_float(field: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got '{text}'") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{field} must be a number > 0, got {text}")
-        return value
-
-    return parse
 
 
 def non_negative_float(field: str):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from layerpipe.commands._common import (
     cost_model_from_args,
     interconnect_from_args,
     make_parent,
+    positive_float,
     positive_int,
     replaceable_folder,
     to_json,
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--functional", choices=("float64", "fixed"), default=None,
                    help="also execute the numerics in the simulated order and versions")
     p.add_argument("--mode", default="stash", help=f"weight mode: {', '.join(MODES)} (default stash)")
-    p.add_argument("--lr", type=_positive_float("--lr"), default=2.0 ** -4,
+    p.add_argument("--lr", type=positive_float("--lr"), default=2.0 ** -4,
                    help="learning rate (fixed point: a power of two 2^-k; default 2^-4)")
     p.add_argument("--total-bits", type=int, default=16, help="fixed point: total bits n (default 16)")
     p.add_argument("--frac-bits", type=int, default=8, help="fixed point: fraction bits f (default 8)")
@@ -79,19 +79,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    type=replaceable_folder("metrics.json", "layerpipe simulate output", SIM_OUTPUTS),
                    help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.set_defaults(handler=run)
-
-
-def _positive_float(field: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise InputError(f"{field} must be a number > 0, got '{text}'") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise InputError(f"{field} must be a finite number > 0, got {text}")
-        return int(value) if value.is_integer() else value
-
-    return parse
 
 
 class _Gone(argparse.Action):

@@ -16,14 +16,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from layerpipe.costs import COST_MODELS
 from layerpipe.errors import InputError
 
 #: Policies whose schedules take a staleness bound, and those that take a bound on words per sample.
 STALENESS_POLICIES = frozenset({"layerpipe"})
 TRAFFIC_POLICIES = frozenset({"layerpipe"})
 
-#: Cost models a sweep can use: each point builds its model from its own `lanes` (no profile file to give).
-SWEEP_COST_MODELS = ("macs", "pe", "rtl")
+#: Cost models a sweep can use: each point builds its model from its own `lanes` (no profile file to give),
+#: i.e. every registered model that takes no profile.
+SWEEP_COST_MODELS = tuple(name for name, kind in COST_MODELS.items() if "profile" not in kind.takes)
 
 
 @dataclass(frozen=True, order=True)
