@@ -346,3 +346,20 @@ def temporaries(folder: str | Path) -> list[Path]:
     """Hidden temporaries of this module in `folder` (for tests: none may survive a finished run)."""
     return sorted(p for p in Path(folder).iterdir() if p.name.startswith(".") and p.name.endswith(_TMP_SUFFIX))
 
+
+
+def parse_json_text(text: str, field: str) -> object:
+    """JSON text as Python values; a syntax error or nesting beyond the recursion limit is one line."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{field}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise InputError(f"{field}: JSON nested too deeply") from None
+
+
+def read_json_limited(path: str | Path, field: str, limit: int = MAX_TEXT_BYTES) -> object:
+    """A JSON file read by `read_text_limited` and `parse_json_text`."""
+    return parse_json_text(read_text_limited(path, field, limit), f"{field} {path}")

@@ -1,8 +1,9 @@
 """The `layerpipe` command line.
 
 Each subcommand lives in its own module under `layerpipe.commands` and exposes `register(subparsers)`,
-which adds its parser and sets `handler`. Bad input of any kind (`InputError`, argparse errors) prints
-one line on stderr and exits 2; no traceback, no half-written output.
+which adds its parser and sets `handler`. Bad input of any kind (`InputError`, argparse errors) and every
+other expected failure (`expected_failure`: a missing extra, a refused path, too deep, too large, not UTF-8)
+prints one line on stderr and exits 2; no traceback, no half-written output.
 """
 
 from __future__ import annotations
@@ -55,6 +56,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Optional extras: a missing module of one names the install command (pyproject's optional-dependencies).
+EXTRAS: dict[str, str] = {"amaranth": "hdl", "cocotb": "hdl", "cocotb_tools": "hdl", "torch": "torch",
+                          "distributed": "dask", "dask": "dask"}
+
+
+def expected_failure(exc: BaseException) -> str | None:
+    """The one-line message of an expected failure, or None for a bug (which keeps its traceback).
+
+    Expected: bad input (`InputError`), an optional extra not installed, the operating system refusing a path
+    (read-only, missing, full disk), input nested deeper than Python's recursion limit (YAML/JSON), a run too
+    large for this machine's memory, and text that is not UTF-8. Each is the user's situation, not a bug, so
+    it is one line and exit 2 (issue 12 item 6).
+    """
+    if isinstance(exc, InputError):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        root = exc.name.split(".")[0]
+        if root in EXTRAS:
+            extra = EXTRAS[root]
+            return (f"this command needs the '{extra}' extra ({root} is not installed): "
+                    f"pip install 'layerpipe[{extra}]'")
+        return None
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply (lists or mappings inside each other beyond Python's recursion limit)"
+    if isinstance(exc, MemoryError):
+        return "not enough memory for this run; make it smaller (fewer samples, iterations, processors or layers)"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"cannot access {exc.filename}: {exc.strerror or exc}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -62,14 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:  # like any other bad input: one line on stderr, exit 2 (help is --help)
             raise InputError(f"a COMMAND is required: {', '.join(args.commands)} (layerpipe --help describes them)")
         return int(args.handler(args) or 0)
-    except InputError as exc:
-        print(f"layerpipe: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("layerpipe: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the one place an expected failure becomes one line and exit 2
+        message = expected_failure(exc)
+        if message is None:
+            raise
+        print(f"layerpipe: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -118,12 +118,9 @@ class ProfiledModel:
 
     @staticmethod
     def from_json(path: str | Path) -> ProfiledModel:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise InputError(f"profile file {path}: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"profile file {path}: {exc} (not JSON)") from None
+        from layerpipe._files import read_json_limited  # size-limited, regular files only, one-line errors
+
+        doc = read_json_limited(path, "profile file")
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise InputError(f"profile file {path}: field 'version' must be 1")
         for key in ("network", "batch", "layers"):

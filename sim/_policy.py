@@ -14,6 +14,7 @@ from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network
+from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._deps import expand_stages
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
@@ -68,5 +69,10 @@ def simulate_policy_result(result: ScheduleResult, network: Network, model: Cost
     from layerpipe.sim import simulate_compiled
 
     config = config or SimConfig()
+    # dp, dp-ooo, stream, stream-ooo overlap kernels with all-reduces or with each other: the stream engine
+    # (`layerpipe.sim._streams`) times them, rebuilt from the policy's options on `config`'s interconnect.
+    for own in (_dataparallel, _streams):
+        if result.policy in own.POLICY_NAMES:
+            return own.simulate_result(result, network, model, iterations, config)
     schedule, workload = policy_ops(result, network, model, iterations, config.mode)
     return simulate_compiled(compile_schedule(schedule, workload), workload, config)

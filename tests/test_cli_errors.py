@@ -77,7 +77,7 @@ CASES: list[tuple[list[str], list[str]]] = [
      ["torch-csv is for stage-level", "text, csv or json"]),
     (["schedule", "--policy", "1f1b", "--stages", "4", "--stage-costs", "0,0,0"],
      ["--stage-costs", "F, B >= 1", "W >= 0"]),
-    (["schedule", "--policy", "gpipe", "--stages", "1000", "--microbatches", "1000"], ["stage slots", "32768"]),
+    (["schedule", "--policy", "gpipe", "--stages", "1000", "--microbatches", "1000"], ["stage slots", "the limit is"]),
     (["schedule", "lenet5", "--policy", "layerpipe", "-n", "4", "--format", "csv", "--iterations", "100000000"],
      ["--iterations", "1..100000"]),
     # output files

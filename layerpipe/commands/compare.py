@@ -29,7 +29,7 @@ from layerpipe.commands._common import (
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import load_network
-from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule
+from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
 
 COLUMNS = ("network", "batch", "interconnect", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles",
            "utilization_pct", "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_network_args(p)
     add_cost_args(p)
     add_interconnect_arg(p)
+    from layerpipe.commands.schedule import add_policy_option_args
+
+    add_policy_option_args(p)  # each applies to the compared policies that have it
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     add_output_arg(p)
     p.set_defaults(handler=run)
@@ -53,10 +56,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def compare_rows(networks: list[str], procs: list[int], policies: list[str] | None, baseline: str, model,
                  batch: int | None = None, progress: bool = True,
-                 interconnect: Interconnect | None = None) -> list[dict[str, object]]:
+                 interconnect: Interconnect | None = None,
+                 options: dict[str, object] | None = None) -> list[dict[str, object]]:
     """The comparison rows; `policies=None` means every policy that runs on each network. Every policy is
-    scheduled on `interconnect` (default `shared`), and each row names it."""
+    scheduled on `interconnect` (default `shared`), and each row names it. `options` (option name → value)
+    go to every compared policy that has them; one that no compared policy has is an error."""
     interconnect = interconnect or SHARED
+    given = dict(options or {})
+    for key in given:
+        if not any(key in get_policy(name).option_names for name in (policies or POLICIES)):
+            raise InputError(f"option {key} does not apply to any compared policy")
+
+    def chosen(name: str) -> object:
+        own = get_policy(name).option_names
+        return policy_options(name, {k: v for k, v in given.items() if k in own})
     get_policy(baseline)
     for name in policies or ():
         get_policy(name)
@@ -75,7 +88,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
     for net, n, name in bar:
         bar.set_postfix_str(f"{net.name} N={n} {name}", refresh=False)
         try:
-            result = make_schedule(name, net, n, model, interconnect=interconnect)
+            result = make_schedule(name, net, n, model, chosen(name), interconnect=interconnect)
         except InputError:
             if policies is None:
                 continue  # this policy does not run on this network (size limit, too few layers)
@@ -83,7 +96,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
         key = (net.name, n)
         if key not in baselines:
             baselines[key] = (result.metrics.cycles_per_sample if name == baseline
-                              else make_schedule(baseline, net, n, model, interconnect=interconnect)
+                              else make_schedule(baseline, net, n, model, chosen(baseline), interconnect=interconnect)
                               .metrics.cycles_per_sample)
         m = result.metrics
         rows.append({
@@ -109,8 +122,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
     model = cost_model_from_args(args)
     interconnect = interconnect_from_args(args, model)
+    from layerpipe.commands.schedule import OPTION_FLAGS, given_options
+
+    options = given_options(args)
+    for key in options:
+        if not any(key in get_policy(name).option_names for name in (policies or POLICIES)):
+            raise InputError(f"option {OPTION_FLAGS[key]} does not apply to any compared policy")
     rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch,
-                        interconnect=interconnect)
+                        interconnect=interconnect, options=options)
     emit(render(rows, args.format, args.baseline, describe_model(model), model_fields(model), interconnect),
          args.output)
     return 0

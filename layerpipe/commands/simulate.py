@@ -30,6 +30,7 @@ from layerpipe.commands._common import (
     cost_model_from_args,
     interconnect_from_args,
     make_parent,
+    non_negative_int,
     positive_float,
     positive_int,
     replaceable_folder,
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stage-level --schedule: F,B,W cycles of every stage, B the input-gradient part")
     p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), default=None,
                    help="number of processors N (with --policy)")
-    p.add_argument("--samples", type=positive_int("--samples"), default=None,
+    p.add_argument("--samples", type=positive_int("--samples", MAX_SIM_ITERATIONS * 64), default=None,
                    help="training samples T to run (with --policy; default 8 iterations' worth)")
     p.add_argument("--functional", choices=("float64", "fixed"), default=None,
                    help="also execute the numerics in the simulated order and versions")
@@ -68,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="learning rate (fixed point: a power of two 2^-k; default 2^-4)")
     p.add_argument("--total-bits", type=int, default=16, help="fixed point: total bits n (default 16)")
     p.add_argument("--frac-bits", type=int, default=8, help="fixed point: fraction bits f (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data (default 0)")
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=0,
+                   help="seed of the initial weights and data (default 0)")
     for gone in ("--shared-memory", "--link-latency", "--link-words-per-cycle"):
         p.add_argument(gone, nargs=0 if gone == "--shared-memory" else None, action=_Gone, help=argparse.SUPPRESS)
     add_policy_option_args(p)
@@ -159,7 +161,12 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
     result = make_schedule(args.policy, network, args.num_procs, model, options, config.model)
     samples = args.samples or 8 * network.batch
-    schedule, workload = policy_ops(result, network, model, -(-samples // network.batch), config.mode)
+    iterations = -(-samples // network.batch)
+    tasks = len(result.graph.tasks) if result.graph is not None else len(network) * 5
+    check_run_size(iterations, iterations * tasks, "--samples")
+    if args.functional is not None:
+        check_functional_size(network, samples)
+    schedule, workload = policy_ops(result, network, model, iterations, config.mode)
     info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
             "interconnect": result.interconnect.spec,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
@@ -172,6 +179,7 @@ def _from_file(args: argparse.Namespace, config: SimConfig):
     path = Path(args.schedule)
     text = read_text_limited(path, "--schedule")
     parsed = load_schedule(text, _schedule_format(path, text, args.schedule_format))
+    check_run_size(parsed.num_iterations, sum(len(row) for row in parsed.procs), f"--schedule {path}")
     if isinstance(parsed, PeriodicSchedule):
         raise InputError(f"--schedule {path}: a periodic schedule; unroll it (`layerpipe schedule --format csv`)")
     if parsed.level == "stage":
@@ -181,14 +189,89 @@ def _from_file(args: argparse.Namespace, config: SimConfig):
             raise InputError("a stage-level --schedule is timed from --stage-costs; leave out NETWORK")
         stages = 1 + max((op.unit for op in parsed.ops()), default=0)
         info = {"schedule": path.name, "stage_costs": list(args.stage_costs)}
-        return parsed, Workload.of_stages([args.stage_costs] * stages, StageInfo(stages)), None, info
+        workload = Workload.of_stages([args.stage_costs] * stages, StageInfo(stages))
+        check_complete(parsed, workload, f"--schedule {path}")
+        return parsed, workload, None, info
     if args.network is None:
         raise InputError("a layer-level --schedule needs the NETWORK its ops belong to")
     network = load_network(args.network, args.batch)
     model = cost_model_from_args(args)
     graph = build_training_graph(network, _graph_options(parsed, config.mode))
     info = {"network": network.name, "schedule": path.name, "cost_model": model.name}
-    return parsed, Workload.of_graph(graph, model), network, info
+    workload = Workload.of_graph(graph, model)
+    check_complete(parsed, workload, f"--schedule {path}")
+    if args.functional is not None:
+        check_functional_size(network, parsed.num_iterations * network.batch)
+    return parsed, workload, network, info
+
+
+#: Limits of one simulation (issue 12 item 5), checked before any work. The event-driven simulator takes about
+#: 30 µs and 1.5 kB per op here (lenet5, 350,000 ops: 12 s, 0.5 GB), so a million ops is about half a minute.
+MAX_SIM_ITERATIONS = 100_000
+MAX_SIM_OPS = 1_000_000
+#: Largest functional run: float64 words of data (x and y of every sample) plus weights. 50M words = 400 MB.
+MAX_FUNCTIONAL_WORDS = 50_000_000
+
+
+def check_run_size(iterations: int, ops: int, field: str) -> None:
+    if iterations > MAX_SIM_ITERATIONS:
+        raise InputError(f"{field}: {iterations} iterations; the limit is {MAX_SIM_ITERATIONS}")
+    if ops > MAX_SIM_OPS:
+        raise InputError(f"{field}: {ops} ops to simulate; the limit is {MAX_SIM_OPS} (fewer samples)")
+
+
+def check_functional_size(network: Network, samples: int) -> None:
+    import math
+
+    words = samples * (network.input_size + math.prod(network.output_shape))
+    words += 4 * sum(layer.weight_count for layer in network.layers)  # init, final, versions in flight
+    if words > MAX_FUNCTIONAL_WORDS:
+        raise InputError(f"--functional: {words} float64 words of data and weights; the limit is "
+                         f"{MAX_FUNCTIONAL_WORDS} (fewer --samples, a smaller network or --batch)")
+
+
+def check_complete(schedule: OpSchedule, workload: Workload, field: str) -> None:
+    """A schedule file must hold every task of every iteration it names (issue 12 item 7: an empty or
+    forward-only schedule 'succeeded'). Layer level: the training graph's tasks for each iteration 0..T-1
+    (a synchronous schedule's U ops count steps); stage level: per stage and iteration an F and a backward
+    (B, or I and W)."""
+    from collections import defaultdict
+
+    ops = list(schedule.ops())
+    if not ops:
+        raise InputError(f"{field}: the schedule has no ops")
+    seen: dict[int, set[tuple[str, int]]] = defaultdict(set)
+    steps: dict[int, set[int]] = defaultdict(set)
+    for op in ops:
+        if schedule.level == "layer" and schedule.synchronous and op.kind == "U":
+            steps[op.iteration].add(op.unit)
+        else:
+            seen[op.iteration].add((op.kind, op.unit))
+    if schedule.level == "stage":
+        units = sorted({unit for _, unit in workload.durations})
+        for t in range(schedule.num_iterations):
+            for unit in units:
+                have = {kind for kind, u in seen[t] if u == unit}
+                if "F" not in have or not ("B" in have or {"I", "W"} <= have):
+                    lacks = "F" if "F" not in have else "a backward (B, or I and W)"
+                    raise InputError(f"{field}: stage {unit}, micro-batch {t} has no {lacks}; a schedule must "
+                                     "hold every task of every micro-batch it runs")
+        return
+    expected = set(workload.durations)
+    if schedule.synchronous:
+        updates = {unit for kind, unit in expected if kind == "U"}
+        expected = {key for key in expected if key[0] != "U"}
+        for step in range(schedule.num_steps):
+            if steps[step] != updates:
+                missing = sorted(updates - steps[step])
+                raise InputError(f"{field}: step {step} has no update U{missing[0] if missing else '?'}; "
+                                 "a synchronous schedule updates every weight layer once per step")
+    for t in range(schedule.num_iterations):
+        missing = sorted(expected - seen[t], key=lambda key: (key[1], key[0]))
+        if missing:
+            kind, unit = missing[0]
+            raise InputError(f"{field}: iteration {t} has no {kind}{unit} ({len(missing)} tasks missing); "
+                             "a schedule must hold every task of every iteration it runs")
 
 
 def _schedule_format(path: Path, text: str, given: str) -> str:

@@ -1,8 +1,9 @@
 """Pareto fronts and plots of sweep results.
 
 The front is over objectives all to be minimised: cycles per sample, peak memory, staleness and (when the
-sweep measured it) area. A point is on the front when no other point is at least as good in every
-objective and better in one.
+sweep measured it) area. A point is on the front when no other point of the same network is at least as
+good in every objective and better in one: one front per network (points of different networks solve
+different problems). Files beside the results are written only over this sweep's own earlier ones.
 """
 
 from __future__ import annotations
@@ -41,13 +42,61 @@ def pareto_front(rows: Sequence[dict[str, str]], objectives: Sequence[str] | Non
     return front
 
 
-def save_pareto(rows: Sequence[dict[str, str]], out_dir: str | Path, columns: Sequence[str]) -> list[Path]:
-    """pareto.csv, pareto.png (cycles vs memory, front highlighted) and speedup_vs_n.png in out_dir."""
+def fronts_by_network(rows: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """Each network's own Pareto front, networks in order of first appearance: points of different networks
+    do not compete (a small MLP would dominate every ResNet point), so one front per network."""
+    by_network: dict[str, list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        by_network[r["network"]].append(r)
+    keys = objectives_present(rows)
+    return [r for net in by_network for r in pareto_front(by_network[net], keys)]
+
+
+#: The files `save_pareto` writes into its folder.
+PARETO_FILES: tuple[str, ...] = ("pareto.csv", "pareto.png", "speedup_vs_n.png")
+
+
+def check_pareto_dir(out_dir: str | Path, sweep_id: str, columns: Sequence[str]) -> None:
+    """Before any work: the Pareto files may replace only an earlier pareto.csv of this very sweep and the plots
+    beside it; a file of the user's (or of another sweep) at one of those names is refused, never overwritten."""
+    import csv
+
+    from layerpipe._files import read_text_limited
+    from layerpipe.errors import InputError
+
     out = Path(out_dir)
-    front = pareto_front(rows)
+    present = [name for name in PARETO_FILES if (out / name).exists()]
+    if not present:
+        return
+    ours = False
+    if (out / "pareto.csv").is_file():
+        lines = read_text_limited(out / "pareto.csv", "pareto file").splitlines()
+        rows = list(csv.DictReader(lines))
+        ours = bool(lines) and lines[0] == ",".join(columns) and {r.get("sweep_id") for r in rows} == {sweep_id}
+    if not ours:
+        raise InputError(f"{out / present[0]} exists and is not this sweep's Pareto output; give --pareto-dir "
+                         "a folder without pareto.csv, pareto.png, speedup_vs_n.png (nothing is overwritten)")
+
+
+def save_pareto(rows: Sequence[dict[str, str]], out_dir: str | Path, columns: Sequence[str]) -> list[Path]:
+    """pareto.csv (one front per network), pareto.png (cycles vs memory per network, front highlighted) and
+    speedup_vs_n.png in out_dir."""
+    out = Path(out_dir)
+    front = fronts_by_network(rows)
     write_csv(out / "pareto.csv", columns, front)
     return [out / "pareto.csv", plot_pareto(rows, front, out / "pareto.png"),
             plot_speedup_vs_n(rows, out / "speedup_vs_n.png")]
+
+
+def _save(fig, path: Path) -> None:
+    """Render to memory, then write atomically (a killed run leaves the old picture or the new one)."""
+    import io
+
+    from layerpipe._files import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    write_atomic(path, buf.getvalue())
 
 
 def _figure():
@@ -61,26 +110,32 @@ def _figure():
 
 
 def plot_pareto(rows: Sequence[dict[str, str]], front: Sequence[dict[str, str]], path: Path) -> Path:
+    """One panel per network: its points by policy and its own front."""
     plt = _figure()
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    by_policy: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for r in rows:
-        by_policy[r["policy"]].append(r)
-    for policy in sorted(by_policy):
-        pts = by_policy[policy]
-        ax.scatter([float(r["cycles_per_sample"]) for r in pts], [float(r["peak_memory_words"]) for r in pts],
-                   label=policy, s=18, alpha=0.7)
-    f = sorted(front, key=lambda r: float(r["cycles_per_sample"]))
-    ax.plot([float(r["cycles_per_sample"]) for r in f], [float(r["peak_memory_words"]) for r in f],
-            "k--", linewidth=1, label="Pareto front")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("cycles per sample")
-    ax.set_ylabel("peak memory (words, max over processors)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(True, which="both", alpha=0.3)
+    networks = list(dict.fromkeys(r["network"] for r in rows))
+    fig, axes = plt.subplots(1, max(1, len(networks)), figsize=(4.6 * max(1, len(networks)), 4.2), dpi=100,
+                             squeeze=False)
+    for ax, net in zip(axes[0], networks, strict=False):
+        by_policy: dict[str, list[dict[str, str]]] = defaultdict(list)
+        for r in rows:
+            if r["network"] == net:
+                by_policy[r["policy"]].append(r)
+        for policy in sorted(by_policy):
+            pts = by_policy[policy]
+            ax.scatter([float(r["cycles_per_sample"]) for r in pts], [float(r["peak_memory_words"]) for r in pts],
+                       label=policy, s=18, alpha=0.7)
+        f = sorted((r for r in front if r["network"] == net), key=lambda r: float(r["cycles_per_sample"]))
+        ax.plot([float(r["cycles_per_sample"]) for r in f], [float(r["peak_memory_words"]) for r in f],
+                "k--", linewidth=1, label="Pareto front")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(net, fontsize=9)
+        ax.set_xlabel("cycles per sample")
+        ax.set_ylabel("peak memory (words, max over processors)")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -116,6 +171,6 @@ def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str 
             ax.text(0.5, 0.5, f"no {baseline} rows to compare with", ha="center", va="center",
                     transform=ax.transAxes, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
+    _save(fig, path)
     plt.close(fig)
     return path

@@ -56,13 +56,76 @@ def type_fields(type_name: str) -> dict[str, dataclasses.Field]:
 # ---------------------------------------------------------------------------------------------- reading
 
 
+#: Limits of a YAML document (issue 12 items 5 and 6): nesting depth, checked while composing (before Python's
+#: recursion limit), and nodes after expanding aliases (a 400-byte alias bomb expands to billions). A network of
+#: a thousand layers has a few tens of thousands of nodes.
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 200_000
+
+
+class _LimitedComposer:
+    """Composer hooks of `_StrictLoader`: depth while composing, expanded size once a document is composed."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1  # type: ignore[attr-defined]
+                source = self.source  # type: ignore[attr-defined]
+                raise InputError(f"{source}: line {line}: nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)  # type: ignore[misc]
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()  # type: ignore[misc]
+        _check_expanded_size(node, self.source)  # type: ignore[attr-defined]
+        return node
+
+
+def _check_expanded_size(root: yaml.Node, source: str) -> None:
+    """Refuse a document of more than MAX_YAML_NODES nodes with aliases expanded, or a recursive alias.
+
+    Iterative post-order with a memo per node, so a shared (aliased) node is sized once: the check is linear
+    in the document, not in its expansion."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        if not done:
+            if key in memo:
+                continue
+            if key in active:
+                raise InputError(f"{source}: line {node.start_mark.line + 1}: a recursive alias (a node inside itself)")
+            active.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in memo)
+            continue
+        active.discard(key)
+        total = 1 + sum(memo[id(child)] for child in children)
+        if total > MAX_YAML_NODES:
+            raise InputError(f"{source}: more than {MAX_YAML_NODES} YAML nodes once aliases are expanded "
+                             "(an alias bomb?); write the document out or make it smaller")
+        memo[key] = total
+
+
 class _Mapping(dict):
     """A YAML mapping that remembers the line it starts on, for error messages."""
 
     line: int = 0
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(_LimitedComposer, yaml.SafeLoader):
     """A SafeLoader that rejects duplicate mapping keys and records the line of every mapping."""
 
     source = "<yaml>"
@@ -96,9 +159,10 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_located_map)
 
 
 def _parse_yaml(text: str, source: str) -> Any:
-    loader = _StrictLoader(text)
-    loader.source = source
+    loader = None
     try:
+        loader = _StrictLoader(text)  # the reader checks the characters here: inside the try
+        loader.source = source
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -108,17 +172,16 @@ def _parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         raise InputError(f"{source}: invalid YAML: {' '.join(str(exc).split())}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml_network(path: str | Path, batch: int | None = None) -> Network:
     """Read a network file. `batch` overrides the file's `batch` (which defaults to 1)."""
+    from layerpipe._files import read_text_limited  # regular files only, size-limited, strict UTF-8
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else exc
-        raise InputError(f"cannot read network file {path}: {reason}") from None
+    text = read_text_limited(path, "cannot read network file")
     return parse_yaml_network(text, source=str(path), batch=batch, default_name=path.stem)
 
 

@@ -26,6 +26,7 @@ from layerpipe.costs import CostModel
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._dataparallel import DPOOOOptions, DPOptions, schedule_dp, schedule_dp_ooo
 from layerpipe.schedule._layerpipe import LayerPipeOptions, schedule_layerpipe
 from layerpipe.schedule._ooo import OOOOptions, schedule_ooo
 from layerpipe.schedule._optimal import OptimalOptions, schedule_optimal
@@ -36,6 +37,7 @@ from layerpipe.schedule._pipedream import (
     schedule_pipedream_2bw,
 )
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._streams import StreamOOOOptions, StreamOptions, schedule_stream, schedule_stream_ooo
 from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
@@ -80,7 +82,22 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
            "OOO BackProp: output gradients first, weight gradients fill, modulo layer allocation"),
     Policy("optimal", OptimalOptions, schedule_optimal, False,  # type: ignore[arg-type]
            "exact minimum period by MILP (HiGHS), small graphs only"),
+    # OOO BackProp's other two schemes (issue 15): N replicas with a ring all-reduce, and one device's streams.
+    Policy("dp", DPOptions, schedule_dp, True,  # type: ignore[arg-type]
+           "data parallel: N replicas, per-layer ring all-reduce, updates at the end of the step"),
+    Policy("dp-ooo", DPOOOOptions, schedule_dp_ooo, True,  # type: ignore[arg-type]
+           "OOO BackProp data parallel: reverse first-k weight gradients, updates gated before each forward"),
+    Policy("stream", StreamOptions, schedule_stream, True,  # type: ignore[arg-type]
+           "one device, one stream, backprop order (-n 1)"),
+    Policy("stream-ooo", StreamOOOOptions, schedule_stream_ooo, True,  # type: ignore[arg-type]
+           "OOO BackProp single device: weight gradients on other streams beside output gradients (-n 1)"),
 )}
+
+
+#: Policies whose kernels overlap (all-reduces beside compute, streams beside streams): `layerpipe.sim._streams`
+#: times them and their explicit schedules are not one-op-at-a-time processor programs, so the validator and
+#: the shared event engine do not take them (tests/test_dataparallel.py and tests/test_streams.py check them).
+STREAM_ENGINE_POLICIES: tuple[str, ...] = ("dp", "dp-ooo", "stream", "stream-ooo")
 
 
 def get_policy(name: str) -> Policy:

@@ -1,0 +1,328 @@
+"""Data-parallel training with a ring all-reduce per layer: `dp` and OOO BackProp's `dp-ooo` (reverse first-k).
+
+Source: Out-Of-Order BackProp (Oh et al., EuroSys'22), §5 (data-parallel training) and its public code
+(github.com/mlsys-seo/ooo-backprop, `expr/data_par/code/OOO_backprop/dp_schedule.py`: `reverse_first_k`,
+`num_dependency`). Read to learn the scheme; the code here is our own model of it.
+
+N replicas of the whole network each train on their own micro-batch of B samples; a step is N micro-batches
+(micro-batch t = j·N + p runs on replica p in step j) and every replica applies the same summed gradient,
+so the step is plain synchronous mini-batch SGD on N·B samples (no staleness; the functional mode checks it).
+
+**Ring all-reduce.** The gradient of a layer (or of a bucket of layers, Σ|W_l| words) is reduced by the
+classic ring: 2(N − 1) steps — N − 1 reduce-scatter steps, then N − 1 all-gather steps — in each of which
+replica p sends one chunk of ⌈|W|/N⌉ words to replica p + 1 (mod N). Step s of replica p leaves when p
+has its own gradient and has received step s − 1 from p − 1; replica p holds the reduced gradient when
+step 2N − 3 from p − 1 has arrived. Uncontended, on an interconnect of latency L and w words per cycle:
+
+    T_AR(|W|) = 2(N − 1) · (⌈⌈|W|/N⌉ / w⌉ + L)
+
+On `links` the ring uses the N links p → p+1 (all of a replica's all-reduces share its one outgoing link,
+first ready first sent); on `bus` all N·2(N − 1) transfers of an all-reduce share the one medium, so a ring
+step takes N holds; on `shared` the all-reduce is free (an idealisation that the results name). `rtl` is
+refused: the generated hardware's links join the PEs of one pipeline and have no reduction unit, so no
+data-parallel replica set exists to put on them. Simplifications: the additions of the reduce-scatter run
+in the communication engine (no compute cycles), the transfers use no processor time, and chunks round up.
+
+**Orders** (one compute stream per replica; `layerpipe.sim._streams` times kernels and transfers):
+
+- `dp` — the usual order (PyTorch DDP, Horovod): F_1..F_L, then for l = L..1: A_l, E_l, G_l; the
+  all-reduce of a layer (bucket) starts when its G is done; every update U_l is applied at the end of the
+  step, after its all-reduce, and the next step's F_1 follows them. `bucket_words` > 0 groups layers in
+  backward order into buckets that close once they reach that many words (DDP's `bucket_cap_mb`).
+- `dp-ooo` — OOO's reverse first-k: the weight gradients G_1..G_K of the first K weight layers are taken
+  out of the backward and computed after it in forward order (layer 1 first), so layer 1's all-reduce, the
+  one the next step needs first, starts earliest; their updates are gated just before F_i of the next step
+  (U_i then F_i), so their all-reduces overlap the next forward. Layers after K keep the `dp` order and
+  update at the end of the step (the public code applies them in one `apply_gradients`). K = 0 is `dp`.
+  OOO's `num_dependency` (a poll for layer i's reduced gradient may start only after F_{i − num_dependency})
+  keeps TensorFlow's dataflow executor from running the poll too early; on an in-order stream U_i runs
+  right before F_i anyway, so it has no counterpart here.
+- `reverse_first_k = "auto"` simulates every K in 0..(weight layers) on the given interconnect and keeps
+  the fastest step (the smallest K on ties): the costs decide, as OOO's authors tuned k by measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from layerpipe.costs import CostModel
+from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
+from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.network import Network
+from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule.metrics import ScheduleMetrics, utilization_pct
+
+POLICY_NAMES = ("dp", "dp-ooo")
+#: Steps simulated for a policy's figures: the middle-half slope of `SimResult` is then step 2 − step 1.
+TIMED_STEPS = 4
+#: Edge roles that are not data of one iteration on one replica (weights are gated by the update order).
+_NOT_LOCAL = ("weights", "stash", "gradient")
+
+
+@dataclass(frozen=True)
+class DPOptions:
+    bucket_words: int = 0  #: gradient bucket size in words (0: one all-reduce per layer)
+
+    def __post_init__(self) -> None:
+        _check_bucket(self.bucket_words)
+
+
+@dataclass(frozen=True)
+class DPOOOOptions:
+    reverse_first_k: int | str = "auto"  #: K, or "auto" (chosen by simulation)
+    bucket_words: int = 0  #: as for dp, for the layers after K
+
+    def __post_init__(self) -> None:
+        k = self.reverse_first_k
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise InputError(f"--reverse-first-k must be an integer >= 0 or 'auto', got {k!r}")
+        _check_bucket(self.bucket_words)
+
+
+def _check_bucket(words: object) -> None:
+    if isinstance(words, bool) or not isinstance(words, int) or words < 0:
+        raise InputError(f"--bucket-words must be an integer >= 0 (0: one all-reduce per layer), got {words!r}")
+
+
+def check_interconnect(interconnect: Interconnect) -> None:
+    if interconnect.label == "rtl":
+        raise InputError("--interconnect rtl cannot carry a data-parallel all-reduce (the generated links join "
+                         "one pipeline's PEs, with no reduction unit); allowed: shared, links:L:W, bus:L:W")
+
+
+def ring_allreduce_cycles(words: int, num_procs: int, interconnect: Interconnect) -> int:
+    """T_AR: uncontended cycles of a ring all-reduce of `words` over `num_procs` replicas (module docstring)."""
+    if num_procs < 2 or interconnect.is_shared:
+        return 0
+    chunk = -(-words // num_procs)
+    return 2 * (num_procs - 1) * (interconnect.hold(chunk) + interconnect.latency)
+
+
+@dataclass(frozen=True)
+class DPPlan:
+    """What a run needs: replicas, the first-K layers, the buckets (in backward order) and the graph."""
+
+    network: Network
+    num_procs: int
+    graph: TrainingGraph
+    costs: dict[Task, int]
+    first: tuple[int, ...]  #: weight layers whose G is reversed and whose U is gated (forward order)
+    buckets: tuple[tuple[int, ...], ...]  #: the other weight layers' all-reduce groups, backward order
+
+    @property
+    def all_reduces(self) -> tuple[tuple[int, ...], ...]:
+        """Every all-reduce in the order its gradient becomes ready: the buckets, then layers 1..K."""
+        return self.buckets + tuple((layer,) for layer in self.first)
+
+
+def weight_layers(network: Network) -> list[int]:
+    return [layer.index for layer in network.layers if layer.has_weights]
+
+
+def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_words: int) -> DPPlan:
+    weights = weight_layers(network)
+    if k > len(weights):
+        raise InputError(f"--reverse-first-k must be in 0..{len(weights)} (the weight layers of "
+                         f"{network.name}) or 'auto', got {k}")
+    graph = build_training_graph(network, GraphOptions(intra=True, inter=True, weight_mode="latest"))
+    first = tuple(weights[:k])
+    buckets: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for layer in reversed(weights[k:]):
+        current.append(layer)
+        size += network.layer(layer).weight_count
+        if size >= bucket_words:
+            buckets.append(tuple(current))
+            current, size = [], 0
+    if current:
+        buckets.append(tuple(current))
+    return DPPlan(network, num_procs, graph, graph.costs(model), first, tuple(buckets))
+
+
+def build_program(p: DPPlan, steps: int):
+    """The kernels and ring transfers of `steps` steps (see the module docstring), as a stream-engine
+    `Program` with one device of one lane per replica: a kernel of c cycles is c units of work."""
+    from layerpipe.sim._streams import Program
+
+    n, net, graph = p.num_procs, p.network, p.graph
+    prog = Program([1] * n, [1] * n)
+    local: dict[Task, list[Task]] = {t: [] for t in graph.tasks}
+    for e in graph.edges:
+        if e.role not in _NOT_LOCAL and e.delay == 0:
+            local[e.dst].append(e.src)
+    first = set(p.first)
+    item: dict[tuple[int, str, int, int], int] = {}  # (replica, kind, layer, t or step) → item
+    done_at: dict[tuple[int, int, int], int] = {}  # (replica, layer, step) → item when its gradient is reduced
+
+    def add(rep: int, kind: str, layer: int, t: int, step: int) -> None:
+        task = graph.task_of(layer, kind)
+        if task is None:
+            return
+        deps = [item[(rep, s.kind, s.layer, t)] for s in local[task]]
+        if kind in "FE" and step > 0 and (rep, "U", layer, step - 1) in item:
+            deps.append(item[(rep, "U", layer, step - 1)])
+        prog.kernel(Op(rep, kind, layer, t), rep, 0, p.costs[task], 1, 0, deps)
+        item[(rep, kind, layer, t)] = prog.num_items - 1
+
+    def update(rep: int, layer: int, step: int) -> None:
+        t = step * n + rep
+        deps = [done_at[(rep, layer, step)]]
+        deps += [item[(rep, k, layer, t)] for k in "FE" if (rep, k, layer, t) in item]  # write after read
+        if step > 0:
+            deps.append(item[(rep, "U", layer, step - 1)])
+        task = graph.task_of(layer, "U")
+        assert task is not None
+        prog.kernel(Op(rep, "U", layer, step), rep, 0, p.costs[task], 1, 0, deps)
+        item[(rep, "U", layer, step)] = prog.num_items - 1
+
+    layers = [layer.index for layer in net.layers]
+    for step in range(steps):
+        for rep in range(n):
+            t = step * n + rep
+            for layer in layers:
+                if layer in first and step > 0:
+                    update(rep, layer, step - 1)  # gated: the update lands just before F_i
+                add(rep, "F", layer, t, step)
+            for layer in reversed(layers):
+                for kind in "AE":
+                    add(rep, kind, layer, t, step)
+                if layer not in first:
+                    add(rep, "G", layer, t, step)
+            for layer in p.first:
+                add(rep, "G", layer, t, step)
+        for group in p.all_reduces:
+            grads = {rep: [item[(rep, "G", layer, step * n + rep)] for layer in group] for rep in range(n)}
+            if n == 1:
+                for layer, g in zip(group, grads[0], strict=True):
+                    done_at[(0, layer, step)] = g  # one replica: nothing to reduce
+                continue
+            words = -(-sum(net.layer(layer).weight_count for layer in group) // n)
+            sent: dict[int, int] = {}
+            for s in range(2 * (n - 1)):
+                now = {}
+                for rep in range(n):
+                    deps = list(grads[rep]) + ([sent[(rep - 1) % n]] if s else [])
+                    now[rep] = prog.transfer(rep, (rep + 1) % n, words, deps)
+                sent = now
+            for rep in range(n):
+                for layer in group:
+                    done_at[(rep, layer, step)] = sent[(rep - 1) % n]
+        for rep in range(n):
+            for layer in reversed(layers):
+                if net.layer(layer).has_weights and layer not in first:
+                    update(rep, layer, step)
+            if step == steps - 1:
+                for layer in p.first:
+                    update(rep, layer, step)  # the last step's gated updates: no next forward to wait for
+    return prog
+
+
+def simulate_plan(p: DPPlan, steps: int, interconnect: Interconnect, mode: str = "stash"):
+    """Time `steps` steps on `interconnect`; a `SimResult` with one row per replica."""
+    from layerpipe.sim._interconnect import SimConfig
+    from layerpipe.sim._streams import run_program, sim_result
+
+    prog = build_program(p, steps)
+    timing = run_program(prog, interconnect)
+    row = list(prog.device)
+    return sim_result(prog, timing, row, p.num_procs, SimConfig.of(interconnect, mode), p.network.batch,
+                      p.num_procs, peak_words(p))
+
+
+def peak_words(p: DPPlan) -> tuple[int, ...]:
+    """Per replica, a static figure: the weights, one gradient buffer, and every activation a micro-batch
+    keeps for its backward (a_{l−1} and z_l of each layer: the forward/backward turn holds all of them)."""
+    net = p.network
+    weights = sum(layer.weight_count for layer in net.layers)
+    kept = sum(net.batch * (layer.in_size + layer.out_size) for layer in net.layers)
+    return (2 * weights + kept,) * p.num_procs
+
+
+def step_cycles(p: DPPlan, interconnect: Interconnect) -> int:
+    sim = simulate_plan(p, TIMED_STEPS, interconnect)
+    return round(sim.cycles_per_iteration * p.num_procs)
+
+
+def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
+             interconnect: Interconnect) -> int:
+    """`auto`: the K in 0..(weight layers) with the fastest simulated step, the smallest on ties."""
+    best_k, best = 0, None
+    for k in range(len(weight_layers(network)) + 1):
+        cycles = step_cycles(plan(network, num_procs, model, k, bucket_words), interconnect)
+        if best is None or cycles < best:
+            best_k, best = k, cycles
+    return best_k
+
+
+def schedule_dp(network: Network, num_procs: int, model: CostModel, options: DPOptions,
+                interconnect: Interconnect = SHARED) -> ScheduleResult:
+    return _schedule("dp", network, num_procs, model, options, 0, options.bucket_words, interconnect)
+
+
+def schedule_dp_ooo(network: Network, num_procs: int, model: CostModel, options: DPOOOOptions,
+                    interconnect: Interconnect = SHARED) -> ScheduleResult:
+    check_interconnect(interconnect)
+    k = options.reverse_first_k
+    if k == "auto":
+        k = choose_k(network, num_procs, model, options.bucket_words, interconnect)
+    assert isinstance(k, int)
+    return _schedule("dp-ooo", network, num_procs, model, replace(options, reverse_first_k=k), k,
+                     options.bucket_words, interconnect)
+
+
+def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, options: object, k: int,
+              bucket_words: int, interconnect: Interconnect) -> ScheduleResult:
+    check_interconnect(interconnect)
+    if not weight_layers(network):
+        raise InputError(f"{policy}: network {network.name} has no weight layers to all-reduce")
+    p = plan(network, num_procs, model, k, bucket_words)
+    step = step_cycles(p, interconnect)
+    work = sum(p.costs.values())
+    samples = num_procs * network.batch
+    chunk_words = sum(-(-sum(network.layer(layer).weight_count for layer in group) // num_procs)
+                      for group in p.all_reduces)
+    traffic = 2 * (num_procs - 1) * num_procs * chunk_words if num_procs > 1 else 0
+    weights = weight_layers(network)
+    metrics = ScheduleMetrics(
+        cycles_per_sample=step / samples,
+        lower_bound_cycles=work / samples,  # a replica computes a whole micro-batch per step
+        utilization_pct=utilization_pct(num_procs * work, num_procs, step),
+        traffic_words_per_sample=traffic / samples,
+        weight_versions=1,
+        max_staleness=0,
+        period_cycles=step,
+        samples_per_period=samples,
+        staleness_per_layer=dict.fromkeys(weights, 0),
+        weight_versions_per_layer=dict.fromkeys(weights, 1),
+    )
+    one = build_program(p, 1)
+    rows: list[list[Op]] = [[] for _ in range(num_procs)]
+    for name, dev in zip(one.names, one.device, strict=True):
+        if name is not None:
+            rows[dev].append(name)
+    explicit = OpSchedule("layer", tuple(tuple(r) for r in rows), True, num_procs)
+    slowest = max((ring_allreduce_cycles(network.layer(g[0]).weight_count if len(g) == 1 else
+                                         sum(network.layer(x).weight_count for x in g), num_procs, interconnect)
+                   for g in p.all_reduces), default=0)
+    notes = (f"{num_procs} replicas, one micro-batch each per step; ring all-reduce of |W| words: "
+             f"2(N-1) steps of ceil(|W|/N) words, {len(p.all_reduces)} all-reduces per step, the largest "
+             f"{slowest} cycles uncontended on {interconnect}",
+             f"reverse first-k: K = {k}" + (f" (layers {', '.join(map(str, p.first))})" if k else ""))
+    return ScheduleResult(policy, options, num_procs, metrics, network, p.graph, explicit=explicit, notes=notes,
+                          interconnect=interconnect)
+
+
+def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int, config):
+    """`layerpipe.sim.simulate_policy_result` for dp and dp-ooo: ⌈iterations / N⌉ steps on `config`."""
+    if iterations < 1:
+        raise InputError(f"iterations must be >= 1, got {iterations}")
+    options = result.options
+    k = getattr(options, "reverse_first_k", 0)
+    assert isinstance(k, int), "a dp-ooo result carries its chosen K"
+    interconnect = config.model
+    check_interconnect(interconnect)
+    p = plan(network, result.num_procs, model, k, getattr(options, "bucket_words", 0))
+    return simulate_plan(p, -(-iterations // result.num_procs), interconnect, config.mode)

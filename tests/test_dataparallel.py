@@ -1,0 +1,190 @@
+"""dp and dp-ooo (OOO BackProp's reverse first-k, `layerpipe.schedule._dataparallel`) on the stream engine.
+
+What the issue asks: with free communication the order does not matter (dp == dp-ooo for every K); when the
+all-reduce of layer 1 is the critical path dp-ooo is faster by what the reordering hides (a case computed
+by hand below); K = 0 is dp; both are plain synchronous mini-batch SGD (functional mode against the PyTorch
+reference with every read at version ⌊t / N⌋); bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_functional import assert_weights_close, residual_mlp
+
+from layerpipe.cli import main
+from layerpipe.costs import make_cost_model
+from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.network import Network, mlp
+from layerpipe.numerics import init_weights, make_data
+from layerpipe.reference import train_reference
+from layerpipe.schedule._dataparallel import DPOOOOptions, DPOptions, ring_allreduce_cycles, weight_layers
+from layerpipe.schedule.policies import make_schedule, policy_options
+from layerpipe.sim import SimConfig, simulate_policy_result
+from layerpipe.sim._streams import functional_order
+from layerpipe.sim.functional import FunctionalConfig, run_functional
+from tests.strategies import networks
+
+MACS = make_cost_model("macs")
+
+
+def period(policy: str, net: Network, n: int, interconnect: Interconnect, **options: object) -> int:
+    return make_schedule(policy, net, n, MACS, policy_options(policy, options), interconnect).metrics.period_cycles
+
+
+interconnects = st.one_of(
+    st.just(SHARED),
+    st.builds(Interconnect.links, st.integers(0, 40), st.sampled_from(["1", "3", "1/4"])),
+    st.builds(Interconnect.bus, st.integers(0, 40), st.sampled_from(["2", "1/2"])),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(width=st.integers(1, 8), depth=st.integers(1, 5), n=st.integers(1, 5), batch=st.integers(1, 3),
+       data=st.data())
+def test_free_communication_makes_the_order_irrelevant(width: int, depth: int, n: int, batch: int, data) -> None:
+    net = mlp([width] * (depth + 1), batch=batch)
+    k = data.draw(st.integers(0, depth))
+    dp = period("dp", net, n, SHARED)
+    assert dp == period("dp-ooo", net, n, SHARED, reverse_first_k=k)
+    # nothing waits: a step is one replica's work
+    assert dp == sum(make_schedule("dp", net, n, MACS).graph.costs(MACS).values())  # type: ignore[union-attr]
+
+
+@settings(max_examples=25, deadline=None)
+@given(net=networks(max_layers=5, max_batch=2), n=st.integers(1, 4), ic=interconnects,
+       bucket=st.sampled_from([0, 1, 40, 10**6]))
+def test_reverse_first_k_0_is_dp(net: Network, n: int, ic: Interconnect, bucket: int) -> None:
+    if not weight_layers(net):
+        return
+    dp = make_schedule("dp", net, n, MACS, DPOptions(bucket), ic)
+    ooo = make_schedule("dp-ooo", net, n, MACS, DPOOOOptions(0, bucket), ic)
+    assert dp.metrics.row() == ooo.metrics.row()
+    a = simulate_policy_result(dp, net, MACS, 3 * n, SimConfig.of(ic))
+    b = simulate_policy_result(ooo, net, MACS, 3 * n, SimConfig.of(ic))
+    assert a.ops == b.ops and a.start.tolist() == b.start.tolist() and a.end.tolist() == b.end.tolist()
+
+
+@settings(max_examples=20, deadline=None)
+@given(n_in=st.integers(1, 12), n_out=st.integers(1, 12), n=st.integers(2, 6), latency=st.integers(0, 50),
+       w=st.sampled_from([1, 2, Fraction(1, 3)]))
+def test_one_layer_step_is_its_work_plus_the_ring_formula(n_in: int, n_out: int, n: int, latency: int, w) -> None:
+    """T_AR = 2(N−1)·(⌈⌈|W|/N⌉ / w⌉ + L) on links, and the update waits for it."""
+    net = mlp([n_in, n_out])
+    ic = Interconnect.links(latency, w)
+    work = sum(make_schedule("dp", net, n, MACS).graph.costs(MACS).values())  # type: ignore[union-attr]
+    chunk = -(-n_in * n_out // n)
+    ring = 2 * (n - 1) * (-(-chunk * Fraction(w).denominator // Fraction(w).numerator) + latency)
+    assert ring == ring_allreduce_cycles(n_in * n_out, n, ic)
+    assert period("dp", net, n, ic) == work + ring
+    # one medium: every ring step's N transfers queue on it, so the bus is never faster than the ring's links
+    assert period("dp", net, n, Interconnect.bus(latency, w)) >= work + ring
+
+
+def test_hand_computed_case_dp_ooo_hides_layer_2s_weight_gradient_behind_layer_1s_all_reduce() -> None:
+    """mlp 4-16-2, batch 8, N = 2, links latency 100, 1 word/cycle; macs costs:
+    F1 = 512, F2 = 256, A2 = 16, E2 = 256, G2 = 256, A1 = 128, G1 = 512, U1 = 64, U2 = 32.
+    Ring all-reduce (N = 2: 2 steps of ⌈|W|/2⌉ words): T_AR1 = 2·(32 + 100) = 264, T_AR2 = 2·(16 + 100) = 232.
+
+    dp: F1 F2 A2 E2 G2 A1 G1 → G1 ends at 1936; AR1 ends 2200; U2 runs 1936..1968 (AR2 ran 1296..1528), U1 waits
+    for AR1 and ends at 2264. Period 2264 = compute without updates + T_AR1 + U1.
+    dp-ooo K = 2: U1 F1 U2 F2 A2 E2 A1 G1 G2; counted from F1's start G1 ends at 512 + 32 + 256 + 16 + 256
+    + 128 + 512 = 1712, AR1 ends at 1976, U1 runs 1976..2040 and F1 follows: period 2040. AR1's second
+    step leaves at 1844, before G2 ends at 1968, so AR2 never
+    delays it; AR2 ends at 2200, long before U2 is due (after the next F1, at 2552).
+    Hidden: G2 (256) now overlaps AR1, and U2 (32) moved onto the forward: 2264 − 2040 = 256 − 32.
+    """
+    net = mlp([4, 16, 2], batch=8)
+    ic = Interconnect.links(100, 1)
+    costs = {(t.kind, t.layer): c for t, c in
+             make_schedule("dp", net, 2, MACS).graph.costs(MACS).items()}  # type: ignore[union-attr]
+    assert costs == {("F", 1): 512, ("A", 1): 128, ("G", 1): 512, ("U", 1): 64, ("F", 2): 256, ("A", 2): 16,
+                     ("E", 2): 256, ("G", 2): 256, ("U", 2): 32}
+    assert ring_allreduce_cycles(64, 2, ic) == 264
+    dp = period("dp", net, 2, ic)
+    assert dp == sum(costs.values()) - costs[("U", 1)] - costs[("U", 2)] + 264 + costs[("U", 1)] == 2264
+    ooo = period("dp-ooo", net, 2, ic, reverse_first_k=2)
+    assert ooo == 2040 == dp - (costs[("G", 2)] - costs[("U", 2)])
+    assert period("dp-ooo", net, 2, ic, reverse_first_k=1) == dp  # K = 1 moves nothing: G1 is last anyway
+    auto = make_schedule("dp-ooo", net, 2, MACS, DPOOOOptions(), ic)
+    assert auto.options.reverse_first_k == 2 and auto.metrics.period_cycles == 2040  # type: ignore[attr-defined]
+
+
+def test_links_contention_is_timed() -> None:
+    """At batch 4 layer 2's all-reduce takes the ring link while layer 1's is still on the ring (FIFO by
+    ready time), and delays it. dp-ooo K = 2, from F1's start: F1 256, U2 32, F2 128, A2 8, E2 128, A1 64,
+    G1 256 → G1 ends at 872; AR1's first step holds the link 872..904 and arrives at 1004. G2 ends at 1000 and
+    AR2's first step holds the link 1000..1016, so AR1's second step leaves at 1016, not 1004: AR1 ends at
+    1016 + 32 + 100 = 1148, U1 runs to 1212. Without the conflict: 872 + T_AR1 (264) + U1 (64) = 1200."""
+    net = mlp([4, 16, 2], batch=4)
+    ic = Interconnect.links(100, 1)
+    without_conflict = 872 + ring_allreduce_cycles(64, 2, ic) + 64
+    assert period("dp-ooo", net, 2, ic, reverse_first_k=2) == without_conflict + (1000 + 16 - 1004) == 1212
+
+
+@pytest.mark.parametrize("policy,options", [("dp", {}), ("dp", {"bucket_words": 60}),
+                                            ("dp-ooo", {"reverse_first_k": 2}), ("dp-ooo", {"reverse_first_k": 3})])
+@pytest.mark.parametrize("name", ["mlp", "resmlp"])
+def test_functional_mode_is_plain_minibatch_sgd(policy: str, options: dict, name: str) -> None:
+    """The simulated order and the observed versions give the weights of plain mini-batch SGD on N·B samples."""
+    net = mlp([6, 8, 8, 3], batch=2) if name == "mlp" else residual_mlp(batch=2)
+    n, steps = 3, 3
+    ic = Interconnect.links(7, 2)
+    result = make_schedule(policy, net, n, MACS, policy_options(policy, options), ic)
+    sim = simulate_policy_result(result, net, MACS, steps * n, SimConfig.of(ic, "latest"))
+    plain = {(kind, layer, t): t // n for t in range(steps * n) for layer in weight_layers(net)
+             for kind in "FE" if (kind, layer, t) in sim.index}
+    assert sim.version_map == plain  # observed, not assumed: updates that ended before each read started
+    data, init = make_data(net, steps * n * net.batch, 5), init_weights(net, 5)
+    got = run_functional(net, functional_order(sim), sim.version_map, init, data,
+                         FunctionalConfig("latest", 2.0**-3, synchronous=True, microbatches=n))
+    want = train_reference(net, init, data, plain, "latest", 2.0**-3, synchronous=True, microbatches=n)
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-9, atol=1e-12)
+    assert_weights_close(got.weights, want.weights)
+    assert set(got.updates.values()) == {steps}
+
+
+def test_bad_options_are_input_errors() -> None:
+    net = mlp([4, 4, 4])
+    with pytest.raises(InputError, match=r"--reverse-first-k must be an integer >= 0 or 'auto', got -1"):
+        DPOOOOptions(-1)
+    with pytest.raises(InputError, match=r"--reverse-first-k must be in 0\.\.2 \(the weight layers"):
+        make_schedule("dp-ooo", net, 2, MACS, DPOOOOptions(3))
+    with pytest.raises(InputError, match=r"--bucket-words must be an integer >= 0"):
+        DPOptions(-5)
+    with pytest.raises(InputError, match=r"rtl cannot carry a data-parallel all-reduce"):
+        make_schedule("dp", net, 2, MACS, None, Interconnect.rtl(4))
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--reverse-first-k", "-1", "--interconnect", "links:1:1"], ["--reverse-first-k", "must be >= 0"]),
+    (["--reverse-first-k", "3", "--interconnect", "links:1:1"], ["--reverse-first-k must be in 0..2"]),
+    (["--reverse-first-k", "two", "--interconnect", "links:1:1"], ["--reverse-first-k", "'two'"]),
+    (["--interconnect", "rtl"], ["rtl cannot carry", "allowed: shared, links:L:W, bus:L:W"]),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv: list[str], words: list[str], capsys) -> None:
+    assert main(["schedule", "mlp:4-4-4", "--policy", "dp-ooo", "-n", "2", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), captured.err
+
+
+def test_compare_takes_the_options_and_names_the_interconnect(capsys) -> None:
+    argv = ["compare", "mlp:4-16-2", "--batch", "8", "-n", "2", "--policies", "dp,dp-ooo", "--baseline", "dp",
+            "--interconnect", "links:100:1", "--cost-model", "macs", "--format", "json"]
+    assert main([*argv, "--reverse-first-k", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    assert rows["dp"]["cycles_per_sample"] == round(2264 / 16, 1)
+    assert rows["dp-ooo"]["cycles_per_sample"] == round(2040 / 16, 1)
+    assert rows["dp-ooo"]["speedup_vs_baseline"] == round(2264 / 2040, 3)
+    assert rows["dp"]["interconnect"] == "links:100:1"
+    # 2(N − 1)·N chunks of ⌈|W|/N⌉ words per step, over N·B samples
+    assert rows["dp"]["traffic_words_per_sample"] == round(2 * 1 * 2 * (32 + 16) / 16, 1)
