@@ -46,6 +46,10 @@ OPTION_FLAGS = {
     "virtual_stages": "--virtual-stages",
     "microbatches": "--microbatches",
     "time_limit_s": "--time-limit",
+    "reverse_first_k": "--reverse-first-k",
+    "bucket_words": "--bucket-words",
+    "streams": "--streams",
+    "defer": "--defer",
     "max_traffic": "--max-traffic",
 }
 
@@ -102,6 +106,21 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
                    help="synchronous policies, pipedream-2bw: micro-batches per step / update")
     g.add_argument("--time-limit", dest="time_limit_s", type=positive_float("--time-limit"), default=None,
                    help="optimal: HiGHS time limit in seconds")
+    # OOO BackProp's data-parallel and single-device schemes (layerpipe.schedule._dataparallel, _streams)
+    g.add_argument("--reverse-first-k", dest="reverse_first_k", type=_first_k, default=None,
+                   help="dp-ooo: weight layers whose gradients run in forward order, or 'auto' (default)")
+    g.add_argument("--bucket-words", dest="bucket_words", type=non_negative_int("--bucket-words"), default=None,
+                   help="dp, dp-ooo: gradient bucket size in words (0: one all-reduce per layer)")
+    g.add_argument("--streams", dest="streams", type=positive_int("--streams"), default=None,
+                   help="stream-ooo: concurrent streams on the device (default 2)")
+    g.add_argument("--defer", dest="defer", type=non_negative_int("--defer"), default=None,
+                   help="stream-ooo: last weight layers whose gradients run beside the next forward")
+
+
+def _first_k(text: str) -> int | str:
+    if text == "auto":
+        return text
+    return non_negative_int("--reverse-first-k (or 'auto')")(text)
 
 
 def given_options(args: argparse.Namespace) -> dict[str, object]:
