@@ -90,6 +90,8 @@ class CompiledSchedule:
     prod_words: np.ndarray
     prod_role: np.ndarray
     roles: tuple[str, ...]
+    #: Planned start of every op (from `Workload.plan`), or None: the order a compiled bus serves transfers in.
+    plan_time: list[int] | None = None
 
     @property
     def num_ops(self) -> int:
@@ -215,11 +217,28 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
             cost[k] = workload.duration(first)  # raises: the workload has no such task
     dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
     csr = None
-    if workload.level == "layer" and not schedule.synchronous:
+    if workload.level == "layer" and not schedule.synchronous and schedule.simple:  # grouped: op by op
         csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
     if csr is None:
         csr = _listed_dependencies(schedule, ops, workload)
-    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr)
+    plan_time = _plan_times(workload.plan, tasks, task, iteration)
+    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr,
+                            plan_time=plan_time)
+
+
+def _plan_times(plan: object, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                iteration: np.ndarray) -> list[int] | None:
+    """Planned start (iteration + lag)·P + start of every op of a periodic plan with one iteration per
+    period; None without a plan (or for unfolded plans, whose buses are served in producer-end order)."""
+    period = getattr(plan, "period", None)
+    if period is None or getattr(plan, "unfold", 1) != 1:
+        return None
+    slots = {(s.kind, s.layer): s for body in plan.bodies for s in body}  # type: ignore[attr-defined]
+    if any(t not in slots for t in tasks):
+        return None
+    lag = np.asarray([slots[t].lag for t in tasks], dtype=np.int64)
+    start = np.asarray([slots[t].start for t in tasks], dtype=np.int64)
+    return ((iteration + lag[task]) * period + start[task]).tolist()
 
 
 def _raise_duplicate(ops: list[Op]) -> None:
@@ -311,7 +330,7 @@ def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[
 def _run(c: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     if config.interconnect == "shared":
         return _sweep(c, c.prods)
-    if config.interconnect == "bus":  # one channel for every processor: its order is known only while timing
+    if config.interconnect == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle, bus=True)
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
         return _run_links_events(c, config.link_latency, config.link_words_per_cycle)
@@ -416,6 +435,15 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float 
     link_free: dict[int, int] = {}
     hold_of: dict[int, int] = {}  # words → link cycles, memoised
     heap: list[int] = []
+    # A compiled bus: transfers leave in the plan's order (planned producer end, then consumer, then producer),
+    # each when its producer has ended and the one before it has left.
+    rank: dict[tuple[int, int], int] = {}
+    if bus and c.plan_time is not None:
+        plan = c.plan_time
+        order = sorted(((plan[i] + dur[i], j, i) for i in range(n) for j, _ in consumers[i] if proc[j] != proc[i]))
+        rank = {(i, j): k for k, (_, j, i) in enumerate(order)}
+    released: dict[int, tuple[int, int, int]] = {}  # rank → (release time, consumer, words)
+    head = 0
 
     def try_start(p: int) -> None:
         i = nxt[p]
@@ -454,6 +482,14 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float 
                     transfers.append((0 if bus else p * procs + q, j, i, words))
             try_start(p)
         transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+        if rank:
+            for _, j, i, words in transfers:
+                released[rank[(i, j)]] = (t, j, words)
+            transfers = []
+            while head in released:
+                release, j, words = released.pop(head)
+                head += 1
+                transfers.append((0, j, release, words))
         for link, j, _, words in transfers:
             depart = link_free.get(link, 0)
             if depart < t:

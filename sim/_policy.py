@@ -56,6 +56,8 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
     else:
         raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
     workload = Workload.of_graph(graph, model)
+    if result.periodic is not None:
+        workload = replace(workload, plan=result.periodic)  # a bus serves transfers in the planned order
     if result.periodic is not None and result.periodic.costs:
         # The durations the policy scheduled win over the cost model's: PipeDream-2BW's U writes 1/m of the
         # shadow weights per iteration, so its scheduled cost is ⌈c_U/m⌉.

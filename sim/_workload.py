@@ -43,6 +43,9 @@ class Workload:
     weight_words: Mapping[int, int] = field(default_factory=dict)
     activation_words: Mapping[int, int] = field(default_factory=dict)
     memory_unit: str = "words"  #: "activations" when stage activations are counted, not sized
+    #: The periodic plan the ops were unrolled from, if any: a `bus` serves transfers in its planned order
+    #: (a compiled bus), so self-timed runs keep the scheduler's order on the one shared medium.
+    plan: object | None = None
 
     @staticmethod
     def of_graph(graph: TrainingGraph, model: CostModel) -> Workload:

@@ -18,9 +18,10 @@ simulator's queue order is the plan's and the plan is one valid execution, self-
 slower than the plan, and it cannot be faster than the busiest processor or channel: with
 P = max(busiest processor, busiest channel) the simulated period equals the scheduled one.
 
-On a `bus` every transfer shares channel 0 and the simulator orders them by producer end time across all
-processors; the plan orders them by release offset in the period, which is the same order when the run
-follows the plan.
+On a `bus` every transfer shares channel 0. Its order across processors is not fixed by any one program, so
+a self-timed run that gets ahead of the plan would reorder it (and, with unequal transfers, lose the period);
+the simulator therefore serves a planned run's bus in the plan's order — a compiled bus, as an accelerator
+whose microcode issues its bus transfers would — and schedules without a plan in producer-end order.
 """
 
 from __future__ import annotations
@@ -111,11 +112,14 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     for queue in by_channel.values():
         # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
         # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
-        # releases in the consumer's program order — its processor, then its plan time (a weight read is
-        # consumed one version later) — as the simulator's engine queues them.
+        # releases in the consumer's program order — its processor, then its plan time in the same frame (a
+        # weight read is consumed at least one iteration later) — as the simulator's engine queues them (a
+        # bus in this planned order: `layerpipe.sim._engine`, compiled bus).
         def order(t: Transfer) -> tuple[int, ...]:
             r = start[t.src] + table.cost[t.src]
-            return (r % period, -(r // period), place[t.dst], key_of[t.dst] + (period if t.weight else 0), t.dst)
+            frame = (key_of[t.src] // period if consumer_time is not None else 0) + r // period
+            when = key_of[t.dst] - frame * period + (period if t.weight else 0)
+            return (r % period, -(r // period), place[t.dst], when, t.dst, t.src)
 
         queue.sort(key=order)
         ends = [start[t.src] + table.cost[t.src] for t in queue]
