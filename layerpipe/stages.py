@@ -48,6 +48,10 @@ def check_stage_map(stages: Sequence[int], network: Network) -> tuple[int, ...]:
     negative = [s for s in stages if s < 0]
     if negative:
         raise InputError(f"{FIELD}: stages must be >= 0, got {negative[0]}")
+    too_big = [s for s in stages if s >= len(network)]  # before range(max + 1) below allocates it
+    if too_big:
+        raise InputError(f"{FIELD}: stages must be in 0..{len(network) - 1} (one layer per stage at most), "
+                         f"got {too_big[0]}")
     for layer in network.layers:
         for src in layer.inputs:
             if src != INPUT and stages[src - 1] > stages[layer.index - 1]:

@@ -51,7 +51,7 @@ def positive_float(field: str) -> Callable[[str], float]:
     return parse
 
 
-def non_negative_int(field: str):
+def non_negative_int(field: str, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -59,6 +59,8 @@ def non_negative_int(field: str):
             raise ArgumentValueError(f"{field} must be an integer >= 0, got '{text}'") from None
         if value < 0:
             raise ArgumentValueError(f"{field} must be >= 0, got {value}")
+        if maximum is not None and value > maximum:
+            raise ArgumentValueError(f"{field} must be an integer in 0..{maximum}, got {value}")
         return value
 
     return parse
@@ -79,7 +81,9 @@ def int_list(field: str, minimum: int = 1, maximum: int | None = None):
                     lo = hi = int(part)
             except ValueError:
                 raise ArgumentValueError(f"{field} must be integers like 7,8,9 or 2-16, got '{text}'") from None
-            if lo < minimum or hi < lo or (maximum is not None and hi > maximum):  # before '1-100000000' expands
+            if hi < lo:
+                raise ArgumentValueError(f"{field}: a range LO-HI needs LO <= HI (like 2-9), got '{part.strip()}'")
+            if lo < minimum or (maximum is not None and hi > maximum):  # before '1-100000000' expands
                 raise out_of_range
             values.extend(range(lo, hi + 1))
         return values
@@ -101,8 +105,15 @@ def add_output_arg(parser: argparse.ArgumentParser) -> None:
                         help="write to FILE (atomically) instead of stdout")
 
 
+#: Limits of the sizes the shared flags take (issue 12 item 5): far above any real accelerator, low enough that
+#: no cost or memory figure overflows what the simulator and the functional mode allocate.
+MAX_BATCH = 1 << 16
+MAX_LANES = 1 << 20
+MAX_OVERHEAD = 10**9
+
+
 def add_network_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=positive_int("--batch"), default=None,
+    parser.add_argument("--batch", type=positive_int("--batch", MAX_BATCH), default=None,
                         help="micro-batch size B (default: the network's own, 1 for built-ins)")
 
 
@@ -116,9 +127,9 @@ def add_cost_args(parser: argparse.ArgumentParser, default: str = "pe") -> None:
     # --lanes/--overhead default to None so that `cost_model_from_args` can tell a flag the chosen model
     # ignores (an error) from one left out (the model's default).
     parser.add_argument("--cost-model", default=default, help=f"{', '.join(COST_MODELS)} (default {default})")
-    parser.add_argument("--lanes", type=positive_int("--lanes"), default=None,
+    parser.add_argument("--lanes", type=positive_int("--lanes", MAX_LANES), default=None,
                         help=f"MACs per cycle (pe, rtl; default {_DEFAULT_LANES})")
-    parser.add_argument("--overhead", type=non_negative_int("--overhead"), default=None,
+    parser.add_argument("--overhead", type=non_negative_int("--overhead", MAX_OVERHEAD), default=None,
                         help=f"fixed cycles per op (pe; default {_DEFAULT_OVERHEAD})")
     parser.add_argument("--profile", default=None, help="profile JSON for --cost-model profiled")
 
@@ -157,6 +168,43 @@ def interconnect_from_args(args: argparse.Namespace, model=None):
 
     lanes = getattr(model, "lanes", None) or 1
     return parse_interconnect(args.interconnect, lanes=lanes)
+
+
+#: Optional extras (pyproject's optional-dependencies) and the modules that show one is installed.
+EXTRA_MODULES = {"hdl": ("amaranth", "cocotb"), "torch": ("torch",)}
+
+
+def require_extras(command: str, *extras: str) -> None:
+    """Before any work: one line naming the install command when an extra the command needs is missing
+    (issue 12 item 9: `rtl` without amaranth was an 11-line traceback after the README's first command)."""
+    import importlib.util
+
+    for extra in extras:
+        for module in EXTRA_MODULES[extra]:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a module set to None in sys.modules, or a broken install
+                found = False
+            if not found:
+                raise InputError(f"`layerpipe {command}` needs the '{extra}' extra ({module} is not installed): "
+                                 f"pip install 'layerpipe[{extra}]'")
+
+
+def build_dir(text: str) -> str:
+    """A --build-dir: a folder (new or existing) this user can write, checked before any work."""
+    import os
+
+    path = Path(text)
+    if not text.strip():
+        raise ArgumentValueError("must be a folder path, got ''")
+    if path.exists() and not path.is_dir():
+        raise ArgumentValueError(f"must be a folder, got the file '{text}'")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ArgumentValueError(f"'{text}': cannot write in {probe} (read-only or not a folder)")
+    return text
 
 
 def emit(text: str, out: str | None) -> None:

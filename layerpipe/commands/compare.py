@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def compare_rows(networks: list[str], procs: list[int], policies: list[str] | None, baseline: str, model,
                  batch: int | None = None, progress: bool = True,
                  interconnect: Interconnect | None = None,
-                 options: dict[str, object] | None = None) -> list[dict[str, object]]:
+                 options: dict[str, object] | None = None,
+                 skipped: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
     """The comparison rows; `policies=None` means every policy that runs on each network. Every policy is
     scheduled on `interconnect` (default `shared`), and each row names it. `options` (option name → value)
     go to every compared policy that has them; one that no compared policy has is an error."""
@@ -89,9 +90,10 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
         bar.set_postfix_str(f"{net.name} N={n} {name}", refresh=False)
         try:
             result = make_schedule(name, net, n, model, chosen(name), interconnect=interconnect)
-        except InputError:
-            if policies is None:
-                continue  # this policy does not run on this network (size limit, too few layers)
+        except InputError as exc:
+            if policies is None and skipped is not None:  # this policy refuses this network or N: say why
+                skipped.append({"network": net.name, "num_procs": n, "policy": name, "reason": str(exc)})
+                continue
             raise
         key = (net.name, n)
         if key not in baselines:
@@ -128,11 +130,58 @@ def run(args: argparse.Namespace) -> int:
     for key in options:
         if not any(key in get_policy(name).option_names for name in (policies or POLICIES)):
             raise InputError(f"option {OPTION_FLAGS[key]} does not apply to any compared policy")
+    skipped: list[dict[str, object]] = []
     rows = compare_rows(args.networks, args.num_procs, policies, args.baseline, model, args.batch,
-                        interconnect=interconnect, options=options)
-    emit(render(rows, args.format, args.baseline, describe_model(model), model_fields(model), interconnect),
-         args.output)
+                        interconnect=interconnect, options=options, skipped=skipped)
+    if not rows:  # issue 12 item 7: an empty table was exit 0
+        first = skipped[0] if skipped else {"reason": "no policy ran"}
+        raise InputError(f"no policy could be scheduled; the first refusal: {first['reason']}")
+    text = render(rows, args.format, args.baseline, describe_model(model), model_fields(model), interconnect)
+    emit(_with_skips(_in_time_unit(text, args.format, model), args.format, skipped), args.output)
     return 0
+
+
+def _with_skips(text: str, fmt: str, skipped: list[dict[str, object]]) -> str:
+    """The skipped policies and why, where the reader sees them: under the table, or JSON's `skipped`
+    (the CSV holds rows only: the run that wrote it printed nothing else, so it names none)."""
+    if not skipped:
+        return text
+    if fmt == "json":
+        import json
+
+        doc = json.loads(text)
+        doc["skipped"] = skipped
+        return to_json(doc)
+    lines = [f"skipped: {s['policy']} on {s['network']} N={s['num_procs']}: {s['reason']}" for s in skipped]
+    if fmt == "table":
+        return text + "\n".join(lines) + "\n"
+    for line in lines:  # CSV: rows only on stdout or in the file; the skips go to stderr
+        print(f"layerpipe: note: {line}", file=sys.stderr)
+    return text
+
+
+#: Fields that carry a time, and their names when the cost model counts nanoseconds (profiled), not cycles.
+_NS_NAMES = {"cycles_per_sample": "ns_per_sample", "lower_bound_cycles": "lower_bound_ns",
+             "cycles/sample": "ns/sample"}
+
+
+def _in_time_unit(text: str, fmt: str, model) -> str:
+    """Issue 12 item 9: `--cost-model profiled` times are nanoseconds; every field and header says so."""
+    if getattr(model, "name", "") != "profiled":
+        return text
+    if fmt == "json":
+        import json
+
+        doc = json.loads(text)
+        doc["columns"] = [_NS_NAMES.get(c, c) for c in doc["columns"]]
+        doc["rows"] = [{_NS_NAMES.get(k, k): v for k, v in row.items()} for row in doc["rows"]]
+        doc["time_unit"] = "ns"
+        return to_json(doc)
+    if fmt == "csv":
+        head, _, body = text.partition("\n")
+        return ",".join(_NS_NAMES.get(c, c) for c in head.split(",")) + "\n" + body
+    legend = text.replace("cycles/sample:", "ns/sample (measured nanoseconds, bound too):")
+    return legend.replace("cycles/sample", "    ns/sample")  # same width: the column stays aligned
 
 
 def model_fields(model) -> dict[str, object]:

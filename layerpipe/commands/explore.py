@@ -8,6 +8,9 @@ from pathlib import Path
 from layerpipe.commands._common import int_list, output_file, positive_int
 from layerpipe.schedule.policies import MAX_PROCS
 
+#: Most local worker processes: each holds a Python with numpy and scipy (~100 MB); 10^5 of them was a fork bomb.
+MAX_JOBS = 64
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explore", help="sweep networks × N × policies × options; Pareto fronts and plots")
@@ -26,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
     p.add_argument("--cost-model", default="pe", help="macs, pe, rtl (default pe)")
     p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
-    p.add_argument("--jobs", type=positive_int("--jobs"), default=1, help="local worker processes")
+    p.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=1,
+                   help=f"local worker processes (at most {MAX_JOBS})")
     p.add_argument("--scheduler", help="Dask scheduler address (tcp://host:port) to run the sweep on")
     p.add_argument("--out", type=output_file, required=True, help="results CSV (appended as points finish)")
     p.add_argument("--resume", action="store_true", help="skip points already in --out")

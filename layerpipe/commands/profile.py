@@ -23,17 +23,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="time every layer's F, A, E, G, U with PyTorch on this CPU (profiled costs)")
     p.add_argument("network", help="zoo name (lenet5, alexnet, vgg16, resnet18, resnet50), mlp:W0-W1-..., or FILE.yaml")
     add_network_args(p)
-    p.add_argument("--repeats", type=positive_int("--repeats"), default=5, help="timed runs per task (median)")
-    p.add_argument("--warmup", type=non_negative_int("--warmup"), default=1,
+    # limits: a median of 1000 runs is already stable; more threads than 1024 is no CPU this runs on
+    p.add_argument("--repeats", type=positive_int("--repeats", 1000), default=5, help="timed runs per task (median)")
+    p.add_argument("--warmup", type=non_negative_int("--warmup", 1000), default=1,
                    help="untimed runs per task first (default 1)")
-    p.add_argument("--threads", type=positive_int("--threads"), default=1,
+    p.add_argument("--threads", type=positive_int("--threads", 1024), default=1,
                    help="torch intra-op threads (default 1: one core per task, stable times)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random tensors (default 0)")
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=0, help="seed of the random tensors (default 0)")
     p.add_argument("-o", "--output", type=output_file, default=None, help="write the profile JSON here (atomically)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.commands._common import require_extras
+
+    require_extras("profile", "torch")
     from layerpipe.profile import profile_network
 
     net = load_network(args.network, args.batch)

@@ -26,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.commands._common import require_extras
+
+    if not args.no_rtl:  # the RTL section verifies a design: before minutes of scheduling, not after
+        require_extras("report", "hdl", "torch")
     from layerpipe.report import ReportConfig, generate
 
     make_parent(args.out)

@@ -84,6 +84,9 @@ def design_summary(design: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.commands._common import require_extras
+
+    require_extras("rtl", "hdl")
     from layerpipe.hdl._flow import TOPLEVEL, export_verilog
 
     design = make_design_from_args(args, args.samples)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from layerpipe.commands._common import format_table, positive_int, to_json
+from layerpipe.commands._common import build_dir, format_table, non_negative_int, positive_int, require_extras, to_json
 from layerpipe.commands.rtl import add_design_args, make_design_from_args
 
 
@@ -25,15 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_design_args(p)
     p.add_argument("--samples", type=positive_int("--samples"), required=True, help="training samples T")
     p.add_argument("--sim", choices=("icarus", "verilator"), default="icarus", help="RTL simulator (default icarus)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and initial weights (default 0)")
+    p.add_argument("--seed", type=non_negative_int("--seed"), default=0,
+                   help="seed of the data and initial weights (default 0)")
     p.add_argument("--stall", type=float, default=0.0,
                    help="probability that the sample stream stalls in a cycle (default 0)")
     p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--build-dir", default=None, help="keep the build here (default: a temporary directory)")
+    p.add_argument("--build-dir", type=build_dir, default=None,
+                   help="keep the build here (default: a temporary directory)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    require_extras("verify", "hdl", "torch")
     from layerpipe.hdl._verify import verify_design
 
     design = make_design_from_args(args, args.samples)

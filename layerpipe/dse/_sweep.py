@@ -140,12 +140,10 @@ def _as_tuple(value: Any, key: str, kind: type) -> tuple:
 
 def load_sweep_yaml(path: str | Path) -> SweepSpec:
     """Read a `version: 1` sweep file; unknown keys are an error that lists the valid keys."""
+    from layerpipe._files import read_text_limited  # regular files only, size-limited, strict UTF-8
     from layerpipe.network._yaml import _parse_yaml  # the strict loader: duplicate keys are errors
 
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"sweep file {path}: {exc.strerror}") from None
+    text = read_text_limited(path, "sweep file")
     doc = _parse_yaml(text, str(path))
     if not isinstance(doc, dict):
         raise InputError(f"sweep file {path}: must be a mapping with keys {', '.join(SWEEP_KEYS)}")
