@@ -41,7 +41,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # the package's one-line summary, not this module's ("The `layerpipe` command line.")
-    parser = _Parser(prog="layerpipe", description=(layerpipe.__doc__ or "").strip() or None)
+    summary = (layerpipe.__doc__ or "").strip().split("\n\n")[0]  # the package's first paragraph, not its API tour
+    parser = _Parser(prog="layerpipe", description=summary or None)
     parser.add_argument("--version", action="version", version=f"layerpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:

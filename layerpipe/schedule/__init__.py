@@ -23,6 +23,10 @@ from layerpipe.schedule._ir import (
     Slot,
     parse_op,
 )
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._ooo import OOOOptions
+from layerpipe.schedule._optimal import OptimalOptions
+from layerpipe.schedule._pipedream import PipeDream2BWOptions, PipeDreamOptions
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._sync import (
     dualpipev,
@@ -36,6 +40,7 @@ from layerpipe.schedule._sync import (
     zb_h2,
     zbv,
 )
+from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options
 from layerpipe.schedule._validate import dry_run, format_grid, periodic_staleness, validate
 from layerpipe.schedule.metrics import ScheduleMetrics, period_lower_bound
 from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
@@ -46,15 +51,23 @@ __all__ = [
     "KINDS_STAGE",
     "POLICIES",
     "Dependency",
+    "InterleavedOptions",
+    "LayerPipeOptions",
+    "OOOOptions",
     "Op",
     "OpSchedule",
+    "OptimalOptions",
     "PeriodicSchedule",
+    "PipeDream2BWOptions",
+    "PipeDreamOptions",
     "ScheduleError",
     "ScheduleMetrics",
     "ScheduleResult",
     "Slot",
     "StageInfo",
+    "SyncOptions",
     "TaskEdge",
+    "ZBH1Options",
     "dependencies",
     "dry_run",
     "dualpipev",
