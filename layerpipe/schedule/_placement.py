@@ -22,6 +22,8 @@ from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, transfers
 from layerpipe.schedule._shared import TaskTable
 
+#: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
+LIGHT_TARGETS = 3
 #: Most improving moves one search makes (each lowers the objective, so it stops long before on real graphs).
 MAX_MOVES = 4000
 
@@ -96,14 +98,22 @@ class _State:
                 if h:
                     c = interconnect.channel(self.place[u], self.place[v], num_procs)
                     self.chan[c] = self.chan.get(c, 0) + h
+        self._histogram()
+
+    def _histogram(self) -> None:
+        """How many resources (processors and channels) carry each load, and those loads, largest first:
+        what a move's effect on (period, resources at the period) is read from without a full scan."""
+        self.hist: dict[int, int] = {}
+        for x in (*self.load, *self.chan.values()):
+            self.hist[x] = self.hist.get(x, 0) + 1
+        self.levels = sorted(self.hist, reverse=True)
 
     def channel(self, p: int, q: int) -> int:
         return self.ic.channel(p, q, self.n)
 
     def key(self) -> tuple[int, int, int]:
-        top = max(max(self.load), max(self.chan.values(), default=0))
-        at_top = sum(1 for x in self.load if x == top) + sum(1 for x in self.chan.values() if x == top)
-        return top, at_top, self.words
+        top = self.levels[0]
+        return top, self.hist[top], self.words
 
     def delta(self, item: int, dst: int) -> tuple[dict[int, int], int]:
         """Channel hold changes and the change in words if `item` moved to `dst`."""
@@ -133,14 +143,23 @@ class _State:
         src = self.place[self.members[item][0]]
         c = self.item_cost[item]
         changes, dw = self.delta(item, dst)
-        load = self.load.copy()
-        load[src] -= c
-        load[dst] += c
-        chan = dict(self.chan)
-        for ch, d in changes.items():
-            chan[ch] = chan.get(ch, 0) + d
-        top = max(max(load), max(chan.values(), default=0))
-        at_top = sum(1 for x in load if x == top) + sum(1 for x in chan.values() if x == top)
+        # The resources the move touches, old value → new value; every other resource keeps its load.
+        touched = [(self.load[src], self.load[src] - c), (self.load[dst], self.load[dst] + c)]
+        touched += [(self.chan.get(ch, 0), self.chan.get(ch, 0) + d) for ch, d in changes.items() if d]
+        adjust: dict[int, int] = {}
+        for old, new in touched:
+            if old:
+                adjust[old] = adjust.get(old, 0) - 1
+            if new:
+                adjust[new] = adjust.get(new, 0) + 1
+        top = max((v for v, d in adjust.items() if d > 0), default=0)
+        for level in self.levels:  # the largest load still held after the move
+            if level <= top:
+                break
+            if self.hist[level] + adjust.get(level, 0) > 0:
+                top = level
+                break
+        at_top = self.hist.get(top, 0) + adjust.get(top, 0)
         return top, at_top, self.words + dw
 
     def move(self, item: int, dst: int) -> None:
@@ -157,15 +176,20 @@ class _State:
         self.load[dst] += self.item_cost[item]
         for v in self.members[item]:
             self.place[v] = dst
+        self._histogram()
 
     def candidate_moves(self) -> list[tuple[int, int]]:
         """(item, destination) pairs that touch a bottleneck resource."""
         top, _, _ = self.key()
         moves: set[tuple[int, int]] = set()
+        # Off a busiest processor: to one of the least loaded processors, or to where the item's data goes.
+        light = sorted(range(self.n), key=lambda q: (self.load[q], q))[:LIGHT_TARGETS]
         for p, x in enumerate(self.load):
             if x == top:
                 items = {self.item_of[v] for v, q in enumerate(self.place) if q == p}
-                moves |= {(i, q) for i in items for q in range(self.n) if q != p}
+                for i in items:
+                    near = {self.place[v] for k in self.item_edges[i] for v in self.edges[k][:2]}
+                    moves |= {(i, q) for q in (*light, *near) if q != p}
         hot = {ch for ch, x in self.chan.items() if x == top}
         if hot:
             for u, v, _, h in self.edges:
