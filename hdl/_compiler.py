@@ -24,8 +24,8 @@ ReLU's mask uses a_l (a_l > 0 exactly when z_l > 0), so z_l needs no storage of 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
@@ -91,12 +91,13 @@ class Step:
     """One atomic operation (F, A, E, G or U) of layer `layer`: one PE command.
 
     Operands by kind (buffer names):
-      F: x=a_{l-1} (x for layer 1), w=W_l, dst=a_l
+      F: x=a_{l-1} (x for layer 1), w=W_l (C_l away from the owner), dst=a_l
       A: x=e_l, y=a_l (the ReLU mask) — output layer: x=a_L, y=target — dst=δ_l
-      E: y=δ_l, w=W_l, dst=e_{l-1}
+      E: y=δ_l, w=W_l / C_l (or S_l: F_l's version received under stash), dst=e_{l-1}
       G: x=a_{l-1}, y=δ_l, dst=g_l
       U: w=W_l, g=g_l, dst=W_l
-    Weight versions: the op of iteration t reads version max(0, t + version) of W_l (U reads t, writes t+1).
+    Weight versions: the op of iteration t reads slot max(0, t + version) of its ring (a version of W_l for
+    W_l and C_l, iteration t for S_l); U reads version t and writes t+1.
     """
 
     kind: str
@@ -122,9 +123,12 @@ class Step:
 
 @dataclass(frozen=True)
 class Send:
-    """After the producer ends: move `elements` from buffer `src` to buffer `dst` on PE `dest`.
+    """After the producer of iteration t ends: move `elements` from buffer `src` to buffer `dst` on PE `dest`.
 
-    Arrival increments counter `counter` of the destination PE; `consumer` is the task waiting for it.
+    The consumer is `consumer` of iteration t + `delay` (a weight copy U_l(i) → F_l(i + s + 1) has delay s + 1);
+    the send is skipped when that iteration is ≥ T. The source slot is max(0, t + `src_offset`) of `src` (a
+    version index for weight rings), the destination slot t + `dst_offset` of `dst`. Arrival increments
+    counter `counter` of the destination PE.
     """
 
     dest: int
@@ -133,6 +137,9 @@ class Send:
     elements: int
     counter: int
     consumer: str
+    delay: int = 0
+    src_offset: int = 0
+    dst_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,8 @@ class Entry:
     lag: int
     start: int
     steps: tuple[Step, ...]
-    waits: tuple[int, ...]  #: arrival counters of this PE that must exceed t before the entry starts
+    #: (counter, delay): arrival counter of this PE that must exceed t − delay before the entry starts
+    waits: tuple[tuple[int, int], ...]
     sends: tuple[Send, ...]  #: in link-queue order (destination, then consumer program order)
 
 
@@ -232,6 +240,22 @@ class Program:
         """Ordered PE pairs that carry data."""
         return tuple((pe.index, q) for pe in self.pes for q in pe.senders)
 
+    def link_sources(self, p: int, q: int) -> tuple[str, ...]:
+        """Memories of PE p that the link p→q reads from, in PE memory order."""
+        src = self.pes[p]
+        used = {src.buffer(s.src).memory for e in src.entries for s in e.sends if s.dest == q}
+        return tuple(m for m in src.memories if m in used)
+
+    def link_targets(self, p: int, q: int) -> tuple[str, ...]:
+        """Memories of PE q that the link p→q writes into."""
+        dst = self.pes[q]
+        used = {dst.buffer(s.dst).memory for e in self.pes[p].entries for s in e.sends if s.dest == q}
+        return tuple(m for m in dst.memories if m in used)
+
+    def weight_copies(self, layer: int) -> tuple[tuple[int, Buffer], ...]:
+        """(PE, ring) of every received copy C_layer: the host loads version 0 into each, as into W_layer."""
+        return tuple((pe.index, b) for pe in self.pes for b in pe.buffers if b.name == f"C{layer}")
+
     def to_text(self) -> str:
         """The microcode and memory maps as text (deterministic: a pure function of the program)."""
         lines = [f"# layerpipe microcode v1 network={self.network.name} pes={self.num_pes} lanes={self.lanes} "
@@ -250,7 +274,7 @@ class Program:
             for q, depth in pe.queues:
                 lines.append(f"  link pe{pe.index}->pe{q}: queue depth {depth}")
             for i, e in enumerate(pe.entries):
-                waits = ",".join(str(c) for c in e.waits) or "-"
+                waits = ",".join(f"{c}" + (f"-{d}" if d else "") for c, d in e.waits) or "-"
                 lines.append(f"  {i:>3}: {e.kind}{e.layer} lag={e.lag} start={e.start} waits={waits}")
                 for s in e.steps:
                     ops = " ".join(f"{k}={v}" for k, v in (("x", s.x), ("y", s.y), ("w", s.w), ("g", s.g),
@@ -259,8 +283,11 @@ class Program:
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{' relu' if s.relu else ''} "
                                  f"{ops}{version}")
                 for s in e.sends:
-                    lines.append(f"       send {s.src}->pe{s.dest}.{s.dst} {s.elements} elements counter {s.counter} "
-                                 f"for {s.consumer}")
+                    shift = f" delay={s.delay}" if s.delay else ""
+                    shift += f" src=t{s.src_offset:+d}" if s.src_offset else ""
+                    shift += f" dst=t{s.dst_offset:+d}" if s.dst_offset else ""
+                    lines.append(f"       send {s.src}->pe{s.dest}.{s.dst} {s.elements} elements counter "
+                                 f"{s.counter} for {s.consumer}{shift}")
         return "\n".join(lines) + "\n"
 
 
@@ -316,7 +343,12 @@ def _normalise(schedule: PeriodicSchedule) -> list[list[Slot]]:
 
 
 def _check_placement(graph: TrainingGraph, bodies: list[list[Slot]], policy: str) -> dict[int, int]:
-    """Owner PE of each W_l; every task that reads or writes W_l (F, E, G, U) must run there."""
+    """Owner PE of each W_l: the PE running U_l, which keeps the master ring of versions.
+
+    Atomic F, E and G tasks may run anywhere (weights and gradients are streamed); a fused task that reads W_l
+    or produces g_l (PipeDream's AEG, the ablations' AE/EG) must run on the owner, because the PE streams
+    whole values between atomic tasks only.
+    """
     where: dict[tuple[str, int], int] = {}
     for p, body in enumerate(bodies):
         for s in body:
@@ -328,13 +360,16 @@ def _check_placement(graph: TrainingGraph, bodies: list[list[Slot]], policy: str
             raise InputError(f"the periodic schedule has no slot for task {task}")
     owner: dict[int, int] = {}
     for task in graph.tasks:
-        if "F" in task.kind:
+        if "U" in task.kind:
+            if task.kind != "U":
+                raise InputError(f"task {task} fuses U with other work; the RTL runs U as its own task")
             owner[task.layer] = where[(task.kind, task.layer)]
     for task in graph.tasks:
         p = where[(task.kind, task.layer)]
-        if any(k in task.kind for k in "EGU") and p != owner[task.layer]:
-            raise InputError(f"policy {policy} places {task} away from W{task.layer}'s owner (PE "
-                             f"{owner[task.layer]}); the RTL needs --keep-weights-together")
+        if len(task.kind) > 1 and any(k in task.kind for k in "FEG") and p != owner[task.layer]:
+            raise InputError(f"policy {policy} places fused task {task} on PE {p}, away from W{task.layer}'s owner "
+                             f"(PE {owner[task.layer]}, which runs U{task.layer}); the RTL streams weights and "
+                             "gradients only to atomic F, E and G tasks (--keep-weights-together)")
     return owner
 
 
@@ -342,23 +377,28 @@ def _check_placement(graph: TrainingGraph, bodies: list[list[Slot]], policy: str
 # Iteration distances (ring-buffer depths).
 
 
+TaskKey = tuple[str, int]
+DataEdge = tuple[TaskKey, TaskKey, int]  #: (producer, consumer, delay): consumer(t + delay) needs producer(t)
+
+
 class _Distances:
     """Shortest iteration distances on the periodic happens-before graph.
 
     Nodes are tasks. Program order: entry i → entry i+1 of the same period moves from iteration j − λ_i to
     j − λ_{i+1} (weight λ_i − λ_{i+1}); the last entry → the first of the next period adds 1. Data edges
-    (delay 0) have weight 0. dist(Y, X) = d means Y(t) ⇝ X(t + d).
+    src → dst with delay δ (dst(t + δ) needs src(t): δ = 0 for the values of one iteration, s + 1 for a weight
+    copy U_l(t) → F_l(t + s + 1)) have weight δ. dist(Y, X) = d means Y(t) ⇝ X(t + d).
     """
 
-    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[tuple[tuple[str, int], tuple[str, int]]]):
+    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[DataEdge]):
         self.adj: dict[tuple[str, int], list[tuple[tuple[str, int], int]]] = {}
         for body in bodies:
             for i, s in enumerate(body):
                 nxt = body[(i + 1) % len(body)]
                 w = s.lag - nxt.lag + (1 if i + 1 == len(body) else 0)
                 self.adj.setdefault((s.kind, s.layer), []).append(((nxt.kind, nxt.layer), w))
-        for src, dst in data_edges:
-            self.adj.setdefault(src, []).append((dst, 0))
+        for src, dst, delay in data_edges:
+            self.adj.setdefault(src, []).append((dst, delay))
         # Potentials (Johnson) make every edge weight non-negative so Dijkstra applies.
         nodes = list(self.adj)
         pot = dict.fromkeys(nodes, 0)
@@ -404,7 +444,7 @@ class _UnrolledDistances:
     larger of the two, so ring slots are never rewritten before their readers end, whatever the timing.
     """
 
-    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[tuple[TaskKey, TaskKey]], steady: _Distances,
+    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[DataEdge], steady: _Distances,
                  samples: int) -> None:
         self.steady = steady
         max_lag = max((s.lag for body in bodies for s in body), default=0)
@@ -425,10 +465,10 @@ class _UnrolledDistances:
                         if prev is not None:
                             self.succ[prev].append(node)
                         prev = node
-        for src, dst in data_edges:
+        for src, dst, delay in data_edges:
             for t in range(self.window):
-                if (src, t) in self.succ and (dst, t) in self.succ:
-                    self.succ[(src, t)].append((dst, t))
+                if (src, t) in self.succ and (dst, t + delay) in self.succ:
+                    self.succ[(src, t)].append((dst, t + delay))
         indegree = dict.fromkeys(self.succ, 0)
         for outs in self.succ.values():
             for n in outs:
@@ -457,6 +497,19 @@ class _UnrolledDistances:
             self._reach[target] = best
         return self._reach[target]
 
+    def versions(self, reader: TaskKey, update: TaskKey, offset: int) -> int:
+        """Slots a ring of versions needs so that version v = max(0, t + offset), read by reader(t), survives
+        until reader(t) has run: its slot is rewritten by (or after) update(v + depth − 1), so reader(t) ⇝
+        update(v + depth − 1) must hold. Early iterations read version 0 (the clamp), hence per-t terms."""
+        need = self.steady(reader, update) - offset + 1
+        reach = self._min_reach(update)
+        last = self.window if self.exact else self.window // 2
+        for t in range(last):
+            r = reach.get((reader, t))
+            if r is not None:
+                need = max(need, (r if r < (1 << 30) else self.window) - max(0, t + offset) + 1)
+        return need
+
     def __call__(self, reader: TaskKey, producer: TaskKey) -> int:
         d = self.steady(reader, producer)
         reach = self._min_reach(producer)
@@ -474,13 +527,26 @@ class _UnrolledDistances:
 # The compiler.
 
 
-TaskKey = tuple[str, int]
+@dataclass(frozen=True)
+class _Transfer:
+    """A cross-PE dependency the simulator times as one transfer per (producer op, consumer op)."""
+
+    words: int
+    delay: int  #: consumer iteration − producer iteration
+    kind: str  #: vector, gradient (g_l to U_l's PE), weights (a version from U_l), stash (F_l's version to E_l)
 
 
 def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicSchedule, lanes: int,
                      max_samples: int, *, policy: str = "the schedule", fmt: FixedFormat = DEFAULT_FORMAT,
                      limits: HardwareLimits = DEFAULT_LIMITS) -> Program:
-    """Compile a periodic schedule of `network` into per-PE microcode and memory maps."""
+    """Compile a periodic schedule of `network` into per-PE microcode and memory maps.
+
+    Any placement of the atomic F, A, E, G, U tasks compiles (the owner of W_l is the PE running U_l). Values
+    cross PEs exactly where the simulator's dependencies (`layerpipe.schedule._deps`) put a transfer:
+    vectors; g_l from G_l's PE to the owner; a weight version from U_l(i) to every F_l / E_l reader elsewhere,
+    as pinned by the schedule's timing (`PeriodicSchedule.read_staleness`: X_l(t) reads version t − s, sent
+    by U_l(t − s − 1)); under `stash`, F_l(t)'s version to E_l(t) when they run on different PEs.
+    """
     widths = mlp_widths(network, fmt, limits)
     check_lanes(lanes, limits)
     check_samples(max_samples, limits)
@@ -488,6 +554,9 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
     if mode not in SUPPORTED_WEIGHT_MODES:
         raise InputError(f"weight mode '{mode}' is not supported by the RTL; supported: "
                          f"{', '.join(SUPPORTED_WEIGHT_MODES)}")
+    if getattr(schedule, "unfold", 1) != 1 or getattr(schedule, "groups", ()):
+        raise InputError(f"policy {policy} emitted an unfolded schedule ({getattr(schedule, 'unfold', 1)} iterations "
+                         "per period or grouped updates); the RTL runs one iteration per period")
     bodies = _normalise(schedule)
     owner = _check_placement(graph, bodies, policy)
     num_layers = len(widths) - 1
@@ -495,41 +564,202 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
     slot_of = {(s.kind, s.layer): s for body in bodies for s in body}
     index_of = {(s.kind, s.layer): i for body in bodies for i, s in enumerate(body)}
     task_with = {(t.layer, a): (t.kind, t.layer) for t in graph.tasks for a in t.kind}
+    pinned = {(kind, layer): stale for kind, layer, stale in schedule.read_staleness()}
 
     def task(layer: int, atomic: str) -> TaskKey:
         return task_with[(layer, atomic)]
 
+    def name(key: TaskKey) -> str:
+        return f"{key[0]}{key[1]}"
+
     # Cross-PE transfers: one per (producer task, consumer task) pair, as the simulator counts them.
-    transfers: dict[tuple[TaskKey, TaskKey], int] = {}
-    data_edges: list[tuple[TaskKey, TaskKey]] = []
+    transfers: dict[tuple[TaskKey, TaskKey], _Transfer] = {}
+    data_edges: list[DataEdge] = []
+
+    def add_transfer(src: TaskKey, dst: TaskKey, transfer: _Transfer) -> None:
+        if (src, dst) in transfers:
+            raise InputError(f"tasks {name(src)} and {name(dst)} exchange two values on different PEs; the RTL "
+                             "sends one value per transfer")
+        transfers[(src, dst)] = transfer
+
     for e in graph.edges:
-        if e.role in ("weights", "stash"):
-            continue  # version reads: same PE, ordered by the program
+        if e.role == "weights":
+            continue  # version reads: pinned below
         src, dst = (e.src.kind, e.src.layer), (e.dst.kind, e.dst.layer)
-        data_edges.append((src, dst))
-        if pe_of[src] != pe_of[dst] and e.role != "gradient":
-            if (src, dst) in transfers:
-                raise InputError(f"tasks {src[0]}{src[1]} and {dst[0]}{dst[1]} exchange two values on different "
-                                 "PEs; the RTL sends one vector per transfer")
-            transfers[(src, dst)] = e.words
+        data_edges.append((src, dst, 0))
+        if pe_of[src] != pe_of[dst]:
+            add_transfer(src, dst, _Transfer(e.words, 0, {"gradient": "gradient", "stash": "stash"}.get(e.role,
+                                                                                                      "vector")))
+    readers = {layer: [(t.kind, t.layer) for t in graph.tasks if t.layer == layer and "U" not in t.kind
+                       and ("F" in t.kind or "E" in t.kind)] for layer in range(1, num_layers + 1)}
+    # Version reads are the graph's weight edges (U_l → F_l; U_l → E_l under `latest`; under `stash` E_l gets
+    # F_l's version over the stash edge instead).
+    versioned = {(e.dst.kind, e.dst.layer) for e in graph.edges if e.role == "weights"}
+    for layer in range(1, num_layers + 1):
+        u = task(layer, "U")
+        for key in readers[layer]:
+            if key not in versioned:
+                continue
+            if key not in pinned:
+                if pe_of[key] != owner[layer]:
+                    raise InputError(f"task {name(key)} runs on PE {pe_of[key]}, away from W{layer}'s owner PE "
+                                     f"{owner[layer]}, but the schedule pins no version for it (a periodic schedule "
+                                     "without task costs); the RTL needs the versions to stream")
+                continue
+            delay = pinned[key] + 1
+            if delay < 0:
+                raise InputError(f"task {name(key)} reads W{layer} before U{layer} of its own iteration wrote it "
+                                 f"(staleness {pinned[key]}); the schedule is invalid")
+            data_edges.append((u, key, delay))
+            if pe_of[key] != owner[layer]:
+                add_transfer(u, key, _Transfer(widths[layer] * widths[layer - 1], delay, "weights"))
+    for (src, dst), tr in transfers.items():
+        n_in = widths[src[1] - 1]
+        if tr.kind != "vector" and n_in % lanes:
+            what = {"gradient": f"g{src[1]}", "weights": f"a version of W{src[1]}", "stash": f"W{src[1]}"}[tr.kind]
+            raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs {what} from {name(src)} on PE {pe_of[src]}, "
+                             f"but W{src[1]} has {n_in} columns, not a multiple of --lanes {lanes}: its padded rows "
+                             f"take more link beats than the rtl interconnect's ⌈words/lanes⌉; use --lanes dividing "
+                             f"{n_in} or --keep-weights-together")
     dist = _UnrolledDistances(bodies, data_edges, _Distances(bodies, data_edges), max_samples)
 
-    # Vector values: name → (producer task or None for a sample, elements, reader tasks).
-    values: dict[str, tuple[TaskKey | None, int, list[TaskKey]]] = {
-        "x": (None, widths[0], [task(1, "F"), task(1, "G")]),
-        "y": (None, widths[-1], [task(num_layers, "A")]),
-    }
-    for layer in range(1, num_layers + 1):
-        readers = [task(layer, "A")]  # the ReLU mask, or the loss input of the output layer
-        if layer < num_layers:
-            readers += [task(layer + 1, "F"), task(layer + 1, "G")]
-        values[f"a{layer}"] = (task(layer, "F"), widths[layer], readers)
-        values[f"d{layer}"] = (task(layer, "A"), widths[layer],
-                               [task(layer, "E"), task(layer, "G")] if layer > 1 else [task(layer, "G")])
-        if layer > 1:
-            values[f"e{layer - 1}"] = (task(layer, "E"), widths[layer - 1], [task(layer - 1, "A")])
+    # Weight reads: which buffer and version of W_l each F / E step reads on its PE.
+    def program_offset(key: TaskKey, layer: int) -> int:
+        """Version offset c (reads max(0, t + c)) of a reader on the owner PE, from program order."""
+        u = slot_of[task(layer, "U")]
+        x = slot_of[key]
+        return x.lag - u.lag + (1 if index_of[task(layer, "U")] < index_of[key] else 0)
 
-    sample_depth = _pow2_at_least(max_samples)
+    def version_offset(key: TaskKey, layer: int) -> int:
+        # The schedule's pin (the simulator's version rule); on the owner it equals the program order's.
+        return -pinned[key] if key in pinned else program_offset(key, layer)
+
+    def weight_read(layer: int, atomic: str, p: int) -> tuple[str, int]:
+        """(buffer, slot offset) that step `atomic` (F or E) of W_layer's reader on PE p reads."""
+        f_key = task(layer, "F")
+        ring = f"W{layer}" if p == owner[layer] else f"C{layer}"
+        if atomic == "F":
+            offset = version_offset(f_key, layer)
+            if offset > 0:
+                raise InputError(f"F{layer} runs after U{layer} of its own iteration; the schedule is invalid")
+            return ring, offset
+        e_key = task(layer, "E")
+        if mode == "latest":
+            return ring, version_offset(e_key, layer)
+        if pe_of[f_key] == p:
+            return weight_read(layer, "F", p)  # stash: the version F_l(t) read, still in the same ring
+        return f"S{layer}", 0  # stash: F_l(t)'s version, received from F_l's PE
+
+    need: dict[tuple[int, str], int] = {}  # (PE, weight buffer) → iterations its slots must survive
+
+    def require(p: int, buf: str, depth: int) -> None:
+        need[(p, buf)] = max(need.get((p, buf), 1), depth)
+
+    def require_version(p: int, buf: str, reader: TaskKey, layer: int, offset: int) -> None:
+        # Version v = t + offset of reader(t) is overwritten when version v + depth arrives (written by, or
+        # sent after, U(v + depth − 1)): reader(t) ⇝ U(t + offset + depth − 1) must hold.
+        require(p, buf, dist.versions(reader, task(layer, "U"), offset))
+
+    reads: dict[tuple[TaskKey, str], tuple[str, int]] = {}
+    for layer in range(1, num_layers + 1):
+        for key in readers[layer]:
+            p = pe_of[key]
+            for atomic in key[0]:
+                if atomic in "FE":
+                    buf, offset = reads[(key, atomic)] = weight_read(layer, atomic, p)
+                    if buf.startswith("S"):
+                        require(p, buf, dist(key, task(layer, "F")))
+                    else:
+                        require_version(p, buf, key, layer, offset)
+    for (src, dst), tr in transfers.items():
+        layer = src[1]
+        if tr.kind == "weights":  # sourced from the master ring at version t + 1, read as version t_X − s
+            require_version(owner[layer], f"W{layer}", dst, layer, -pinned[dst])
+        elif tr.kind == "stash":  # sourced from the ring F read, at F's version
+            buf, offset = reads[(src, "F")]
+            require_version(pe_of[src], buf, dst, layer, offset)
+
+    # Vector operands: each step reads a vector where the DFG edge into it puts it. `source` is that edge's
+    # producer (None: a sample); on the reader's PE the value is local (bank 0, written by its producer), in the
+    # sample bank, or received from the producer's PE (buffer `v@q` in bank from<q>). F_l passes its input
+    # a_{l-1} on to G_l (the DFG's F_l → G_l edge), from wherever F_l reads it.
+    produced: dict[str, TaskKey] = {}
+    order = ["x", "y"]
+    for layer in range(1, num_layers + 1):
+        produced[f"a{layer}"], produced[f"d{layer}"] = task(layer, "F"), task(layer, "A")
+        order += [f"a{layer}", f"d{layer}"]
+        if layer > 1:
+            produced[f"e{layer - 1}"] = task(layer, "E")
+            order.append(f"e{layer - 1}")
+
+    def source(atomic: str, layer: int, which: str) -> tuple[TaskKey | None, str]:
+        below = f"a{layer - 1}" if layer > 1 else "x"
+        if atomic == "F":
+            return (task(layer - 1, "F") if layer > 1 else None), below
+        if atomic == "G":
+            return (task(layer, "F"), below) if which == "x" else (task(layer, "A"), f"d{layer}")
+        if atomic == "E":
+            return task(layer, "A"), f"d{layer}"
+        if layer < num_layers:  # A of a hidden layer: e_l and the mask a_l
+            return (task(layer + 1, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"a{layer}")
+        return (task(layer, "F"), f"a{layer}") if which == "x" else (None, "y")
+
+    def location(p: int, producer: TaskKey | None, value: str) -> str:
+        if producer is None:
+            return value
+        if pe_of[producer] != p:
+            return f"{value}@{pe_of[producer]}"
+        if produced.get(value) == producer:
+            return value
+        return location(p, *source("F", producer[1], "x"))  # F_l passing on its input
+
+    def memory_of(buf: str) -> str:
+        if "@" in buf:
+            return f"from{buf.split('@')[1]}"
+        return "samples" if buf in ("x", "y") else "local"
+
+    # (PE, buffer) → tasks whose end writes its slot t, and tasks that must have run before it is rewritten.
+    writers: dict[tuple[int, str], set[TaskKey | None]] = {}
+    vreaders: dict[tuple[int, str], set[TaskKey]] = {}
+
+    def use(p: int, buf: str, reader: TaskKey) -> None:
+        vreaders.setdefault((p, buf), set()).add(reader)
+        writers.setdefault((p, buf), set())
+
+    operands: dict[tuple[TaskKey, int, str], str] = {}  # (task, step index, x|y) → buffer on the task's PE
+    for key, p in pe_of.items():
+        for k, atomic in enumerate(key[0]):
+            if atomic == "U":
+                continue
+            for which in ("x", "y") if atomic in "GA" else ("x",) if atomic == "F" else ("y",):
+                producer, value = source(atomic, key[1], which)
+                buf = operands[(key, k, which)] = location(p, producer, value)
+                use(p, buf, key)
+                if producer is not None and buf == value:
+                    writers[(p, buf)].add(producer)
+    vector_sends: dict[tuple[TaskKey, TaskKey], tuple[str, str]] = {}  # transfer → (source buffer, dest buffer)
+    for (src, dst), tr in transfers.items():
+        if tr.kind != "vector":
+            continue
+        values = {source(atomic, dst[1], which)[1] for k, atomic in enumerate(dst[0]) if atomic != "U"
+                  for which in ("x", "y") if (dst, k, which) in operands and source(atomic, dst[1], which)[0] == src}
+        if len(values) != 1:
+            raise InputError(f"tasks {name(src)} and {name(dst)} exchange {len(values)} vectors on different PEs; the "
+                             "RTL sends one vector per transfer")
+        value = values.pop()
+        here, there = location(pe_of[src], src, value), f"{value}@{pe_of[src]}"
+        vector_sends[(src, dst)] = (here, there)
+        use(pe_of[src], here, dst)  # the transfer ends before its consumer starts
+        if here == value and value in produced:
+            writers[(pe_of[src], here)].add(produced[value])
+        writers[(pe_of[dst], there)].add(src)
+
+    def vector_depth(p: int, buf: str) -> int:
+        if memory_of(buf) == "samples":
+            return _pow2_at_least(max_samples)
+        pairs = [dist(r, w) for r in vreaders[(p, buf)] for w in writers[(p, buf)] if w is not None]
+        return _pow2_at_least(max(pairs, default=1))
+
     programs = []
     for p, body in enumerate(bodies):
         buffers: list[Buffer] = []
@@ -538,27 +768,18 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
             base = sum(b.words for b in buffers if b.memory == memory)
             buffers.append(Buffer(name, memory, base, slot_words, depth))
 
-        for name, (prod, elements, readers) in values.items():
-            words = ceil_div(elements, lanes)
-            if prod is None:
-                if any(pe_of[r] == p for r in readers):
-                    add(name, "samples", words, sample_depth)
-                continue
-            if pe_of[prod] == p:
-                # Read here and by the transfers from here (done before their consumers start).
-                add(name, "local", words, _pow2_at_least(max(dist(r, prod) for r in readers)))
-            elif any(pe_of[r] == p for r in readers):
-                local = [r for r in readers if pe_of[r] == p]
-                add(name, f"from{pe_of[prod]}", words, _pow2_at_least(max(dist(r, prod) for r in local)))
-        versions: dict[int, dict[str, int]] = {}
+        for buf in sorted((b for q, b in vreaders if q == p), key=lambda b: (order.index(b.split("@")[0]), b)):
+            value = buf.split("@")[0]
+            elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
+            add(buf, memory_of(buf), ceil_div(elements, lanes), vector_depth(p, buf))
         for layer in range(1, num_layers + 1):
-            if owner[layer] != p:
-                continue
             matrix_words = widths[layer] * ceil_div(widths[layer - 1], lanes)
-            versions[layer] = offsets = _version_offsets(body, layer, task, mode)
-            add(f"W{layer}", "weights", matrix_words, _pow2_at_least(offsets["ring"]))
-            # U is always its own task, so g_l is kept from G_l(t) to U_l(t).
-            add(f"g{layer}", "grads", matrix_words, _pow2_at_least(dist(task(layer, "U"), task(layer, "G"))))
+            for ring in (f"W{layer}", f"C{layer}", f"S{layer}"):
+                if (p, ring) in need:
+                    add(ring, "weights", matrix_words, _pow2_at_least(need[(p, ring)]))
+            # U is always its own task, so g_l is kept from G_l(t) to U_l(t) (or to its transfer's end).
+            if p in (owner[layer], pe_of[task(layer, "G")]):
+                add(f"g{layer}", "grads", matrix_words, _pow2_at_least(dist(task(layer, "U"), task(layer, "G"))))
         for memory in sorted({b.memory for b in buffers}):
             used = sum(b.words for b in buffers if b.memory == memory)
             if used > limits.max_memory_words:
@@ -569,10 +790,18 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
         entries = []
         for s in body:
             key = (s.kind, s.layer)
-            steps = tuple(_step(atomic, s.layer, widths, versions[s.layer]) if atomic != "A" else
-                          _step(atomic, s.layer, widths, {}) for atomic in s.kind)
-            waits = tuple(i for i, (_, dst) in enumerate(counters) if dst == key)
-            entries.append(Entry(s.kind, s.layer, s.lag, s.start, steps, waits, ()))
+            steps = []
+            for atomic in s.kind:
+                step = _step(atomic, s.layer, widths)
+                for which in ("x", "y"):
+                    if (key, len(steps), which) in operands:
+                        step = replace(step, **{which: operands[(key, len(steps), which)]})
+                if (key, atomic) in reads:
+                    buf, offset = reads[(key, atomic)]
+                    step = replace(step, w=buf, version=offset)
+                steps.append(step)
+            waits = tuple((i, transfers[sd].delay) for i, sd in enumerate(counters) if sd[1] == key)
+            entries.append(Entry(s.kind, s.layer, s.lag, s.start, tuple(steps), waits, ()))
         programs.append((p, entries, buffers, counters))
 
     # Sends name the destination's counters, so they are filled in once every PE is laid out.
@@ -580,79 +809,51 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
     result = []
     for p, entries, buffers, counters in programs:
         final = []
-        need: dict[int, dict[TaskKey, int]] = {}
+        queue_need: dict[int, dict[TaskKey, int]] = {}
         for e in entries:
             key = (e.kind, e.layer)
             outs = [(src, dst) for (src, dst) in transfers if src == key]
-            # Link queue order for one producer: consumer PE, then consumer program order (lag, then index).
-            outs.sort(key=lambda sd: (pe_of[sd[1]], slot_of[sd[1]].lag, index_of[sd[1]]))
+            # Link queue order for one producer: consumer PE, then consumer program order (period, index).
+            outs.sort(key=lambda sd: (pe_of[sd[1]], transfers[sd].delay + slot_of[sd[1]].lag, index_of[sd[1]]))
             sends = []
             for src, dst in outs:
-                value = _value_sent(src, dst)
-                sends.append(Send(pe_of[dst], value, value, transfers[(src, dst)], counter_at[pe_of[dst]][(src, dst)],
-                                  f"{dst[0]}{dst[1]}"))
+                tr = transfers[(src, dst)]
+                q, layer = pe_of[dst], src[1]
+                counter = counter_at[q][(src, dst)]
+                if tr.kind == "vector":
+                    send = Send(q, *vector_sends[(src, dst)], tr.words, counter, name(dst))
+                elif tr.kind == "gradient":
+                    send = Send(q, f"g{layer}", f"g{layer}", tr.words, counter, name(dst))
+                elif tr.kind == "weights":
+                    send = Send(q, f"W{layer}", f"C{layer}", tr.words, counter, name(dst), tr.delay, 1, 1)
+                else:  # stash
+                    buf, offset = reads[(src, "F")]
+                    send = Send(q, buf, f"S{layer}", tr.words, counter, name(dst), 0, offset, 0)
+                sends.append(send)
                 # The queue item of this op stays until its last transfer arrives, before its consumer
                 # starts; the op d iterations later cannot end before that consumer has run.
-                per = need.setdefault(pe_of[dst], {})
-                per[key] = max(per.get(key, 1), dist(dst, src))
+                per = queue_need.setdefault(q, {})
+                per[key] = max(per.get(key, 1), dist(dst, src) + tr.delay)
             final.append(Entry(e.kind, e.layer, e.lag, e.start, e.steps, e.waits, tuple(sends)))
-        queues = tuple((q, _pow2_at_least(sum(per.values()))) for q, per in sorted(need.items()))
-        names = tuple(f"{s[0]}{s[1]}->{d[0]}{d[1]}" for s, d in counters)
+        queues = tuple((q, _pow2_at_least(sum(per.values()))) for q, per in sorted(queue_need.items()))
+        names = tuple(f"{name(s)}->{name(d)}" for s, d in counters)
         result.append(PEProgram(p, tuple(final), tuple(buffers), names, queues))
     return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits)
 
 
-def _value_sent(src: TaskKey, dst: TaskKey) -> str:
-    """The vector a transfer between two tasks carries (MLP edges: one value per task pair)."""
-    kind, layer = src
-    if "F" in kind:
-        return f"a{layer}"  # activation to F_{l+1}/G_{l+1}, the mask a_l or the output a_L to A_l
-    if "E" in kind and dst[1] == layer - 1:
-        return f"e{layer - 1}"  # error to the layer below
-    if "A" in kind:
-        return f"d{layer}"  # δ_l to E_l / G_l
-    raise AssertionError(f"no vector travels {src} -> {dst}")
-
-
-def _version_offsets(body: list[Slot], layer: int, task: Callable[[int, str], TaskKey], mode: str) -> dict[str, int]:
-    """Which version of W_layer F and E of iteration t read, and how many versions must be kept.
-
-    On the owner PE the program order fixes the versions: the op of iteration t at program position
-    (t + λ, i) follows the updates U(t') with (t' + λ_U, i_U) < (t + λ, i), i.e. t' < t + λ − λ_U + [i_U < i],
-    so it reads version max(0, t + c) with c = λ − λ_U + [i_U < i]. Under `stash` E reads F's version; the
-    ring keeps c_E − c_F + 1 versions (the ones written between F(t) and E(t), plus F's).
-    """
-    pos = {(s.kind, s.layer): (s.lag, i) for i, s in enumerate(body)}
-    lag_u, i_u = pos[task(layer, "U")]
-
-    def offset(key: TaskKey) -> int:
-        lag, i = pos[key]
-        return lag - lag_u + (1 if i_u < i else 0)
-
-    c_f = offset(task(layer, "F"))
-    if c_f > 0:
-        raise InputError(f"F{layer} runs after U{layer} of its own iteration; the schedule is invalid")
-    if layer == 1:
-        return {"F": c_f, "ring": 1}
-    c_e = offset(task(layer, "E"))
-    if mode == "latest":
-        return {"F": c_f, "E": c_e, "ring": 1}
-    return {"F": c_f, "E": c_f, "ring": c_e - c_f + 1}
-
-
-def _step(atomic: str, layer: int, widths: Sequence[int], versions: dict[str, int]) -> Step:
+def _step(atomic: str, layer: int, widths: Sequence[int]) -> Step:
+    """Step `atomic` of `layer` reading the owner's ring at the current version (weight reads are set after)."""
     n_in, n_out = widths[layer - 1], widths[layer]
     hidden = layer < len(widths) - 1
     below = f"a{layer - 1}" if layer > 1 else "x"
     if atomic == "F":
-        return Step("F", layer, n_in, n_out, hidden, x=below, w=f"W{layer}", dst=f"a{layer}", version=versions["F"])
+        return Step("F", layer, n_in, n_out, hidden, x=below, w=f"W{layer}", dst=f"a{layer}")
     if atomic == "A":
         if hidden:
             return Step("A", layer, n_in, n_out, hidden, x=f"e{layer}", y=f"a{layer}", dst=f"d{layer}")
         return Step("A", layer, n_in, n_out, hidden, x=f"a{layer}", y="y", dst=f"d{layer}")
     if atomic == "E":
-        return Step("E", layer, n_in, n_out, hidden, y=f"d{layer}", w=f"W{layer}", dst=f"e{layer - 1}",
-                    version=versions["E"])
+        return Step("E", layer, n_in, n_out, hidden, y=f"d{layer}", w=f"W{layer}", dst=f"e{layer - 1}")
     if atomic == "G":
         return Step("G", layer, n_in, n_out, hidden, x=below, y=f"d{layer}", dst=f"g{layer}")
     if atomic == "U":

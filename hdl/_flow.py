@@ -30,6 +30,7 @@ from layerpipe.hdl._compiler import (
     mlp_widths,
 )
 from layerpipe.hdl._costs import RTLCostModel
+from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
 
 __all__ = ["Design", "make_design", "pack_word", "unpack_word", "write_vectors"]
@@ -84,6 +85,8 @@ class Design:
                 "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.widths[index - 1],
                 "row_words": ceil_div(prog.widths[index - 1], lanes), "init_addr": ring.address(0),
                 "final_addr": ring.address(self.samples),
+                # Received copies of W (F / E away from the owner) start from version 0 too.
+                "copies": [[pe, buf.address(0)] for pe, buf in prog.weight_copies(index)],
                 "init": expected[f"init_W{index}"].tolist(), "final": expected[f"final_W{index}"].tolist(),
                 "final_float": float_final[f"W{index}"].tolist(),
             })
@@ -123,7 +126,8 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
     net = load_network(network, 1) if isinstance(network, str) else network
     mlp_widths(net)  # refuse what the hardware cannot run before scheduling it
     given: dict[str, object] = {"keep_weights_together": keep_weights_together} if policy == "layerpipe" else {}
-    result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given))
+    result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given),
+                           interconnect=Interconnect.rtl(lanes))
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
     program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)

@@ -93,6 +93,10 @@ class PEConfig:
     local_depth: int = 256  #: bank 0: every vector the op engine writes
     recv_depths: tuple[int, ...] = (256,)  #: banks 1..: one per receive port (links in, sample stream)
     send_ports: int = 1  #: read ports of bank 0 for link senders
+    #: further sender read ports, by memory: "bank<k>" (a receive bank passed on), "weights", "grads"
+    extra_reads: tuple[str, ...] = ()
+    weight_writes: int = 0  #: write ports of the weight memory for link receivers (weight copies)
+    grad_writes: int = 0  #: write ports of the gradient memory for link receivers (g from another PE)
     max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
 
     def __post_init__(self) -> None:
@@ -109,6 +113,15 @@ class PEConfig:
         for k, depth in enumerate(self.recv_depths):
             _check_int(f"recv_depths[{k}]", depth, 1, MAX_DEPTH, "words")
         _check_int("send_ports", self.send_ports, 0, 64)
+        if not isinstance(self.extra_reads, tuple):
+            raise InputError(f"extra_reads must be a tuple of memory names, got {self.extra_reads!r}")
+        for k, target in enumerate(self.extra_reads):
+            banks = [f"bank{b}" for b in range(1 + len(self.recv_depths))]
+            if target not in (*banks, "weights", "grads"):
+                raise InputError(f"extra_reads[{k}] must be one of {', '.join((*banks, 'weights', 'grads'))}, "
+                                 f"got {target!r}")
+        _check_int("weight_writes", self.weight_writes, 0, 64)
+        _check_int("grad_writes", self.grad_writes, 0, 64)
         _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
 
     # -- derived widths --------------------------------------------------------------------------------
@@ -315,7 +328,10 @@ class ProcessingElement(wiring.Component):
     - `done`  Out(1): high in the op's last cycle (its last write); `cmd.ready` rises the cycle after.
     - `host`  In(host port): weight memory load / read back, served while idle.
     - `recv`  In(write port) × len(recv_depths): writes into bank k+1 (link receivers, sample stream).
-    - `send`  In(read port) × send_ports: reads of bank 0 (link senders); data the cycle after addr/en.
+    - `send`  In(read port) × (send_ports + len(extra_reads)): reads for link senders, data the cycle after
+              addr/en: bank 0 for the first `send_ports`, then the memories `extra_reads` names.
+    - `wwrite`, `gwrite`  In(write port) × weight_writes / grad_writes: link receivers writing weight copies
+              and gradients (disjoint regions from the op engine's: the compiler's memory map).
     """
 
     def __init__(self, config: PEConfig) -> None:
@@ -328,8 +344,14 @@ class ProcessingElement(wiring.Component):
         }
         if config.recv_depths:
             members["recv"] = In(write_port_signature(config.vector_addr_bits, word)).array(len(config.recv_depths))
-        if config.send_ports:
-            members["send"] = In(read_port_signature(config.vector_addr_bits, word)).array(config.send_ports)
+        reads = config.send_ports + len(config.extra_reads)
+        if reads:
+            abits = max(config.vector_addr_bits, config.weight_addr_bits, config.grad_addr_bits)
+            members["send"] = In(read_port_signature(abits, word)).array(reads)
+        if config.weight_writes:
+            members["wwrite"] = In(write_port_signature(config.weight_addr_bits, word)).array(config.weight_writes)
+        if config.grad_writes:
+            members["gwrite"] = In(write_port_signature(config.grad_addr_bits, word)).array(config.grad_writes)
         super().__init__(members)
         self.weights = Memory(shape=word, depth=config.weight_depth, init=[])
         self.grads = Memory(shape=word, depth=config.grad_depth, init=[])
@@ -470,7 +492,14 @@ class ProcessingElement(wiring.Component):
         for k, port in enumerate(getattr(self, "recv", [])):
             recv_write = self.banks[k + 1].write_port()
             m.d.comb += [recv_write.addr.eq(port.addr), recv_write.data.eq(port.data), recv_write.en.eq(port.en)]
-        for port in getattr(self, "send", []):
-            send_read = self.banks[0].read_port()
+        targets = ("bank0",) * cfg.send_ports + cfg.extra_reads
+        memories = {f"bank{k}": bank for k, bank in enumerate(self.banks)}
+        memories.update(weights=self.weights, grads=self.grads)
+        for port, target in zip(getattr(self, "send", []), targets, strict=True):
+            send_read = memories[target].read_port()
             m.d.comb += [send_read.addr.eq(port.addr), send_read.en.eq(port.en), port.data.eq(send_read.data)]
+        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads)):
+            for port in ports:
+                write = memory.write_port()
+                m.d.comb += [write.addr.eq(port.addr), write.data.eq(port.data), write.en.eq(port.en)]
         return m

@@ -9,7 +9,8 @@ the smallest (period, row) pair after the current one. So an op starts exactly w
 its inputs have arrived, as the simulator assumes:
 
 - a row is issued (`cmd.valid`) when it is the head of its entry and every arrival counter it waits on
-  exceeds t (the counters count transfers received, in iteration order), or when it continues an entry;
+  exceeds t − delay (the counters count transfers received, in iteration order; a weight copy sent by
+  U_l(t − s − 1) to F_l(t) waits with delay s + 1), or when it continues an entry;
 - the PE accepts it in that cycle if it is idle (`cmd.ready`);
 - when the entry's last step ends (the PE's `done`), (entry, t) is pushed to the link senders.
 
@@ -43,7 +44,7 @@ class Row:
     lag: int
     head: bool
     tail: bool
-    waits: tuple[int, ...]
+    waits: tuple[tuple[int, int], ...]  #: (counter, delay)
     step: Step
 
 
@@ -131,7 +132,7 @@ class Sequencer(wiring.Component):
         with m.Switch(pc):
             for i, row in enumerate(rows):
                 with m.Case(i):
-                    waits = [counts[k] > t for k in row.waits]
+                    waits = [(counts[k] + delay) > t for k, delay in row.waits]
                     m.d.comb += [ready_in.eq(_all(waits)), head.eq(row.head), tail.eq(row.tail),
                                  entry.eq(row.entry)]
                     self._command(m, cmd, row.step, t)

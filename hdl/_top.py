@@ -22,31 +22,49 @@ from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._compiler import Program
-from layerpipe.hdl._link import LINK_LATENCY, LinkReceiver, LinkSender
+from layerpipe.hdl._compiler import PEProgram, Program
+from layerpipe.hdl._link import LinkReceiver, LinkSender
 from layerpipe.hdl._pe import PEConfig, ProcessingElement
 from layerpipe.hdl._sequencer import Sequencer
+from layerpipe.interconnect import Interconnect
 from layerpipe.sim import SimConfig
 
 __all__ = ["Accelerator", "pe_configs", "rtl_sim_config"]
+
+
+def _port_of(pe: PEProgram, memory: str) -> str:
+    """A PE memory as a read-port target of `PEConfig.extra_reads`."""
+    return memory if memory in ("weights", "grads") else f"bank{pe.bank(memory)}"
+
+
+def read_ports(program: Program, p: int) -> list[tuple[int, str]]:
+    """The sender read ports of PE p beyond bank 0's, as (destination PE, memory) in port order."""
+    return [(q, m) for q in program.pes[p].senders for m in program.link_sources(p, q) if m != "local"]
 
 
 def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
     """The generation parameters of every PE, sized by the compiler's memory map."""
     out = []
     for pe in program.pes:
+        p = pe.index
+        incoming = [src for src, dst in program.links() if dst == p]
+        bank0 = [q for q in pe.senders if "local" in program.link_sources(p, q)]
         out.append(PEConfig(
             lanes=program.lanes, fmt=program.fmt, lr_shift=lr_shift,
             weight_depth=max(1, pe.memory_words("weights")), grad_depth=max(1, pe.memory_words("grads")),
             local_depth=max(1, pe.memory_words("local")),
             recv_depths=tuple(max(1, pe.memory_words(bank)) for bank in pe.receive_banks),
-            send_ports=len(pe.senders), max_dim=max(program.widths)))
+            send_ports=len(bank0), extra_reads=tuple(_port_of(pe, m) for _, m in read_ports(program, p)),
+            weight_writes=sum("weights" in program.link_targets(src, p) for src in incoming),
+            grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
+            max_dim=max(program.widths)))
     return out
 
 
 def rtl_sim_config(lanes: int, mode: str = "stash") -> SimConfig:
-    """The simulator configuration under which `layerpipe.sim` times runs exactly like this hardware."""
-    return SimConfig.links(LINK_LATENCY, lanes, mode)
+    """The simulator configuration under which `layerpipe.sim` times runs exactly like this hardware:
+    the `rtl` interconnect (`Interconnect.rtl(lanes)`)."""
+    return SimConfig.of(Interconnect.rtl(lanes), mode)
 
 
 class Accelerator(wiring.Component):
@@ -59,6 +77,7 @@ class Accelerator(wiring.Component):
         self.iteration_bits = max(1, program.max_samples.bit_length())
         self.weight_addr_bits = max(c.weight_addr_bits for c in self.configs)
         self.vector_addr_bits = max(c.vector_addr_bits for c in self.configs)
+        self.link_addr_bits = max(max(c.vector_addr_bits, c.weight_addr_bits, c.grad_addr_bits) for c in self.configs)
         word = self.configs[0].word
         super().__init__({
             "start": In(1),
@@ -93,20 +112,40 @@ class Accelerator(wiring.Component):
         # ---- links ----------------------------------------------------------------------------------
         senders = []
         arrivals: dict[tuple[int, int], list] = {}
+        bank0_port = {p: 0 for p in range(prog.num_pes)}
+        extra_port = {p: 0 for p in range(prog.num_pes)}
+        wwrite = {p: 0 for p in range(prog.num_pes)}
+        gwrite = {p: 0 for p in range(prog.num_pes)}
         for p, q in prog.links():
-            sender = LinkSender(prog, p, q, self.configs[p].word, self.iteration_bits, self.vector_addr_bits)
-            receiver = LinkReceiver(prog, self.configs[q].word, self.vector_addr_bits)
+            abits = self.link_addr_bits
+            sender = LinkSender(prog, p, q, self.configs[p].word, self.iteration_bits, abits)
+            receiver = LinkReceiver(prog, self.configs[q].word, abits)
             m.submodules[f"link{p}to{q}"] = sender
             m.submodules[f"recv{p}to{q}"] = receiver
             wiring.connect(m, sender.out, receiver.inp)
-            port = pes[p].send[prog.pes[p].senders.index(q)]
-            m.d.comb += [port.addr.eq(sender.rd_addr), port.en.eq(sender.rd_en), sender.rd_data.eq(port.data),
-                         sender.push_valid.eq(seqs[p].push_valid), sender.push_entry.eq(seqs[p].push_entry),
-                         sender.push_iter.eq(seqs[p].push_iter)]
-            bank = prog.pes[q].bank(f"from{p}")
-            wport = pes[q].recv[bank - 1]
-            m.d.comb += [wport.addr.eq(receiver.wr_addr), wport.data.eq(receiver.wr_data),
-                         wport.en.eq(receiver.wr_en)]
+            m.d.comb += [sender.push_valid.eq(seqs[p].push_valid), sender.push_entry.eq(seqs[p].push_entry),
+                         sender.push_iter.eq(seqs[p].push_iter), sender.samples.eq(self.samples_count)]
+            for k, memory in enumerate(sender.sources):
+                if memory == "local":
+                    port = pes[p].send[bank0_port[p]]
+                    bank0_port[p] += 1
+                else:
+                    port = pes[p].send[self.configs[p].send_ports + extra_port[p]]
+                    extra_port[p] += 1
+                m.d.comb += [port.addr.eq(sender.rd_addr), port.en.eq(sender.rd_en[k]),
+                             sender.rd_data[k].eq(port.data)]
+            targets = prog.link_targets(p, q)
+            if f"from{p}" in targets:
+                wport = pes[q].recv[prog.pes[q].bank(f"from{p}") - 1]
+                m.d.comb += [wport.addr.eq(receiver.wr_addr), wport.data.eq(receiver.wr_data),
+                             wport.en.eq(receiver.wr_en)]
+            for memory, ports, used, enable in (("weights", "wwrite", wwrite, receiver.ww_en),
+                                                 ("grads", "gwrite", gwrite, receiver.wg_en)):
+                if memory in targets:
+                    wport = getattr(pes[q], ports)[used[q]]
+                    used[q] += 1
+                    m.d.comb += [wport.addr.eq(receiver.wr_addr), wport.data.eq(receiver.wr_data),
+                                 wport.en.eq(enable)]
             for k in range(len(prog.pes[q].counters)):
                 arrivals.setdefault((q, k), []).append(receiver.arrived & (receiver.arrived_counter == k))
             senders.append(sender)
@@ -156,24 +195,25 @@ class Accelerator(wiring.Component):
         return m
 
     def _sample_loader(self, m: Module, pes: list[ProcessingElement]) -> None:
+        """x(t) words then y(t) words, t = 0, 1, …, written into the sample bank of every PE that holds them."""
         prog = self.program
         lanes = prog.lanes
         x_words = -(-prog.widths[0] // lanes)
         y_words = -(-prog.widths[-1] // lanes)
-        x_pe, y_pe = prog.holder("x"), prog.holder("y")
-        x_buf, y_buf = prog.pes[x_pe].buffer("x"), prog.pes[y_pe].buffer("y")
         t = Signal(self.iteration_bits)
         word = Signal(range(max(x_words, y_words) + 1))
         in_y = Signal()
         m.d.comb += self.samples.ready.eq(1)
-        addr = Signal(self.vector_addr_bits)
-        m.d.comb += addr.eq(Mux(in_y, y_buf.base + t * y_buf.slot_words, x_buf.base + t * x_buf.slot_words) + word)
-        for which, p, buf in (("x", x_pe, x_buf), ("y", y_pe, y_buf)):
-            port = pes[p].recv[prog.pes[p].bank(buf.memory) - 1]
-            selected = in_y if which == "y" else ~in_y
-            with m.If(selected):
-                m.d.comb += [port.addr.eq(addr), port.data.eq(self.samples.payload),
-                             port.en.eq(self.samples.valid)]
+        for pe_prog, pe in zip(prog.pes, pes, strict=True):
+            for which in ("x", "y"):
+                buf = next((b for b in pe_prog.buffers if b.name == which and b.memory == "samples"), None)
+                if buf is None:
+                    continue
+                port = pe.recv[pe_prog.bank("samples") - 1]
+                selected = in_y if which == "y" else ~in_y
+                with m.If(selected):
+                    m.d.comb += [port.addr.eq(buf.base + t * buf.slot_words + word), port.data.eq(self.samples.payload),
+                                 port.en.eq(self.samples.valid)]
         with m.If(self.samples.valid):
             last = word == Mux(in_y, y_words - 1, x_words - 1)
             with m.If(last):

@@ -102,13 +102,15 @@ class Driver:
     async def load_weights(self) -> None:
         dut, lanes, bits = self.dut, self.model.lanes, self.model.bits
         for layer in self.model.doc["layers"]:
-            for r, row in enumerate(layer["init"]):
-                for k, word in enumerate(words_of(row, lanes, bits)):
-                    await FallingEdge(dut.clk)
-                    dut.host_pe.value = layer["pe"]
-                    dut.host_addr.value = layer["init_addr"] + r * layer["row_words"] + k
-                    dut.host_w_data.value = word
-                    dut.host_w_en.value = 1
+            # The owner's ring and every received copy (PEs running F / E away from the owner) hold version 0.
+            for pe, base in [[layer["pe"], layer["init_addr"]], *layer.get("copies", [])]:
+                for r, row in enumerate(layer["init"]):
+                    for k, word in enumerate(words_of(row, lanes, bits)):
+                        await FallingEdge(dut.clk)
+                        dut.host_pe.value = pe
+                        dut.host_addr.value = base + r * layer["row_words"] + k
+                        dut.host_w_data.value = word
+                        dut.host_w_en.value = 1
         await FallingEdge(dut.clk)
         dut.host_w_en.value = 0
 

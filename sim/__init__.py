@@ -56,7 +56,8 @@ def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: Si
     start = np.asarray(start_l, dtype=np.int64)
     end = np.asarray(end_l, dtype=np.int64)
     if reports:
-        versions = version_array(compiled, start, end, workload, config.mode)
+        versions = version_array(compiled, start, end, workload, config.mode,
+                                 remote_copies=config.interconnect != "shared")
         peaks = tuple(peak_memory(compiled, start, end, versions, workload, config.mode))
     else:
         versions = np.full(compiled.num_ops, -1, dtype=np.int64)

@@ -4,6 +4,9 @@
   that have finished when it starts (end ≤ its start). U_l ops on the op's own processor finish before
   it exactly when they precede it in program order, so the rule needs no special case for them. U_l
   ops finish in iteration order (U_l(t) needs U_l(t−1)), so version k holds updates 0..k−1.
+- on a distributed interconnect (`links`, `bus`, `rtl`) an op away from its layer's U reads the copy the
+  owner sent for it: the version the schedule pins (`OpSchedule.read_staleness`: X_l(t) reads t − s, sent by
+  U_l(t − s − 1) and waited for), not a newer one that may have ended at the owner meanwhile.
 - `stash`: an op containing E of layer l at iteration t reads the version F_l(t) read.
 - `latest`: E reads the current version at its start, like F.
 - `ema`: E computes with the current weights (recorded here) and the moving-average correction
@@ -23,7 +26,7 @@ from layerpipe.sim._workload import Workload
 
 
 def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workload: Workload,
-                  mode: str) -> np.ndarray:
+                  mode: str, remote_copies: bool = False) -> np.ndarray:
     """Version read by every op (compiled numbering), −1 for ops that read no weights."""
     versions = np.full(c.num_ops, -1, dtype=np.int64)
     reads = np.asarray([workload.reads_weights(k, u) for k, u in c.tasks], dtype=bool)[c.task]
@@ -46,9 +49,31 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
         members = readers[lo:hi]
         a, b = np.searchsorted(update_units, [layer, layer + 1])
         versions[members] = np.searchsorted(update_ends[a:b], start[members], side="right")
+    if remote_copies:
+        _remote_copies(c, versions)
     if mode == "stash":
         _stash_from_forward(c, versions, readers, unit)
     return versions
+
+
+def _remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:
+    """Readers on another processor than their layer's U read their pinned version (the copy sent to them)."""
+    pinned = c.schedule.read_staleness_map()
+    if not pinned or not getattr(c.schedule, "simple", True):
+        return  # unfolded / grouped schedules pin per phase and update group: their own rule
+    proc = np.asarray(c.proc)
+    task_ids = {t: k for k, t in enumerate(c.tasks)}
+    owner = {}
+    for (kind, unit), k in task_ids.items():
+        ops = np.flatnonzero(c.task == k)
+        if "U" in kind and len(ops):
+            owner[unit] = proc[ops[0]]
+    for (kind, unit), stale in pinned.items():
+        k = task_ids.get((kind, unit))
+        if k is None or unit not in owner:
+            continue
+        ops = np.flatnonzero((c.task == k) & (proc != owner[unit]))
+        versions[ops] = np.maximum(0, c.iteration[ops] - stale)
 
 
 def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.ndarray, unit: np.ndarray) -> None:

@@ -15,9 +15,10 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.hdl._compiler import HardwareLimits, Program, compile_schedule
 from layerpipe.hdl._costs import RTLCostModel
-from layerpipe.hdl._flow import make_design
+from layerpipe.hdl._flow import Design, make_design
 from layerpipe.network import Linear, NetworkBuilder, load_network, mlp
 from layerpipe.schedule import PeriodicSchedule, Slot
+from tests.rtl_placements import placed_design, placed_schedule, placements
 
 
 def two_pe_schedule() -> PeriodicSchedule:
@@ -38,7 +39,7 @@ def test_memory_map_and_transfers_of_a_hand_made_schedule() -> None:
     # Samples land where they are read: x with layer 1, y with the output layer's A.
     assert pe0.buffer("x").memory == "samples" and pe1.buffer("y").memory == "samples"
     # a1 is produced on PE 0 (bank 0) and received on PE 1 (the bank of the link from PE 0).
-    assert pe0.buffer("a1").memory == "local" and pe1.buffer("a1").memory == "from0"
+    assert pe0.buffer("a1").memory == "local" and pe1.buffer("a1@0").memory == "from0"
     assert pe1.bank("from0") == 2 and pe1.receive_banks == ("samples", "from0")
     # Vectors take ceil(n / lanes) words per slot: a1 has 3 elements, 2 lanes.
     assert pe0.buffer("a1").slot_words == 2
@@ -46,8 +47,8 @@ def test_memory_map_and_transfers_of_a_hand_made_schedule() -> None:
     assert pe0.buffer("a1").depth == 4
     # One transfer each way, queued on the link of its producer and counted at the consumer.
     (f1, a1, _, _) = pe0.entries
-    assert [(s.dest, s.src, s.elements, s.consumer) for s in f1.sends] == [(1, "a1", 3, "F2")]
-    assert a1.waits == (0,) and pe0.counters == ("E2->A1",)
+    assert [(s.dest, s.src, s.dst, s.elements, s.consumer) for s in f1.sends] == [(1, "a1", "a1@0", 3, "F2")]
+    assert a1.waits == ((0, 0),) and pe0.counters == ("E2->A1",)
     assert prog.links() == ((0, 1), (1, 0))
     # W1: F1(t) follows U1(t') for t' < t − 2, so it reads version t − 2; U reads t.
     assert f1.steps[0].version == -2
@@ -73,7 +74,7 @@ def test_microcode_text_is_deterministic_and_complete() -> None:
     text = compile_two_pe().to_text()
     assert text == compile_two_pe().to_text()
     assert text.startswith("# layerpipe microcode v1 network=mlp:5-3-2 pes=2 lanes=2 period=50")
-    assert "send a1->pe1.a1 3 elements counter 0 for F2" in text
+    assert "send a1->pe1.a1@0 3 elements counter 0 for F2" in text
     assert "F1 3x5 relu x=x w=W1 dst=a1 version=t-2" in text
     assert "link pe0->pe1: queue depth" in text
 
@@ -109,13 +110,51 @@ def test_rejects_lanes_out_of_range(lanes: int) -> None:
         compile_two_pe(lanes)
 
 
-def test_rejects_weight_tasks_away_from_their_owner() -> None:
-    b0 = (Slot(0, "F", 1, 0), Slot(10, "A", 1, 2), Slot(20, "G", 1, 2), Slot(30, "U", 1, 2), Slot(40, "E", 2, 1))
-    b1 = (Slot(0, "F", 2, 1), Slot(10, "A", 2, 1), Slot(30, "G", 2, 1), Slot(40, "U", 2, 1))
+def test_weight_tasks_away_from_their_owner_stream_versions() -> None:
+    # E2 and G2 on PE 0, away from W2's owner (PE 1, which runs U2): under stash E2 receives F2's version (S2),
+    # no copy from U2; G2 sends g2 to U2; F1 on PE 1 reads copies of W1 (C1) sent by U1 on PE 0.
+    where = {"F1": 1, "A1": 0, "G1": 0, "U1": 0, "F2": 1, "A2": 1, "E2": 0, "G2": 0, "U2": 1}
+    prog = placed_design([4, 4, 2], where, 2, 2, 8).program
+    pe0, pe1 = prog.pes
+    e2 = next(e for e in pe0.entries if e.kind == "E")
+    assert e2.steps[0].w == "S2" and pe0.buffer("S2").memory == "weights"
+    g2 = next(e for e in pe0.entries if (e.kind, e.layer) == ("G", 2))
+    assert [(s.dest, s.src, s.dst) for s in g2.sends] == [(1, "g2", "g2")]
+    u2 = next(e for e in pe1.entries if e.kind == "U" and e.layer == 2)
+    assert u2.sends == ()
+    f2 = next(e for e in pe1.entries if (e.kind, e.layer) == ("F", 2))
+    assert ("W2", "S2") in [(s.src, s.dst) for s in f2.sends]
+    u1 = next(e for e in pe0.entries if (e.kind, e.layer) == ("U", 1))
+    (copy,) = u1.sends
+    assert (copy.src, copy.dst, copy.src_offset, copy.dst_offset) == ("W1", "C1", 1, 1) and copy.delay >= 1
+    f1 = next(e for e in pe1.entries if (e.kind, e.layer) == ("F", 1))
+    assert f1.steps[0].w == "C1" and (pe1.counters.index("U1->F1"), copy.delay) in f1.waits
+    assert prog.weight_copies(1) == ((1, pe1.buffer("C1")),)
+    assert set(prog.link_targets(0, 1)) >= {"grads", "weights"}
+    assert "send W1->pe1.C1 16 elements counter" in prog.to_text()
+
+
+def test_rejects_placements_the_hardware_cannot_run() -> None:
+    # W2 has 3 columns: with 2 lanes its padded rows take 2 beats each, the model counts ⌈6/2⌉ = 3 beats.
+    where = {"F1": 0, "A1": 0, "G1": 0, "U1": 0, "F2": 1, "A2": 1, "E2": 0, "G2": 1, "U2": 1}
+    with pytest.raises(InputError, match=r"task E2 on PE 0 needs W2 from F2 on PE 1, but W2 has 3 columns, not a "
+                                         r"multiple of --lanes 2"):
+        placed_design([5, 3, 2], where, 2, 2, 8)
+    # Without task costs the schedule pins no versions, so there is nothing to stream.
+    result = placed_schedule([4, 4, 2], {**where, "F2": 0}, 2, 1)
+    assert result.periodic is not None and result.graph is not None
+    bare = PeriodicSchedule(result.periodic.period, result.periodic.bodies)
+    with pytest.raises(InputError, match=r"task F2 runs on PE 0, away from W2's owner PE 1, but the schedule pins no "
+                                         "version for it"):
+        compile_schedule(result.graph.network, result.graph, bare, 1, 8)
+    # A fused backward (PipeDream's AEG) away from its U.
     net = mlp([5, 3, 2])
-    with pytest.raises(InputError, match=r"places E2 away from W2's owner \(PE 1\); the RTL needs "
-                                         r"--keep-weights-together"):
-        compile_schedule(net, build_training_graph(net), PeriodicSchedule(50, (b0, b1)), 2, 8, policy="layerpipe")
+    fused = build_training_graph(net, GraphOptions(intra=False, inter=False))
+    c0 = (Slot(0, "F", 1, 0), Slot(10, "AEG", 2, 1), Slot(20, "AG", 1, 2), Slot(30, "U", 1, 2))
+    c1 = (Slot(0, "F", 2, 1), Slot(40, "U", 2, 1))
+    with pytest.raises(InputError, match=r"places fused task AEG2 on PE 0, away from W2's owner \(PE 1, which runs "
+                                         r"U2\)"):
+        compile_schedule(net, fused, PeriodicSchedule(50, (c0, c1)), 1, 8, policy="pipedream")
 
 
 def test_rejects_unsupported_policies_and_weight_modes() -> None:
@@ -129,19 +168,33 @@ def test_rejects_unsupported_policies_and_weight_modes() -> None:
 # ---- against the simulator's timing and version map, on the policies' schedules -------------------------
 
 def _check_against_simulator(network: str, policy: str, n: int, lanes: int, samples: int) -> None:
-    design = make_design(network, policy, n, lanes, samples)
-    prog, sim = design.program, design.sim
-    # Every F and E reads the version the simulator observed: max(0, t + offset) of the compiler.
+    _check_design(make_design(network, policy, n, lanes, samples))
+
+
+def _check_design(design: Design) -> None:
+    """Versions and ring depths of a compiled design against the simulator's run of the same ops."""
+    prog, sim, samples = design.program, design.sim, design.samples
+    # Every F and E reads the version the simulator observed: max(0, t + offset) of its ring (W on the owner,
+    # C elsewhere); an E reading S (stash, received) reads F's version.
     versions = sim.version_map
+    offset_of = {}
+    for pe in prog.pes:
+        for entry in pe.entries:
+            for step in entry.steps:
+                if step.kind in "FE" and step.w:
+                    offset_of[(step.kind, entry.layer)] = step
     for pe in prog.pes:
         for entry in pe.entries:
             for step in entry.steps:
                 if step.kind not in "FE" or (step.kind == "E" and step.layer == 1):
                     continue
+                source = offset_of[("F", step.layer)] if step.w.startswith("S") else step
                 for t in range(samples):
                     key = (entry.kind, entry.layer, t)
-                    assert versions[key] == max(0, t + step.version), (key, step)
-    # No ring slot is rewritten before its last reader of the older iteration has ended.
+                    assert versions[key] == max(0, t + source.version), (key, step)
+    # No vector ring slot is rewritten before its last reader of the older iteration has ended: writers are
+    # the local producer or the producers whose transfers land in it; readers are local steps and the
+    # consumers of transfers sourced from it.
     start = {op.key: int(s) for op, s in zip(sim.ops, sim.start, strict=True)}
     end = {op.key: int(e) for op, e in zip(sim.ops, sim.end, strict=True)}
     owner_of = {(e.kind, e.layer): (pe, e) for pe in prog.pes for e in pe.entries}
@@ -149,14 +202,18 @@ def _check_against_simulator(network: str, policy: str, n: int, lanes: int, samp
         for buf in pe.buffers:
             if buf.memory in ("samples", "weights", "grads") or buf.depth >= samples:
                 continue
-            writers = [e for p2 in prog.pes for e in p2.entries if any(s.dst == buf.name for s in e.steps)]
+            # A local producer writes while it runs (from its start); a transfer lands after its producer ends.
+            writers = [(e, start) for e in pe.entries if any(s.dst == buf.name for s in e.steps)]
+            writers += [(e, end) for p2 in prog.pes for e in p2.entries
+                        if any(s.dest == pe.index and s.dst == buf.name for s in e.sends)]
             readers = [e for e in pe.entries if any(buf.name in (s.x, s.y) for s in e.steps)]
             readers += [owner_of[_task_of(s.consumer)][1] for e in pe.entries for s in e.sends if s.src == buf.name]
-            (writer,) = writers
-            for t in range(samples - buf.depth):
-                rewrite = start[(writer.kind, writer.layer, t + buf.depth)]
-                last_read = max(end[(r.kind, r.layer, t)] for r in readers)
-                assert rewrite >= last_read, (pe.index, buf, t)
+            assert writers and readers, (pe.index, buf)
+            for writer, when in writers:
+                for t in range(samples - buf.depth):
+                    rewrite = when[(writer.kind, writer.layer, t + buf.depth)]
+                    last_read = max(end[(r.kind, r.layer, t)] for r in readers)
+                    assert rewrite >= last_read, (pe.index, buf, t)
 
 
 def _task_of(name: str) -> tuple[str, int]:
@@ -187,3 +244,13 @@ def test_random_mlps_compile_consistently(widths: list[int], n: int, lanes: int,
     _check_against_simulator(spec, policy, n, lanes, 16)
     net = load_network(spec)
     assert RTLCostModel(lanes).atomic_cost(net.layers[0], "F", 1) > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(point=placements(), samples=st.integers(1, 12), mode=st.sampled_from(["stash", "latest"]))
+def test_generated_placements_compile_consistently(point: tuple[list[int], dict[str, int], int, int],
+                                                   samples: int, mode: str) -> None:
+    """Any task → PE map, timed by the project's passes on the rtl interconnect, compiles to a program whose
+    versions and ring depths agree with the simulator's run."""
+    widths, where, n, lanes = point
+    _check_design(placed_design(widths, where, n, lanes, samples, mode))

@@ -10,15 +10,19 @@ set of points to stay within CI's time; stalls, a mid-run reset and Verilator ru
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("cocotb_tools.runner")
 pytest.importorskip("torch")
 
 from layerpipe.hdl import available_simulators
-from layerpipe.hdl._flow import export_verilog, make_design, run_bench, write_vectors
+from layerpipe.hdl._flow import Design, export_verilog, make_design, run_bench, write_vectors
+from tests.rtl_placements import placed_design, placements
 
 SAMPLES = 5
 SEED = 7
@@ -39,7 +43,10 @@ POINTS = [
 
 def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, cases: tuple[str, ...],
                sim: str = "icarus") -> dict:
-    design = make_design(network, policy, n, lanes, SAMPLES)
+    return _run_design(tmp_path, make_design(network, policy, n, lanes, SAMPLES), cases, sim)
+
+
+def _run_design(tmp_path: Path, design: Design, cases: tuple[str, ...], sim: str = "icarus") -> dict:
     verilog_path = tmp_path / "accel.v"
     verilog_path.write_text(export_verilog(design))
     vectors = design.vectors(SEED)
@@ -66,3 +73,27 @@ def test_accelerator_icarus(tmp_path: Path, network: str, policy: str, n: int, l
 def test_accelerator_verilator(tmp_path: Path) -> None:
     observed = _run_point(tmp_path, "mlp:7-6-5-3", "layerpipe", 2, 4, ("run_plain",), sim="verilator")
     assert observed["bit_exact"]
+
+
+def test_split_placement_icarus(tmp_path: Path) -> None:
+    """The fast representative of split placements: the layerpipe policy without --keep-weights-together on
+    the rtl interconnect (weight copies, a stashed version and gradients cross the links)."""
+    design = make_design("mlp:8-8-4", "layerpipe", 3, 2, 3, keep_weights_together=False)
+    kinds = {send.src[0] for pe in design.program.pes for e in pe.entries for send in e.sends}
+    assert "W" in kinds or "g" in kinds, "the policy kept every layer's weight tasks together"
+    observed = _run_design(tmp_path, design, ("run_plain",))
+    assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)
+@given(point=placements(max_layers=3, max_width=8), samples=st.integers(1, 6),
+       mode=st.sampled_from(["stash", "latest"]))
+def test_generated_placements_icarus(point: tuple[list[int], dict[str, int], int, int], samples: int,
+                                     mode: str) -> None:
+    """Random task → PE maps on random MLPs (N ≤ 4), timed by the project's passes: bit-exact and cycle-exact."""
+    widths, where, n, lanes = point
+    design = placed_design(widths, where, n, lanes, samples, mode)
+    with tempfile.TemporaryDirectory(prefix="layerpipe-placement-") as tmp:
+        observed = _run_design(Path(tmp), design, ("run_plain",))
+    assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
