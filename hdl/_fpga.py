@@ -172,28 +172,33 @@ def parse_utilisation_log(log: str) -> dict[str, tuple[int, int]]:
 
 def parse_nextpnr_report(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The figures of nextpnr's `--report` JSON: Fmax (MHz, the slowest clock), the target, per-clock
-    Fmax, the utilization table and the critical path (start, end, delay, logic levels)."""
+    Fmax, the utilization table, the register-to-register critical path of the slowest clock (start, end,
+    delay, logic levels) and the delays of the paths from and to the I/O pins."""
     fmax = {str(clock): float(v["achieved"]) for clock, v in doc.get("fmax", {}).items()}
     targets = [float(v["constraint"]) for v in doc.get("fmax", {}).values() if "constraint" in v]
     util = {str(k): (int(v["used"]), int(v["available"])) for k, v in doc.get("utilization", {}).items()}
     critical = None
-    paths = doc.get("critical_paths") or []
-    if paths:
-        # The path of the slowest clock (the reported Fmax); each step is clk-to-q, logic, routing or setup.
-        steps = paths[0].get("path", [])
-        for path in paths:
-            if fmax and str(path.get("from", "")).endswith(min(fmax, key=fmax.__getitem__)):
-                steps = path.get("path", [])
-        if steps:
+    io_paths: dict[str, float] = {}
+    slowest = min(fmax, key=fmax.__getitem__) if fmax else ""
+    for path in doc.get("critical_paths") or []:
+        steps = path.get("path", [])
+        if not steps:
+            continue
+        start, end = str(path.get("from", "")), str(path.get("to", ""))
+        delay = round(sum(float(s["delay"]) for s in steps), 3)
+        if "<async>" in (start, end):
+            # Paths from input pins or to output pins: without I/O constraints they bound no clock (Fmax is
+            # register to register); kept apart because a board's I/O timing would add them.
+            io_paths[f"{start} -> {end}"] = delay
+        elif start.endswith(slowest) and end.endswith(slowest) and critical is None:
             critical = {
-                "from": steps[0]["from"]["cell"], "to": steps[-1]["to"]["cell"],
-                "delay_ns": round(sum(float(s["delay"]) for s in steps), 3),
+                "from": steps[0]["from"]["cell"], "to": steps[-1]["to"]["cell"], "delay_ns": delay,
                 "logic_ns": round(sum(float(s["delay"]) for s in steps if s["type"] != "routing"), 3),
                 "routing_ns": round(sum(float(s["delay"]) for s in steps if s["type"] == "routing"), 3),
                 "logic_levels": sum(1 for s in steps if s["type"] == "logic"),
             }
     return {"fmax_mhz": min(fmax.values()) if fmax else None, "target_mhz": min(targets) if targets else None,
-            "fmax_by_clock": fmax, "utilization": util, "critical_path": critical}
+            "fmax_by_clock": fmax, "utilization": util, "critical_path": critical, "io_paths_ns": io_paths}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -220,6 +225,7 @@ class FpgaResult:
     tools: dict[str, str]
     verilog_sha256: str
     source: str  #: where the part's figures come from
+    io_paths_ns: dict[str, float] = field(default_factory=dict)  #: "<async> -> posedge clk" etc.: delay (ns)
     seconds: dict[str, float] = field(default_factory=dict, compare=False)  #: wall time per step (not saved)
     cached: bool = field(default=False, compare=False)
 
@@ -323,6 +329,11 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+#: The tool outputs a result is derived from; the cache keeps them (and the logs), so a fix of the parsing
+#: applies to cached runs without placing them again.
+ARTIFACTS = ("coarse.json", "stat.json", "report.json", "nextpnr.log", "yosys.log", "status.json")
+
+
 def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", freq_mhz: float = DEFAULT_FREQ_MHZ,
                   progress: Progress | None = None, use_cache: bool = True,
                   keep_dir: Path | None = None) -> FpgaResult:
@@ -340,78 +351,93 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
     digest = hashlib.sha256(verilog.encode()).hexdigest()
     key_text = json.dumps({"verilog": digest, "top": top, "part": asdict(part), "freq": freq_mhz, "seed": SEED,
                            "tools": tools, "flow": FLOW_VERSION}, sort_keys=True)
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:24]
-    entry = cache_dir() / key / "result.json"
-    if use_cache and entry.is_file():
-        doc = json.loads(entry.read_text())
-        return FpgaResult(**doc, cached=True)
-
+    entry = cache_dir() / hashlib.sha256(key_text.encode()).hexdigest()[:24]
+    base = {"part": part.name, "device": part.device, "package": part.package, "family": part.family,
+            "target_mhz": freq_mhz, "tools": tools, "verilog_sha256": digest, "source": part.source}
+    if use_cache and (entry / "status.json").is_file():
+        return _derive(entry, part, base, {}, cached=True)
     with tempfile.TemporaryDirectory(prefix="layerpipe-fpga-") as tmp_text:
         work = keep_dir or Path(tmp_text)
         work.mkdir(parents=True, exist_ok=True)
         (work / "design.v").write_text(verilog)
         seconds: dict[str, float] = {}
-        result = _synthesize_and_route(work, part, top, freq_mhz, progress, seconds, tools, digest)
-        if progress is not None:
-            progress("")
+        try:
+            _synthesize_and_route(work, part, top, freq_mhz, progress, seconds)
+        finally:
+            if progress is not None:
+                progress("")
+        result = _derive(work, part, base, seconds, cached=False)
         if use_cache:
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            for log in ("yosys.log", "nextpnr.log"):
-                if (work / log).is_file():
-                    shutil.copyfile(work / log, entry.parent / log)
-            staged = entry.with_suffix(".tmp")
-            staged.write_text(json.dumps(result.to_dict(), indent=1) + "\n")  # key order kept: same as uncached
-            staged.replace(entry)
+            staged = entry.with_name(entry.name + f".tmp{os.getpid()}")
+            staged.mkdir(parents=True, exist_ok=True)
+            for name in ARTIFACTS:
+                if (work / name).is_file():
+                    shutil.copyfile(work / name, staged / name)
+            if entry.exists():  # another process finished the same design first: its copy is as good
+                shutil.rmtree(staged, ignore_errors=True)
+            else:
+                staged.replace(entry)
         return result
 
 
-def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, progress: Progress | None,
-                          seconds: dict[str, float], tools: dict[str, str], digest: str) -> FpgaResult:
-    yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
-    assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
+def _yosys_script(part: Part, top: str) -> str:
     if part.family == "ecp5":
         synth = f"synth_ecp5 -top {top} -json netlist.json"
     else:  # -dsp maps multipliers to SB_MAC16; a part without DSPs keeps them in LUTs
         synth = f"synth_ice40 -top {top}{' -dsp' if part.dsps else ''} -json netlist.json"
-    # The elaborated design's multipliers (before mapping), then the full script, then the mapped statistics.
-    script = (f"read_verilog -sv design.v; hierarchy -top {top}; proc; flatten; opt_expr -fine; opt_clean; "
-              f"tee -q -o coarse.json stat -json; design -reset; read_verilog -sv design.v; {synth}; "
-              f"tee -q -o stat.json stat -json")
+    # The elaborated design's multipliers (before mapping; `opt_expr -fine` turns constant multiplies into
+    # shifts), then the full script, then the mapped statistics.
+    return (f"read_verilog -sv design.v; hierarchy -top {top}; proc; flatten; opt_expr -fine; opt_clean; "
+            f"tee -q -o coarse.json stat -json; design -reset; read_verilog -sv design.v; {synth}; "
+            f"tee -q -o stat.json stat -json")
+
+
+def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, progress: Progress | None,
+                          seconds: dict[str, float]) -> None:
+    """Run the tools in `work`; `status.json` says which ran and how they exited."""
+    yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
+    assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
     began = time.monotonic()
-    rc = _run_tool([yosys, "-p", script], work, work / "yosys.log", "yosys", progress)
+    rc = _run_tool([yosys, "-p", _yosys_script(part, top)], work, work / "yosys.log", "yosys", progress)
     seconds["synth"] = time.monotonic() - began
-    if rc != 0 or not (work / "netlist.json").is_file():
+    if rc != 0 or not (work / "stat.json").is_file():
         raise RuntimeError(f"yosys failed (exit {rc}):\n{_log_tail(work / 'yosys.log')}")
+    used, _ = _yosys_figures(json.loads((work / "stat.json").read_text()), part.family)
+    _, over = _utilization(part, used)
+    status: dict[str, Any] = {"yosys": rc, "nextpnr": None}
+    if not over:  # exact counts (DSP, BRAM, I/O) or a lower bound (LUTs) over the part: no placement
+        command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
+                   "--report", "report.json", "--seed", str(SEED), "--threads", "1", "--timing-allow-fail"]
+        began = time.monotonic()
+        status["nextpnr"] = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress)
+        seconds["place_and_route"] = time.monotonic() - began
+    (work / "status.json").write_text(json.dumps(status) + "\n")
+
+
+def _derive(work: Path, part: Part, base: dict[str, Any], seconds: dict[str, float], cached: bool) -> FpgaResult:
+    """The result from the tools' outputs in `work` (a run's folder or a cache entry)."""
+    status = json.loads((work / "status.json").read_text())
     coarse = json.loads((work / "coarse.json").read_text())
     coarse_design = coarse["design"] if "design" in coarse else next(iter(coarse["modules"].values()))
     used, mapping = _yosys_figures(json.loads((work / "stat.json").read_text()), part.family)
     mapping["multipliers"] = {"$mul": sum(int(n) for c, n in coarse_design["num_cells_by_type"].items()
                                           if c in ("$mul", "$macc"))}
-    base = {"part": part.name, "device": part.device, "package": part.package, "family": part.family,
-            "mapping": mapping, "target_mhz": freq_mhz, "tools": tools, "verilog_sha256": digest,
-            "source": part.source}
+    common = {**base, "mapping": mapping, "seconds": seconds, "cached": cached}
     table, over = _utilization(part, used)
-    if over:  # exact counts (DSP, BRAM, I/O) or a lower bound (LUTs) already exceed the part: no placement
-        return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None,
-                          seconds=seconds, **base)
-
-    command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
-               "--report", "report.json", "--seed", str(SEED), "--threads", "1", "--timing-allow-fail"]
-    began = time.monotonic()
-    rc = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress)
-    seconds["place_and_route"] = time.monotonic() - began
-    log_util = parse_utilisation_log((work / "nextpnr.log").read_text(errors="replace"))
+    if status["nextpnr"] is None:
+        return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None, **common)
     names = NEXTPNR_NAMES[part.family]
     from_pnr = dict(used)
+    log_util = parse_utilisation_log((work / "nextpnr.log").read_text(errors="replace"))
     for r, name in names.items():
         if name in log_util:
             from_pnr[r] = log_util[name][0]
     table, over = _utilization(part, from_pnr)
-    if rc != 0 or not (work / "report.json").is_file():
-        if over:
+    if status["nextpnr"] != 0 or not (work / "report.json").is_file():
+        if over:  # placement failed because the packed design is larger than the part
             return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None,
-                              seconds=seconds, **base)
-        raise RuntimeError(f"nextpnr failed (exit {rc}):\n{_log_tail(work / 'nextpnr.log')}")
+                              **common)
+        raise RuntimeError(f"nextpnr failed (exit {status['nextpnr']}):\n{_log_tail(work / 'nextpnr.log')}")
     report = parse_nextpnr_report(json.loads((work / "report.json").read_text()))
     for r, name in names.items():
         if name in report["utilization"]:
@@ -420,4 +446,4 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
     fmax = report["fmax_mhz"]
     return FpgaResult(fits=not over, utilization=table, overflow=over,
                       fmax_mhz=round(fmax, 2) if fmax is not None else None, critical_path=report["critical_path"],
-                      seconds=seconds, **base)
+                      io_paths_ns=report["io_paths_ns"], **common)
