@@ -101,8 +101,10 @@ def test_conv_options_are_carried() -> None:
 
 @pytest.mark.parametrize(("module", "shape", "message"), [
     (Lambda(lambda m, x: m.bn1(x), bn1=nn.BatchNorm2d(3)), (3, 4, 4),
-     "unsupported op in torch module: call_module BatchNorm2d (bn1); supported: Linear, Conv2d"),
-    (Lambda(lambda m, x: m.d(x), d=nn.Dropout()), (3,), "call_module Dropout (d)"),
+     "torch module 'bn1': batch norm is folded into the Linear or Conv2d before it, but its input is the network "
+     "input"),
+    (Lambda(lambda m, x: m.d(x), d=nn.Dropout()), (3,), "computes no layer"),  # dropout is the identity
+    (Lambda(lambda m, x: m.n(x), n=nn.LayerNorm(3)), (3,), "call_module LayerNorm (n)"),
     (Lambda(lambda m, x: F.gelu(x), ), (3,), "unsupported op in torch module: call_function "
                                              "torch._C._nn.gelu (gelu); supported:"),
     (Lambda(lambda m, x: torch.cat([x, x], 1)), (3,), "call_function torch.cat (cat)"),

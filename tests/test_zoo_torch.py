@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 
@@ -278,3 +279,143 @@ def test_real_forward_matches_propagated_shapes() -> None:
         if layer.name in seen:
             assert layer.out_shape == seen[layer.name]
     assert {layer.name for layer in net.layers if layer.has_weights} <= set(seen)
+
+
+# ------------------------------------------------------------------- batch norm and dropout (issue 13)
+
+
+class TVBasicBlock(nn.Module):
+    """torchvision's BasicBlock as written there: conv-bn-relu-conv-bn, downsample = Sequential(conv, bn)."""
+
+    expansion = 1
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, width, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.downsample = None
+        if stride != 1 or cin != width:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class TVResNet18(nn.Module):
+    """torchvision's resnet18 layout (bn after every conv, fc with bias), without torchvision."""
+
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        cin = 64
+        for stage in range(1, 5):
+            width = 64 * 2 ** (stage - 1)
+            blocks = [TVBasicBlock(cin, width, 2 if stage > 1 else 1), TVBasicBlock(width, width, 1)]
+            cin = width
+            setattr(self, f"layer{stage}", nn.Sequential(*blocks))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.dropout(torch.flatten(self.avgpool(x), 1)))
+
+
+def test_torchvision_style_resnet18_with_batch_norm_imports_and_schedules() -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.schedule import make_schedule, validate
+
+    with torch.device("meta"):
+        module = TVResNet18(dropout=0.2)
+    net = from_torch(module, (3, 224, 224), name="tv-resnet18")
+    zoo = ZOO["resnet18"](1)
+    # Batch norm folds into the conv before it: the same layers, shapes and MACs as the zoo's resnet18,
+    # and every conv gains a bias (the BN shift); the fc keeps torchvision's bias. Dropout vanishes.
+    assert len(net) == len(zoo)
+    for got, want in zip(net.layers, zoo.layers, strict=True):
+        assert (got.kind, got.activation, got.inputs, got.out_shape, got.forward_macs) == \
+               (want.kind, want.activation, want.inputs, want.out_shape, want.forward_macs), got.name
+        if got.kind == "conv2d":
+            assert got.op.bias and got.weight_count == want.weight_count + got.out_shape[0], got.name
+    bn_channels = sum(m.num_features for m in module.modules() if isinstance(m, nn.BatchNorm2d))
+    # torchvision's 11,689,512 parameters: BN's γ and β (2 per channel) become one bias per channel.
+    assert sum(p.numel() for p in module.parameters()) == 11_689_512
+    assert net.total_weights == 11_689_512 - bn_channels
+    model = PEModel()
+    for policy in ("layerpipe", "pipedream"):
+        result = make_schedule(policy, net, 4, model)
+        assert result.periodic is not None and result.graph is not None
+        validate(result.periodic, result.graph)  # precedence, overlap, counts, lags on the imported network
+        assert result.metrics.cycles_per_sample > 0
+
+
+class _Head(nn.Module):
+    def __init__(self, norm: bool, drop: bool) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(12, 8, bias=False)
+        self.bn = nn.BatchNorm1d(8) if norm else nn.Identity()
+        self.drop = nn.Dropout(0.3) if drop else nn.Identity()
+        self.fc2 = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(self.drop(F.relu(self.bn(self.fc1(x)))), 0.1, self.training))
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_batchnorm1d_folds_into_linear_and_dropout_is_the_identity(drop: bool) -> None:
+    plain = from_torch(_Head(norm=False, drop=False), (12,))
+    got = from_torch(_Head(norm=True, drop=drop), (12,))
+    assert [(la.name, la.kind, la.activation, la.inputs) for la in got.layers] == \
+           [(la.name, la.kind, la.activation, la.inputs) for la in plain.layers]
+    assert got.layer(1).op.bias and not plain.layer(1).op.bias  # the folded BN shift; relu still fused
+    assert got.layer(1).weight_count == plain.layer(1).weight_count + 8
+
+
+class _BNAfterAdd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x) + x)
+
+
+class _BNSharedConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+@pytest.mark.parametrize(("module", "shape", "message"), [
+    (nn.Sequential(nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1)), (4, 5, 5), "but its input is the network input"),
+    (_BNAfterAdd(), (4, 5, 5), "but its input is 'add' (add)"),
+    (_BNSharedConv(), (4, 5, 5), "whose output has other users too"),
+    (nn.Sequential(nn.Conv2d(4, 6, 1), nn.BatchNorm2d(5)), (4, 5, 5), "batch norm over 5 channels"),
+    (nn.Sequential(nn.Linear(4, 6), nn.BatchNorm2d(6)), (4,), "BatchNorm2d needs a (channels, height, width)"),
+])
+def test_batch_norm_without_a_layer_to_fold_into_is_refused(module: nn.Module, shape, message: str) -> None:
+    from layerpipe.errors import InputError
+
+    with pytest.raises(InputError, match=re.escape(message)) as info:
+        from_torch(module, shape)
+    assert "\n" not in str(info.value)
