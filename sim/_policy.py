@@ -47,6 +47,10 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
         raise InputError(f"schedule is for network '{result.network.name}', not '{network.name}'")
     if iterations < 1:
         raise InputError(f"iterations must be >= 1, got {iterations}")
+    if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
+        raise InputError(f"policy '{result.policy}' overlaps kernels (all-reduces beside compute, or streams): it "
+                         "has no one-op-at-a-time processor program; layerpipe compare and "
+                         "layerpipe.sim.simulate_policy_result time it on the stream engine")
     options = result.graph.options
     graph = build_training_graph(network, GraphOptions(options.intra, options.inter, mode))
     if result.periodic is not None:

@@ -96,16 +96,16 @@ class Program:
     def _add(self, name: Op | None, device: int, stream: int, work: int, width: int, overhead: int,
              deps: tuple[int, ...] | list[int]) -> int:
         n = len(self.names)
-        for d in deps:
-            if not 0 <= d < n:
-                raise InputError(f"item {n} depends on item {d}, which is not an earlier item")
+        deps = tuple(deps)  # a repeated dependency is counted and released once per mention: harmless
+        if deps and not (min(deps) >= 0 and max(deps) < n):
+            raise InputError(f"item {n} depends on an item that is not an earlier one: {deps}")
         self.names.append(name)
         self.device.append(device)
         self.stream.append(stream)
         self.work.append(work)
         self.width.append(width)
         self.overhead.append(overhead)
-        self.deps.append(tuple(dict.fromkeys(deps)))
+        self.deps.append(deps)
         return n
 
     def is_transfer(self, i: int) -> bool:

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from layerpipe.cli import main
 from layerpipe.schedule import OpSchedule, PeriodicSchedule, from_csv, from_torch_csv, validate
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=120)
+from tests.conftest import run_cli
 
 
 def test_text_is_a_periodic_schedule_with_a_metrics_header(capsys) -> None:
@@ -62,7 +57,7 @@ def test_sync_policy_on_a_network_prints_its_step(capsys) -> None:
 
 def test_output_is_byte_identical_across_runs() -> None:
     args = ("schedule", "resnet18", "--policy", "layerpipe", "-n", "7", "--format", "json")
-    first, second = _run(*args), _run(*args)
+    first, second = run_cli(*args, timeout=120), run_cli(*args, timeout=120)
     assert first.returncode == 0 and first.stdout == second.stdout
 
 
@@ -89,7 +84,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, capsys) 
 
 
 def test_bad_input_from_a_real_process_has_no_traceback() -> None:
-    proc = _run("schedule", "mlp:7-6-3", "--policy", "ooo", "-n", "2", "--keep-weights-together")
+    proc = run_cli("schedule", "mlp:7-6-3", "--policy", "ooo", "-n", "2", "--keep-weights-together", timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ("layerpipe: error: option --keep-weights-together does not apply to policy 'ooo' "
                            "(its options: -g/--group-size)\n")

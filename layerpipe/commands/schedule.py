@@ -45,6 +45,8 @@ OPTION_FLAGS = {
     "group_size": "-g/--group-size",
     "virtual_stages": "--virtual-stages",
     "microbatches": "--microbatches",
+    "push": "--push",
+    "allocation": "--allocation",
     "time_limit_s": "--time-limit",
     "reverse_first_k": "--reverse-first-k",
     "bucket_words": "--bucket-words",
@@ -99,9 +101,13 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-traffic", dest="max_traffic", type=non_negative_float("--max-traffic"), default=None,
                    metavar="WORDS", help="layerpipe: bound on words moved between processors per sample")
     g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,
-                   help="ooo: layers per modulo-allocation group")
+                   help="ooo: layers per modulo-allocation group (default: the fastest)")
+    g.add_argument("--push", dest="push", action="store_const", const=True, default=None,
+                   help="ooo: at most N micro-batches in flight (OOO BackProp's push)")
+    g.add_argument("--allocation", dest="allocation", choices=("auto", "modulo", "contiguous"), default=None,
+                   help="ooo: modulo layer groups, contiguous balanced stages, or the faster (auto, default)")
     g.add_argument("--virtual-stages", dest="virtual_stages", type=positive_int("--virtual-stages"), default=None,
-                   help="interleaved-1f1b, zb-h1: chunks per processor")
+                   help="interleaved-1f1b, zb-h1, looped-bfs: chunks per processor")
     g.add_argument("--microbatches", dest="microbatches", type=positive_int("--microbatches"), default=None,
                    help="synchronous policies, pipedream-2bw: micro-batches per step / update")
     g.add_argument("--time-limit", dest="time_limit_s", type=positive_float("--time-limit"), default=None,

@@ -37,8 +37,9 @@ in the communication engine (no compute cycles), the transfers use no processor 
   OOO's `num_dependency` (a poll for layer i's reduced gradient may start only after F_{i − num_dependency})
   keeps TensorFlow's dataflow executor from running the poll too early; on an in-order stream U_i runs
   right before F_i anyway, so it has no counterpart here.
-- `reverse_first_k = "auto"` simulates every K in 0..(weight layers) on the given interconnect and keeps
-  the fastest step (the smallest K on ties): the costs decide, as OOO's authors tuned k by measurement.
+- `reverse_first_k = "auto"` simulates K on the given interconnect and keeps the fastest step (the smallest
+  K on ties), coarse to fine (`choose_k`: exhaustive up to 8 weight layers): the costs decide, as OOO's
+  authors tuned k by measurement.
 """
 
 from __future__ import annotations
@@ -248,13 +249,22 @@ def step_cycles(p: DPPlan, interconnect: Interconnect) -> int:
 
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
              interconnect: Interconnect) -> int:
-    """`auto`: the K in 0..(weight layers) with the fastest simulated step, the smallest on ties."""
-    best_k, best = 0, None
-    for k in range(len(weight_layers(network)) + 1):
-        cycles = step_cycles(plan(network, num_procs, model, k, bucket_words), interconnect)
-        if best is None or cycles < best:
-            best_k, best = k, cycles
-    return best_k
+    """`auto`: the K with the fastest simulated step, the smallest on ties, found coarse to fine: every
+    g-th K in 0..L_w (g = ⌈L_w / 8⌉, L_w included), then every K within g of the best of those. With
+    L_w ≤ 8 weight layers that is every K; beyond, a K between grid points can be missed when the step time
+    has a narrow dip there (the search costs about 8 + 2g simulations instead of L_w + 1)."""
+    weights = len(weight_layers(network))
+    grid = max(1, -(-weights // 8))
+    times: dict[int, int] = {}
+
+    def best(ks: list[int]) -> int:
+        for k in ks:
+            if k not in times:
+                times[k] = step_cycles(plan(network, num_procs, model, k, bucket_words), interconnect)
+        return min(sorted(times), key=lambda k: (times[k], k))
+
+    coarse = best(sorted(set(range(0, weights + 1, grid)) | {weights}))
+    return best(list(range(max(0, coarse - grid + 1), min(weights, coarse + grid - 1) + 1)))
 
 
 def schedule_dp(network: Network, num_procs: int, model: CostModel, options: DPOptions,

@@ -1,0 +1,153 @@
+"""The report's OOO BackProp section: its data-parallel and single-device orders against their baselines.
+
+Out-Of-Order BackProp (Oh et al., EuroSys'22) reports 1.10–1.27× for data-parallel training (reverse
+first-k over BytePS/Horovod-style all-reduce) and 1.03–1.58× for single-GPU training (multi-stream weight
+gradients over TensorFlow/XLA). `ooo_section` puts our figures for the same two reorderings next to those
+ranges, on our cost model and interconnects, and says where and why they differ:
+
+- data parallel: `dp` vs `dp-ooo` (`reverse_first_k` = auto) on N = 4, 8, 16 replicas, on ring links and on
+  one bus (`layerpipe.schedule._dataparallel`);
+- single device: `stream` vs `stream-ooo` (2 streams; and with the last 2 weight layers' gradients deferred)
+  over the zoo at batch 32, on the report's `pe` device and on a GPU-sized one (`layerpipe.schedule._streams`).
+
+Everything here is simulated by `layerpipe.sim._streams`; the function returns markdown and the rows (the
+caller writes `ooo.csv`). Same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from layerpipe.costs import PEModel
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import load_network
+from layerpipe.schedule.policies import make_schedule, policy_options
+
+#: Networks of the data-parallel part: one with large fully connected weights (alexnet: 61 M words, most of
+#: them in fc6–fc8, next to the input of the step's last all-reduces) and a deep convolutional one.
+DP_NETWORKS: tuple[str, ...] = ("alexnet", "resnet18")
+DP_PROCS: tuple[int, ...] = (4, 8, 16)
+#: 1/16 word per cycle: the GPU-like compute:link ratio of `layerpipe.interconnect`; 1000 cycles per hop.
+DP_INTERCONNECTS: tuple[str, ...] = ("links:1000:1/16", "bus:1000:1/16")
+STREAM_NETWORKS: tuple[str, ...] = ("mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50")
+BATCH = 32
+#: A GPU-sized device: V100's 5120 FP32 lanes, a ~5 µs kernel launch at 1.4 GHz ≈ 7000 cycles (assumed).
+WIDE_DEVICE = PEModel(5120, 7000)
+PAPER_DP = (1.10, 1.27)
+PAPER_SINGLE = (1.03, 1.58)
+DEFER = 2
+
+COLUMNS = ("part", "network", "batch", "num_procs", "where", "policy", "options", "cycles_per_sample",
+           "utilization_pct", "speedup_vs_baseline")
+
+
+def ooo_rows(model: PEModel, tick: Callable[[], None] = lambda: None) -> list[dict[str, object]]:
+    """Every row of the section: baseline and OOO order per point, speedups against the baseline."""
+    rows: list[dict[str, object]] = []
+    for name in DP_NETWORKS:
+        net = load_network(name, BATCH)
+        for spec in DP_INTERCONNECTS:
+            ic = parse_interconnect(spec)
+            for n in DP_PROCS:
+                base = make_schedule("dp", net, n, model, None, ic)
+                ooo = make_schedule("dp-ooo", net, n, model, None, ic)
+                k = ooo.options.reverse_first_k  # type: ignore[attr-defined]
+                for result, options in ((base, ""), (ooo, f"reverse_first_k={k}")):
+                    rows.append(_row("data-parallel", name, n, spec, result, options,
+                                     base.metrics.cycles_per_sample))
+                tick()
+    for device, label in ((model, f"pe {model.lanes} lanes, overhead {model.overhead}"),
+                          (WIDE_DEVICE, f"pe {WIDE_DEVICE.lanes} lanes, overhead {WIDE_DEVICE.overhead}")):
+        for name in STREAM_NETWORKS:
+            net = load_network(name, BATCH)
+            base = make_schedule("stream", net, 1, device)
+            variants = [(base, ""), (make_schedule("stream-ooo", net, 1, device), "streams=2")]
+            variants.append((make_schedule("stream-ooo", net, 1, device,
+                                           policy_options("stream-ooo", {"defer": DEFER})), f"streams=2 defer={DEFER}"))
+            for result, options in variants:
+                rows.append(_row("single-device", name, 1, label, result, options, base.metrics.cycles_per_sample))
+            tick()
+    return rows
+
+
+def _row(part: str, network: str, n: int, where: str, result, options: str, base: float) -> dict[str, object]:
+    m = result.metrics
+    return {"part": part, "network": network, "batch": BATCH, "num_procs": n, "where": where,
+            "policy": result.policy, "options": options, "cycles_per_sample": round(m.cycles_per_sample, 1),
+            "utilization_pct": round(m.utilization_pct, 1),
+            "speedup_vs_baseline": round(base / m.cycles_per_sample, 3)}
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _x(value: object) -> str:
+    return f"{float(value):.3f}×"  # type: ignore[arg-type]
+
+
+def ooo_section(model: PEModel, tick: Callable[[], None] = lambda: None) -> tuple[str, list[dict[str, object]]]:
+    """Markdown of the OOO section and its rows."""
+    rows = ooo_rows(model, tick)
+    dp = [r for r in rows if r["part"] == "data-parallel"]
+    by = {(r["network"], r["where"], r["num_procs"], r["policy"]): r for r in dp}
+    dp_table = []
+    for name in DP_NETWORKS:
+        for spec in DP_INTERCONNECTS:
+            for n in DP_PROCS:
+                base, ooo = by[(name, spec, n, "dp")], by[(name, spec, n, "dp-ooo")]
+                dp_table.append([name, spec, str(n), f"{base['cycles_per_sample']:,.0f}",
+                                 f"{ooo['cycles_per_sample']:,.0f}", str(ooo["options"]).split("=")[1],
+                                 _x(ooo["speedup_vs_baseline"])])
+    single = [r for r in rows if r["part"] == "single-device"]
+    sb = {(r["network"], r["where"], r["options"]): r for r in single}
+    single_table = []
+    for where in dict.fromkeys(r["where"] for r in single):
+        for name in STREAM_NETWORKS:
+            base = sb[(name, where, "")]
+            single_table.append([name, str(where), f"{base['cycles_per_sample']:,.0f}",
+                                 f"{base['utilization_pct']:.1f}",
+                                 _x(sb[(name, where, "streams=2")]["speedup_vs_baseline"]),
+                                 _x(sb[(name, where, f"streams=2 defer={DEFER}")]["speedup_vs_baseline"])])
+    dp_speedups = [float(r["speedup_vs_baseline"]) for r in dp if r["policy"] == "dp-ooo"]  # type: ignore[arg-type]
+    sd_speedups = [float(r["speedup_vs_baseline"]) for r in single if r["policy"] == "stream-ooo"]  # type: ignore[arg-type]
+    text = f"""Out-Of-Order BackProp's other two schedules (Oh et al., EuroSys'22, §5 and §6; rows in `ooo.csv`),
+each against its baseline on our cost model: data-parallel reverse first-k (`dp-ooo`, K chosen by
+simulation) over the usual order (`dp`), and single-device multi-stream weight gradients (`stream-ooo`)
+over one stream (`stream`). Batch {BATCH} per replica or device; cost model pe ({model.lanes} lanes,
+overhead {model.overhead}) unless the table says otherwise.
+
+**Data parallel** (ring all-reduce per layer, N replicas, each a micro-batch per step):
+
+{_table(["network", "interconnect", "N", "dp cycles/sample", "dp-ooo cycles/sample", "K", "speedup"], dp_table)}
+Ours: {min(dp_speedups):.2f}–{max(dp_speedups):.2f}×; the paper: {PAPER_DP[0]:.2f}–{PAPER_DP[1]:.2f}×.
+Where they differ and why: reverse first-k only pays when the all-reduce of the first layers is on the
+critical path and there is compute left to hide it behind. On ring links at 1/16 word per cycle
+resnet18's all-reduces (11 M words) are hidden by its convolutions in either order (1.00×), while
+alexnet's large fully connected layers leave the usual order waiting at the end of the step and reverse
+first-k wins within the paper's range. On one bus every word of every replica shares the medium: N·|W|
+words a step, so the step is the bus time for alexnet in either order and reordering moves little, while
+resnet18's all-reduce is then just long enough to matter and reverse first-k hides a good part of it.
+Our all-reduces queue first-ready-first-sent; BytePS, which OOO builds on, also orders tensors by
+priority, which we do not model; the reductions cost no compute cycles here.
+
+**Single device** (`stream-ooo`: weight gradients on a second stream; `defer {DEFER}`: also the last
+{DEFER} weight layers' gradients beside the next forward):
+
+{_table(["network", "device", "stream cycles/sample", "lane util %", "stream-ooo", f"+ defer {DEFER}"], single_table)}
+Ours: {min(sd_speedups):.2f}–{max(sd_speedups):.2f}×; the paper: {PAPER_SINGLE[0]:.2f}–{PAPER_SINGLE[1]:.2f}×.
+Where they differ and why: a second stream helps only where one kernel leaves lanes idle (fewer
+independent outputs than lanes) or where a launch overhead leaves the device idle. On the report's
+{model.lanes}-lane PE every kernel of the zoo at batch 32 fills the lanes and a launch costs
+{model.overhead} cycles, so there is nothing to fill (1.00×). On the GPU-sized device (an assumption:
+{WIDE_DEVICE.lanes} lanes, {WIDE_DEVICE.overhead}-cycle launches) the small networks gain in the paper's
+range, but the convolutional ones fill the lanes in our model, whereas a real GPU at batch 32 also loses
+time to memory-bound kernels and synchronisation that this lane model does not have (OOO's largest gains
+are on DenseNet and MobileNet, with many small kernels, which the zoo lacks).
+"""
+    return text, rows
+
+
+__all__ = ["COLUMNS", "ooo_rows", "ooo_section"]
