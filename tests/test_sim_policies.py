@@ -91,7 +91,7 @@ ASYNC_CASES = [
 
 @pytest.mark.parametrize(("spec", "procs"), ASYNC_CASES)
 @pytest.mark.parametrize(("policy", "options"), [
-    ("layerpipe", {}), ("layerpipe", {"keep_weights_together": True}), ("pipedream", {}), ("ooo", {}),
+    ("layerpipe", {}), ("layerpipe", {"keep_weights_together": True}), ("pipedream", {}),
 ])
 def test_async_policies_period_and_staleness(spec, procs, policy, options):
     net = load_network(spec, 1)
@@ -119,7 +119,7 @@ def test_async_policies_period_and_staleness(spec, procs, policy, options):
         assert staleness == result.metrics.staleness_per_layer
 
 
-SYNC_POLICIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"]
+SYNC_POLICIES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev", "looped-bfs", "ooo"]
 
 
 def simulated_step_cycles(spec: str, procs: int, policy: str) -> tuple[float, int]:

@@ -10,7 +10,7 @@ naming the option and the policy — so the CLI and the DSE never pass an untype
 | layerpipe         | async, periodic | intra, inter, max_staleness, keep_weights_together             |
 | pipedream         | async, periodic | —                                                              |
 | pipedream-2bw     | async, periodic | microbatches                                                   |
-| ooo               | async, periodic | group_size                                                     |
+| ooo               | sync, explicit stage-level | group_size, microbatches, push, allocation          |
 | optimal           | async, periodic | intra, inter, keep_weights_together, time_limit_s              |
 | gpipe, 1f1b, zb-h2, zbv, dualpipev | sync, explicit stage-level | microbatches               |
 | interleaved-1f1b, zb-h1, looped-bfs | sync, explicit stage-level | microbatches, virtual_stages |
@@ -78,8 +78,8 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     _sync("zbv", SyncOptions, "Zero Bubble V: two chunks per processor in a V"),
     _sync("dualpipev", SyncOptions, "DualPipeV: two chunks in a V, overlapped F&B pairs run back to back"),
     _sync("looped-bfs", InterleavedOptions, "breadth-first looped stages, virtual_stages chunks each"),
-    Policy("ooo", OOOOptions, schedule_ooo, False,  # type: ignore[arg-type]
-           "OOO BackProp: output gradients first, weight gradients fill, modulo layer allocation"),
+    Policy("ooo", OOOOptions, schedule_ooo, True,  # type: ignore[arg-type]
+           "OOO BackProp pipeline: synchronous, gradient fast-forwarding, modulo layer allocation"),
     Policy("optimal", OptimalOptions, schedule_optimal, False,  # type: ignore[arg-type]
            "exact minimum period by MILP (HiGHS), small graphs only"),
     # OOO BackProp's other two schemes (issue 15): N replicas with a ring all-reduce, and one device's streams.
