@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 
 from layerpipe.cli import main
 from layerpipe.commands.compare import COLUMNS
@@ -15,10 +13,7 @@ from layerpipe.interconnect import Interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import POLICIES, make_schedule
 from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=300)
+from tests.conftest import run_cli
 
 
 def test_csv_rows_and_speedups(capsys) -> None:
@@ -54,8 +49,8 @@ def test_default_policies_are_those_that_run(capsys) -> None:
 
 
 def test_the_readme_command_is_byte_identical_and_readable() -> None:
-    first = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
-    second = _run("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
+    first = run_cli("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
+    second = run_cli("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
     assert first.returncode == 0 and first.stdout == second.stdout
     lines = first.stdout.splitlines()
     assert lines[0] == "mlp:784-256-128-10 (batch 1, interconnect rtl (links:2:64))"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from layerpipe.cli import main
+from tests.conftest import run_cli
 
 FC = "  - {name: fc, type: linear, out_features: 2}\n"
 YAML_FILES = {
@@ -136,18 +137,13 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], words: list[str], inp
     assert (inputs / "profile.json").read_bytes() == profile_bytes
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.mark.parametrize("argv", [
     ["schedule", "mlp:7-6-3", "--policy", "layerpipe", "-n", "2", "-o", "/proc/no/such/dir/x"],
     ["schedule", "--policy", "1f1b", "--stages", "4", "--stage-costs", "0,0,0"],
     ["explore", "mlp:7-6-3", "-n", "2", "--out", "", "--no-progress"],
 ])
 def test_subprocess_sees_one_line_and_no_traceback(argv: list[str]) -> None:
-    proc = _cli(*argv)
+    proc = run_cli(*argv, timeout=120)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import networkx as nx
@@ -18,13 +17,10 @@ from layerpipe.costs import MacsModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.network import Network, NetworkBuilder, to_dot, to_graphml
 from layerpipe.network._ops import Add, Linear
+from tests.conftest import run_cli
 from tests.strategies import networks
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "residual_mlp.yaml")
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_json_mlp_by_hand(capsys) -> None:
@@ -72,7 +68,7 @@ def test_table_of_a_yaml_dag(capsys) -> None:
 
 
 def test_subprocess_table() -> None:
-    proc = _run("graph", "lenet5")
+    proc = run_cli("graph", "lenet5", timeout=120)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("lenet5: 8 layers, 30 tasks, batch 1, cost model pe, ")
 
@@ -111,7 +107,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, capsys) 
 
 
 def test_subprocess_bad_input_has_no_traceback() -> None:
-    proc = _run("graph", "resnet51")
+    proc = run_cli("graph", "resnet51", timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "layerpipe: error: unknown network 'resnet51'; allowed: lenet5, alexnet, vgg16, resnet18, " \
                           "resnet50, mlp:W0-W1-..., FILE.yaml\n"

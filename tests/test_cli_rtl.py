@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from layerpipe.cli import main
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "layerpipe.cli", *args], capture_output=True, text=True, timeout=300)
+from tests.conftest import run_cli
 
 
 def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, capsys) -> None:
@@ -41,15 +36,15 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
      "the RTL needs --keep-weights-together"),
 ])
 def test_rtl_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = _run("rtl", "mlp:6-5-4-3", *args, "--out", str(tmp_path))
+    proc = run_cli("rtl", "mlp:6-5-4-3", *args, "--out", str(tmp_path))
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_rtl_width_beyond_the_limit_exits_2(tmp_path: Path) -> None:
-    proc = _run("rtl", "mlp:4-70000-2", "--policy", "pipedream", "-n", "1", "--lanes", "4", "--out", str(tmp_path))
+    proc = run_cli("rtl", "mlp:4-70000-2", "--policy", "pipedream", "-n", "1", "--lanes", "4", "--out", str(tmp_path))
     assert proc.returncode == 2 and "exceeds the RTL limit of 65535" in proc.stderr
-    proc = _run("verify", "lenet5", "--policy", "pipedream", "-n", "1", "--lanes", "4", "--samples", "2")
+    proc = run_cli("verify", "lenet5", "--policy", "pipedream", "-n", "1", "--lanes", "4", "--samples", "2")
     assert proc.returncode == 2 and "the RTL runs MLPs" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -57,7 +52,7 @@ def test_rtl_width_beyond_the_limit_exits_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_verify_reports_bit_and_cycle_exact_json() -> None:
     pytest.importorskip("torch")
-    proc = _run("verify", "mlp:5-4-3", "--policy", "layerpipe", "-n", "2", "--lanes", "2", "--samples", "4",
+    proc = run_cli("verify", "mlp:5-4-3", "--policy", "layerpipe", "-n", "2", "--lanes", "2", "--samples", "4",
                 "--keep-weights-together", "--seed", "3", "--format", "json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)

@@ -16,6 +16,9 @@ from layerpipe.report import ReportConfig, generate
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# One regeneration of the whole report (every policy, the simulations, the RTL section): minutes, not seconds.
+pytestmark = pytest.mark.slow
+
 
 def _same_tree(a: Path, b: Path) -> list[str]:
     names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})

@@ -1,0 +1,137 @@
+"""The Verilator C++ harness (hdl/_harness.py, hdl/harness/main.cpp): port binding from Verilator's header,
+the host protocol as a stimulus file, and (slow) the bench design run in the harness against the cocotb run."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerpipe.hdl._harness import (
+    HostProtocol,
+    _decode,
+    _observations,
+    _ports_header,
+    _unpack,
+    _words,
+    harness_missing,
+    parse_verilator_ports,
+    run_harness,
+)
+
+
+def _verilator_encode(name: str) -> str:
+    """Verilator's rule (V3Ast encodeName): a character that is not alphanumeric or a lone '_' becomes
+    `__0XX`; of two '_' in a row the second is encoded."""
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isalnum() or (ch == "_" and (i == 0 or name[i - 1] != "_")):
+            out.append(ch)
+        else:
+            out.append(f"__0{ord(ch):02X}")
+    return "".join(out)
+
+
+_NAME = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_NAME, st.integers(1, 300), st.sampled_from(["IN", "OUT"])), min_size=1, max_size=12,
+                unique_by=lambda p: p[0]))
+def test_ports_from_a_verilated_header(ports: list[tuple[str, int, str]]) -> None:
+    """Whatever the names (Amaranth's `a__b`, runs of '_') and widths, the Verilog names and widths come back."""
+    lines = []
+    for name, width, kind in ports:
+        macro = "8" if width <= 8 else "16" if width <= 16 else "" if width <= 32 else "64" if width <= 64 else "W"
+        extra = f",{(width + 31) // 32}" if macro == "W" else ""
+        lines.append(f"    VL_{kind}{macro}(&{_verilator_encode(name)},{width - 1},0{extra});")
+    parsed = parse_verilator_ports("class Vtop {\n" + "\n".join(lines) + "\n};\n")
+    assert [(p.name, p.width, p.direction) for p in parsed] == [(n, w, k.lower()) for n, w, k in ports]
+    header = _ports_header(parsed)
+    for p in parsed:
+        assert f'p["{p.name}"] = Port{{{p.width}, ' in header
+        assert (f"t->{p.cname}.data()" in header) == (p.width > 64)
+
+
+def test_amaranth_names_decode() -> None:
+    assert _decode("samples___05Fvalid") == "samples__valid"
+    assert _decode("host_w_data") == "host_w_data"
+
+
+DOC = {"lanes": 2, "total_bits": 16, "samples": 2, "cycles_sim": 100, "seed": 1,
+       "x": [[1, -2, 3], [4, 5, -6]], "y": [[7], [-8]],
+       "layers": [{"layer": 1, "pe": 0, "rows": 1, "cols": 3, "row_words": 2, "init_addr": 0, "final_addr": 4,
+                   "init": [[1, 2, 3]], "final": [[-1, 0, 5]]}]}
+
+
+def test_host_protocol_is_the_cocotb_sequence() -> None:
+    proto = HostProtocol(DOC)
+    proto.full_run()
+    text = proto.text()
+    # reset, 2 weight words, 2 × (2 x words + 1 y word), the start cycle, the wait, 2 read-back words
+    assert text.startswith("P start 0\nP samples__valid 0\nP host_w_en 0\nP rst 1\nS 2\nP rst 0\n")
+    assert sum(int(n) for n in re.findall(r"^S (\d+)$", text, flags=re.MULTILINE)) == 2 + 2 + 6 + 1 + 2
+    assert "P host_addr 5\nS 1\nR host_r_data\n" in text  # read data follows the address by one cycle
+    assert re.search(r"^T0\nP start 1\nS 1\nP start 0\nW done 1 \d+\nT1$", text, flags=re.MULTILINE)
+    assert [port for port, _ in proto.reads] == ["cycles", "ops", "error", "host_r_data", "host_r_data"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-(2**15), 2**15 - 1), min_size=1, max_size=9), st.integers(1, 4),
+       st.integers(1, 3))
+def test_observations_regroup_reads_per_run(row: list[int], lanes: int, repeat: int) -> None:
+    """Words read back unpack to the row (padding dropped); every repetition is judged on its own."""
+    words = _words(row, lanes, 16)
+    layer = {"layer": 1, "pe": 0, "rows": 1, "cols": len(row), "row_words": len(words), "init_addr": 0,
+             "final_addr": 0, "init": [row], "final": [row]}
+    doc = {**DOC, "lanes": lanes, "layers": [layer]}
+    proto = HostProtocol(doc)
+    for _ in range(repeat):
+        proto.full_run()
+    values = []
+    for i in range(repeat):
+        values += [500, 42, 0] + ([w ^ 1 for w in words] if i == repeat - 1 else words)  # the last run is wrong
+    runs = _observations(doc, proto.reads, values, [(0.1, 0.05, 500)] * repeat, repeat)
+    assert [r["bit_exact"] for r in runs] == [True] * (repeat - 1) + [False]
+    assert runs[-1]["final"]["1"] == [[v for w in words for v in _unpack(w ^ 1, lanes, 16)][: len(row)]]
+    assert all(r["cycles_rtl"] == 500 and r["ops_rtl"] == 42 for r in runs)
+
+
+# ---- the real harness ----------------------------------------------------------------------------------
+
+BENCH = ("mlp:32-32-32-32-16", "layerpipe", 4, 4, 32)  # benchmarks/bench_rtl.py's speed design
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(harness_missing() is not None, reason=str(harness_missing()))
+def test_bench_design_in_the_harness_matches_cocotb(tmp_path: Path) -> None:
+    """Same final weights and cycle count as the cocotb bench (on Icarus, which builds in seconds), bit-exact
+    with the reference, cycle-exact with the simulator, in every repetition; ≥ 500k cycles per CPU-second."""
+    pytest.importorskip("cocotb_tools.runner")
+    pytest.importorskip("torch")
+    from layerpipe.hdl import available_simulators
+    from layerpipe.hdl._flow import export_verilog, make_design, run_bench, write_vectors
+
+    if "icarus" not in available_simulators():
+        pytest.skip("Icarus is not installed")
+    design = make_design(*BENCH)
+    verilog = export_verilog(design)
+    doc = design.vectors(3)
+    harness = run_harness(verilog, doc, tmp_path / "harness", repeat=8)
+    (tmp_path / "accel.v").write_text(verilog)
+    write_vectors(doc, tmp_path / "vectors.json")
+    run = run_bench(tmp_path / "accel.v", tmp_path / "vectors.json", tmp_path / "build", sim="icarus",
+                    result_path=tmp_path / "result.json")
+    assert run.passed, run.log.read_text()[-2000:]
+    cocotb = json.loads((tmp_path / "result.json").read_text())
+    assert cocotb["bit_exact"] and cocotb["cycles_rtl"] == doc["cycles_sim"]
+    for r in harness["runs"]:
+        assert r["final"] == cocotb["final"]
+        assert (r["cycles_rtl"], r["ops_rtl"], r["link_error"]) == (cocotb["cycles_rtl"], cocotb["ops_rtl"], 0)
+        assert r["bit_exact"]
+    assert harness["cycles_per_cpu_second"] >= 500_000, harness["cycles_per_cpu_second"]
+
