@@ -35,7 +35,7 @@ import numpy as np
 from layerpipe.dfg import WEIGHT_MODES
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
-from layerpipe.network import Conv2d, Layer, Linear, Network
+from layerpipe.network import Conv2d, Layer, Linear, Network, split_weights
 
 __all__ = [
     "DEFAULT_EMA_SHIFT",
@@ -103,9 +103,16 @@ def make_data(network: Network, samples: int, seed: int) -> dict[str, np.ndarray
 
 
 def init_weights(network: Network, seed: int, fmt: FixedFormat | None = None) -> dict[str, np.ndarray]:
-    """Initial weights keyed `W{layer}` (and `b{layer}`), float64, or int64 quantized to `fmt`."""
+    """Initial weights keyed `W{layer}` (and `b{layer}`), float64, or int64 quantized to `fmt`.
+
+    A split network (`split_layer`, `network.origin` set) starts from its source network's initial weights,
+    sliced by rows (`split_weights`), so it can be compared with the unsplit run.
+    """
+    if network.origin is not None:
+        out = split_weights(network, init_weights(network.origin.source, seed))
+        return out if fmt is None else {key: fmt.quantize(value) for key, value in out.items()}
     rng = np.random.default_rng([seed, 0])
-    out: dict[str, np.ndarray] = {}
+    out = {}
     for layer in network.layers:
         if not layer.has_weights:
             continue
@@ -125,7 +132,9 @@ def weight_shape(layer: Layer) -> tuple[int, ...]:
     if isinstance(op, Linear):
         return (layer.out_size, layer.in_size)
     if isinstance(op, Conv2d):
-        return (op.out_channels, layer.in_shapes[0][0] // op.groups, op.kernel_size, op.kernel_size)
+        # Several inputs are concatenated by channels (the consumer of a split layer).
+        channels = sum(shape[0] for shape in layer.in_shapes)
+        return (op.out_channels, channels // op.groups, op.kernel_size, op.kernel_size)
     raise InputError(f"layer '{layer.name}' ({layer.kind}) has no weight tensor the numerics know")
 
 

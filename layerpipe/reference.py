@@ -5,6 +5,8 @@ t·B .. t·B + B − 1 of the data) from the same initial weights and data as th
 reads the same weight versions — given as a full version map {(kind, layer, t): version} or as per-layer
 `Lags` — under a weight mode (`stash`, `latest`, `ema`; formulas in `layerpipe.numerics`).
 
+- Linear and conv2d layers with several inputs (a split layer's consumer, `layerpipe.network.split_layer`)
+  read their concatenation (features or channels); E hands each input its slice of Wᵀδ.
 - Float path (float64, `fmt=None`): autograd computes the gradients. Each linear layer is a custom
   `torch.autograd.Function` whose forward uses W at the version F reads and whose backward computes the
   weight gradient, hands it to the layer's version history, then computes the input gradient with W at the
@@ -251,6 +253,7 @@ class _Trainer:
     # float64 path: autograd
 
     def _float_iteration(self, t: int) -> None:
+        import torch
         import torch.nn.functional as tf
 
         function = _delayed_weights()
@@ -262,7 +265,9 @@ class _Trainer:
                 w, b = self.forward_weights(layer.index, t)
                 w = w.detach().clone().requires_grad_(True)  # a leaf, so autograd calls this layer's backward
                 kernel = _LinearKernel() if isinstance(op, Linear) else _ConvKernel(op)
-                z = function.apply(inputs[0], w, b, _BackwardHook(self, layer.index, t), kernel)
+                # Several inputs are read concatenated (a split layer's parts); autograd slices the error back.
+                a_in = inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=1)
+                z = function.apply(a_in, w, b, _BackwardHook(self, layer.index, t), kernel)
             elif isinstance(op, Pool2d):
                 pool = tf.max_pool2d if op.mode == "max" else tf.avg_pool2d
                 z = pool(inputs[0], op.kernel_size, op.effective_stride, op.padding)
@@ -293,6 +298,8 @@ class _Trainer:
             op, winner = layer.op, None
             if isinstance(op, Linear | Conv2d):
                 w, b = self.forward_weights(layer.index, t)
+                if len(inputs) > 1:  # read concatenated (features or channels): a split layer's parts
+                    inputs = [torch.cat(inputs, dim=1)]
                 z = q.linear(w, inputs[0], b) if isinstance(op, Linear) else q.conv(w, inputs[0], b, op)
             elif isinstance(op, Pool2d):
                 z, winner = q.pool(inputs[0], op)
@@ -326,7 +333,10 @@ class _Trainer:
                 if isinstance(op, Linear):
                     e_in = [q.linear_input_grad(w_e, delta)]
                 else:
-                    e_in = [q.conv_input_grad(w_e, delta, op, layer.in_shapes[0])]
+                    shape = (sum(s[0] for s in layer.in_shapes), *layer.in_shapes[0][1:])
+                    e_in = [q.conv_input_grad(w_e, delta, op, shape)]
+                if len(layer.inputs) > 1:  # concatenated inputs: each gets its slice of Wᵀδ
+                    e_in = list(torch.split(e_in[0], [s[0] for s in layer.in_shapes], dim=1))
             elif isinstance(op, Pool2d):
                 e_in = [q.pool_backward(delta, winner, op, layer.in_shapes[0])]
             else:

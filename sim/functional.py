@@ -12,8 +12,10 @@ PyTorch reference and the RTL compute). What each task does, for a micro-batch o
 | task | linear / conv2d layer l (W, optional b, act. f)    | weightless layer (pool, activation, add, flatten) |
 |------|----------------------------------------------------|---------------------------------------------------|
 | F    | z = a_in Wᵀ + b (or conv), a = f(z); keep a_in, z  | z = pool(input), Σ inputs (add) or input; a = f(z) |
+|      | (several inputs: a_in is their concatenation)      |                                                   |
 | A    | δ = e ⊙ f'(z), e = Σ of the consumers' errors      | —                                                 |
 | E    | e_in = δ W (conv: transposed conv), W per the mode | e_in = pool backward of e ⊙ f'(z), or it reshaped |
+|      | (several inputs: each its slice of e_in)           |                                                   |
 | G    | g = δᵀ a_in (conv: Σ over positions), g_b = Σ δ    | —                                                 |
 | U    | update k: version k+1 = version k − η·Σ g over the iterations of update k (one, or a synchronous step) |
 
@@ -336,6 +338,8 @@ class _Executor:
         ]
         a_in, argmax, op_ = inputs[0], None, layer.op
         if isinstance(op_, Linear | Conv2d):
+            if len(inputs) > 1:  # several inputs are read concatenated (features or channels): a split layer's parts
+                a_in = np.concatenate(inputs, axis=1)
             version = self._version(layer.index, self._read_version("F", layer.index, t), op)
             if isinstance(op_, Linear):
                 z = arith.linear(version.weights, a_in, version.bias)
@@ -379,9 +383,13 @@ class _Executor:
             delta = self._get(self.deltas, layer.index, t, "δ", op)
             weights = self._backward_weights(layer.index, op)
             if isinstance(layer.op, Conv2d):
-                e_in = [arith.conv_input_gradient(weights, delta, layer.op, layer.in_shapes[0])]
+                shape = (sum(s[0] for s in layer.in_shapes), *layer.in_shapes[0][1:])
+                e_in = [arith.conv_input_gradient(weights, delta, layer.op, shape)]
             else:
                 e_in = [arith.input_gradient(weights, delta)]
+            if len(layer.inputs) > 1:  # concatenated inputs: each gets its slice of Wᵀδ
+                cuts = np.cumsum([s[0] for s in layer.in_shapes])[:-1]
+                e_in = np.split(e_in[0], cuts, axis=1)
         else:
             kept = self._get(self.kept, layer.index, t, "the kept forward values", op)
             delta = arith.activation_grad(self._incoming_error(layer, op), kept.z, kept.a, layer.activation)

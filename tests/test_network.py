@@ -121,7 +121,7 @@ def test_builder_infers_shapes_and_wires_a_dag() -> None:
     (lambda b: b.add("x", Linear(3), ["later"]).add("later", Linear(3)), "input 'later' is not an earlier"),
     (lambda b: b.add("x", Linear(3), []), "inputs must not be empty"),
     (lambda b: b.add("x", Linear(3)).add("y", Add(), ["x", "input"]), r"add inputs must have one shape"),
-    (lambda b: b.add("x", Linear(4)).add("y", Linear(3), ["x", "input"]), "only add layers take several"),
+    (lambda b: b.add("x", Linear(4)).add("y", Flatten(), ["x", "input"]), "only add, linear, conv2d layers take"),
     (lambda b: b.add("bad name", Linear(3)), "must be letters, digits"),
     (lambda b: b.add("x", Conv2d(3, 3)), r"conv2d needs a \(channels, height, width\) input"),
     (lambda b: b.add("x", Linear(3)).add("y", Linear(3), ["input"]), "layers x feed nothing"),

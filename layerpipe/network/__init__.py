@@ -8,7 +8,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from layerpipe.network._export import to_dot, to_graphml
-from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder
+from layerpipe.network._graph import INPUT, Layer, Network, NetworkBuilder, Origin
 from layerpipe.network._load import load_network
 from layerpipe.network._ops import (
     ACTIVATIONS,
@@ -21,6 +21,7 @@ from layerpipe.network._ops import (
     Linear,
     Pool2d,
 )
+from layerpipe.network._split import merge_weights, split_layer, split_refusal, split_weights
 from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ __all__ = [
     "Linear",
     "Network",
     "NetworkBuilder",
+    "Origin",
     "Pool2d",
     "alexnet",
     "dump_yaml",
@@ -56,10 +58,14 @@ __all__ = [
     "lenet5",
     "load_network",
     "load_yaml_network",
+    "merge_weights",
     "mlp",
     "parse_yaml_network",
     "resnet18",
     "resnet50",
+    "split_layer",
+    "split_refusal",
+    "split_weights",
     "to_dot",
     "to_graphml",
     "vgg16",

@@ -19,6 +19,17 @@ if TYPE_CHECKING:
     import networkx as nx
 
 INPUT = 0  #: index of the network input in `Layer.inputs`
+#: Layer kinds that take several inputs: add sums them; linear and conv2d read their concatenation.
+MULTI_INPUT_KINDS: tuple[str, ...] = ("add", "linear", "conv2d")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a derived network came from: `source` with layer `layer` split into `parts` (`split_layer`)."""
+
+    source: Network
+    layer: str
+    parts: int
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,8 @@ class Network:
     layers: tuple[Layer, ...]
     batch: int = 1
     _by_name: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    #: The network this one was derived from (a layer split), None for a network as the user gave it.
+    origin: Origin | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch, int) or isinstance(self.batch, bool) or self.batch < 1:
@@ -115,7 +128,19 @@ class Network:
         return all(layer.inputs == (layer.index - 1,) for layer in self.layers)
 
     def with_batch(self, batch: int) -> Network:
-        return Network(self.name, self.input_shape, self.layers, batch)
+        origin = self.origin
+        if origin is not None:
+            origin = Origin(origin.source.with_batch(batch), origin.layer, origin.parts)
+        return Network(self.name, self.input_shape, self.layers, batch, origin=origin)
+
+    def derives_from(self, name: str) -> bool:
+        """True when this network is `name` or was derived from it (through any number of splits)."""
+        net: Network | None = self
+        while net is not None:
+            if net.name == name:
+                return True
+            net = net.origin.source if net.origin is not None else None
+        return False
 
     @property
     def total_weights(self) -> int:
@@ -185,8 +210,9 @@ class NetworkBuilder:
             if not input_ids:
                 raise InputError(f"layer '{name}': inputs must not be empty")
         in_shapes = tuple(self._shape_of(i) for i in input_ids)
-        if len(in_shapes) > 1 and op.kind != "add":
-            raise InputError(f"layer '{name}': only add layers take several inputs, {op.kind} got {len(in_shapes)}")
+        if len(in_shapes) > 1 and op.kind not in MULTI_INPUT_KINDS:
+            raise InputError(f"layer '{name}': only {', '.join(MULTI_INPUT_KINDS)} layers take several inputs "
+                             f"(add sums them, linear and conv2d concatenate them), {op.kind} got {len(in_shapes)}")
         out_shape = op.out_shape(list(in_shapes), f"layer '{name}'")
         index = len(self._layers) + 1
         self._layers.append(Layer(index, name, op, input_ids, in_shapes, out_shape))

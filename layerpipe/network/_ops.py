@@ -5,7 +5,9 @@ Shapes are per sample: `(features,)` for vectors, `(channels, height, width)` fo
 micro-batch size B is a property of the network, not of a layer.
 
 Linear, conv2d and add carry a fused activation: in the design notes' terms a layer computes
-z = op(inputs) and a = f(z); A_l is the activation backward δ = e ⊙ f'(z).
+z = op(inputs) and a = f(z); A_l is the activation backward δ = e ⊙ f'(z). Linear and conv2d read several
+inputs as their concatenation (features, or channels), which is how the consumer of a layer split by
+`split_layer` (`_split.py`) reads the parts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ Shape = tuple[int, ...]
 def _check_activation(activation: str, where: str) -> None:
     if activation not in ACTIVATIONS:
         raise InputError(f"{where}: activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
+
+
+def concat_width(in_shapes: list[Shape]) -> int:
+    """The leading size of the inputs' concatenation: features of flat inputs, channels of feature maps."""
+    return sum(shape[0] for shape in in_shapes)
 
 
 def _positive(value: int, field: str) -> None:
@@ -51,17 +58,18 @@ class Linear:
         _check_activation(self.activation, "linear")
 
     def out_shape(self, in_shapes: list[Shape], where: str) -> Shape:
-        (shape,) = in_shapes
-        if len(shape) != 1:
-            raise InputError(f"{where}: linear needs a flat input, got shape {shape} (add a flatten layer)")
+        # Several inputs mean their concatenation (the consumer of a split layer, `split_layer`).
+        for shape in in_shapes:
+            if len(shape) != 1:
+                raise InputError(f"{where}: linear needs a flat input, got shape {shape} (add a flatten layer)")
         return (self.out_features,)
 
     def weight_count(self, in_shapes: list[Shape]) -> int:
-        return in_shapes[0][0] * self.out_features + (self.out_features if self.bias else 0)
+        return concat_width(in_shapes) * self.out_features + (self.out_features if self.bias else 0)
 
     def macs(self, in_shapes: list[Shape]) -> int:
         """MACs of one forward pass for one sample."""
-        return in_shapes[0][0] * self.out_features
+        return concat_width(in_shapes) * self.out_features
 
 
 @dataclass(frozen=True)
@@ -87,10 +95,19 @@ class Conv2d:
         _check_activation(self.activation, "conv2d")
 
     def out_shape(self, in_shapes: list[Shape], where: str) -> Shape:
-        (shape,) = in_shapes
-        if len(shape) != 3:
-            raise InputError(f"{where}: conv2d needs a (channels, height, width) input, got shape {shape}")
-        c, h, w = shape
+        # Several inputs mean their concatenation along channels (the consumer of a split layer).
+        for shape in in_shapes:
+            if len(shape) != 3:
+                raise InputError(f"{where}: conv2d needs a (channels, height, width) input, got shape {shape}")
+        if len(in_shapes) > 1:
+            if len({s[1:] for s in in_shapes}) > 1:
+                shapes = ", ".join(str(s) for s in in_shapes)
+                raise InputError(f"{where}: conv2d inputs are concatenated by channels and must share height and "
+                                 f"width, got {shapes}")
+            if self.groups != 1:
+                raise InputError(f"{where}: conv2d with several (concatenated) inputs needs groups=1, "
+                                 f"got {self.groups}")
+        c, (h, w) = concat_width(in_shapes), in_shapes[0][1:]
         if c % self.groups or self.out_channels % self.groups:
             raise InputError(f"{where}: conv2d.groups={self.groups} must divide in ({c}) and out channels")
         ho = (h + 2 * self.padding - self.kernel_size) // self.stride + 1
@@ -100,13 +117,13 @@ class Conv2d:
         return (self.out_channels, ho, wo)
 
     def weight_count(self, in_shapes: list[Shape]) -> int:
-        c = in_shapes[0][0]
+        c = concat_width(in_shapes)
         k2 = self.kernel_size * self.kernel_size
         return self.out_channels * (c // self.groups) * k2 + (self.out_channels if self.bias else 0)
 
     def macs(self, in_shapes: list[Shape]) -> int:
         _, ho, wo = self.out_shape(in_shapes, "conv2d")
-        c = in_shapes[0][0]
+        c = concat_width(in_shapes)
         return ho * wo * self.out_channels * (c // self.groups) * self.kernel_size * self.kernel_size
 
 
