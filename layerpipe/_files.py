@@ -242,6 +242,8 @@ def check_output_folder(text: str, owns: Callable[[str], bool], marker: str, wha
         raise InputError(f"must be a folder, got the file '{text}'")
     if Path.cwd().resolve().is_relative_to(path.resolve()):
         raise InputError(f"must not be the current folder or one above it, got '{text}'")
+    if not path.exists():
+        check_creatable(path, f"'{text}'")
     if path.is_dir():
         names = sorted(entry.name for entry in path.iterdir())
         if names and marker not in names:
@@ -252,6 +254,21 @@ def check_output_folder(text: str, owns: Callable[[str], bool], marker: str, wha
             raise InputError(f"'{text}' holds '{foreign[0]}', which {what} does not write; move it away "
                              "(the folder is replaced whole and it would be lost)")
     return text
+
+
+def check_creatable(path: str | Path, what: str) -> None:
+    """Before any work: a folder that does not exist yet can be created (its nearest existing ancestor is a
+    folder this process can write in). Probed by creating and removing a hidden temporary folder there, since
+    access() says yes to root on read-only or virtual file systems (/proc)."""
+    probe = Path(path).absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InputError(f"{what}: cannot create it: {probe} is a file")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".layerpipe-probe.", suffix=_TMP_SUFFIX))
+    except OSError as exc:
+        raise InputError(f"{what}: cannot create it in {probe}: {_reason(exc)}") from None
 
 
 def owns_names(*patterns: str) -> Callable[[str], bool]:

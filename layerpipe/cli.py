@@ -62,6 +62,10 @@ EXTRAS: dict[str, str] = {"amaranth": "hdl", "cocotb": "hdl", "cocotb_tools": "h
                           "distributed": "dask", "dask": "dask"}
 
 
+#: Longest error line printed (characters): messages quote the user's input, which may be huge.
+MAX_MESSAGE = 2000
+
+
 def expected_failure(exc: BaseException) -> str | None:
     """The one-line message of an expected failure, or None for a bug (which keeps its traceback).
 
@@ -106,7 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = expected_failure(exc)
         if message is None:
             raise
-        print(f"layerpipe: error: {' '.join(message.split())}", file=sys.stderr)
+        line = " ".join(message.split())
+        if len(line) > MAX_MESSAGE:  # a 1 MB field echoed back is one line, but not a readable one
+            line = line[:MAX_MESSAGE] + f"… ({len(line) - MAX_MESSAGE} more characters)"
+        print(f"layerpipe: error: {line}", file=sys.stderr)
         return 2
 
 

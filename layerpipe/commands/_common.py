@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from layerpipe._files import check_output_file, check_output_folder, write_atomic
+from layerpipe._files import check_creatable, check_output_file, check_output_folder, write_atomic
 from layerpipe.costs import COST_MODELS
 from layerpipe.errors import InputError
 
@@ -199,11 +199,13 @@ def build_dir(text: str) -> str:
         raise ArgumentValueError("must be a folder path, got ''")
     if path.exists() and not path.is_dir():
         raise ArgumentValueError(f"must be a folder, got the file '{text}'")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ArgumentValueError(f"'{text}': cannot write in {probe} (read-only or not a folder)")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise ArgumentValueError(f"'{text}': cannot write in it (read-only)")
+    if not path.exists():
+        try:
+            check_creatable(path, f"'{text}'")
+        except InputError as exc:
+            raise ArgumentValueError(str(exc)) from None
     return text
 
 

@@ -22,10 +22,16 @@ from layerpipe.errors import InputError
 #: Policies whose schedules take a staleness bound, and those that take a bound on words per sample.
 STALENESS_POLICIES = frozenset({"layerpipe"})
 TRAFFIC_POLICIES = frozenset({"layerpipe"})
+#: One device with concurrent streams (OOO BackProp's single-GPU scheme): points at N = 1 only.
+SINGLE_DEVICE_POLICIES = frozenset({"stream", "stream-ooo"})
 
 #: Cost models a sweep can use: each point builds its model from its own `lanes` (no profile file to give),
 #: i.e. every registered model that takes no profile.
 SWEEP_COST_MODELS = tuple(name for name, kind in COST_MODELS.items() if "profile" not in kind.takes)
+
+
+#: Most points one sweep may have (a point takes 10 ms to 10 s): a results file of at most ~100 MB.
+MAX_SWEEP_POINTS = 200_000
 
 
 @dataclass(frozen=True, order=True)
@@ -41,10 +47,13 @@ class DesignPoint:
     max_traffic: float | None = None  #: bound on words per sample (layerpipe), None: unbounded
     batch: int = 1
     cost_model: str = "pe"
+    reverse_first_k: str | None = None  #: dp-ooo's K ("auto" or an integer), None for other policies
 
     @property
     def point_id(self) -> str:
-        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)]
+        # a field added later stays out of the id while unused, so earlier results files keep their ids
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if not (f.name == "reverse_first_k" and self.reverse_first_k is None)]
         return ";".join(parts)
 
 
@@ -60,6 +69,7 @@ class SweepSpec:
     batch: int = 1
     cost_model: str = "pe"
     area: bool = False
+    reverse_first_k: tuple[str, ...] = ("auto",)  #: dp-ooo's K values (OOO BackProp's reverse first-k)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -79,11 +89,21 @@ class SweepSpec:
         for t in self.max_traffic:
             if t is not None and not 0 <= t < float("inf"):
                 raise InputError(f"sweep max_traffic must be >= 0 words per sample, got {t}")
+        for k in self.reverse_first_k:
+            if not (isinstance(k, str) and (k == "auto" or k.isdigit())):
+                raise InputError(f"sweep reverse_first_k takes integers >= 0 or 'auto', got {k!r}")
         for s in self.max_staleness:
             if s is not None and s < 0:
                 raise InputError(f"sweep max_staleness must be >= 0, got {s}")
         if self.cost_model not in SWEEP_COST_MODELS:
             raise InputError(f"sweep cost_model must be one of {', '.join(SWEEP_COST_MODELS)}, got '{self.cost_model}'")
+        import math
+
+        most = math.prod(len(getattr(self, name)) for name in ("networks", "num_procs", "policies", "max_staleness",
+                                                                "max_traffic", "lanes", "interconnects"))
+        if most > MAX_SWEEP_POINTS:  # before points() builds them (issue 12 item 5: every size has a limit)
+            raise InputError(f"sweep has up to {most} points (the product of its axes); the limit is "
+                             f"{MAX_SWEEP_POINTS}: split it into several sweeps")
 
     def points(self) -> list[DesignPoint]:
         """All points, in a stable order (the order of the axes as given)."""
@@ -92,22 +112,27 @@ class SweepSpec:
         for net in self.networks:
             for n in self.num_procs:
                 for policy in self.policies:
+                    if policy in SINGLE_DEVICE_POLICIES and n != 1:
+                        continue
                     bounds = self.max_staleness if policy in STALENESS_POLICIES else (None,)
                     traffic = self.max_traffic if policy in TRAFFIC_POLICIES else (None,)
                     for bound in bounds:
                         for words in traffic:
                             for lanes in self.lanes:
                                 for ic in self.interconnects:
-                                    p = DesignPoint(net, n, policy, bound, lanes, ic, words, self.batch,
-                                                    self.cost_model)
-                                    if p not in seen:
-                                        seen.add(p)
-                                        out.append(p)
+                                    for k in (self.reverse_first_k if policy == "dp-ooo" else (None,)):
+                                        p = DesignPoint(net, n, policy, bound, lanes, ic, words, self.batch,
+                                                        self.cost_model, k)
+                                        if p not in seen:
+                                            seen.add(p)
+                                            out.append(p)
         return out
 
     @property
     def sweep_id(self) -> str:
         doc = {k: v for k, v in asdict(self).items() if k != "extra"}
+        if self.reverse_first_k == ("auto",):
+            del doc["reverse_first_k"]  # the default: sweeps from before this axis keep their id
         text = json.dumps(doc, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -122,6 +147,7 @@ SWEEP_KEYS: dict[str, str] = {
     "lanes": "list of positive integers",
     "interconnects": "list of interconnect specs (shared, links:L:W, bus:L:W, rtl)",
     "max_traffic": "list of non-negative numbers of words per sample (or null for unbounded)",
+    "reverse_first_k": "list of integers >= 0 or 'auto' (dp-ooo)",
     "batch": "positive integer",
     "cost_model": ", ".join(SWEEP_COST_MODELS),
     "area": "true/false: add RTL synthesis figures (MLPs only)",
@@ -168,6 +194,9 @@ def load_sweep_yaml(path: str | Path) -> SweepSpec:
     if "max_traffic" in doc:
         kwargs["max_traffic"] = tuple(None if v is None else float(v)
                                       for v in _as_tuple(doc["max_traffic"], "max_traffic", (int, float)))
+    if "reverse_first_k" in doc:
+        kwargs["reverse_first_k"] = tuple(str(v) for v in _as_tuple(doc["reverse_first_k"], "reverse_first_k",
+                                                                   (int, str)))
     if "batch" in doc:
         if not isinstance(doc["batch"], int) or isinstance(doc["batch"], bool) or doc["batch"] < 1:
             raise InputError(f"sweep key 'batch' takes {SWEEP_KEYS['batch']}, got {doc['batch']!r}")
