@@ -188,3 +188,20 @@ def test_compare_takes_the_options_and_names_the_interconnect(capsys) -> None:
     assert rows["dp"]["interconnect"] == "links:100:1"
     # 2(N − 1)·N chunks of ⌈|W|/N⌉ words per step, over N·B samples
     assert rows["dp"]["traffic_words_per_sample"] == round(2 * 1 * 2 * (32 + 16) / 16, 1)
+
+
+def test_explore_sweeps_reverse_first_k_and_keeps_stream_policies_at_one_device() -> None:
+    from layerpipe.dse._evaluate import evaluate_point
+    from layerpipe.dse._sweep import SweepSpec
+
+    spec = SweepSpec(("mlp:4-16-2",), (1, 2), ("dp", "dp-ooo", "stream-ooo"), interconnects=("links:100:1",),
+                     reverse_first_k=("0", "2"), batch=8, cost_model="macs")
+    points = spec.points()
+    assert [(p.num_procs, p.policy, p.reverse_first_k) for p in points] == [
+        (1, "dp", None), (1, "dp-ooo", "0"), (1, "dp-ooo", "2"), (1, "stream-ooo", None),
+        (2, "dp", None), (2, "dp-ooo", "0"), (2, "dp-ooo", "2")]
+    assert "reverse_first_k" not in points[0].point_id and "reverse_first_k=2" in points[2].point_id
+    rows = [evaluate_point(p) for p in points[4:]]
+    assert [r["cycles_per_sample"] for r in rows] == [2264 / 16, 2264 / 16, 2040 / 16]  # the hand-computed case
+    with pytest.raises(InputError, match="sweep reverse_first_k takes integers >= 0 or 'auto'"):
+        SweepSpec(("mlp:4-16-2",), (2,), ("dp-ooo",), reverse_first_k=("-1",))

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="interconnects to sweep, comma-separated: shared, links:L:W, bus:L:W, rtl (default rtl)")
     p.add_argument("--max-traffic", dest="max_traffic", default=None, metavar="WORDS[,WORDS...]",
                    help="layerpipe: bounds on words per sample, to trace the cycles-vs-traffic front")
+    p.add_argument("--reverse-first-k", dest="reverse_first_k", default=None, metavar="K[,K...]",
+                   help="dp-ooo: reverse first-k values to sweep, integers >= 0 or auto (default auto)")
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
     p.add_argument("--cost-model", default="pe", help="macs, pe, rtl (default pe)")
     p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
@@ -58,6 +60,8 @@ def _spec(args: argparse.Namespace):
         kw["interconnects"] = tuple(s.strip() for s in args.interconnects.split(",") if s.strip())
     if args.max_traffic is not None:
         kw["max_traffic"] = tuple(_words(s) for s in args.max_traffic.split(","))
+    if args.reverse_first_k is not None:
+        kw["reverse_first_k"] = tuple(s.strip() for s in args.reverse_first_k.split(","))
     if args.max_staleness:
         kw["max_staleness"] = tuple(args.max_staleness)
     policies = tuple((args.policies if args.policies is not None else "layerpipe,pipedream").split(","))

@@ -62,6 +62,8 @@ def evaluate_point(point: DesignPoint, area: bool = False) -> dict[str, object]:
     given: dict[str, object] = {"max_staleness": point.max_staleness} if point.max_staleness is not None else {}
     if point.max_traffic is not None:
         given["max_traffic"] = point.max_traffic
+    if point.reverse_first_k is not None:
+        given["reverse_first_k"] = "auto" if point.reverse_first_k == "auto" else int(point.reverse_first_k)
     interconnect = parse_interconnect(point.interconnect, lanes=getattr(model, "lanes", None) or 1)
     result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given),
                            interconnect)
