@@ -58,7 +58,8 @@ def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: Si
     if reports:
         versions = version_array(compiled, start, end, workload, config.mode,
                                  remote_copies=config.interconnect != "shared")
-        peaks = tuple(peak_memory(compiled, start, end, versions, workload, config.mode))
+        peaks = tuple(peak_memory(compiled, start, end, versions, workload, config.mode,
+                                  distributed=config.interconnect != "shared"))
     else:
         versions = np.full(compiled.num_ops, -1, dtype=np.int64)
         peaks = (0,) * compiled.num_procs

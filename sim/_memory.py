@@ -8,11 +8,19 @@ What is counted, as intervals [from, to) on one processor; at equal times releas
   transfer starts then) to the consumer's end. Transient forward activations and errors are not counted.
 - Activations (stage level, no network): stage s keeps `activation_words[s]` per micro-batch from F_s(t)'s
   start to the end of the last backward op (B, I or W) of s and t, on F_s(t)'s processor.
-- Weights of unit u (|W_u| words each version), charged to the processor that owns u (the one running
-  its first U op, else its first F op): at time τ the held versions are the current one (updates finished
-  by τ) and every version some reader is still using — a version is held from the first start of an op
-  that reads it to the last end of one (under `stash` that is from the first F that reads it to the last
-  E that reads it, since E reads F's version). `ema` adds one moving-average buffer of |W_u| words.
+- Weights of unit u (|W_u| words each version). At time τ the held versions are the current one (updates
+  finished by τ) and every version some reader is still using — a version is held from the first start of
+  an op that reads it to the last end of one (under `stash` that is from the first F that reads it to the
+  last E that reads it, since E reads F's version). `ema` adds one moving-average buffer of |W_u| words.
+  Where they are held depends on the interconnect (design notes §11, issue 10 item 4):
+  * `shared` (one memory): one set, charged to the processor that owns u (the one running its first U op,
+    else its first F op), counting every reader's versions; the buffer goes there too.
+  * distributed (`links`, `bus`): every processor that reads W_u or updates it holds its own copy of the
+    current version and the versions its own readers are still using — so a processor that only runs
+    forwards of u holds |W_u| words, and the weights a processor streams in to read are counted where they
+    are read. The `ema` buffer sits with the backward readers (E, B, I: the reconstruction runs there), or
+    with the owner when u has none. Simplification: a copy is held from cycle 0 (a static buffer), not from
+    the first transfer, and the current version counts as soon as its update ends, not when it arrives.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ KEPT_ROLES = ("kept", "loss")
 
 
 def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
-                workload: Workload, mode: str) -> list[int]:
-    """The largest number of words each processor holds at any time."""
+                workload: Workload, mode: str, distributed: bool = False) -> list[int]:
+    """The largest number of words each processor holds at any time (`distributed`: every reader of a
+    weight holds its own copy, see the module docstring)."""
     procs: list[np.ndarray] = []
     times: list[np.ndarray] = []
     deltas: list[np.ndarray] = []
@@ -41,7 +50,7 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
         add(*_kept_intervals(c, start, end))
     else:
         add(*_stage_activation_intervals(c, start, end, workload))
-    for p, t, d in _weight_steps(c, start, end, versions, workload, mode):
+    for p, t, d in _weight_steps(c, start, end, versions, workload, mode, distributed):
         procs.append(np.full(len(t), p, dtype=np.int64))
         times.append(t)
         deltas.append(d)
@@ -83,14 +92,15 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
 
 
 def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
-                  workload: Workload, mode: str):
-    """Per weight unit: (owner processor, change times, word deltas) of the words its versions hold."""
+                  workload: Workload, mode: str, distributed: bool = False):
+    """Per weight unit and holding processor: (processor, change times, word deltas) of the words held."""
     extra = 1 if mode == "ema" else 0
     proc = np.asarray(c.proc, dtype=np.int64)
     kinds = [k for k, _ in c.tasks]
     unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
     is_update = np.asarray([k == "U" for k in kinds], dtype=bool)[c.task]
     is_forward = np.asarray(["F" in k for k in kinds], dtype=bool)[c.task]
+    is_backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)[c.task]
     by_unit = np.argsort(unit, kind="stable")  # stable: program order within a unit's ops
     sorted_units = unit[by_unit]
     finish = int(end.max()) + 1 if len(end) else 0
@@ -104,17 +114,34 @@ def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versi
         if not len(owners):
             continue
         readers = members[versions[members] >= 0]
-        v = versions[readers]
-        count = int(v.max()) + 1 if len(v) else 0
-        lo = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
-        hi = np.full(count, -1, dtype=np.int64)
-        np.minimum.at(lo, v, start[readers])
-        np.maximum.at(hi, v, end[readers])
-        times, counts = _held_version_counts(lo, hi, np.sort(end[updates]))
-        words = (counts + extra) * size
-        delta = np.diff(words, prepend=0)
-        keep = delta != 0
-        yield (int(proc[owners[0]]), np.r_[times[keep], finish], np.r_[delta[keep], -words[-1]])
+        count = int(versions[readers].max()) + 1 if len(readers) else 0
+        owner = int(proc[owners[0]])
+        update_ends = np.sort(end[updates])
+        if not distributed:
+            yield owner, *_held_words(readers, count, start, end, versions, update_ends, size, extra * size,
+                                      finish)
+            continue
+        holders = sorted({int(q) for q in proc[readers]} | {owner})
+        buffered = {int(q) for q in proc[readers[is_backward[readers]]]} or {owner}
+        for q in holders:
+            mine = readers[proc[readers] == q]
+            yield q, *_held_words(mine, count, start, end, versions, update_ends, size,
+                                  extra * size if q in buffered else 0, finish)
+
+
+def _held_words(readers: np.ndarray, count: int, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
+                update_ends: np.ndarray, size: int, buffer: int, finish: int) -> tuple[np.ndarray, np.ndarray]:
+    """(change times, word deltas) of the versions `readers` keep in use plus the current one, `size` words
+    each, and `buffer` words more throughout; all released at `finish`."""
+    lo = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(count, -1, dtype=np.int64)
+    np.minimum.at(lo, versions[readers], start[readers])
+    np.maximum.at(hi, versions[readers], end[readers])
+    times, counts = _held_version_counts(lo, hi, update_ends)
+    words = counts * size + buffer
+    delta = np.diff(words, prepend=0)
+    keep = delta != 0
+    return np.r_[times[keep], finish], np.r_[delta[keep], -words[-1]]
 
 
 def _held_version_counts(lo: np.ndarray, hi: np.ndarray, update_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
