@@ -1,6 +1,6 @@
 """Schedule → microcode compiler: what each processing element runs, and where its data lives.
 
-Input: an MLP (`Linear` layers without bias, ReLU hidden, identity output, batch 1), its training graph, a
+Input: an MLP (`Linear` layers without bias, ReLU hidden, identity output, micro-batch B), its training graph, a
 periodic schedule over N PEs, the PE width `lanes` and the sample capacity T_max. Output: a `Program` —
 per PE a microcode ROM and a memory map — plus a deterministic text dump.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
-from layerpipe.hdl._pe import MAX_DEPTH, MAX_DIM, MAX_LANES
+from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
 from layerpipe.network import Network
 from layerpipe.schedule import PeriodicSchedule, Slot
 
@@ -51,6 +51,7 @@ class HardwareLimits:
     max_lanes: int = MAX_LANES
     max_memory_words: int = MAX_DEPTH
     max_samples: int = 65536
+    max_batch: int = MAX_BATCH
 
 
 DEFAULT_LIMITS = HardwareLimits()
@@ -111,6 +112,7 @@ class Step:
     g: str = ""
     dst: str = ""
     version: int = 0
+    batch: int = 1  #: samples of the micro-batch the op walks (U: 1, once per micro-batch)
 
     @property
     def rows(self) -> int:
@@ -280,7 +282,8 @@ class Program:
                     ops = " ".join(f"{k}={v}" for k, v in (("x", s.x), ("y", s.y), ("w", s.w), ("g", s.g),
                                                            ("dst", s.dst)) if v)
                     version = f" version=t{s.version:+d}" if s.w else ""
-                    lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{' relu' if s.relu else ''} "
+                    lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
+                                 f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
                 for s in e.sends:
                     shift = f" delay={s.delay}" if s.delay else ""
@@ -298,8 +301,9 @@ class Program:
 def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
                limits: HardwareLimits = DEFAULT_LIMITS) -> tuple[int, ...]:
     """The widths n_0..n_L of an MLP the RTL can run, or `InputError` naming what it is not."""
-    if network.batch != 1:
-        raise InputError(f"the RTL trains with batch 1 (per-sample SGD), got --batch {network.batch}")
+    if not 1 <= network.batch <= limits.max_batch:
+        raise InputError(f"--batch {network.batch} is beyond the RTL's micro-batch limit of {limits.max_batch} samples "
+                         "per op (the command's batch field)")
     if not network.is_chain:
         raise InputError(f"the RTL runs chains of fully connected layers; {network.name} is not a chain")
     last = network.layers[-1].index
@@ -550,6 +554,7 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
     widths = mlp_widths(network, fmt, limits)
     check_lanes(lanes, limits)
     check_samples(max_samples, limits)
+    batch = network.batch
     mode = graph.options.weight_mode
     if mode not in SUPPORTED_WEIGHT_MODES:
         raise InputError(f"weight mode '{mode}' is not supported by the RTL; supported: "
@@ -615,6 +620,12 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
                 add_transfer(u, key, _Transfer(widths[layer] * widths[layer - 1], delay, "weights"))
     for (src, dst), tr in transfers.items():
         n_in = widths[src[1] - 1]
+        if tr.kind == "vector" and batch > 1 and (tr.words // batch) % lanes:
+            per = tr.words // batch
+            raise InputError(f"task {name(dst)} on PE {pe_of[dst]} receives a vector of {per} elements per sample "
+                             f"from {name(src)} on PE {pe_of[src]}: with --batch {batch} its samples, each padded to "
+                             f"whole words, take more link beats than the rtl interconnect's ⌈words/lanes⌉; use "
+                             f"--lanes dividing {per} or --batch 1")
         if tr.kind != "vector" and n_in % lanes:
             what = {"gradient": f"g{src[1]}", "weights": f"a version of W{src[1]}", "stash": f"W{src[1]}"}[tr.kind]
             raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs {what} from {name(src)} on PE {pe_of[src]}, "
@@ -771,7 +782,7 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
         for buf in sorted((b for q, b in vreaders if q == p), key=lambda b: (order.index(b.split("@")[0]), b)):
             value = buf.split("@")[0]
             elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
-            add(buf, memory_of(buf), ceil_div(elements, lanes), vector_depth(p, buf))
+            add(buf, memory_of(buf), batch * ceil_div(elements, lanes), vector_depth(p, buf))
         for layer in range(1, num_layers + 1):
             matrix_words = widths[layer] * ceil_div(widths[layer - 1], lanes)
             for ring in (f"W{layer}", f"C{layer}", f"S{layer}"):
@@ -784,7 +795,8 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
             used = sum(b.words for b in buffers if b.memory == memory)
             if used > limits.max_memory_words:
                 raise InputError(f"PE {p} needs {used} words of {memory} memory, beyond the RTL limit of "
-                                 f"{limits.max_memory_words} words; use fewer --samples, more lanes or more PEs")
+                                 f"{limits.max_memory_words} words; use fewer --samples, a smaller --batch (now "
+                                 f"{batch}), more lanes or more PEs")
         counters = sorted(((src, dst) for (src, dst) in transfers if pe_of[dst] == p),
                           key=lambda sd: (index_of[sd[1]], pe_of[sd[0]], sd))
         entries = []
@@ -793,6 +805,8 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
             steps = []
             for atomic in s.kind:
                 step = _step(atomic, s.layer, widths)
+                if atomic != "U":
+                    step = replace(step, batch=batch)
                 for which in ("x", "y"):
                     if (key, len(steps), which) in operands:
                         step = replace(step, **{which: operands[(key, len(steps), which)]})

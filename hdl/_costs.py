@@ -1,10 +1,11 @@
 """The `rtl` cost model: the closed per-op cycle formula of the processing element.
 
 Each atomic task of a fully connected layer is one PE command (see `hdl/_pe.py`), busy for
-rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (`op_cycles`):
+B·rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (`op_cycles`) on a micro-batch of B samples:
 
-    F, E, G, U   rows = n_out, cols = n_in        (a matrix walk of W, δaᵀ or g)
-    A            rows = 1,     cols = n_out       (an elementwise pass over a vector)
+    F, E, G      rows = n_out, cols = n_in        (a matrix walk of W or δaᵀ per sample; G sums over B)
+    U            rows = n_out, cols = n_in, B = 1 (one update per micro-batch)
+    A            rows = 1,     cols = n_out       (an elementwise pass over B vectors)
 
 The unit benches check that the hardware takes exactly these cycles.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from layerpipe import costs
 from layerpipe.errors import InputError
-from layerpipe.hdl._pe import MAX_LANES, op_cycles
+from layerpipe.hdl._pe import MAX_BATCH, MAX_LANES, op_cycles
 from layerpipe.network import Layer
 
 __all__ = ["RTLCostModel", "task_shape"]
@@ -35,7 +36,7 @@ def task_shape(layer: Layer, kind: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class RTLCostModel:
-    """Cycles of one atomic task on a PE of `lanes` multipliers (batch 1: the hardware does per-sample SGD)."""
+    """Cycles of one atomic task on a PE of `lanes` multipliers, for a micro-batch of `batch` samples."""
 
     lanes: int = 4
     name: str = "rtl"
@@ -47,10 +48,10 @@ class RTLCostModel:
             raise InputError(f"lanes must be <= {MAX_LANES}, got {self.lanes}")
 
     def atomic_cost(self, layer: Layer, kind: str, batch: int) -> int:
-        if batch != 1:
-            raise InputError(f"the rtl cost model is per sample (batch 1), got batch {batch}")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+            raise InputError(f"the rtl cost model takes a micro-batch of 1..{MAX_BATCH} samples, got batch {batch}")
         rows, cols = task_shape(layer, kind)
-        return op_cycles(rows, cols, self.lanes)
+        return op_cycles(rows, cols, self.lanes, 1 if kind == "U" else batch)
 
 
 costs.COST_MODELS.setdefault("rtl", RTLCostModel)

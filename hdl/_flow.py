@@ -40,7 +40,8 @@ DEFAULT_LR_SHIFT = 4
 
 @dataclass(frozen=True)
 class Design:
-    """A scheduled and compiled accelerator for one (network, policy, N, lanes, T) point."""
+    """A scheduled and compiled accelerator for one (network, policy, N, lanes, T) point: T iterations of
+    micro-batches of `network.batch` samples (T·B samples in all)."""
 
     network: Network
     policy: str
@@ -73,7 +74,8 @@ class Design:
         from layerpipe.reference import expected_fixed_run
 
         sim = self.sim
-        expected = expected_fixed_run(self.network, sim.version_map, self.samples, seed, self.fmt, self.lr_shift,
+        rows = self.samples * self.network.batch
+        expected = expected_fixed_run(self.network, sim.version_map, rows, seed, self.fmt, self.lr_shift,
                                       self.program.weight_mode)
         float_final = _float_reference(self, sim.version_map, seed)
         prog, lanes = self.program, self.lanes
@@ -93,9 +95,9 @@ class Design:
         return {
             "version": 1, "network": self.network.name, "policy": self.policy, "num_pes": self.num_pes,
             "lanes": lanes, "total_bits": self.fmt.total_bits, "frac_bits": self.fmt.frac_bits,
-            "lr_shift": self.lr_shift, "samples": self.samples, "seed": seed,
-            "x": expected["x"].reshape(self.samples, -1).tolist(),
-            "y": expected["y"].reshape(self.samples, -1).tolist(),
+            "lr_shift": self.lr_shift, "samples": self.samples, "batch": self.network.batch, "seed": seed,
+            "x": expected["x"].reshape(rows, -1).tolist(),
+            "y": expected["y"].reshape(rows, -1).tolist(),
             "layers": layers, "cycles_sim": int(sim.total_cycles),
             "commands": sum(len(op.kind) for op in sim.schedule.ops()),  # one PE command per atomic step
         }
@@ -107,15 +109,16 @@ def _float_reference(design: Design, versions: dict, seed: int) -> dict[str, Any
     from layerpipe.reference import train_reference
 
     init = {k: design.fmt.to_float(v) for k, v in init_weights(design.network, seed, design.fmt).items()}
-    data = make_data(design.network, design.samples, seed)
+    data = make_data(design.network, design.samples * design.network.batch, seed)
     result = train_reference(design.network, init, data, versions, design.program.weight_mode,
                              2.0 ** -design.lr_shift, None, iterations=design.samples)
     return result.weights
 
 
 def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, samples: int, *,
-                lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True) -> Design:
-    """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it."""
+                lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1) -> Design:
+    """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
+    is T, the iterations (micro-batches of `batch` samples) the sample memories hold."""
     from layerpipe.schedule.policies import POLICIES, make_schedule, policy_options
 
     if policy not in SUPPORTED_POLICIES:
@@ -123,13 +126,21 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
         raise InputError(f"policy '{policy}'{known} cannot run on the RTL; supported: {', '.join(SUPPORTED_POLICIES)} "
                          "(asynchronous layer-level periodic schedules)")
     check_lanes(lanes)
-    net = load_network(network, 1) if isinstance(network, str) else network
+    net = load_network(network, batch) if isinstance(network, str) else network
     mlp_widths(net)  # refuse what the hardware cannot run before scheduling it
-    given: dict[str, object] = {"keep_weights_together": keep_weights_together} if policy == "layerpipe" else {}
+    # The hardware runs one iteration per period: PipeDream's straight pipeline (its replicas unfold iterations
+    # over PEs, J > 1), and LayerPipe's placements, on the rtl interconnect it is timed on.
+    given: dict[str, object] = ({"keep_weights_together": keep_weights_together} if policy == "layerpipe"
+                                else {"replication": False})
     result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given),
                            interconnect=Interconnect.rtl(lanes))
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
+    unfold = getattr(result.periodic, "unfold", 1)
+    if unfold != 1:
+        raise InputError(f"policy {policy} picks a replicated placement here ({unfold} iterations per period, a "
+                         f"stage's iterations alternating over PEs); the RTL runs one iteration per period: use "
+                         f"--keep-weights-together, another -n or --batch")
     program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
     return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
 

@@ -26,13 +26,16 @@ Commands (`command_layout(config)`; build them with `PEOp(...).as_const(config)`
     ERR       n_out   n_in    -               δ_l             W        -     e_{l-1}          (bank 0)
     GRAD      n_out   n_in    a_{l-1}         δ_l             -        -     g_l              (grads)
     UPD       n_out   n_in    -               -               W (src)  g_l   W (dst)          (weights)
-`col_words` = ⌈cols/lanes⌉ is carried precomputed (no divider in hardware).
+`col_words` = ⌈cols/lanes⌉ and `row_words` = ⌈rows/lanes⌉ are carried precomputed (no divider in hardware).
+`batch` = B samples of a micro-batch: each vector operand is B vectors one after another; F, A, E repeat
+their walk per sample, G sums δ_b a_bᵀ over the samples at full width before rescaling once (the reference's
+batched weight gradient), U runs once.
 
 Timing (the `rtl` cost model): a command is accepted when `cmd.valid & cmd.ready` in cycle s; the engine
 issues one beat per cycle from s+1 for rows·col_words beats (row-major; ERR walks column words outer so
 its `lanes` accumulators finish one output word at a time), each beat's result is written 3 cycles after
 its issue, `done` is high in the cycle of the last write and `cmd.ready` rises the cycle after: the op
-occupies exactly rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles, and everything it wrote is readable from
+occupies exactly B·rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (U: B = 1), and everything it wrote is readable from
 then on. Host accesses to the weight memory are only served while the PE is idle (`cmd.ready`).
 """
 
@@ -53,7 +56,7 @@ from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat, check_lr_shift
 from layerpipe.hdl._datapath import LATENCY, Datapath, Opcode, word_layout
 
 __all__ = [
-    "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "OP_OVERHEAD_CYCLES", "PEConfig", "PEOp", "ProcessingElement",
+    "MAX_BATCH", "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "OP_OVERHEAD_CYCLES", "PEConfig", "PEOp", "ProcessingElement",
     "VectorAddr", "command_layout", "op_cycles", "pack_matrix", "pack_vector", "unpack_matrix", "unpack_vector",
 ]
 
@@ -62,11 +65,13 @@ OP_OVERHEAD_CYCLES = 2 + LATENCY
 MAX_LANES = 256
 MAX_DIM = 65535  #: largest rows / cols of one op, in elements
 MAX_DEPTH = 1 << 20  #: largest memory, in words
+MAX_BATCH = 256  #: largest micro-batch of one op, in samples (the command's batch field)
 
 
-def op_cycles(rows: int, cols: int, lanes: int) -> int:
-    """Cycles the PE is busy with one op over a rows × cols operand (A: rows = 1, cols = n)."""
-    return rows * math.ceil(cols / lanes) + OP_OVERHEAD_CYCLES
+def op_cycles(rows: int, cols: int, lanes: int, batch: int = 1) -> int:
+    """Cycles the PE is busy with one op over a rows × cols operand (A: rows = 1, cols = n) for `batch`
+    samples (U: batch 1, it runs once per micro-batch)."""
+    return batch * rows * math.ceil(cols / lanes) + OP_OVERHEAD_CYCLES
 
 
 def _bits(count: int) -> int:
@@ -183,6 +188,8 @@ def command_layout(config: PEConfig) -> data.StructLayout:
         "rows": dim,
         "cols": dim,
         "col_words": unsigned(config.max_col_words.bit_length()),
+        "row_words": unsigned(config.max_col_words.bit_length()),  # ⌈rows/lanes⌉: a row-length vector
+        "batch": unsigned(MAX_BATCH.bit_length()),
         "x": vector_addr_layout(config),
         "y": vector_addr_layout(config),
         "w": unsigned(config.weight_addr_bits),
@@ -206,15 +213,20 @@ class PEOp:
     w: int = 0
     g: int = 0
     dst: int = 0
+    batch: int = 1  #: samples of the micro-batch (vectors one after another); U runs once whatever it is
 
     def col_words(self, lanes: int) -> int:
         return math.ceil(self.cols / lanes)
 
+    @property
+    def samples(self) -> int:
+        return 1 if self.op == Opcode.UPD else self.batch
+
     def beats(self, lanes: int) -> int:
-        return self.rows * self.col_words(lanes)
+        return self.samples * self.rows * self.col_words(lanes)
 
     def cycles(self, lanes: int) -> int:
-        return op_cycles(self.rows, self.cols, lanes)
+        return op_cycles(self.rows, self.cols, lanes, self.samples)
 
     def check(self, config: PEConfig) -> None:
         """Raise InputError naming the limit when the op does not fit the PE's formats or memories."""
@@ -223,17 +235,19 @@ class PEOp:
         _check_int(f"{name} cols", self.cols, 1, config.max_dim, f"elements (max_dim {config.max_dim})")
         if self.op in _VECTOR_OPS and self.rows != 1:
             raise InputError(f"{name} works on a vector: rows must be 1 (cols = its length), got rows={self.rows}")
-        cw, lanes = self.col_words(config.lanes), config.lanes
-        matrix_words = self.beats(lanes)
-        out_words = {Opcode.FWD_LINEAR: math.ceil(self.rows / lanes), Opcode.FWD_RELU: math.ceil(self.rows / lanes),
-                     Opcode.ACT_RELU: cw, Opcode.OUT_ERR: cw, Opcode.ERR: cw}
+        _check_int(f"{name} batch", self.batch, 1, MAX_BATCH, "samples")
+        lanes, b = config.lanes, self.samples
+        cw, rw = self.col_words(lanes), math.ceil(self.rows / lanes)
+        matrix_words = self.rows * cw
+        out_words = {Opcode.FWD_LINEAR: b * rw, Opcode.FWD_RELU: b * rw, Opcode.ACT_RELU: b * cw,
+                     Opcode.OUT_ERR: b * cw, Opcode.ERR: b * cw}
         reads: list[tuple[str, VectorAddr, int]] = []
         if self.op in (Opcode.FWD_LINEAR, Opcode.FWD_RELU, Opcode.GRAD, *_VECTOR_OPS):
-            reads.append(("x", self.x, cw))
+            reads.append(("x", self.x, b * cw))
         if self.op in _VECTOR_OPS:
-            reads.append(("y", self.y, cw))
+            reads.append(("y", self.y, b * cw))
         if self.op in (Opcode.ERR, Opcode.GRAD):
-            reads.append(("y", self.y, math.ceil(self.rows / lanes)))
+            reads.append(("y", self.y, b * rw))
         for field, where, words in reads:
             if not 0 <= where.bank < config.banks:
                 raise InputError(f"{name} {field}.bank must be in 0..{config.banks - 1}, got {where.bank}")
@@ -257,6 +271,7 @@ class PEOp:
         """The command as a dict of `command_layout(config)` fields (after `check`)."""
         self.check(config)
         return {"op": self.op, "rows": self.rows, "cols": self.cols, "col_words": self.col_words(config.lanes),
+                "row_words": math.ceil(self.rows / config.lanes), "batch": self.batch,
                 "x": {"bank": self.x.bank, "addr": self.x.addr}, "y": {"bank": self.y.bank, "addr": self.y.addr},
                 "w": self.w, "g": self.g, "dst": self.dst}
 
@@ -373,26 +388,41 @@ class ProcessingElement(wiring.Component):
         issuing = Signal()  # S0 has a beat this cycle
         m.d.comb += self.cmd.ready.eq(~busy)
 
-        # Loop counters of S0. Row-major walk: col (word of the row) inner, row outer; ERR swaps them.
+        # Loop counters of S0. Row-major walk: col (word of the row) inner, row outer; ERR swaps them. A
+        # micro-batch of `batch` samples (vectors stored one after another, each ⌈n/lanes⌉ words) repeats the
+        # walk per sample (sample outermost) for F, A, E; G accumulates over the samples (sample innermost, one
+        # gradient word per (row, col)); U ignores the batch.
         row = Signal(range(cfg.max_dim + 1))
         row_lane = Signal(range(lanes))  # row % lanes: lane of element `row` in a vector
         row_word = Signal(cfg.vector_addr_bits)  # row // lanes: word of element `row` in a vector
         col = Signal(range(cfg.max_col_words + 1))
         col_elem = Signal(range(cfg.max_col_words * lanes + 1))  # col · lanes: first element of the word
-        lin = Signal(range(max(cfg.weight_depth, cfg.grad_depth) + 1))  # beat number = word in the matrix
+        lin = Signal(range(max(cfg.weight_depth, cfg.grad_depth) + 1))  # word in the matrix
         w_col = Signal(cfg.weight_addr_bits)  # ERR: address of word `col` of row 0
         w_err = Signal(cfg.weight_addr_bits)  # ERR: address of word `col` of row `row`
+        sample = Signal(range(MAX_BATCH + 1))  # sample of the micro-batch
+        x_off = Signal(cfg.vector_addr_bits)  # sample · x stride (words)
+        y_off = Signal(cfg.vector_addr_bits)
+        d_off = Signal(cfg.vector_addr_bits)
 
         with m.If(self.cmd.valid & ~busy):
             payload = self.cmd.payload
             m.d.sync += [cmd.eq(payload), busy.eq(1), issuing.eq(1), row.eq(0), row_lane.eq(0), row_word.eq(0),
-                         col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w), w_err.eq(payload.w)]
+                         col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w), w_err.eq(payload.w),
+                         sample.eq(0), x_off.eq(0), y_off.eq(0), d_off.eq(0)]
 
         is_err = cmd.op == Opcode.ERR
         is_fwd = (cmd.op == Opcode.FWD_LINEAR) | (cmd.op == Opcode.FWD_RELU)
+        is_grad = cmd.op == Opcode.GRAD
         last_col = col == cmd.col_words - 1
         last_row = row == cmd.rows - 1
-        final = last_col & last_row
+        last_sample = (sample == cmd.batch - 1) | (cmd.op == Opcode.UPD)
+        walk_done = last_col & last_row  # the (row, col) walk of one sample (G: of the matrix)
+        final = walk_done & last_sample
+        # Per-sample strides (words): vectors of `cols` elements take col_words, of `rows` elements row_words.
+        x_stride = cmd.col_words
+        y_stride = Mux(is_err | is_grad, cmd.row_words, cmd.col_words)
+        d_stride = Mux(is_fwd, cmd.row_words, cmd.col_words)
 
         def next_row() -> list:
             wrap = row_lane == lanes - 1
@@ -404,11 +434,9 @@ class ProcessingElement(wiring.Component):
         def next_col() -> list:
             return [col.eq(col + 1), col_elem.eq(col_elem + lanes)]
 
-        with m.If(issuing):
-            m.d.sync += lin.eq(lin + 1)
-            with m.If(final):
-                m.d.sync += issuing.eq(0)
-            with m.Elif(is_err):
+        def advance_walk() -> None:
+            """The next (row, col) beat of the walk (ERR: column words outer)."""
+            with m.If(is_err):
                 with m.If(last_row):
                     m.d.sync += [*restart_rows(), *next_col(), w_col.eq(w_col + 1), w_err.eq(w_col + 1)]
                 with m.Else():
@@ -418,18 +446,37 @@ class ProcessingElement(wiring.Component):
             with m.Else():
                 m.d.sync += next_col()
 
+        with m.If(issuing):
+            with m.If(final):
+                m.d.sync += issuing.eq(0)
+            with m.Elif(is_grad):
+                # G: the samples of one (row, col) word back to back, accumulated in the datapath.
+                with m.If(last_sample):
+                    m.d.sync += [sample.eq(0), x_off.eq(0), y_off.eq(0), lin.eq(lin + 1)]
+                    advance_walk()
+                with m.Else():
+                    m.d.sync += [sample.eq(sample + 1), x_off.eq(x_off + x_stride), y_off.eq(y_off + y_stride)]
+            with m.Elif(walk_done):
+                # F, A, E: the next sample's walk (the same matrix, the next vectors).
+                m.d.sync += [*restart_rows(), col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(cmd.w),
+                             w_err.eq(cmd.w), sample.eq(sample + 1), x_off.eq(x_off + x_stride),
+                             y_off.eq(y_off + y_stride), d_off.eq(d_off + d_stride)]
+            with m.Else():
+                m.d.sync += lin.eq(lin + 1)
+                advance_walk()
+
         # ---- S0: addresses and the beat's control ------------------------------------------------------
-        per_row_y = is_err | (cmd.op == Opcode.GRAD)  # Y holds δ, one element per row
-        x_addr = cmd.x.addr + col
-        y_addr = cmd.y.addr + Mux(per_row_y, row_word, col)
+        per_row_y = is_err | is_grad  # Y holds δ, one element per row
+        x_addr = cmd.x.addr + x_off + col
+        y_addr = cmd.y.addr + y_off + Mux(per_row_y, row_word, col)
         w_addr = Mux(is_err, w_err, cmd.w + lin)
         g_addr = cmd.g + lin
         dst_addr = Signal(len(cmd.dst))
         with m.Switch(cmd.op):
             with m.Case(Opcode.FWD_LINEAR, Opcode.FWD_RELU):
-                m.d.comb += dst_addr.eq(cmd.dst + row_word)
+                m.d.comb += dst_addr.eq(cmd.dst + d_off + row_word)
             with m.Case(Opcode.ACT_RELU, Opcode.OUT_ERR, Opcode.ERR):
-                m.d.comb += dst_addr.eq(cmd.dst + col)
+                m.d.comb += dst_addr.eq(cmd.dst + d_off + col)
             with m.Default():
                 m.d.comb += dst_addr.eq(cmd.dst + lin)
         mask = Signal(lanes)
@@ -440,9 +487,10 @@ class ProcessingElement(wiring.Component):
             "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1}))
         m.d.sync += [
             s1.valid.eq(issuing), s1.op.eq(cmd.op), s1.lane.eq(row_lane), s1.mask.eq(mask),
-            s1.first.eq(Mux(is_fwd, col == 0, Mux(is_err, row == 0, 1))),
-            s1.last.eq(Mux(is_fwd, last_col, Mux(is_err, last_row, 1))),
-            s1.emit.eq(Mux(is_fwd, last_col & ((row_lane == lanes - 1) | last_row), Mux(is_err, last_row, 1))),
+            s1.first.eq(Mux(is_fwd, col == 0, Mux(is_err, row == 0, Mux(is_grad, sample == 0, 1)))),
+            s1.last.eq(Mux(is_fwd, last_col, Mux(is_err, last_row, Mux(is_grad, last_sample, 1)))),
+            s1.emit.eq(Mux(is_fwd, last_col & ((row_lane == lanes - 1) | last_row),
+                           Mux(is_err, last_row, Mux(is_grad, last_sample, 1)))),
             s1.x_bank.eq(cmd.x.bank), s1.y_bank.eq(cmd.y.bank), s1.dst.eq(dst_addr), s1.final.eq(final),
         ]
 

@@ -181,7 +181,8 @@ class Sequencer(wiring.Component):
         else:
             op = {"E": Opcode.ERR, "G": Opcode.GRAD, "U": Opcode.UPD}[step.kind]
         m.d.comb += [cmd.op.eq(op), cmd.rows.eq(step.rows), cmd.cols.eq(step.cols),
-                     cmd.col_words.eq(-(-step.cols // cfg.lanes))]
+                     cmd.col_words.eq(-(-step.cols // cfg.lanes)), cmd.row_words.eq(-(-step.rows // cfg.lanes)),
+                     cmd.batch.eq(step.batch)]
         for port, name in ((cmd.x, step.x), (cmd.y, step.y)):
             if name:
                 b = pe.buffer(name)

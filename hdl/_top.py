@@ -198,8 +198,9 @@ class Accelerator(wiring.Component):
         """x(t) words then y(t) words, t = 0, 1, …, written into the sample bank of every PE that holds them."""
         prog = self.program
         lanes = prog.lanes
-        x_words = -(-prog.widths[0] // lanes)
-        y_words = -(-prog.widths[-1] // lanes)
+        batch = prog.network.batch  # x(t) and y(t) are the micro-batch's B vectors, one after another
+        x_words = batch * -(-prog.widths[0] // lanes)
+        y_words = batch * -(-prog.widths[-1] // lanes)
         t = Signal(self.iteration_bits)
         word = Signal(range(max(x_words, y_words) + 1))
         in_y = Signal()

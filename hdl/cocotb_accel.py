@@ -115,11 +115,17 @@ class Driver:
         dut.host_w_en.value = 0
 
     async def stream_samples(self, stall: float) -> None:
-        """x(t) words then y(t) words for every t; valid drops with probability `stall` in each cycle."""
+        """x(t) words then y(t) words for every iteration t (B samples each); valid drops with probability `stall`
+        in each cycle."""
         dut, lanes, bits = self.dut, self.model.lanes, self.model.bits
         words = []
-        for x, y in zip(self.model.doc["x"], self.model.doc["y"], strict=True):
-            words += words_of(x, lanes, bits) + words_of(y, lanes, bits)
+        batch = self.model.doc.get("batch", 1)
+        xs, ys = self.model.doc["x"], self.model.doc["y"]
+        for t in range(0, len(xs), batch):  # iteration t: its micro-batch's x rows, then their y rows
+            for x in xs[t:t + batch]:
+                words += words_of(x, lanes, bits)
+            for y in ys[t:t + batch]:
+                words += words_of(y, lanes, bits)
         for word in words:
             while True:
                 await FallingEdge(dut.clk)

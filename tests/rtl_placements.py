@@ -24,9 +24,10 @@ __all__ = ["placed_design", "placed_schedule", "placements"]
 
 
 def placed_schedule(widths: list[int], where: dict[str, int], num_pes: int, lanes: int,
-                    mode: str = "stash") -> ScheduleResult:
-    """The periodic schedule of `mlp(widths)` with task `where[name]` on that PE (names like "F1", "U2")."""
-    net = mlp(widths)
+                    mode: str = "stash", batch: int = 1) -> ScheduleResult:
+    """The periodic schedule of `mlp(widths)` (micro-batches of `batch`) with task `where[name]` on that PE
+    (names like "F1", "U2")."""
+    net = mlp(widths, batch=batch)
     table = TaskTable.of(build_training_graph(net, GraphOptions(weight_mode=mode)), RTLCostModel(lanes))
     placement = [where[str(t)] for t in table.tasks]
     interconnect = Interconnect.rtl(lanes)
@@ -37,8 +38,8 @@ def placed_schedule(widths: list[int], where: dict[str, int], num_pes: int, lane
 
 
 def placed_design(widths: list[int], where: dict[str, int], num_pes: int, lanes: int, samples: int,
-                  mode: str = "stash") -> Design:
-    result = placed_schedule(widths, where, num_pes, lanes, mode)
+                  mode: str = "stash", batch: int = 1) -> Design:
+    result = placed_schedule(widths, where, num_pes, lanes, mode, batch)
     assert result.periodic is not None and result.graph is not None
     net = result.graph.network
     program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy="layerpipe")

@@ -23,7 +23,7 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
     assert "module layerpipe_accel(" in verilog and "samples__valid" in verilog and "/work" not in verilog
     microcode = (tmp_path / "a" / "microcode.txt").read_text()
     assert microcode.startswith("# layerpipe microcode v1 network=mlp:6-5-3 pes=2 lanes=4")
-    assert "AEG2" in microcode and "send a1->pe1.a1 5 elements" in microcode
+    assert "AEG2" in microcode and "send a1->pe1.a1@0 5 elements" in microcode
     design = json.loads((tmp_path / "a" / "design.json").read_text())
     assert (design["num_pes"], design["lanes"], design["samples"], design["links"]) == (2, 4, 8, [[0, 1], [1, 0]])
     assert design["cycles_sim"] > design["period_cycles"] > 0
@@ -32,8 +32,8 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "gpipe", "-n", "2", "--lanes", "4"], "supported: layerpipe, pipedream"),
     (["--policy", "pipedream", "-n", "2", "--lanes", "0"], "--lanes must be a positive integer"),
-    (["--policy", "layerpipe", "-n", "3", "--lanes", "4", "--no-keep-weights-together"],
-     "the RTL needs --keep-weights-together"),
+    (["--policy", "pipedream", "-n", "2", "--lanes", "1", "--batch", "300"],
+     "--batch 300 is beyond the RTL's micro-batch limit of 256 samples"),
 ])
 def test_rtl_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     proc = run_cli("rtl", "mlp:6-5-4-3", *args, "--out", str(tmp_path))

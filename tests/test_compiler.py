@@ -95,9 +95,19 @@ def test_rejects_bias_activation_batch_and_widths() -> None:
     tanh = NetworkBuilder("t", (4,)).add("fc1", Linear(3, activation="tanh")).add("fc2", Linear(2))
     with pytest.raises(InputError, match="ReLU hidden layers"):
         make_design(tanh.build(), "pipedream", 1, 1, 4)
-    net = mlp([5, 3, 2], batch=2)
-    with pytest.raises(InputError, match="batch 1"):
+    net = mlp([5, 3, 2], batch=300)
+    with pytest.raises(InputError, match="--batch 300 is beyond the RTL's micro-batch limit of 256 samples"):
         compile_schedule(net, build_training_graph(net), two_pe_schedule(), 2, 8)
+    # B beyond what the memories hold names the limit and the batch.
+    with pytest.raises(InputError, match=r"PE 0 needs \d+ words of \w+ memory, beyond the RTL limit of 64 words; "
+                                         r"use fewer --samples, a smaller --batch \(now 8\)"):
+        compile_schedule(mlp([5, 3, 2], batch=8), build_training_graph(mlp([5, 3, 2], batch=8)), two_pe_schedule(),
+                         1, 8, limits=HardwareLimits(max_memory_words=64))
+    # Vectors crossing PEs with B > 1 must fill whole words (each sample is padded to whole words).
+    with pytest.raises(InputError, match=r"task F2 on PE 1 receives a vector of 3 elements per sample from F1 on PE 0: "
+                                         r"with --batch 2"):
+        compile_schedule(mlp([5, 3, 2], batch=2), build_training_graph(mlp([5, 3, 2], batch=2)), two_pe_schedule(),
+                         2, 8)
     with pytest.raises(InputError, match="layer width 5 exceeds the RTL limit of 4"):
         compile_two_pe(limits=HardwareLimits(max_width=4))
     with pytest.raises(InputError, match="PE 0 needs 24 words of samples memory, beyond the RTL limit of 20 words"):
@@ -247,10 +257,11 @@ def test_random_mlps_compile_consistently(widths: list[int], n: int, lanes: int,
 
 
 @settings(max_examples=40, deadline=None)
-@given(point=placements(), samples=st.integers(1, 12), mode=st.sampled_from(["stash", "latest"]))
+@given(point=placements(), samples=st.integers(1, 12), mode=st.sampled_from(["stash", "latest"]),
+       batch=st.sampled_from([1, 2, 4]))
 def test_generated_placements_compile_consistently(point: tuple[list[int], dict[str, int], int, int],
-                                                   samples: int, mode: str) -> None:
+                                                   samples: int, mode: str, batch: int) -> None:
     """Any task → PE map, timed by the project's passes on the rtl interconnect, compiles to a program whose
     versions and ring depths agree with the simulator's run."""
     widths, where, n, lanes = point
-    _check_design(placed_design(widths, where, n, lanes, samples, mode))
+    _check_design(placed_design(widths, where, n, lanes, samples, mode, batch))

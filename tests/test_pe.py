@@ -222,8 +222,13 @@ def test_rtl_cost_model_is_the_pe_formula() -> None:
     assert task_cost(model, fc1, "F", 1) == 6 * 2 + OP_OVERHEAD_CYCLES  # 6 rows × ⌈7/4⌉ words
     assert task_cost(model, fc3, "A", 1) == 1 + OP_OVERHEAD_CYCLES
     assert task_cost(model, fc3, "AEG", 1) == (1 + 3 * 2 + 3 * 2) + 3 * OP_OVERHEAD_CYCLES
-    with pytest.raises(InputError, match="batch 1"):
-        model.atomic_cost(fc1, "F", 2)
+    # A micro-batch of B samples: F, A, E, G walk B times (G sums over them), U runs once.
+    assert task_cost(model, fc1, "F", 3) == 3 * 6 * 2 + OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc1, "G", 3) == 3 * 6 * 2 + OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc3, "A", 3) == 3 + OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc1, "U", 3) == 6 * 2 + OP_OVERHEAD_CYCLES
+    with pytest.raises(InputError, match=r"micro-batch of 1\.\.256 samples, got batch 257"):
+        model.atomic_cost(fc1, "F", 257)
     with pytest.raises(InputError, match="lanes must be >= 1, got 0"):
         make_cost_model("rtl", lanes=0)
 

@@ -76,11 +76,12 @@ def test_accelerator_verilator(tmp_path: Path) -> None:
 
 
 def test_split_placement_icarus(tmp_path: Path) -> None:
-    """The fast representative of split placements: the layerpipe policy without --keep-weights-together on
-    the rtl interconnect (weight copies, a stashed version and gradients cross the links)."""
-    design = make_design("mlp:8-8-4", "layerpipe", 3, 2, 3, keep_weights_together=False)
+    """The fast representative of split placements, micro-batches of 2: F1 reads copies of W1 streamed from U1's
+    PE, E2 gets F2's version (stash) and G2 sends g2 to U2's PE over the links."""
+    where = {"F1": 1, "A1": 0, "G1": 0, "U1": 0, "F2": 1, "A2": 1, "E2": 0, "G2": 0, "U2": 1}
+    design = placed_design([4, 4, 2], where, 2, 2, 3, batch=2)
     kinds = {send.src[0] for pe in design.program.pes for e in pe.entries for send in e.sends}
-    assert "W" in kinds or "g" in kinds, "the policy kept every layer's weight tasks together"
+    assert {"W", "g"} <= kinds
     observed = _run_design(tmp_path, design, ("run_plain",))
     assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
 
@@ -88,12 +89,13 @@ def test_split_placement_icarus(tmp_path: Path) -> None:
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None)
 @given(point=placements(max_layers=3, max_width=8), samples=st.integers(1, 6),
-       mode=st.sampled_from(["stash", "latest"]))
+       mode=st.sampled_from(["stash", "latest"]), batch=st.sampled_from([1, 4]))
 def test_generated_placements_icarus(point: tuple[list[int], dict[str, int], int, int], samples: int,
-                                     mode: str) -> None:
-    """Random task → PE maps on random MLPs (N ≤ 4), timed by the project's passes: bit-exact and cycle-exact."""
+                                     mode: str, batch: int) -> None:
+    """Random task → PE maps on random MLPs (N ≤ 4, B ∈ {1, 4}), timed by the project's passes: bit-exact and
+    cycle-exact."""
     widths, where, n, lanes = point
-    design = placed_design(widths, where, n, lanes, samples, mode)
+    design = placed_design(widths, where, n, lanes, samples, mode, batch)
     with tempfile.TemporaryDirectory(prefix="layerpipe-placement-") as tmp:
         observed = _run_design(Path(tmp), design, ("run_plain",))
     assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
