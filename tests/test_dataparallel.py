@@ -205,3 +205,19 @@ def test_explore_sweeps_reverse_first_k_and_keeps_stream_policies_at_one_device(
     assert [r["cycles_per_sample"] for r in rows] == [2264 / 16, 2264 / 16, 2040 / 16]  # the hand-computed case
     with pytest.raises(InputError, match="sweep reverse_first_k takes integers >= 0 or 'auto'"):
         SweepSpec(("mlp:4-16-2",), (2,), ("dp-ooo",), reverse_first_k=("-1",))
+
+
+def test_simulate_cli_runs_dp_ooo_on_the_stream_engine_with_plain_sgd_numerics(tmp_path) -> None:
+    out = tmp_path / "sim"
+    assert main(["simulate", "mlp:6-8-8-3", "--policy", "dp-ooo", "-n", "3", "--reverse-first-k", "2",
+                 "--interconnect", "links:7:2", "--batch", "2", "--samples", "24", "--functional", "float64",
+                 "--mode", "latest", "--lr", "0.125", "--seed", "4", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["num_procs"] == 3 and metrics["traffic_words"] > 0
+    net = mlp([6, 8, 8, 3], batch=2)
+    plain = {(kind, layer, t): t // 3 for t in range(12) for layer in (1, 2, 3) for kind in "FE"
+             if not (kind == "E" and layer == 1)}
+    data, init = make_data(net, 24, 4), init_weights(net, 4)
+    want = train_reference(net, init, data, plain, "latest", 0.125, synchronous=True, microbatches=3)
+    with np.load(out / "final.npz") as got:
+        assert_weights_close(dict(got), want.weights)

@@ -121,9 +121,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             schedule, workload, network, info = _from_policy(args, config)
         phase("compile")
-        compiled = compile_schedule(schedule, workload)
-        phase("simulate")
-        result = simulate_compiled(compiled, workload, config)
+        if isinstance(workload, SimResult):  # dp, dp-ooo, stream, stream-ooo: timed on the stream engine
+            result = workload
+        else:
+            compiled = compile_schedule(schedule, workload)
+            phase("simulate")
+            result = simulate_compiled(compiled, workload, config)
         files: dict[str, bytes | Callable[[Path], None]] = {}
         metrics: dict[str, object] = {**info, **result.metrics()}
         if args.functional is not None:
@@ -148,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_policy(args: argparse.Namespace, config: SimConfig):
     from layerpipe.commands.schedule import OPTION_FLAGS, given_options
-    from layerpipe.schedule.policies import make_schedule, policy_options
+    from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES, make_schedule, policy_options
+    from layerpipe.sim import simulate_policy_result
 
     if args.network is None:
         raise InputError("NETWORK is required with --policy")
@@ -166,7 +170,11 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     check_run_size(iterations, iterations * tasks, "--samples")
     if args.functional is not None:
         check_functional_size(network, samples)
-    schedule, workload = policy_ops(result, network, model, iterations, config.mode)
+    if result.policy in STREAM_ENGINE_POLICIES:  # overlapping kernels: the stream engine times them here
+        timed = simulate_policy_result(result, network, model, iterations, config)
+        schedule, workload = timed.schedule, timed
+    else:
+        schedule, workload = policy_ops(result, network, model, iterations, config.mode)
     info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
             "interconnect": result.interconnect.spec,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
@@ -309,13 +317,17 @@ def _fixed_format(args: argparse.Namespace):
 def _functional(args: argparse.Namespace, network: Network, schedule: OpSchedule, result: SimResult, fmt,
                 files: dict[str, bytes | Callable[[Path], None]]) -> dict[str, object]:
     from layerpipe.numerics import init_weights, make_data
+    from layerpipe.sim._streams import functional_order
     from layerpipe.sim.functional import FunctionalConfig, order_by_start, run_functional
 
     config = FunctionalConfig(mode=args.mode, lr=args.lr, fmt=fmt, synchronous=schedule.synchronous,
                               microbatches=max(schedule.microbatches, 1))
     init = init_weights(network, args.seed, fmt)
     data = make_data(network, result.num_iterations * network.batch, args.seed)
-    order = order_by_start(zip(result.ops, result.start.tolist(), strict=True))
+    if schedule.synchronous and len({op.key for op in result.ops}) < len(result.ops):
+        order = functional_order(result)  # data-parallel replicas: one update of the one weight set per step
+    else:
+        order = order_by_start(zip(result.ops, result.start.tolist(), strict=True))
     out = run_functional(network, order, result.version_map, init, data, config)
     files["init.npz"] = _npz(init)
     files["data.npz"] = _npz(data)
