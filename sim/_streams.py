@@ -169,6 +169,8 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
     stamp = [0] * len(program.lanes)
     channel_free: dict[int, int] = {}
     num_devices = len(program.lanes)
+    bus = interconnect.kind == "bus"
+    holds: dict[int, int] = {}  # words → channel cycles
     # Events: (time, order, kind, item, stamp); kind 0 = an item finished, 1 = launch overhead over,
     # 2 = a device's projected completion (valid while its stamp is current).
     heap: list[tuple[int, int, int, int, int]] = []
@@ -193,8 +195,11 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
         if not kernels:
             share[d] = {}
             return
-        got = share_lanes(program.lanes[d], [program.width[k] for k in kernels], [stream[k] for k in kernels])
-        share[d] = dict(zip(kernels, got, strict=True))
+        if len(kernels) == 1:  # the common case, and what share_lanes gives for one kernel
+            share[d] = {kernels[0]: min(program.width[kernels[0]], program.lanes[d])}
+        else:
+            got = share_lanes(program.lanes[d], [program.width[k] for k in kernels], [stream[k] for k in kernels])
+            share[d] = dict(zip(kernels, got, strict=True))
         nxt = min(t + max(0, -(-computing[d][k] // a)) for k, a in share[d].items() if a > 0)
         push(nxt, 2, d, stamp[d])
 
@@ -218,9 +223,13 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
             start[i] = t
             push(t, 0, i)
             return
-        c = interconnect.channel(device[i], stream[i], num_devices)
-        depart = max(t, channel_free.get(c, 0))
-        hold = interconnect.hold(work[i])
+        c = 0 if bus else device[i] * num_devices + stream[i]  # `Interconnect.channel`
+        depart = channel_free.get(c, 0)
+        if depart < t:
+            depart = t
+        hold = holds.get(work[i])
+        if hold is None:
+            hold = holds[work[i]] = interconnect.hold(work[i])
         channel_free[c] = depart + hold
         start[i] = depart
         push(depart + hold + interconnect.latency, 0, i)
