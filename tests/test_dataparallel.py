@@ -116,6 +116,20 @@ def test_hand_computed_case_dp_ooo_hides_layer_2s_weight_gradient_behind_layer_1
     assert auto.options.reverse_first_k == 2 and auto.metrics.period_cycles == 2040  # type: ignore[attr-defined]
 
 
+def test_buckets_close_at_their_size_and_reduce_as_one() -> None:
+    """DDP-style buckets in backward order: with room for both layers (≥ 96 words) one all-reduce of 96
+    words leaves after G1 (1936): T_AR = 2·(48 + 100) = 296, so U2 and U1 run 2232..2328. A bucket of 32
+    words closes after layer 2 alone: the per-layer schedule (2264). Latency pipelines in this model, so
+    merging all-reduces saves no per-message cost and only holds layer 2's back."""
+    net = mlp([4, 16, 2], batch=8)
+    ic = Interconnect.links(100, 1)
+    assert period("dp", net, 2, ic, bucket_words=32) == period("dp", net, 2, ic) == 2264
+    assert ring_allreduce_cycles(96, 2, ic) == 296
+    assert period("dp", net, 2, ic, bucket_words=96) == 1936 + 296 + 32 + 64 == 2328
+    ooo = make_schedule("dp-ooo", net, 2, MACS, DPOOOOptions(1, 96), ic)  # layer 1 alone, layer 2 its bucket
+    assert ooo.metrics.period_cycles == 2264
+
+
 def test_links_contention_is_timed() -> None:
     """At batch 4 layer 2's all-reduce takes the ring link while layer 1's is still on the ring (FIFO by
     ready time), and delays it. dp-ooo K = 2, from F1's start: F1 256, U2 32, F2 128, A2 8, E2 128, A1 64,
@@ -221,3 +235,25 @@ def test_simulate_cli_runs_dp_ooo_on_the_stream_engine_with_plain_sgd_numerics(t
     want = train_reference(net, init, data, plain, "latest", 0.125, synchronous=True, microbatches=3)
     with np.load(out / "final.npz") as got:
         assert_weights_close(dict(got), want.weights)
+
+
+def test_report_section_states_ours_next_to_the_papers_ranges(monkeypatch) -> None:
+    """The section on small inputs (the report runs alexnet, resnet18 and the zoo): the speedups quoted are the
+    rows', the paper's ranges are named, and two runs give the same text."""
+    from layerpipe import report_ooo
+    from layerpipe.costs import PEModel
+
+    monkeypatch.setattr(report_ooo, "DP_NETWORKS", ("mlp:4-16-2",))
+    monkeypatch.setattr(report_ooo, "DP_PROCS", (2, 4))
+    monkeypatch.setattr(report_ooo, "DP_INTERCONNECTS", ("links:100:1", "bus:100:1"))
+    monkeypatch.setattr(report_ooo, "STREAM_NETWORKS", ("mlp:6-8-8-3",))
+    text, rows = report_ooo.ooo_section(PEModel(8, 4))
+    assert text == report_ooo.ooo_section(PEModel(8, 4))[0]
+    assert "the paper: 1.10–1.27×" in text and "the paper: 1.03–1.58×" in text
+    ooo = [r for r in rows if r["policy"] == "dp-ooo"]
+    assert len(ooo) == 4 and all(r["speedup_vs_baseline"] >= 1.0 for r in ooo)  # auto K includes K = 0 (= dp)
+    low, high = min(r["speedup_vs_baseline"] for r in ooo), max(r["speedup_vs_baseline"] for r in ooo)
+    assert f"Ours: {low:.2f}–{high:.2f}×; the paper: 1.10–1.27×" in text
+    assert {r["where"] for r in rows if r["part"] == "single-device"} == {"pe 8 lanes, overhead 4",
+                                                                           "pe 5120 lanes, overhead 7000"}
+    assert set(rows[0]) == set(report_ooo.COLUMNS)
