@@ -66,6 +66,7 @@ def test_reverse_first_k_0_is_dp(net: Network, n: int, ic: Interconnect, bucket:
     dp = make_schedule("dp", net, n, MACS, DPOptions(bucket), ic)
     ooo = make_schedule("dp-ooo", net, n, MACS, DPOOOOptions(0, bucket), ic)
     assert dp.metrics.row() == ooo.metrics.row()
+    assert dp.metrics.lower_bound_cycles <= dp.metrics.cycles_per_sample  # compute and the busiest channel
     a = simulate_policy_result(dp, net, MACS, 3 * n, SimConfig.of(ic))
     b = simulate_policy_result(ooo, net, MACS, 3 * n, SimConfig.of(ic))
     assert a.ops == b.ops and a.start.tolist() == b.start.tolist() and a.end.tolist() == b.end.tolist()

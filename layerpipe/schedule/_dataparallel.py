@@ -295,10 +295,15 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
     chunk_words = sum(-(-sum(network.layer(layer).weight_count for layer in group) // num_procs)
                       for group in p.all_reduces)
     traffic = 2 * (num_procs - 1) * num_procs * chunk_words if num_procs > 1 else 0
+    # The busiest channel per step: a ring link carries 2(N − 1) chunks of every all-reduce, the bus all N
+    # replicas' (shared: nothing). A step is at least that, and at least one replica's compute.
+    holds = sum(interconnect.hold(-(-sum(network.layer(x).weight_count for x in g) // num_procs))
+                for g in p.all_reduces)
+    channel = 2 * (num_procs - 1) * holds * (num_procs if interconnect.kind == "bus" else 1) if num_procs > 1 else 0
     weights = weight_layers(network)
     metrics = ScheduleMetrics(
         cycles_per_sample=step / samples,
-        lower_bound_cycles=work / samples,  # a replica computes a whole micro-batch per step
+        lower_bound_cycles=max(work, channel) / samples,
         utilization_pct=utilization_pct(num_procs * work, num_procs, step),
         traffic_words_per_sample=traffic / samples,
         weight_versions=1,
