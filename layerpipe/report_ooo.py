@@ -11,13 +11,16 @@ ranges, on our cost model and interconnects, and says where and why they differ:
   over the zoo at batch 32, on the report's `pe` device and on a GPU-sized one (`layerpipe.schedule._streams`).
 
 Everything here is simulated by `layerpipe.sim._streams`; the function returns markdown and the rows (the
-caller writes `ooo.csv`). Same inputs give the same bytes.
+caller writes `ooo.csv`) and, given a folder, draws `ooo_speedup.png`. Same inputs give the same bytes.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from layerpipe._files import write_atomic
 from layerpipe.costs import PEModel
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
@@ -88,9 +91,47 @@ def _x(value: object) -> str:
     return f"{float(value):.3f}×"  # type: ignore[arg-type]
 
 
-def ooo_section(model: PEModel, tick: Callable[[], None] = lambda: None) -> tuple[str, list[dict[str, object]]]:
-    """Markdown of the OOO section and its rows."""
+PLOT = "ooo_speedup.png"
+
+
+def speedup_plot(rows: Sequence[dict[str, object]], path: Path) -> None:
+    """Each OOO order's speedup over its baseline, one bar per point, the paper's range shaded behind."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    parts = (("data-parallel", "dp-ooo", PAPER_DP), ("single-device", "stream-ooo", PAPER_SINGLE))
+    for k, (part, policy, paper) in enumerate(parts):
+        ax = fig.add_subplot(1, 2, k + 1)
+        mine = [r for r in rows if r["part"] == part and r["policy"] == policy
+                and r["options"] != f"streams=2 defer={DEFER}"]
+        labels = [f"{r['network']}\n{str(r['where']).split(':')[0]} N={r['num_procs']}" if part == "data-parallel"
+                  else f"{r['network']}\n{str(r['where']).split(' lanes')[0]} lanes" for r in mine]
+        ax.axhspan(*paper, color="tab:green", alpha=0.15, label=f"paper {paper[0]:.2f}–{paper[1]:.2f}×")
+        ax.bar(range(len(mine)), [float(r["speedup_vs_baseline"]) for r in mine], color="tab:blue",  # type: ignore[arg-type]
+               label="ours")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        top = max([paper[1], *(float(r["speedup_vs_baseline"]) for r in mine)])  # type: ignore[arg-type]
+        ax.set_ylim(0.9, top + 0.05)
+        ax.set_xticks(range(len(mine)), labels, fontsize=5, rotation=90)
+        ax.set_title(f"{policy} over {'dp' if part == 'data-parallel' else 'stream'}", fontsize=9)
+        ax.set_ylabel("speedup", fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    write_atomic(path, buf.getvalue())
+
+
+def ooo_section(model: PEModel, out: Path | None = None,
+                tick: Callable[[], None] = lambda: None) -> tuple[str, list[dict[str, object]]]:
+    """Markdown of the OOO section and its rows; with `out`, the plot `ooo_speedup.png` is drawn there and
+    the markdown shows it."""
     rows = ooo_rows(model, tick)
+    if out is not None:
+        speedup_plot(rows, Path(out) / PLOT)
     dp = [r for r in rows if r["part"] == "data-parallel"]
     by = {(r["network"], r["where"], r["num_procs"], r["policy"]): r for r in dp}
     dp_table = []
@@ -147,7 +188,9 @@ range, but the convolutional ones fill the lanes in our model, whereas a real GP
 time to memory-bound kernels and synchronisation that this lane model does not have (OOO's largest gains
 are on DenseNet and MobileNet, with many small kernels, which the zoo lacks).
 """
+    if out is not None:
+        text += f"\n![OOO speedups]({PLOT})\n"
     return text, rows
 
 
-__all__ = ["COLUMNS", "ooo_rows", "ooo_section"]
+__all__ = ["COLUMNS", "PLOT", "ooo_rows", "ooo_section", "speedup_plot"]

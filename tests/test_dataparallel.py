@@ -238,7 +238,7 @@ def test_simulate_cli_runs_dp_ooo_on_the_stream_engine_with_plain_sgd_numerics(t
         assert_weights_close(dict(got), want.weights)
 
 
-def test_report_section_states_ours_next_to_the_papers_ranges(monkeypatch) -> None:
+def test_report_section_states_ours_next_to_the_papers_ranges(monkeypatch, tmp_path) -> None:
     """The section on small inputs (the report runs alexnet, resnet18 and the zoo): the speedups quoted are the
     rows', the paper's ranges are named, and two runs give the same text."""
     from layerpipe import report_ooo
@@ -248,8 +248,10 @@ def test_report_section_states_ours_next_to_the_papers_ranges(monkeypatch) -> No
     monkeypatch.setattr(report_ooo, "DP_PROCS", (2, 4))
     monkeypatch.setattr(report_ooo, "DP_INTERCONNECTS", ("links:100:1", "bus:100:1"))
     monkeypatch.setattr(report_ooo, "STREAM_NETWORKS", ("mlp:6-8-8-3",))
-    text, rows = report_ooo.ooo_section(PEModel(8, 4))
-    assert text == report_ooo.ooo_section(PEModel(8, 4))[0]
+    text, rows = report_ooo.ooo_section(PEModel(8, 4), tmp_path)
+    first = (tmp_path / "ooo_speedup.png").read_bytes()
+    assert text == report_ooo.ooo_section(PEModel(8, 4), tmp_path)[0]
+    assert (tmp_path / "ooo_speedup.png").read_bytes() == first and "![OOO speedups](ooo_speedup.png)" in text
     assert "the paper: 1.10–1.27×" in text and "the paper: 1.03–1.58×" in text
     ooo = [r for r in rows if r["policy"] == "dp-ooo"]
     assert len(ooo) == 4 and all(r["speedup_vs_baseline"] >= 1.0 for r in ooo)  # auto K includes K = 0 (= dp)
