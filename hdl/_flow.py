@@ -119,7 +119,7 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
                 lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1) -> Design:
     """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
     is T, the iterations (micro-batches of `batch` samples) the sample memories hold."""
-    from layerpipe.schedule.policies import POLICIES, make_schedule, policy_options
+    from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
 
     if policy not in SUPPORTED_POLICIES:
         known = "" if policy in POLICIES else " (not a known policy)"
@@ -128,14 +128,22 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
     check_lanes(lanes)
     net = load_network(network, batch) if isinstance(network, str) else network
     mlp_widths(net)  # refuse what the hardware cannot run before scheduling it
-    # The hardware runs one iteration per period: PipeDream's straight pipeline (its replicas unfold iterations
-    # over PEs, J > 1), and LayerPipe's placements, on the rtl interconnect it is timed on.
-    given: dict[str, object] = ({"keep_weights_together": keep_weights_together} if policy == "layerpipe"
-                                else {"replication": False})
+    # The hardware runs one iteration per period of whole layers: PipeDream's straight pipeline (its replicas
+    # unfold iterations over PEs, J > 1), LayerPipe's placements without the heavy-layer split (partial results
+    # combined over the links are not in hardware), on the rtl interconnect it is timed on.
+    wanted: dict[str, object] = ({"keep_weights_together": keep_weights_together, "split_layers": False}
+                                 if policy == "layerpipe" else {"replication": False})
+    names = get_policy(policy).option_names
+    given = {k: v for k, v in wanted.items() if k in names}
     result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given),
                            interconnect=Interconnect.rtl(lanes))
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
+    scheduled = result.graph.network
+    if [layer.name for layer in scheduled.layers] != [layer.name for layer in net.layers]:
+        extra = sorted({layer.name for layer in scheduled.layers} - {layer.name for layer in net.layers})
+        raise InputError(f"policy {policy} splits a heavy layer over PEs here (it schedules {', '.join(extra)}); the "
+                         "RTL runs whole layers only: try another -n, --lanes or --batch")
     unfold = getattr(result.periodic, "unfold", 1)
     if unfold != 1:
         raise InputError(f"policy {policy} picks a replicated placement here ({unfold} iterations per period, a "
