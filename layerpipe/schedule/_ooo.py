@@ -18,7 +18,8 @@ github:mlsys-seo/ooo-backprop, `expr/pipe_par/code/OOO_backprop/schedule/`):
   GPU; option `allocation="contiguous"`): fast-forwarding on the same balanced contiguous stages as `gpipe`.
 - **Push** (`PUSH`, `micro_batch_cap`; option `push`): with more micro-batches than processors, at most N are
   in flight — the first stage's forward of micro-batch t ≥ N waits for its weight gradient of t − N (the
-  code gates every virtual layer; we gate the first, which caps the micro-batches in flight the same way).
+  code gates every virtual layer but the last; we gate the first, which caps the micro-batches in flight the
+  same way; a single stage is the last one and is not gated: its W waits for its last I).
 - **Synchronous**: one update per step of m micro-batches with the summed gradient, staleness 0 (the
   paper's pipeline scheme is GPipe's semantics with a better order). The per-step update U_s runs after
   the stage's last W.
@@ -132,7 +133,7 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
         if kind == "F":
             if s:
                 needs.append(arrival(("F", s - 1, t), stages.words_into_forward(s), here))
-            if push and s == 0 and t >= num_procs:
+            if push and s == 0 < last and t >= num_procs:  # the code gates every stage but the last
                 needs.append(end.get(("W", 0, t - num_procs)))
         elif kind == "I":
             needs.append(end.get(("F", s, t)))
