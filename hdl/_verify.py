@@ -50,11 +50,22 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
         raise InputError(f"--stall must be a probability in [0, 1), got {stall}")
     from layerpipe.hdl._flow import export_verilog, run_bench, write_vectors
 
+    if sim == "harness" and stall > 0:
+        raise InputError("--stall needs a cocotb simulator (icarus, verilator); the harness streams without stalls")
     vectors = design.vectors(seed)
     with tempfile.TemporaryDirectory(prefix="layerpipe-verify-") as tmp:
         build = Path(build_dir) if build_dir else Path(tmp)
         build.mkdir(parents=True, exist_ok=True)
         (build / "layerpipe_accel.v").write_text(export_verilog(design))
+        if sim == "harness":  # the Verilator C++ harness (hdl/_harness.py): same observation, no cocotb
+            from layerpipe.hdl._harness import run_harness
+
+            observed = run_harness(export_verilog(design), vectors, build / "harness")
+            doc = compare_run(vectors, observed, design.fmt.frac_bits)
+            doc.update({"network": design.network.name, "policy": design.policy, "num_pes": design.num_pes,
+                        "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed,
+                        "cycles_per_second": round(observed["cycles_per_second"])})
+            return doc
         write_vectors(vectors, build / "vectors.json")
         result_path = build / "result.json"
         case = "run_stalled" if stall > 0 else "run_plain"

@@ -135,3 +135,15 @@ def test_bench_design_in_the_harness_matches_cocotb(tmp_path: Path) -> None:
         assert r["bit_exact"]
     assert harness["cycles_per_cpu_second"] >= 500_000, harness["cycles_per_cpu_second"]
 
+
+
+def test_verify_harness_refuses_stalls_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The harness streams samples without stalls (stall tests stay with cocotb): said before any build."""
+    from layerpipe.cli import main
+
+    pytest.importorskip("torch")
+    code = main(["verify", "mlp:5-4-3", "--policy", "layerpipe", "-n", "2", "--lanes", "2", "--samples", "4", "--sim",
+                 "harness", "--stall", "0.3"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--stall needs a cocotb simulator (icarus, verilator)" in err

@@ -1,4 +1,4 @@
-"""`layerpipe verify NETWORK --policy NAME -n N --lanes V --samples T [--sim icarus|verilator] [--seed S]`.
+"""`layerpipe verify NETWORK --policy NAME -n N --lanes V --samples T [--sim icarus|verilator|harness] [--seed S]`.
 
 Builds the accelerator, runs it in an RTL simulator through the cocotb bench (`layerpipe.hdl.cocotb_accel`) on T
 samples, and compares it with
@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     add_design_args(p)
     p.add_argument("--samples", type=positive_int("--samples"), required=True, help="training samples T")
-    p.add_argument("--sim", choices=("icarus", "verilator"), default="icarus", help="RTL simulator (default icarus)")
+    p.add_argument("--sim", choices=("icarus", "verilator", "harness"), default="icarus",
+                   help="RTL simulator: cocotb on icarus (default) or verilator, or the Verilator C++ harness "
+                        "(fast, for long runs)")
     p.add_argument("--seed", type=non_negative_int("--seed"), default=0,
                    help="seed of the data and initial weights (default 0)")
     p.add_argument("--stall", type=float, default=0.0,
