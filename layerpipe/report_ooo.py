@@ -170,7 +170,8 @@ resnet18's all-reduces (11 M words) are hidden by its convolutions in either ord
 alexnet's large fully connected layers leave the usual order waiting at the end of the step and reverse
 first-k wins within the paper's range. On one bus every word of every replica shares the medium: N·|W|
 words a step, so the step is the bus time for alexnet in either order and reordering moves little, while
-resnet18's all-reduce is then just long enough to matter and reverse first-k hides a good part of it.
+resnet18's all-reduce is then just long enough to matter at N = 8 and 16 (at N = 4 the bus keeps up) and
+reverse first-k, with K chosen by simulation, hides a good part of it.
 Our all-reduces queue first-ready-first-sent; BytePS, which OOO builds on, also orders tensors by
 priority, which we do not model; the reductions cost no compute cycles here.
 
