@@ -264,9 +264,10 @@ def assumptions(cfg: ReportConfig) -> str:
   per atomic task (F, A, E, G, U); a fused task (PipeDream's backward AEG) costs the sum of its parts. Convolution
   F, E and G each cost B·H_o·W_o·C_out·C_in·K² MACs; A and weightless layers are elementwise. Batch B = 1.
 - Networks follow torchvision's shapes without batch norm and dropout; residual networks are real DAGs.
-- Asynchronous policies (LayerPipe, PipeDream, PipeDream-2BW, OOO) are periodic: cycles per sample is the
-  period ÷ B. Synchronous ones (GPipe, 1F1B, ZB-H1/H2) run steps of m = 2N micro-batches with one update per
-  step; cycles per sample is the step time ÷ (m·B).
+- Asynchronous policies (LayerPipe, PipeDream, PipeDream-2BW) are periodic: cycles per sample is the
+  period ÷ B. Synchronous ones (GPipe, 1F1B, ZB-H1/H2, OOO BackProp's pipeline) run steps of m = 2N
+  micro-batches with one update per step; cycles per sample is the step time ÷ (m·B), the step timed by the
+  simulator on the section's interconnect.
 - Communication is free here (shared memory); `layerpipe explore --link-latency --link-words-per-cycle`
   measures its effect with the simulator. Traffic counts the words that would cross processors.
 - LayerPipe balances fine-grained tasks freely by default, so its weights may travel between processors
