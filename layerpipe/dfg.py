@@ -144,12 +144,12 @@ class TrainingGraph:
         return out
 
     @cached_property
-    def _zero_delay(self) -> nx.DiGraph:
+    def _zero_delay(self) -> nx.DiGraph[int]:
         """One iteration's precedence: the delay-0 edges over task indices (ints hash faster than `Task`s)."""
         import networkx as nx  # ~0.1 s of import: loaded when a graph is built, not at every CLI start
 
         index = {t: i for i, t in enumerate(self.tasks)}
-        dag = nx.DiGraph()
+        dag: nx.DiGraph[int] = nx.DiGraph()
         dag.add_nodes_from(range(len(self.tasks)))
         dag.add_edges_from((index[e.src], index[e.dst]) for e in self.edges if e.delay == 0)
         return dag
@@ -167,7 +167,7 @@ class TrainingGraph:
         except nx.NetworkXUnfeasible:
             raise AssertionError("training graph has a delay-free cycle") from None
 
-    def to_networkx(self, model: CostModel | None = None) -> nx.MultiDiGraph:
+    def to_networkx(self, model: CostModel | None = None) -> nx.MultiDiGraph[Task]:
         """The DFG as a networkx multigraph (a fresh copy: editing it does not touch this graph).
 
         Nodes are the `Task`s, in task order, with attributes `layer`, `kind`, `label` (e.g. "AEG3") and,
@@ -177,8 +177,9 @@ class TrainingGraph:
         import networkx as nx
 
         costs = self.costs(model) if model is not None else None
-        graph = nx.MultiDiGraph(network=self.network.name, batch=self.network.batch, intra=self.options.intra,
-                                inter=self.options.inter, weight_mode=self.options.weight_mode)
+        graph: nx.MultiDiGraph[Task] = nx.MultiDiGraph(
+            network=self.network.name, batch=self.network.batch, intra=self.options.intra, inter=self.options.inter,
+            weight_mode=self.options.weight_mode)
         for t in self.tasks:
             attrs: dict[str, object] = {"layer": t.layer, "kind": t.kind, "label": str(t)}
             if costs is not None:

@@ -8,7 +8,7 @@ with words, delays and roles; the default) or `--level network` (the layer DAG w
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from layerpipe.commands._common import (
     add_cost_args,
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.level is not None:
         raise InputError(f"--level applies to --format dot or graphml, not '{args.format}'")
     costs = graph.costs(model)
-    layers = []
+    layers: list[dict[str, Any]] = []
     for layer in net.layers:
         tasks = {t.kind: costs[t] for t in graph.layer_tasks(layer.index)}
         layers.append({

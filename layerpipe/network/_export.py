@@ -46,14 +46,14 @@ def _attrs(attrs: Mapping[str, Any]) -> str:
     return ", ".join(f"{key}={_quote(value)}" for key, value in attrs.items())
 
 
-def _ids(graph: nx.MultiDiGraph) -> dict[Any, str]:
+def _ids(graph: nx.MultiDiGraph[Any]) -> dict[Any, str]:
     ids = {v: str(data.get("label", v)) for v, data in graph.nodes(data=True)}
     if len(set(ids.values())) != len(ids):
         raise ValueError("node labels must be unique to name nodes in a graph file")
     return ids
 
 
-def to_dot(graph: nx.MultiDiGraph) -> str:
+def to_dot(graph: nx.MultiDiGraph[Any]) -> str:
     """The graph as Graphviz DOT text (`dot -Tsvg FILE` draws it)."""
     ids = _ids(graph)
     name = graph.graph.get("network", graph.graph.get("name", "graph"))
@@ -68,8 +68,8 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         attrs = {k: val for k, val in data.items() if k != "label"}
         lines.append(f"  {_quote(ids[v])} [{_attrs({'label': chr(10).join(shown), **attrs})}];")
     for u, v, data in graph.edges(data=True):
-        shown = ", ".join(_edge_figures(data))
-        hints: dict[str, Any] = {"label": shown} if shown else {}
+        label = ", ".join(_edge_figures(data))
+        hints: dict[str, Any] = {"label": label} if label else {}
         if data.get("delay", 0):
             hints["style"] = "dashed"
         attrs = {k: val for k, val in data.items() if k not in hints}
@@ -78,7 +78,7 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_graphml(graph: nx.MultiDiGraph) -> str:
+def to_graphml(graph: nx.MultiDiGraph[Any]) -> str:
     """The graph as GraphML text (Gephi, yEd, Cytoscape and networkx's `read_graphml` open it)."""
     import networkx as nx  # ~0.1 s of import: only when a file is asked for
 

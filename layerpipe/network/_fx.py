@@ -299,9 +299,9 @@ def _fuse_activations(pending: dict[str, _Pending], output: str) -> tuple[list[_
         p.inputs = [renamed.get(i, i) for i in p.inputs]
         if isinstance(p.op, Activation) and p.inputs[0] != _INPUT:
             producer = pending[p.inputs[0]]
-            fusible = isinstance(producer.op, (Linear, Conv2d, Add)) and producer.op.activation == "identity"
-            if fusible and users[producer.name] == 1:
-                producer.op = replace(producer.op, activation=p.op.function)
+            op = producer.op
+            if isinstance(op, (Linear, Conv2d, Add)) and op.activation == "identity" and users[producer.name] == 1:
+                producer.op = replace(op, activation=p.op.function)
                 renamed[p.name] = producer.name
                 continue
         kept.append(p)
@@ -345,5 +345,6 @@ def from_torch(module: Any, input_shape: Sequence[int], batch: int = 1, name: st
                          "after it")
     builder = NetworkBuilder(name or type(module).__name__, shape, batch)
     for p in layers:
+        assert not isinstance(p.op, _BatchNorm), "every batch norm was folded or refused"
         builder.add(p.name, p.op, p.inputs)
     return builder.build()

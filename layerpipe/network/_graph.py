@@ -146,7 +146,7 @@ class Network:
     def total_weights(self) -> int:
         return sum(layer.weight_count for layer in self.layers)
 
-    def to_networkx(self) -> nx.MultiDiGraph:
+    def to_networkx(self) -> nx.MultiDiGraph[int]:
         """The layer DAG as a networkx multigraph: node 0 is the input, nodes 1..L the layers (layer order).
 
         Node attributes: `name` (also as `label`, the id graph files use), `kind` (layer type, "input" for
@@ -157,7 +157,7 @@ class Network:
         """
         import networkx as nx  # ~0.1 s of import: only when asked for, not at every CLI start
 
-        graph = nx.MultiDiGraph(name=self.name, batch=self.batch)
+        graph: nx.MultiDiGraph[int] = nx.MultiDiGraph(name=self.name, batch=self.batch)
         graph.add_node(INPUT, label="input", name="input", kind="input", activation="identity",
                        out_shape="x".join(map(str, self.input_shape)), out_words=self.batch * self.input_size,
                        weights=0, macs=0)

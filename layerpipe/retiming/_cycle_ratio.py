@@ -39,9 +39,9 @@ class ZeroDelayCycleError(ValueError):
         self.cycle = cycle
 
 
-def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> nx.DiGraph:
+def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> nx.DiGraph[int]:
     """The delay-0 edges over nodes 0..n−1 (node order kept, so networkx's traversals are deterministic)."""
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
     return graph
@@ -61,7 +61,7 @@ def _cyclic_edges(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
     Every node of a nontrivial component (or with a self-loop) keeps an out-edge inside it, which is what
     the policy iteration needs: each node must point somewhere a cycle can close.
     """
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from(zip(src, dst, strict=True))
     component = {v: k for k, members in enumerate(nx.strongly_connected_components(graph)) for v in members}

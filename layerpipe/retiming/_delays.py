@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -106,7 +106,7 @@ def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
     and U_l (descendants of one, ancestors of the other).
     """
     delays = delays or {}
-    dag = nx.DiGraph()
+    dag: nx.DiGraph[Any] = nx.DiGraph()  # Any: the stubs type descendants() over object nodes
     dag.add_nodes_from(graph.tasks)
     dag.add_weighted_edges_from(((e.src, e.dst, costs[e.dst]) for e in graph.edges if e.delay == 0), weight="t")
     out = []

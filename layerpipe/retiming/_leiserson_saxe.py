@@ -33,6 +33,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -131,7 +132,7 @@ class TimedGraph:
         return self.with_delays(retimed_delays(self, r))
 
 
-def retimed_delays(graph: TimedGraph, r: Mapping[Hashable, int]) -> list[int]:
+def retimed_delays(graph: TimedGraph, r: Mapping[Any, int]) -> list[int]:  # Any: keys are any node type
     """w_r(e) for every edge, in edge order (possibly negative: see `retiming_violations`)."""
     return [e.delay + r.get(e.dst, 0) - r.get(e.src, 0) for e in graph.edges]
 
@@ -157,7 +158,7 @@ def iteration_bound(graph: TimedGraph) -> IterationBound:
     return IterationBound(ratio, nodes, sum(graph.time[v] for v in nodes), sum(graph.edges[e].delay for e in edges))
 
 
-def _zero_delay_dag(graph: TimedGraph) -> nx.DiGraph:
+def _zero_delay_dag(graph: TimedGraph) -> nx.DiGraph[int]:
     """The delay-0 edges as a networkx DAG over node indices; raises `ZeroDelayCycleError` on a cycle."""
     src, dst, delays = graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist()
     cycle = find_zero_delay_cycle(len(graph.nodes), src, dst, delays)
@@ -205,7 +206,7 @@ def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: n
                 return None  # r[v] ≥ r[v] + b
             continue
         weight[(u, v)] = max(weight.get((u, v), b), b)
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_nodes_from(range(n + 1))
     graph.add_weighted_edges_from((n, v, 0) for v in range(n))
     graph.add_weighted_edges_from((u, v, -b) for (u, v), b in weight.items())
@@ -239,7 +240,7 @@ def retiming_violations(graph: TimedGraph, new_delays: Sequence[int]) -> list[st
                 for e, d in zip(graph.edges, new_delays, strict=True) if d < 0]
     change = [int(d) - e.delay for e, d in zip(graph.edges, new_delays, strict=True)]
     src, dst = graph.src.tolist(), graph.dst.tolist()
-    forest = nx.Graph()  # undirected: a tree edge may be walked against its direction
+    forest: nx.Graph[int] = nx.Graph()  # undirected: a tree edge may be walked against its direction
     forest.add_nodes_from(range(len(graph.nodes)))
     for k, (u, v) in enumerate(zip(src, dst, strict=True)):
         if not forest.has_edge(u, v):
@@ -282,7 +283,7 @@ def wd_matrices(graph: TimedGraph) -> tuple[np.ndarray, np.ndarray]:
     if max_key >= 2**52:
         raise ValueError("graph too large for the exact float64 W/D encoding")
     times = graph.times.tolist()
-    multi = nx.MultiDiGraph()  # parallel edges: Floyd–Warshall keeps the smallest key
+    multi: nx.MultiDiGraph[int] = nx.MultiDiGraph()  # parallel edges: Floyd–Warshall keeps the smallest key
     multi.add_nodes_from(range(n))
     multi.add_weighted_edges_from((u, v, w * scale - times[u])
                                   for u, v, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist(),
