@@ -98,7 +98,8 @@ class Design:
             "lr_shift": self.lr_shift, "samples": self.samples, "batch": self.network.batch, "seed": seed,
             "x": expected["x"].reshape(rows, -1).tolist(),
             "y": expected["y"].reshape(rows, -1).tolist(),
-            "layers": layers, "cycles_sim": int(sim.total_cycles),
+            "layers": layers, "cycles_sim": int(sim.total_cycles), "max_samples": prog.max_samples,
+            "links": [list(link) for link in prog.links()],
             "commands": sum(len(op.kind) for op in sim.schedule.ops()),  # one PE command per atomic step
         }
 

@@ -19,8 +19,11 @@ schedulers use):
 
 A transfer reads any memory of its source PE (bank 0, a receive bank it passes on, the weight ring, the
 gradients) and writes the destination's receive bank, weight memory or gradient memory.
-The receiver never stalls (`ready` is always 1): it writes into memory ports that only it uses. Beats carry
-their destination (memory, address), so the receiver has no state.
+Links have ready/valid back-pressure: a receiver that is not ready holds the sender's beat (the sender's read
+pipeline waits with it). In the design the receiver is always ready (it writes memory ports only it uses);
+the bench's stall injector drops `ready` at random (`stall`), which delays arrivals but changes no value:
+ring and queue depths come from happens-before, not from the timing. Beats carry their destination
+(memory, address), so the receiver has no state.
 """
 
 from __future__ import annotations
@@ -162,10 +165,15 @@ class LinkSender(wiring.Component):
         m.d.comb += last_beat.eq(beat == beats - 1)
         finishing = Signal()
         m.d.comb += finishing.eq(busy & last_beat & last_send)
+        # Back-pressure: the beat on the link waits while the receiver is not ready; the read pipeline holds
+        # (no new read, so the memory's output keeps the waiting beat's word).
+        valid_r = Signal()
+        advance = Signal()
+        m.d.comb += advance.eq(~valid_r | self.out.ready)
         load = Signal()
-        m.d.comb += load.eq((~busy | finishing) & (count != 0))
+        m.d.comb += load.eq(advance & (~busy | finishing) & (count != 0))
 
-        with m.If(busy):
+        with m.If(busy & advance):
             m.d.comb += self.rd_addr.eq(src_addr + beat)
             for k in range(len(self.sources)):
                 m.d.comb += self.rd_en[k].eq(source == k)
@@ -173,7 +181,7 @@ class LinkSender(wiring.Component):
                 m.d.sync += [beat.eq(0), remaining.eq(remaining & ~(Const(1, width) << send_idx)[:width])]
             with m.Else():
                 m.d.sync += beat.eq(beat + 1)
-        with m.If(finishing):
+        with m.If(finishing & advance):
             m.d.sync += busy.eq(0)
         with m.If(load):
             m.d.sync += [busy.eq(1), cur_entry.eq(q_entry[head]), cur_iter.eq(q_iter[head]),
@@ -186,14 +194,14 @@ class LinkSender(wiring.Component):
             m.d.sync += self.overflow.eq(1)
 
         # ---- the beat leaves one cycle after its read (the memory's read latency) ---------------------
-        valid_r = Signal()
         addr_r = Signal(abits)
         last_r = Signal()
         counter_r = Signal.like(counter)
         target_r = Signal(2)
         source_r = Signal.like(source)
-        m.d.sync += [valid_r.eq(busy), addr_r.eq(dst_addr + beat), last_r.eq(last_beat & busy),
-                     counter_r.eq(counter), target_r.eq(target), source_r.eq(source)]
+        with m.If(advance):
+            m.d.sync += [valid_r.eq(busy), addr_r.eq(dst_addr + beat), last_r.eq(last_beat & busy),
+                         counter_r.eq(counter), target_r.eq(target), source_r.eq(source)]
         with m.Switch(source_r):
             for k in range(len(self.sources)):
                 with m.Case(k):
@@ -212,6 +220,9 @@ class LinkSender(wiring.Component):
 class LinkReceiver(wiring.Component):
     """Writes each beat into the destination PE's memory it names; the last beat of a transfer bumps a counter.
 
+    `stall` (a test input: the bench's random stall injector; 0 in a real system) drops `ready`, so the sender
+    holds its beat: the link then takes longer, the data and the order stay the same.
+
     Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory).
     `arrived` pulses with `arrived_counter` in the cycle of the last write, so the destination sequencer sees
     the incremented counter one cycle later, when the data is readable.
@@ -221,6 +232,7 @@ class LinkReceiver(wiring.Component):
         abits = address_bits
         super().__init__({
             "inp": In(stream.Signature(beat_layout(word, abits, _counter_bits(program)))),
+            "stall": In(1),
             "wr_addr": Out(unsigned(abits)),
             "wr_data": Out(word),
             "wr_en": Out(1),
@@ -233,14 +245,16 @@ class LinkReceiver(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         m = Module()
         beat = self.inp.payload
+        taken = Signal()
         m.d.comb += [
-            self.inp.ready.eq(1),
-            self.wr_en.eq(self.inp.valid & (beat.mem == MEM_BANK)),
-            self.ww_en.eq(self.inp.valid & (beat.mem == MEM_WEIGHTS)),
-            self.wg_en.eq(self.inp.valid & (beat.mem == MEM_GRADS)),
+            self.inp.ready.eq(~self.stall),
+            taken.eq(self.inp.valid & self.inp.ready),
+            self.wr_en.eq(taken & (beat.mem == MEM_BANK)),
+            self.ww_en.eq(taken & (beat.mem == MEM_WEIGHTS)),
+            self.wg_en.eq(taken & (beat.mem == MEM_GRADS)),
             self.wr_addr.eq(beat.addr),
             self.wr_data.eq(beat.data),
-            self.arrived.eq(self.inp.valid & beat.last),
+            self.arrived.eq(taken & beat.last),
             self.arrived_counter.eq(beat.counter),
         ]
         return m

@@ -3,15 +3,19 @@
 Host side (ports flatten to Verilog as `samples__valid`, `samples__payload`, …):
 
 - `samples`  stream of memory words (`lanes` elements, lane 0 in the low bits): for t = 0, 1, …, T−1 the
-             ⌈n_0/lanes⌉ words of x(t) then the ⌈n_L/lanes⌉ words of y(t). They fill the sample banks of
-             the PEs that read x and y before the run (the loader is always ready, so valid stalls only
-             delay the loading, never the run's timing).
+             B·⌈n_0/lanes⌉ words of x(t) then the B·⌈n_L/lanes⌉ words of y(t) (B = the micro-batch). They
+             fill the sample banks of the PEs that read x and y before the run. Ready/valid: ready while no
+             run is going and fewer than `max_samples` iterations are loaded; `start` rewinds the loader.
 - `host_*`   the weight memories: select a PE (`host_pe`) and a word address; writes load initial weights,
              `host_r_data` follows `host_addr` by one cycle. Served while the PEs are idle.
-- `samples_count` T, sampled when `start` pulses; `start` begins a run, `done` stays high after it until the
+- `samples_count` T, sampled when `start` pulses; `start` begins a run (also a second one without reset:
+             arrival counters, command and cycle counters are cleared), `done` stays high after it until the
              next `start`; `cycles` counts the run's cycles (cycle 0 is the one after `start`, so it equals
-             the simulator's total cycles); `ops` counts the PE commands issued; `error` flags a link queue
-             overflow (never expected: queue depths come from the lags).
+             the simulator's total cycles); `ops` counts the PE commands issued; `error` (sticky until reset)
+             flags a sample word offered during a run or past `max_samples`, or a link queue overflow (never
+             expected: queue depths come from the lags).
+- `link_stall` a test input, one bit per link in `program.links()` order: drops that link's `ready` for the
+             cycle (the bench's stall injector). Tie it to 0 in a real system.
 
 A run's cycle count is exactly the Python simulator's under the `rtl` cost model and `rtl_sim_config`.
 """
@@ -82,6 +86,8 @@ class Accelerator(wiring.Component):
         super().__init__({
             "start": In(1),
             "samples_count": In(unsigned(self.iteration_bits)),
+            # Test input: one bit per link (`program.links()` order) dropping its receiver's ready this cycle.
+            "link_stall": In(max(1, len(program.links()))),
             "samples": In(stream.Signature(word)),
             "host_pe": In(range(max(2, program.num_pes))),
             "host_addr": In(unsigned(self.weight_addr_bits)),
@@ -123,6 +129,7 @@ class Accelerator(wiring.Component):
             m.submodules[f"link{p}to{q}"] = sender
             m.submodules[f"recv{p}to{q}"] = receiver
             wiring.connect(m, sender.out, receiver.inp)
+            m.d.comb += receiver.stall.eq(self.link_stall[len(senders)])
             m.d.comb += [sender.push_valid.eq(seqs[p].push_valid), sender.push_entry.eq(seqs[p].push_entry),
                          sender.push_iter.eq(seqs[p].push_iter), sender.samples.eq(self.samples_count)]
             for k, memory in enumerate(sender.sources):
@@ -155,8 +162,9 @@ class Accelerator(wiring.Component):
                 any_pulse = any_pulse | pulse
             m.d.comb += seqs[q].arrived[k].eq(any_pulse)
 
-        # ---- sample loader: x(t) words then y(t) words, t = 0, 1, … -------------------------------------
-        self._sample_loader(m, pes)
+        # ---- run control, then the sample loader: x(t) words then y(t) words, t = 0, 1, … ------------------
+        running = Signal()
+        misuse = self._sample_loader(m, pes, running)
 
         # ---- host access to the weight memories -------------------------------------------------------
         for p, pe in enumerate(pes):
@@ -171,7 +179,6 @@ class Accelerator(wiring.Component):
                     m.d.comb += self.host_r_data.eq(pe.host.r_data)
 
         # ---- run control and counters -------------------------------------------------------------------
-        running = Signal()
         idle = Signal()
         terms = [s.exhausted for s in seqs] + [pe.cmd.ready for pe in pes] + [~s.busy for s in senders]
         all_idle = terms[0]
@@ -188,23 +195,34 @@ class Accelerator(wiring.Component):
         total = seqs[0].issued
         for s in seqs[1:]:
             total = total + s.issued
-        overflow = 0
+        overflow = misuse
         for s in senders:
             overflow = overflow | s.overflow
-        m.d.comb += [self.busy.eq(running), self.ops.eq(total), self.error.eq(overflow)]
+        # Sticky until reset: a link queue overflow (never expected) or a host protocol violation.
+        with m.If(overflow):
+            m.d.sync += self.error.eq(1)
+        m.d.comb += [self.busy.eq(running), self.ops.eq(total)]
         return m
 
-    def _sample_loader(self, m: Module, pes: list[ProcessingElement]) -> None:
-        """x(t) words then y(t) words, t = 0, 1, …, written into the sample bank of every PE that holds them."""
+    def _sample_loader(self, m: Module, pes: list[ProcessingElement], running: Signal) -> Signal:
+        """x(t) words then y(t) words, t = 0, 1, …, written into the sample bank of every PE that holds them.
+
+        Ready/valid: the loader is ready while no run is going and fewer than `max_samples` iterations are
+        loaded; `start` rewinds it to t = 0 (the next run's samples). Returns the misuse pulse: a word offered
+        during a run or past `max_samples` (the host protocol's `error`)."""
         prog = self.program
         lanes = prog.lanes
         batch = prog.network.batch  # x(t) and y(t) are the micro-batch's B vectors, one after another
         x_words = batch * -(-prog.widths[0] // lanes)
         y_words = batch * -(-prog.widths[-1] // lanes)
-        t = Signal(self.iteration_bits)
+        t = Signal(range(prog.max_samples + 1))
         word = Signal(range(max(x_words, y_words) + 1))
         in_y = Signal()
-        m.d.comb += self.samples.ready.eq(1)
+        full = t == prog.max_samples
+        m.d.comb += self.samples.ready.eq(~running & ~full)
+        take = self.samples.valid & self.samples.ready
+        misuse = Signal()
+        m.d.comb += misuse.eq(self.samples.valid & ~self.samples.ready)
         for pe_prog, pe in zip(prog.pes, pes, strict=True):
             for which in ("x", "y"):
                 buf = next((b for b in pe_prog.buffers if b.name == which and b.memory == "samples"), None)
@@ -214,8 +232,10 @@ class Accelerator(wiring.Component):
                 selected = in_y if which == "y" else ~in_y
                 with m.If(selected):
                     m.d.comb += [port.addr.eq(buf.base + t * buf.slot_words + word), port.data.eq(self.samples.payload),
-                                 port.en.eq(self.samples.valid)]
-        with m.If(self.samples.valid):
+                                 port.en.eq(take)]
+        with m.If(self.start):
+            m.d.sync += [t.eq(0), word.eq(0), in_y.eq(0)]
+        with m.Elif(take):
             last = word == Mux(in_y, y_words - 1, x_words - 1)
             with m.If(last):
                 m.d.sync += [word.eq(0), in_y.eq(~in_y)]
@@ -223,3 +243,4 @@ class Accelerator(wiring.Component):
                     m.d.sync += t.eq(t + 1)
             with m.Else():
                 m.d.sync += word.eq(word + 1)
+        return misuse

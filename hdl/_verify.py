@@ -78,5 +78,5 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
         observed = json.loads(result_path.read_text())
     doc = compare_run(vectors, observed, design.fmt.frac_bits)
     doc.update({"network": design.network.name, "policy": design.policy, "num_pes": design.num_pes,
-                "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed})
+                "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed, "stall": stall})
     return doc
