@@ -14,9 +14,11 @@ A `Program` holds items of two kinds, numbered in the order they were added:
   per-op overhead) without using lanes, and then computes `work` MACs on the lanes it is given.
 - **transfers**: `words` from device p to device q, on the interconnect's channel p→q (`links`), on the
   one medium (`bus`), or free (`shared`). A transfer is ready when its dependencies have finished; it
-  leaves at max(ready, channel free), holds the channel ⌈words / w⌉ cycles and arrives `latency` later —
-  the timing of `layerpipe.sim._interconnect`. Transfers queue on a channel in order of ready time, ties
-  by item number. Transfers use no stream and no lanes (a DMA engine or NIC moves them).
+  leaves when the channel is free, holds it ⌈words / w⌉ cycles and arrives `latency` later — the timing of
+  `layerpipe.sim._interconnect`. Transfers waiting for a channel leave first ready, first sent (ties by
+  item number), unless they carry priorities: then the lowest priority leaves first when the channel frees
+  (non-preemptive; ByteScheduler/P3-style tensor priorities). Transfers use no stream and no lanes (a DMA
+  engine or NIC moves them).
 
 **The lane-sharing rule.** A device has `lanes` MAC lanes. A kernel can fill at most `width` of them (its
 independent outputs: one lane computes one output element's dot product — an output-stationary dataflow).
@@ -61,6 +63,7 @@ class Program:
     work: list[int] = field(default_factory=list)  #: kernel: MACs; transfer: words
     width: list[int] = field(default_factory=list)
     overhead: list[int] = field(default_factory=list)
+    priority: list[int] = field(default_factory=list)  #: transfer: its channel priority (lower goes first)
     deps: list[tuple[int, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -87,14 +90,16 @@ class Program:
                              f"{overhead}")
         return self._add(op, device, stream, work, width, overhead, deps)
 
-    def transfer(self, src: int, dst: int, words: int, deps: tuple[int, ...] | list[int] = ()) -> int:
-        """Add a transfer of `words` from device `src` to device `dst`; returns its item number."""
+    def transfer(self, src: int, dst: int, words: int, deps: tuple[int, ...] | list[int] = (),
+                 priority: int = 0) -> int:
+        """Add a transfer of `words` from device `src` to device `dst`; returns its item number. Of the
+        transfers waiting for a channel the lowest `priority` leaves first (ties: first ready, then item)."""
         if src == dst:
             raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
-        return self._add(None, src, dst, words, 1, 0, deps)
+        return self._add(None, src, dst, words, 1, 0, deps, priority)
 
     def _add(self, name: Op | None, device: int, stream: int, work: int, width: int, overhead: int,
-             deps: tuple[int, ...] | list[int]) -> int:
+             deps: tuple[int, ...] | list[int], priority: int = 0) -> int:
         n = len(self.names)
         deps = tuple(deps)  # a repeated dependency is counted and released once per mention: harmless
         if deps and not (min(deps) >= 0 and max(deps) < n):
@@ -105,6 +110,7 @@ class Program:
         self.work.append(work)
         self.width.append(width)
         self.overhead.append(overhead)
+        self.priority.append(priority)
         self.deps.append(deps)
         return n
 
@@ -171,8 +177,9 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
     num_devices = len(program.lanes)
     bus = interconnect.kind == "bus"
     holds: dict[int, int] = {}  # words → channel cycles
+    waiting_on: dict[int, list[tuple[int, int, int]]] = {}  # channel → (priority, ready time, item) heap
     # Events: (time, order, kind, item, stamp); kind 0 = an item finished, 1 = launch overhead over,
-    # 2 = a device's projected completion (valid while its stamp is current).
+    # 2 = a device's projected completion (valid while its stamp is current), 3 = a channel is free.
     heap: list[tuple[int, int, int, int, int]] = []
     seq = 0
 
@@ -224,15 +231,20 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
             push(t, 0, i)
             return
         c = 0 if bus else device[i] * num_devices + stream[i]  # `Interconnect.channel`
-        depart = channel_free.get(c, 0)
-        if depart < t:
-            depart = t
+        waiting = waiting_on.setdefault(c, [])
+        if channel_free.get(c, 0) <= t and not waiting:
+            depart(i, c, t)
+        else:  # the channel is busy: its free event takes the best waiting transfer
+            heapq.heappush(waiting, (program.priority[i], t, i))
+
+    def depart(i: int, c: int, t: int) -> None:
         hold = holds.get(work[i])
         if hold is None:
             hold = holds[work[i]] = interconnect.hold(work[i])
-        channel_free[c] = depart + hold
-        start[i] = depart
-        push(depart + hold + interconnect.latency, 0, i)
+        channel_free[c] = t + hold
+        start[i] = t
+        push(t + hold + interconnect.latency, 0, i)
+        push(t + hold, 3, c)
 
     def finish(i: int, t: int) -> None:
         end[i] = t
@@ -263,6 +275,11 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
                 settle(d, t)
                 computing[d][item] = work[item]
                 reshare(d, t)
+        elif kind == 3:
+            waiting = waiting_on[item]
+            if waiting and channel_free[item] <= t:
+                _, _, i = heapq.heappop(waiting)
+                depart(i, item, t)
         elif st == stamp[item]:
             d = item
             settle(d, t)

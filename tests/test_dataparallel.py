@@ -59,12 +59,12 @@ def test_free_communication_makes_the_order_irrelevant(width: int, depth: int, n
 
 @settings(max_examples=25, deadline=None)
 @given(net=networks(max_layers=5, max_batch=2), n=st.integers(1, 4), ic=interconnects,
-       bucket=st.sampled_from([0, 1, 40, 10**6]))
-def test_reverse_first_k_0_is_dp(net: Network, n: int, ic: Interconnect, bucket: int) -> None:
+       bucket=st.sampled_from([0, 1, 40, 10**6]), priority=st.booleans())
+def test_reverse_first_k_0_is_dp(net: Network, n: int, ic: Interconnect, bucket: int, priority: bool) -> None:
     if not weight_layers(net):
         return
-    dp = make_schedule("dp", net, n, MACS, DPOptions(bucket), ic)
-    ooo = make_schedule("dp-ooo", net, n, MACS, DPOOOOptions(0, bucket), ic)
+    dp = make_schedule("dp", net, n, MACS, DPOptions(bucket, priority), ic)
+    ooo = make_schedule("dp-ooo", net, n, MACS, DPOOOOptions(0, bucket, priority), ic)
     assert dp.metrics.row() == ooo.metrics.row()
     assert dp.metrics.lower_bound_cycles <= dp.metrics.cycles_per_sample  # compute and the busiest channel
     a = simulate_policy_result(dp, net, MACS, 3 * n, SimConfig.of(ic))

@@ -175,3 +175,20 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv: list[str], words: list[str],
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert captured.out == "" and len(lines) == 1 and all(w in lines[0] for w in words), captured.err
+
+
+@pytest.mark.parametrize("priorities,order", [((0, 0, 0), (0, 10, 13)), ((0, 5, 1), (0, 13, 10))])
+def test_waiting_transfers_leave_first_ready_or_by_priority(priorities: tuple[int, ...], order: tuple) -> None:
+    """One link: A holds it 0..10; B is ready at 2, C at 4. First ready first sent: B at 10, C at 13; with
+    C's priority lower (1 < 5), C overtakes B when the link frees (non-preemptive: A is not interrupted)."""
+    from layerpipe.interconnect import Interconnect
+
+    prog = Program([1, 1], [1, 1])
+    b_dep = prog.kernel(Op(0, "G", 2, 0), 0, 0, work=2, width=1)
+    c_dep = prog.kernel(Op(0, "G", 1, 0), 0, 0, work=2, width=1)  # ends at 4
+    a = prog.transfer(0, 1, 10, (), priorities[0])
+    b = prog.transfer(0, 1, 3, (b_dep,), priorities[1])
+    c = prog.transfer(0, 1, 3, (c_dep,), priorities[2])
+    t = run_program(prog, Interconnect.links(5, 1))
+    assert (t.start[a], t.start[b], t.start[c]) == order
+    assert t.end[a] == 15 and t.end[b] == order[1] + 3 + 5

@@ -52,6 +52,7 @@ OPTION_FLAGS = {
     "bucket_words": "--bucket-words",
     "streams": "--streams",
     "defer": "--defer",
+    "comm_priority": "--comm-priority",
     "max_traffic": "--max-traffic",
 }
 
@@ -121,6 +122,8 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
                    help="stream-ooo: concurrent streams on the device (default 2)")
     g.add_argument("--defer", dest="defer", type=non_negative_int("--defer"), default=None,
                    help="stream-ooo: last weight layers whose gradients run beside the next forward")
+    g.add_argument("--comm-priority", dest="comm_priority", action="store_const", const=True, default=None,
+                   help="dp, dp-ooo: waiting all-reduce chunks leave lowest layer first (default: first ready)")
 
 
 def _first_k(text: str) -> int | str:

@@ -17,7 +17,8 @@ step 2N − 3 from p − 1 has arrived. Uncontended, on an interconnect of laten
     T_AR(|W|) = 2(N − 1) · (⌈⌈|W|/N⌉ / w⌉ + L)
 
 On `links` the ring uses the N links p → p+1 (all of a replica's all-reduces share its one outgoing link,
-first ready first sent); on `bus` all N·2(N − 1) transfers of an all-reduce share the one medium, so a ring
+first ready first sent, or lowest layer first with `comm_priority`, as ByteScheduler and P3 order
+tensors); on `bus` all N·2(N − 1) transfers of an all-reduce share the one medium, so a ring
 step takes N holds; on `shared` the all-reduce is free (an idealisation that the results name). `rtl` is
 refused: the generated hardware's links join the PEs of one pipeline and have no reduction unit, so no
 data-parallel replica set exists to put on them. Simplifications: the additions of the reduce-scatter run
@@ -65,6 +66,7 @@ _NOT_LOCAL = ("weights", "stash", "gradient")
 @dataclass(frozen=True)
 class DPOptions:
     bucket_words: int = 0  #: gradient bucket size in words (0: one all-reduce per layer)
+    comm_priority: bool = False  #: waiting all-reduce chunks leave lowest layer first (else first ready)
 
     def __post_init__(self) -> None:
         _check_bucket(self.bucket_words)
@@ -74,6 +76,7 @@ class DPOptions:
 class DPOOOOptions:
     reverse_first_k: int | str = "auto"  #: K, or "auto" (chosen by simulation)
     bucket_words: int = 0  #: as for dp, for the layers after K
+    comm_priority: bool = False  #: as for dp
 
     def __post_init__(self) -> None:
         k = self.reverse_first_k
@@ -111,6 +114,7 @@ class DPPlan:
     costs: dict[Task, int]
     first: tuple[int, ...]  #: weight layers whose G is reversed and whose U is gated (forward order)
     buckets: tuple[tuple[int, ...], ...]  #: the other weight layers' all-reduce groups, backward order
+    comm_priority: bool = False  #: chunks of lower layers overtake waiting ones (ByteScheduler, P3)
 
     @property
     def all_reduces(self) -> tuple[tuple[int, ...], ...]:
@@ -122,7 +126,8 @@ def weight_layers(network: Network) -> list[int]:
     return [layer.index for layer in network.layers if layer.has_weights]
 
 
-def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_words: int) -> DPPlan:
+def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_words: int,
+         comm_priority: bool = False) -> DPPlan:
     weights = weight_layers(network)
     if k > len(weights):
         raise InputError(f"--reverse-first-k must be in 0..{len(weights)} (the weight layers of "
@@ -140,7 +145,7 @@ def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_word
             current, size = [], 0
     if current:
         buckets.append(tuple(current))
-    return DPPlan(network, num_procs, graph, graph.costs(model), first, tuple(buckets))
+    return DPPlan(network, num_procs, graph, graph.costs(model), first, tuple(buckets), comm_priority)
 
 
 def build_program(p: DPPlan, steps: int):
@@ -206,7 +211,7 @@ def build_program(p: DPPlan, steps: int):
                 now = {}
                 for rep in range(n):
                     deps = list(grads[rep]) + ([sent[(rep - 1) % n]] if s else [])
-                    now[rep] = prog.transfer(rep, (rep + 1) % n, words, deps)
+                    now[rep] = prog.transfer(rep, (rep + 1) % n, words, deps, min(group) if p.comm_priority else 0)
                 sent = now
             for rep in range(n):
                 for layer in group:
@@ -248,7 +253,7 @@ def step_cycles(p: DPPlan, interconnect: Interconnect) -> int:
 
 
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
-             interconnect: Interconnect) -> int:
+             interconnect: Interconnect, comm_priority: bool = False) -> int:
     """`auto`: the K with the fastest simulated step, the smallest on ties, found coarse to fine: every
     g-th K in 0..L_w (g = ⌈L_w / 8⌉, L_w included), then every K within g of the best of those. With
     L_w ≤ 8 weight layers that is every K; beyond, a K between grid points can be missed when the step time
@@ -260,7 +265,7 @@ def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: i
     def best(ks: list[int]) -> int:
         for k in ks:
             if k not in times:
-                times[k] = step_cycles(plan(network, num_procs, model, k, bucket_words), interconnect)
+                times[k] = step_cycles(plan(network, num_procs, model, k, bucket_words, comm_priority), interconnect)
         return min(sorted(times), key=lambda k: (times[k], k))
 
     coarse = best(sorted(set(range(0, weights + 1, grid)) | {weights}))
@@ -269,7 +274,8 @@ def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: i
 
 def schedule_dp(network: Network, num_procs: int, model: CostModel, options: DPOptions,
                 interconnect: Interconnect = SHARED) -> ScheduleResult:
-    return _schedule("dp", network, num_procs, model, options, 0, options.bucket_words, interconnect)
+    return _schedule("dp", network, num_procs, model, options, 0, options.bucket_words, interconnect,
+                     options.comm_priority)
 
 
 def schedule_dp_ooo(network: Network, num_procs: int, model: CostModel, options: DPOOOOptions,
@@ -277,18 +283,18 @@ def schedule_dp_ooo(network: Network, num_procs: int, model: CostModel, options:
     check_interconnect(interconnect)
     k = options.reverse_first_k
     if k == "auto":
-        k = choose_k(network, num_procs, model, options.bucket_words, interconnect)
+        k = choose_k(network, num_procs, model, options.bucket_words, interconnect, options.comm_priority)
     assert isinstance(k, int)
     return _schedule("dp-ooo", network, num_procs, model, replace(options, reverse_first_k=k), k,
-                     options.bucket_words, interconnect)
+                     options.bucket_words, interconnect, options.comm_priority)
 
 
 def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, options: object, k: int,
-              bucket_words: int, interconnect: Interconnect) -> ScheduleResult:
+              bucket_words: int, interconnect: Interconnect, comm_priority: bool) -> ScheduleResult:
     check_interconnect(interconnect)
     if not weight_layers(network):
         raise InputError(f"{policy}: network {network.name} has no weight layers to all-reduce")
-    p = plan(network, num_procs, model, k, bucket_words)
+    p = plan(network, num_procs, model, k, bucket_words, comm_priority)
     step = step_cycles(p, interconnect)
     work = sum(p.costs.values())
     samples = num_procs * network.batch
@@ -339,5 +345,6 @@ def simulate_result(result: ScheduleResult, network: Network, model: CostModel, 
     assert isinstance(k, int), "a dp-ooo result carries its chosen K"
     interconnect = config.model
     check_interconnect(interconnect)
-    p = plan(network, result.num_procs, model, k, getattr(options, "bucket_words", 0))
+    p = plan(network, result.num_procs, model, k, getattr(options, "bucket_words", 0),
+             getattr(options, "comm_priority", False))
     return simulate_plan(p, -(-iterations // result.num_procs), interconnect, config.mode)
