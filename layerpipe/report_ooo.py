@@ -172,8 +172,9 @@ first-k wins within the paper's range. On one bus every word of every replica sh
 words a step, so the step is the bus time for alexnet in either order and reordering moves little, while
 resnet18's all-reduce is then just long enough to matter at N = 8 and 16 (at N = 4 the bus keeps up) and
 reverse first-k, with K chosen by simulation, hides a good part of it.
-Our all-reduces queue first-ready-first-sent; BytePS, which OOO builds on, also orders tensors by
-priority, which we do not model; the reductions cost no compute cycles here.
+The rows here send waiting all-reduce chunks first ready, first sent; `--comm-priority` (lowest layer
+first, as ByteScheduler and P3 order tensors over BytePS, which OOO builds on) is an option of both
+policies. The reductions cost no compute cycles here.
 
 **Single device** (`stream-ooo`: weight gradients on a second stream; `defer {DEFER}`: also the last
 {DEFER} weight layers' gradients beside the next forward):
