@@ -21,9 +21,8 @@ from layerpipe.numerics import init_weights, make_data
 from layerpipe.reference import train_reference
 from layerpipe.schedule._deps import expand_stages
 from layerpipe.schedule._ir import OpSchedule
-from layerpipe.schedule._synchronous import SHAPES
 from layerpipe.schedule.policies import POLICIES, STREAM_ENGINE_POLICIES, make_schedule, policy_options
-from layerpipe.sim import SimConfig, Workload, simulate
+from layerpipe.sim import SimConfig, Workload, repeat_steps, simulate
 from layerpipe.sim.functional import FunctionalConfig, FunctionalResult, order_by_start, run_functional
 
 NETWORKS = {"mlp": mlp([6, 8, 8, 8, 3]), "resmlp": residual_mlp(batch=2)}
@@ -42,14 +41,13 @@ class Simulated:
 def simulated_schedule(policy: str, network: Network, options: dict | None = None) -> Simulated:
     model = make_cost_model("macs")
     if POLICIES[policy].synchronous:
-        result = make_schedule(policy, network, PROCS, model, policy_options(policy, {"microbatches": 3}))
-        shape = SHAPES[policy]
+        m = 2 * PROCS if policy == "dualpipev" else 3  # DualPipeV needs a micro-batch per stage (as torch)
+        result = make_schedule(policy, network, PROCS, model, policy_options(policy, {"microbatches": m}))
         assert result.stages is not None and result.explicit is not None
-        procs = result.stages.num_stages // shape.chunks(result.options)
-        two_steps = shape.generate(procs, 3, result.options)  # the policy keeps one step; train over two
+        two_steps = repeat_steps(result.explicit, 2 * m)  # the policy keeps one step; train over two
         assert two_steps.num_steps == 2
         schedule = expand_stages(two_steps, result.graph, result.stages)
-        return Simulated(schedule, Workload.of_graph(result.graph, model), True, 3)
+        return Simulated(schedule, Workload.of_graph(result.graph, model), True, m)
     chosen = policy_options(policy, options) if options else None
     result = make_schedule(policy, network, PROCS, model, chosen)
     assert result.graph is not None
