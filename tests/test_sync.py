@@ -17,8 +17,10 @@ from layerpipe.schedule import (
     OpSchedule,
     dependencies,
     dry_run,
+    dualpipev,
     gpipe,
     interleaved_1f1b,
+    looped_bfs,
     looping_stage_map,
     one_f_one_b,
     v_stage_map,
@@ -47,6 +49,9 @@ def generators(p: int, m: int, steps: int) -> dict[str, OpSchedule]:
         "zb-h2": zb_h2(p, m, steps),
         "zbv": zbv(p, m, steps),
     }
+    out["looped-bfs"] = looped_bfs(p, m, 2, steps)
+    if m >= 2 * p:  # DualPipeV needs a micro-batch per stage (as torch's)
+        out["dualpipev"] = dualpipev(p, m, steps)
     rounds = max(1, m // p)
     if m % rounds == 0:  # interleaved schedules need a whole number of rounds (as torch's)
         out["interleaved-1f1b"] = interleaved_1f1b(p, m, 2, steps)

@@ -54,6 +54,7 @@ OPTION_FLAGS = {
     "defer": "--defer",
     "comm_priority": "--comm-priority",
     "max_traffic": "--max-traffic",
+    "split_layers": "--no-split-layers",
 }
 
 
@@ -101,6 +102,8 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
                    default=None, help="layerpipe, optimal: a layer's F, E, G, U on one processor")
     g.add_argument("--max-traffic", dest="max_traffic", type=non_negative_float("--max-traffic"), default=None,
                    metavar="WORDS", help="layerpipe: bound on words moved between processors per sample")
+    g.add_argument("--no-split-layers", dest="split_layers", action="store_const", const=False, default=None,
+                   help="layerpipe: do not try heavy layers split by output rows/channels over processors")
     g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,
                    help="ooo: layers per modulo-allocation group (default: the fastest)")
     g.add_argument("--push", dest="push", action="store_const", const=True, default=None,

@@ -17,13 +17,13 @@ max(⌈Σc/N⌉, max c, ⌈T_loop(l)/(K+1)⌉) upward (geometric probe, then bis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.network import Network
+from layerpipe.network import Network, part_name, split_layer, split_refusal
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._result import ScheduleResult, periodic_result
@@ -57,6 +57,7 @@ class LayerPipeOptions:
     max_staleness: int | None = None  #: bound on how many updates a weight read may lag (None: unbounded)
     keep_weights_together: bool = False  #: a layer's F, E, G, U on one processor: no weight traffic
     max_traffic: float | None = None  #: bound on words moved between processors per sample (None: unbounded)
+    split_layers: bool = True  #: also try heavy layers split by output rows/channels (`split_variants`)
 
     def __post_init__(self) -> None:
         if self.max_staleness is not None and self.max_staleness < 0:
@@ -120,6 +121,96 @@ def loads_of(table: TaskTable, placement: Sequence[int], num_procs: int) -> list
 
 def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
+    """The best of `network` as given and, under `split_layers`, its split variants, by (cycles per sample,
+    words per sample, staleness). Greedy rounds: each round schedules the `split_variants` of the best network
+    so far and keeps the best if it beats the incumbent (so a second heavy layer can be split once the first
+    is), at most `MAX_SPLIT_ROUNDS` rounds. A split result's network and graph are the variant's and its notes
+    name the splits. The unsplit network is the first incumbent, so splitting never loses."""
+    best = _schedule_network(network, num_procs, model, options, interconnect)
+    if not options.split_layers:
+        return best
+    splits: list[str] = []
+    parts_made: set[str] = set()  # a part is not split again: its layer's part count was chosen already
+    current = network
+    for _ in range(MAX_SPLIT_ROUNDS):
+        found: tuple[ScheduleResult, Network, str, int] | None = None
+        for layer, parts in split_variants(current, num_procs, model, best, parts_made):
+            variant = split_layer(current, layer, parts)
+            result = _schedule_network(variant, num_procs, model, options, interconnect)
+            if _rank(result) < _rank(found[0] if found else best):
+                found = (result, variant, layer, parts)
+        if found is None:
+            break
+        best, current, layer, parts = found
+        splits.append(f"layer {layer} split into {parts} parts")
+        parts_made.update(part_name(layer, j) for j in range(parts))
+    if splits:
+        # Weight-stationary only where the chosen placement keeps each part's F, E, G, U together (always under
+        # keep_weights_together; otherwise the traffic figure says what moved).
+        how = "weights stationary" if options.keep_weights_together else "each part placed by the search"
+        note = f"{'; '.join(splits)} by output rows/channels, {how} (network {current.name})"
+        best = replace(best, notes=(*best.notes, note))
+    return best
+
+
+#: A layer is worth splitting when its weight-stationary work (F, A, E, G, U) is at least this share of the
+#: period found without splitting: below it the layer fits a processor's share and the parts' per-op
+#: overheads and extra activation copies cost more than the finer balance gains.
+SPLIT_SHARE = 0.5
+#: How many of the heaviest layers (by F + E + G) are tried per round, each split on its own.
+MAX_SPLIT_LAYERS = 2
+#: Rounds of the greedy split search (each splits one more layer of the best network so far).
+MAX_SPLIT_ROUNDS = 3
+
+
+def split_variants(network: Network, num_procs: int, model: CostModel, unsplit: ScheduleResult,
+                   skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, int]]:
+    """(layer, parts) splits worth scheduling (issue 9 item 3): of the `MAX_SPLIT_LAYERS` heaviest layers by
+    F + E + G that `split_layer` accepts (and are not in `skip`) and whose weight-stationary work c_l is
+    ≥ `SPLIT_SHARE` of the period P of `unsplit`, part counts k0 − 1, k0, k0 + 1 around k0 = ⌈c_l / ⌈Σc / N⌉⌉
+    (the fewest parts that each fit a processor's fair share), clipped to 2 … min(N, rows). A pruning
+    heuristic, not a search of every split: scheduling time stays a few searches per round."""
+    batch = network.batch
+    costs = build_training_graph(network).costs(model)
+    own = {layer.index: 0 for layer in network.layers}  # all of a layer's tasks: its weight-stationary item
+    for task, cost in costs.items():
+        own[task.layer] += cost
+    share = -(-sum(costs.values()) // num_procs)  # ⌈Σc / N⌉, the fair share of one processor
+    period = unsplit.metrics.cycles_per_sample * batch
+
+    def feg(index: int) -> int:
+        layer = network.layer(index)
+        kinds = "FG" if layer.takes_network_input else "FEG"
+        return sum(model.atomic_cost(layer, k, batch) for k in kinds)
+
+    heavy = sorted((layer.index for layer in network.layers if layer.has_weights), key=lambda i: (-feg(i), i))
+    out: list[tuple[str, int]] = []
+    tried = 0
+    for index in heavy:
+        if tried == MAX_SPLIT_LAYERS:
+            break
+        layer = network.layer(index)
+        c = own[index]
+        if c < SPLIT_SHARE * period:
+            continue
+        rows = layer.out_shape[0]
+        if layer.name in skip or split_refusal(network, index, 2) is not None:
+            continue
+        tried += 1
+        k0 = -(-c // share)
+        out += [(layer.name, k) for k in sorted({min(max(k, 2), num_procs, rows) for k in (k0 - 1, k0, k0 + 1)})
+                if split_refusal(network, index, k) is None]
+    return out
+
+
+def _rank(result: ScheduleResult) -> tuple[float, float, int]:
+    m = result.metrics
+    return (m.cycles_per_sample, m.traffic_words_per_sample, m.max_staleness)
+
+
+def _schedule_network(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
+                      interconnect: Interconnect = SHARED) -> ScheduleResult:
+    """LayerPipe's placement search on one network (as given, or a split variant)."""
     graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
     table = TaskTable.of(graph, model)
     asap = asap_times(table)
