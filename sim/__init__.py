@@ -17,7 +17,7 @@ from layerpipe.schedule._ir import OpSchedule
 from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_schedule, run
 from layerpipe.sim._interconnect import INTERCONNECTS, MODES, SimConfig, link_hold_cycles
 from layerpipe.sim._memory import peak_memory
-from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result
+from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result, simulated_network
 from layerpipe.sim._report import SimResult, link_traffic
 from layerpipe.sim._versions import version_array
 from layerpipe.sim._workload import Workload
@@ -37,6 +37,7 @@ __all__ = [
     "simulate",
     "simulate_compiled",
     "simulate_policy_result",
+    "simulated_network",
 ]
 
 

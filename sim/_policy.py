@@ -36,15 +36,27 @@ def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
     return OpSchedule(one_step.level, rows, True, m)
 
 
+def simulated_network(result: ScheduleResult, network: Network) -> Network:
+    """The network `result`'s ops run on: `network`, or the split variant of it the policy scheduled (the
+    `layerpipe` policy may split a heavy layer, `layerpipe.network.split_layer`; the variant's origin names
+    `network`). Any other network is an InputError."""
+    scheduled = result.network
+    if scheduled is None or scheduled.name == network.name:
+        return network
+    if scheduled.derives_from(network.name) and scheduled.origin is not None:
+        return scheduled.with_batch(network.batch) if scheduled.batch != network.batch else scheduled
+    raise InputError(f"schedule is for network '{scheduled.name}', not '{network.name}'")
+
+
 def policy_ops(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
                mode: str = "stash") -> tuple[OpSchedule, Workload]:
     """The explicit layer-level ops of `iterations` iterations (micro-batches) of `result`, and their workload
-    (the policy's graph switches, weight mode `mode`, costs from `model`)."""
+    (the policy's graph switches, weight mode `mode`, costs from `model`). A result scheduled on a split
+    variant of `network` runs the variant (`simulated_network`)."""
     if result.graph is None:
         raise InputError(f"policy '{result.policy}' was scheduled without a network; simulate it from a "
                          "stage-level schedule file with --stage-costs")
-    if result.network is not None and result.network.name != network.name:
-        raise InputError(f"schedule is for network '{result.network.name}', not '{network.name}'")
+    network = simulated_network(result, network)
     if iterations < 1:
         raise InputError(f"iterations must be >= 1, got {iterations}")
     if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):

@@ -196,3 +196,102 @@ def test_functional_equals_reference_on_split_networks(build, fixed: bool) -> No
     else:
         assert _close(sim.weights, ref.weights)
     assert math.isclose(float(sim.losses.sum()), float(ref.losses.sum()), rel_tol=1e-9)
+
+
+# -- the policy ----------------------------------------------------------------------------------------------
+
+HEAVY = "mlp:784-256-128-10"  # fc1's 200,704 weights dominate every processor's share at N = 8
+
+
+def _layerpipe(net: Network, n: int, model, spec: str, **options):
+    from layerpipe.interconnect import parse_interconnect
+    from layerpipe.schedule import make_schedule
+    from layerpipe.schedule._layerpipe import LayerPipeOptions
+
+    ic = parse_interconnect(spec, lanes=getattr(model, "lanes", 64))
+    return make_schedule("layerpipe", net, n, model, LayerPipeOptions(**options), ic), ic
+
+
+def test_the_policy_splits_the_heavy_layer_where_it_pays() -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.schedule import make_schedule
+
+    net, model = load_network(HEAVY), PEModel()
+    split, ic = _layerpipe(net, 8, model, "links:2:16")
+    pipedream = make_schedule("pipedream", net, 8, model, interconnect=ic).metrics
+    unsplit = _layerpipe(net, 8, model, "links:2:16", split_layers=False)[0].metrics
+    assert split.network is not None and split.network.derives_from(HEAVY) and "|split fc1x" in split.network.name
+    assert split.graph is not None and split.graph.network is split.network
+    assert any("layer fc1 split into" in note for note in split.notes)
+    assert split.metrics.cycles_per_sample < 0.8 * pipedream.cycles_per_sample  # clearly faster (1.7x here)
+    assert split.metrics.cycles_per_sample < 0.8 * unsplit.cycles_per_sample
+    # The weight-stationary family proper: each part's F, E, G, U on one processor, only activations cross.
+    still, _ = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=True)
+    kept = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=True, split_layers=False)[0].metrics
+    assert still.network is not None and "|split fc1x" in still.network.name
+    assert still.metrics.cycles_per_sample < 0.9 * pipedream.cycles_per_sample < 0.3 * kept.cycles_per_sample
+    assert still.metrics.traffic_words_per_sample < pipedream.traffic_words_per_sample / 100
+    assert all(p.weight_count <= net.layer(1).weight_count // 5 for p in still.network.layers[:5])
+
+
+@settings(max_examples=15, deadline=None)
+@given(networks(max_layers=4, dag=True, min_width=8, max_width=64), st.integers(3, 8),  # about half split
+       st.sampled_from(("shared", "links:2:4", "bus:1:2", "rtl")), st.booleans())
+def test_splitting_is_never_worse_than_the_unsplit_search(network: Network, n: int, spec: str,
+                                                          together: bool) -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.schedule import validate
+
+    model = PEModel(lanes=4, overhead=2)
+    split, _ = _layerpipe(network, n, model, spec, keep_weights_together=together)
+    plain, _ = _layerpipe(network, n, model, spec, keep_weights_together=together, split_layers=False)
+    rank = [(r.metrics.cycles_per_sample, r.metrics.traffic_words_per_sample, r.metrics.max_staleness)
+            for r in (split, plain)]
+    assert rank[0] <= rank[1]
+    assert (split.network is network) == (rank[0] == rank[1])  # a variant is kept only when it is better
+    assert split.network is not None and split.network.derives_from(network.name)
+    validate(split.periodic, split.graph)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("spec", ["links:2:16", "shared", "bus:2:16", "links:2:1/16", "rtl"])
+def test_simulated_period_of_a_split_result_equals_the_scheduled_one(spec: str) -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.sim import SimConfig, simulate_policy_result
+
+    net, model = load_network(HEAVY), PEModel()
+    for options in ({"keep_weights_together": True}, {"max_staleness": 2}):
+        result, ic = _layerpipe(net, 8, model, spec, **options)
+        assert result.network is not None and result.network.origin is not None, options
+        periodic = result.periodic
+        assert periodic is not None
+        deepest = max(s.lag for body in periodic.bodies for s in body)
+        sim = simulate_policy_result(result, net, model, 6 * deepest + 40, SimConfig.of(ic))
+        assert sim.cycles_per_iteration == pytest.approx(periodic.period / getattr(periodic, "unfold", 1)), options
+
+
+def test_policy_ops_refuse_a_result_for_another_network() -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.sim import policy_ops
+
+    result, _ = _layerpipe(load_network(HEAVY), 8, PEModel(), "links:2:16", keep_weights_together=True)
+    with pytest.raises(InputError, match=r"schedule is for network 'mlp:784-256-128-10\|split .*', not 'lenet5'"):
+        policy_ops(result, load_network("lenet5"), PEModel(), 4)
+
+
+def test_cli_simulates_split_results_and_no_split_layers_turns_splitting_off(tmp_path) -> None:
+    import json
+
+    from layerpipe.cli import main
+
+    common = [HEAVY, "-n", "8", "--interconnect", "links:2:16", "--policy", "layerpipe"]
+    for flags, split in (([], True), (["--no-split-layers"], False)):
+        out = tmp_path / ("on" if split else "off")
+        assert main(["simulate", *common, *flags, "--keep-weights-together", "--functional", "fixed",
+                     "--samples", "6", "--out", str(out)]) == 0
+        doc = json.loads((out / "metrics.json").read_text())
+        assert ("|split fc1x" in doc["network"]) == split
+        assert doc["functional"] == "fixed" and np.isfinite(doc["final_loss"])
+    assert main(["schedule", *common, "--no-split-layers", "--format", "json", "-o", str(tmp_path / "s.json")]) == 0
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["options"]["split_layers"] is False and doc["network"] == HEAVY
+    assert main(["schedule", HEAVY, "-n", "2", "--policy", "pipedream", "--no-split-layers"]) == 2

@@ -42,7 +42,16 @@ from layerpipe.network import Network, load_network
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._formats import load_schedule
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
-from layerpipe.sim import MODES, SimConfig, SimResult, Workload, compile_schedule, policy_ops, simulate_compiled
+from layerpipe.sim import (
+    MODES,
+    SimConfig,
+    SimResult,
+    Workload,
+    compile_schedule,
+    policy_ops,
+    simulate_compiled,
+    simulated_network,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -175,6 +184,7 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
         schedule, workload = timed.schedule, timed
     else:
         schedule, workload = policy_ops(result, network, model, iterations, config.mode)
+        network = simulated_network(result, network)  # the split variant the policy scheduled, if it split a layer
     info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
             "interconnect": result.interconnect.spec,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}

@@ -21,7 +21,7 @@ from layerpipe.network._ops import (
     Linear,
     Pool2d,
 )
-from layerpipe.network._split import merge_weights, split_layer, split_refusal, split_weights
+from layerpipe.network._split import merge_weights, part_name, split_layer, split_refusal, split_weights
 from layerpipe.network._zoo import ZOO, alexnet, lenet5, mlp, resnet18, resnet50, vgg16
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ __all__ = [
     "merge_weights",
     "mlp",
     "parse_yaml_network",
+    "part_name",
     "resnet18",
     "resnet50",
     "split_layer",
