@@ -126,6 +126,11 @@ class SimResult:
             m = max(self.schedule.microbatches, 1)
             is_update = np.fromiter((op.kind == "U" for op in self.ops), bool, len(self.ops))
             group = np.where(is_update, group, group // m)
+        elif self.schedule.groups:  # grouped updates (replicas, 2BW): U_l(u) completes its group's last iteration
+            sizes = self.schedule.groups_map()
+            g = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in self.ops), np.int64,
+                            len(self.ops))
+            group = np.minimum((group + 1) * g - 1, max(self.num_iterations - 1, 0))
         out = np.full(int(group.max()) + 1 if len(group) else 0, 0, dtype=np.int64)
         np.maximum.at(out, group, self.end)
         return out
@@ -135,6 +140,8 @@ class SimResult:
         c = self.completion_times
         k = len(c)
         lo, hi = k // 4, k - 1 - k // 4
+        unfold = max(self.schedule.unfold, 1)  # unfolded schedules repeat every J iterations: whole periods
+        hi = lo + (hi - lo) // unfold * unfold
         if k < 3 or hi <= lo:
             return self.total_cycles / max(self.num_iterations, 1)
         slope = float(c[hi] - c[lo]) / (hi - lo)

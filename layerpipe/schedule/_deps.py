@@ -10,7 +10,12 @@ Layer-level schedules (ops are DFG tasks of layer l and iteration t; needs the `
   delays: U_l(t) applies g_l(t) and writes version t+1 (async), the delays say how late that may be;
 - U_l(t) needs U_l(t−1): updates apply in iteration order (role "order", no data);
 - weight edges U_l → F_l, U_l → E_l are NOT precedence in asynchronous schedules: they are version reads,
-  and which version an op read is an outcome of the timing (the simulator observes it).
+  and which version an op read is an outcome of the timing (the simulator observes it) — unless the schedule
+  pins it (`OpSchedule.read_pins`, from an unrolled periodic schedule): X_l(t) pinned to s reads version
+  ⌊t/g⌋ − s, so it needs U_l(⌊t/g⌋ − s − 1), which writes it, and receives |W_l| words from it.
+Grouped updates (`OpSchedule.groups`, layer → g; unfolded periodic schedules: PipeDream's replicas, 2BW) are
+numbered by update, not iteration: U_l(k) needs G_l(t) for every t in k·g … k·g + g − 1 (the group's summed
+gradient; the last group may be cut short by the run) and U_l(k−1).
 Synchronous layer-level schedules (the expansion of a stage-level schedule, below) have one update per
 layer per step, and its op's `iteration` is the step index j (U_l(j) writes version j+1):
 - U_l(j) needs G_l(t) for every micro-batch t of step j (the step's summed gradient) and U_l(j−1);
@@ -189,6 +194,8 @@ def _lookup(by_key: Mapping[OpKey, Op], key: OpKey, consumer: Op) -> Op:
 def _async_layer_dependencies(
     schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
 ) -> dict[Op, tuple[Dependency, ...]]:
+    if not schedule.simple:
+        return _grouped_layer_dependencies(schedule, by_key, graph)
     incoming: dict[tuple[str, int], list[TaskEdge]] = {}
     for e in layer_task_edges(graph, schedule.read_staleness_map()):
         incoming.setdefault(e.dst, []).append(e)
@@ -199,6 +206,42 @@ def _async_layer_dependencies(
             t = op.iteration - e.delay
             if t >= 0:
                 deps.append(Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role))
+        out[op] = tuple(deps)
+    return out
+
+
+def _grouped_layer_dependencies(
+    schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
+) -> dict[Op, tuple[Dependency, ...]]:
+    """The asynchronous rules with update groups and per-phase read pins (see the module docstring)."""
+    groups, unfold, pins = schedule.groups_map(), schedule.unfold, schedule.read_pins()
+    total = schedule.num_iterations
+    incoming: dict[tuple[str, int], list[TaskEdge]] = {}
+    for e in layer_task_edges(graph):
+        incoming.setdefault(e.dst, []).append(e)
+    weight_in: dict[tuple[str, int], list] = {}
+    for edge in graph.edges:
+        if edge.role == "weights":
+            weight_in.setdefault((edge.dst.kind, edge.dst.layer), []).append(edge)
+    out: dict[Op, tuple[Dependency, ...]] = {}
+    for op in schedule.ops():
+        deps: list[Dependency] = []
+        g = groups.get(op.unit, 1)
+        for e in incoming.get((op.kind, op.unit), ()):
+            if e.role == ROLE_ORDER:
+                if op.iteration > 0:
+                    deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - 1), op), 0, e.role))
+            elif e.role == "gradient":
+                first = op.iteration * g
+                deps += [Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role)
+                         for t in range(first, min(first + g, total))]
+            elif op.iteration - e.delay >= 0:
+                deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - e.delay), op), e.words, e.role))
+        for edge in weight_in.get((op.kind, op.unit), ()):
+            stale = pins.get((op.kind, op.unit, op.iteration % unfold))
+            if stale is not None and op.iteration // g - stale - 1 >= 0:
+                key = (edge.src.kind, edge.src.layer, op.iteration // g - stale - 1)
+                deps.append(Dependency(_lookup(by_key, key, op), edge.words, edge.role))
         out[op] = tuple(deps)
     return out
 

@@ -7,13 +7,26 @@ W = weight gradient). `iteration` is the iteration (async) or micro-batch (sync)
 
 Two schedule forms:
 - `OpSchedule`: explicit per-processor ordered op lists, no times (the simulator times them).
-- `PeriodicSchedule`: period P and, per processor, a body of `Slot`s (task, lag, start). In period j the
-  processor starts task v of iteration j − lag at time j·P + start. `unroll(T)` gives the explicit ops for
-  iterations 0..T−1 (prologue and epilogue skip iterations < 0 or ≥ T).
+- `PeriodicSchedule`: period P and, per processor, a body of `Slot`s (task, lag, start, phase). In period j
+  the processor starts task v of iteration j − lag at time j·P + start. `unroll(T)` gives the explicit ops
+  for iterations 0..T−1 (prologue and epilogue skip iterations < 0 or ≥ T).
+- Unfolded periodic schedules (Parhi, VLSI DSP Systems ch. 5: unfolding by J) hold J iterations per period:
+  in period j a slot of phase k of a non-U task runs iteration J·(j − lag) + k. Updates may be grouped per
+  layer (`groups`, layer → g with g | J): update u of that layer applies the summed gradients of iterations
+  u·g … u·g + g − 1 (PipeDream's replicas all-reduce and update once per round, SOSP'19 §3.1; PipeDream-2BW
+  coalesces m micro-batches, ICML'21 §3), and a U slot of phase k runs update (J/g)·(j − lag) + k. A period
+  then trains J·batch samples. J = 1 and g = 1 are today's schedules, unchanged.
+
+Ties: ops that start at the same cycle on one processor (behind zero-cycle tasks such as a flatten) run in
+`tie_rank` order — one iteration's dataflow order, then the iteration. `unroll`, the explicit validator (which
+dry-runs the order `unroll` emits) and the periodic validator (which checks equal-start precedences against
+`tie_rank`) all use that one rule, so a periodic schedule the validator accepts unrolls into one that runs.
 
 Text form of an op: `KIND UNIT . ITERATION`, e.g. `F3.7`, `AEG2.0`; a schedule is one line per processor:
 `p0: F1.0 F2.0 A2.0`. Slots print as `F3.7` style with the lag in place of the iteration and the start
-offset after `@`: `F3-2@15` is F3, lag 2, start 15 (the iteration is j − lag).
+offset after `@`: `F3-2@15` is F3, lag 2, start 15 (the iteration is j − lag); a slot of phase k > 0 prints
+`F3.1-2@15`. Headers name `unfold=J` and `groups=3:2,5:2` only when they are not trivial, so schedules of one
+iteration per period print as they always did.
 """
 
 from __future__ import annotations
@@ -72,7 +85,7 @@ class ScheduleError(InputError):
 
 
 _OP_RE = re.compile(r"^([A-Z]+)(\d+)\.(\d+)$")
-_SLOT_RE = re.compile(r"^([A-Z]+)(\d+)-(\d+)@(\d+)$")
+_SLOT_RE = re.compile(r"^([A-Z]+)(\d+)(?:\.([1-9]\d*))?-(\d+)@(\d+)$")
 
 
 def parse_op(text: str, proc: int) -> Op:
@@ -95,6 +108,13 @@ class OpSchedule:
     #: periodic timing, which keeps self-timed execution (simulator, RTL) within the designed staleness;
     #: hand-written schedules leave it empty and their reads are whatever is current.
     read_staleness: tuple[tuple[str, int, int], ...] = ()
+    #: Iterations per period of the periodic schedule this was unrolled from (J): op (kind, l, t) is of phase
+    #: t mod J, and `read_phases` pins reads of phases k ≥ 1 as (kind, layer, k, s).
+    unfold: int = 1
+    #: Grouped updates (layer, g): U_l(u) applies the summed gradients of iterations u·g … u·g + g − 1 and an
+    #: op (kind, l, t) that reads pinned weights reads version ⌊t/g⌋ − s. Layers not named have g = 1.
+    groups: tuple[tuple[int, int], ...] = ()
+    read_phases: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def num_procs(self) -> int:
@@ -102,6 +122,20 @@ class OpSchedule:
 
     def read_staleness_map(self) -> dict[tuple[str, int], int]:
         return {(kind, layer): s for kind, layer, s in self.read_staleness}
+
+    def read_pins(self) -> dict[tuple[str, int, int], int]:
+        """(kind, layer, phase) → s for every pinned weight read (phase 0 from `read_staleness`)."""
+        pins = {(kind, layer, 0): s for kind, layer, s in self.read_staleness}
+        pins.update({(kind, layer, k): s for kind, layer, k, s in self.read_phases})
+        return pins
+
+    def groups_map(self) -> dict[int, int]:
+        return dict(self.groups)
+
+    @property
+    def simple(self) -> bool:
+        """One iteration per period and one update per iteration: the rules of the fast paths apply."""
+        return self.unfold == 1 and not self.groups and not self.read_phases
 
     def ops(self) -> Iterable[Op]:
         for row in self.procs:
@@ -130,8 +164,14 @@ class OpSchedule:
         head = f"# layerpipe schedule v1 level={self.level} procs={self.num_procs}"
         if self.synchronous:
             head += f" synchronous microbatches={self.microbatches}"
-        if self.read_staleness:
-            head += " reads=" + ",".join(f"{k}{layer}:{s}" for k, layer, s in self.read_staleness)
+        if self.unfold != 1:
+            head += f" unfold={self.unfold}"
+        if self.groups:
+            head += " groups=" + format_groups(self.groups)
+        pins = [f"{k}{layer}:{s}" for k, layer, s in self.read_staleness]
+        pins += [f"{k}{layer}.{phase}:{s}" for k, layer, phase, s in self.read_phases]
+        if pins:
+            head += " reads=" + ",".join(pins)
         lines = [head]
         for p, row in enumerate(self.procs):
             lines.append(f"p{p}: " + " ".join(str(op) for op in row))
@@ -139,8 +179,9 @@ class OpSchedule:
 
     @staticmethod
     def from_text(text: str) -> OpSchedule:
-        level, sync, m = "layer", False, 0
-        reads: list[tuple[str, int, int]] = []
+        level, sync, m, unfold = "layer", False, 0, 1
+        reads: list[tuple[str, int, int, int]] = []
+        groups: tuple[tuple[int, int], ...] = ()
         header, lines = _split_text(text, "schedule")
         for n, word in header:
             if word.startswith("level="):
@@ -150,7 +191,11 @@ class OpSchedule:
             elif word.startswith("microbatches="):
                 m = _header_int(word, n)
             elif word.startswith("reads="):
-                reads = parse_reads(word, n)
+                reads = parse_phase_reads(word, n)
+            elif word.startswith("unfold="):
+                unfold = _header_int(word, n)
+            elif word.startswith("groups="):
+                groups = parse_groups(word, n)
         rows: list[tuple[Op, ...]] = []
         for n, tokens in lines:
             try:
@@ -165,7 +210,10 @@ class OpSchedule:
                 if op.kind not in kinds:
                     allowed = ", ".join(kinds)
                     raise InputError(f"schedule p{op.proc}: op '{op}' kind is not a {level}-level kind ({allowed})")
-        return OpSchedule(level, tuple(rows), sync, m, tuple(reads))
+        check_unfolding(unfold, groups)
+        phase0 = tuple((k, layer, st) for k, layer, phase, st in reads if phase == 0)
+        phased = tuple(r for r in reads if r[2] > 0)
+        return OpSchedule(level, tuple(rows), sync, m, phase0, unfold, groups, phased)
 
 
 def _split_text(text: str, what: str) -> tuple[list[tuple[int, str]], list[tuple[int, list[str]]]]:
@@ -187,18 +235,62 @@ def _split_text(text: str, what: str) -> tuple[list[tuple[int, str]], list[tuple
     return header, rows
 
 
-_READ_RE = re.compile(r"^([A-Z]+)(\d+):(-?\d+)$")
+_READ_RE = re.compile(r"^([A-Z]+)(\d+)(?:\.([1-9]\d*))?:(-?\d+)$")
+_GROUP_RE = re.compile(r"^(\d+):([1-9]\d*)$")
+
+#: Most iterations one period may hold (J): every body holds J copies of its tasks.
+MAX_UNFOLD = 64
 
 
-def parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
+def parse_phase_reads(word: str, line: int) -> list[tuple[str, int, int, int]]:
+    """`reads=F3:2,F3.1:1` → [(kind, layer, phase, s)] (phase 0 when no `.k`)."""
     out = []
     for item in word.split("=", 1)[1].split(","):
         m = _READ_RE.match(item)
         if not m:
-            raise InputError(f"schedule line {line}: field 'reads' entry '{item}' is not KIND LAYER:STALENESS "
-                             "like F3:2")
-        out.append((m.group(1), int(m.group(2)), int(m.group(3))))
+            raise InputError(f"schedule line {line}: field 'reads' entry '{item}' is not KIND LAYER[.PHASE]:STALENESS "
+                             "like F3:2 or F3.1:2")
+        out.append((m.group(1), int(m.group(2)), int(m.group(3) or 0), int(m.group(4))))
     return out
+
+
+def parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
+    """Phase-0 entries of `reads=` (the form every schedule of one iteration per period uses)."""
+    out = []
+    for kind, layer, phase, s in parse_phase_reads(word, line):
+        if phase:
+            raise InputError(f"schedule line {line}: field 'reads' entry '{kind}{layer}.{phase}:{s}' names a phase, "
+                             "which only unfolded schedules have")
+        out.append((kind, layer, s))
+    return out
+
+
+def format_groups(groups: Iterable[tuple[int, int]]) -> str:
+    return ",".join(f"{layer}:{g}" for layer, g in groups)
+
+
+def parse_groups(word: str, line: int) -> tuple[tuple[int, int], ...]:
+    """`groups=3:2,5:2` → ((3, 2), (5, 2)): layer → update group size g."""
+    out = []
+    for item in word.split("=", 1)[1].split(","):
+        m = _GROUP_RE.match(item)
+        if not m:
+            raise InputError(f"schedule line {line}: field 'groups' entry '{item}' is not LAYER:G like 3:2 (G >= 1)")
+        out.append((int(m.group(1)), int(m.group(2))))
+    return tuple(sorted(out))
+
+
+def check_unfolding(unfold: int, groups: Iterable[tuple[int, int]]) -> None:
+    """J in 1..MAX_UNFOLD and every group size g a divisor of J (a period holds whole update groups)."""
+    if isinstance(unfold, bool) or not isinstance(unfold, int) or not 1 <= unfold <= MAX_UNFOLD:
+        raise InputError(f"unfold must be an integer in 1..{MAX_UNFOLD}, got {unfold!r}")
+    seen = set()
+    for layer, g in groups:
+        if layer in seen:
+            raise InputError(f"groups: layer {layer} is named twice")
+        seen.add(layer)
+        if not isinstance(g, int) or g < 1 or unfold % g:
+            raise InputError(f"groups: layer {layer} has group {g!r}; a group must be a divisor of unfold={unfold}")
 
 
 def _header_int(word: str, line: int) -> int:
@@ -208,106 +300,212 @@ def _header_int(word: str, line: int) -> int:
     return int(value)
 
 
+def tie_rank(kind: str, unit: int) -> tuple[int, int, int]:
+    """The one order of ops that start together on one processor (issue 12: zero-cycle tasks).
+
+    A topological order of one iteration's training graph for any network whose layers are numbered in
+    topological order (they are: `layerpipe.network` checks it): forwards by layer, then backwards by reverse
+    layer, within a layer A before E before G before U (fused kinds by their first task). Every precedence
+    between ops that can start in the same cycle is a delay-0 edge out of a zero-cycle task (weight tasks
+    never cost 0), so this order puts every producer before its consumer; `op_order_key` breaks the
+    remaining ties by iteration.
+    """
+    if kind == "F":
+        return (0, unit, 0)
+    return (1, -unit, "AEGU".index(kind[0]))
+
+
+def op_order_key(start: int, op: Op) -> tuple[int, tuple[int, int, int], int]:
+    """Program order of ops on one processor: start time, then `tie_rank`, then iteration."""
+    return (start, tie_rank(op.kind, op.unit), op.iteration)
+
+
 @dataclass(frozen=True, order=True)
 class Slot:
-    """One entry of a periodic body: task `kind`/`layer` of iteration j − lag starts at j·P + start."""
+    """One entry of a periodic body: task `kind`/`layer` of iteration J·(j − lag) + phase starts at j·P + start
+    (J = 1, phase 0: iteration j − lag). A U slot of a layer with update group g runs update
+    (J/g)·(j − lag) + phase."""
 
     start: int
     kind: str
     layer: int
     lag: int
+    phase: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.layer}-{self.lag}@{self.start}"
+        phase = f".{self.phase}" if self.phase else ""
+        return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
 
 
 @dataclass(frozen=True)
 class PeriodicSchedule:
-    """A modulo schedule: every processor repeats its body every `period` cycles."""
+    """A modulo schedule: every processor repeats its body every `period` cycles, `unfold` iterations each."""
 
     period: int
     bodies: tuple[tuple[Slot, ...], ...]
     costs: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)
     #: Cycles from the end of U_l to its new weights being readable by slot (kind, layer) when the reader sits
     #: on another processor: the planned transfer of |W_l| words (hold, queueing, latency). The version a read
-    #: pins counts only updates whose weights have arrived (`read_staleness`).
-    read_delays: dict[tuple[str, int], int] = field(default_factory=dict, compare=False)
+    #: pins counts only updates whose weights have arrived (`read_staleness`). Readers of phase k ≥ 1 of an
+    #: unfolded schedule are keyed (kind, layer, k).
+    read_delays: dict[tuple[str, int] | tuple[str, int, int], int] = field(default_factory=dict, compare=False)
+    #: J: iterations per period (1: not unfolded).
+    unfold: int = 1
+    #: (layer, g): update groups of g iterations (g divides J); layers not named have g = 1.
+    groups: tuple[tuple[int, int], ...] = ()
+    #: Reads pinned by design rather than by the timing, (kind, layer, phase, s): PipeDream-2BW's double
+    #: buffer reads the version one update back even when a newer one has been written. A pin never reads
+    #: newer than the timing allows (the larger s wins).
+    read_floor: tuple[tuple[str, int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_unfolding(self.unfold, self.groups)
 
     @property
     def num_procs(self) -> int:
         return len(self.bodies)
 
+    def group(self, layer: int) -> int:
+        return dict(self.groups).get(layer, 1)
+
+    def phases(self, kind: str, layer: int) -> int:
+        """Copies of a task per period: J, or J/g for the updates of a layer with group g."""
+        return self.unfold // self.group(layer) if kind == "U" else self.unfold
+
+    def iteration(self, slot: Slot, j: int) -> int:
+        """The iteration (update number for U) slot runs in period j (negative in the prologue)."""
+        return self.phases(slot.kind, slot.layer) * (j - slot.lag) + slot.phase
+
     def placement(self) -> dict[tuple[str, int], int]:
-        """(kind, layer) → processor."""
-        return {(s.kind, s.layer): p for p, body in enumerate(self.bodies) for s in body}
+        """(kind, layer) → processor of its phase-0 slot."""
+        return {(s.kind, s.layer): p for p, body in enumerate(self.bodies) for s in body if s.phase == 0}
+
+    def slot_placement(self) -> dict[tuple[str, int, int], int]:
+        """(kind, layer, phase) → processor."""
+        return {(s.kind, s.layer, s.phase): p for p, body in enumerate(self.bodies) for s in body}
 
     def lags(self) -> dict[tuple[str, int], int]:
-        return {(s.kind, s.layer): s.lag for body in self.bodies for s in body}
+        return {(s.kind, s.layer): s.lag for body in self.bodies for s in body if s.phase == 0}
+
+    def cycles_per_iteration(self) -> float:
+        return self.period / self.unfold
 
     def unroll(self, iterations: int) -> OpSchedule:
-        """Explicit ops for iterations 0..T−1, each processor's ops in start-time order."""
+        """Explicit ops for iterations 0..T−1 (and updates 0..⌈T/g⌉−1), each processor's ops in `op_order_key`
+        order of their start times."""
         rows = []
         max_lag = max((s.lag for body in self.bodies for s in body), default=0)
+        periods = -(-iterations // self.unfold) + max_lag + 1
+        limit = {layer: -(-iterations // g) for layer, g in self.groups}
         for p, body in enumerate(self.bodies):
             timed = []
-            for j in range(iterations + max_lag):
+            for j in range(periods):
                 for s in body:
-                    t = j - s.lag
-                    if 0 <= t < iterations:
-                        timed.append((j * self.period + s.start, s.layer, s.kind, Op(p, s.kind, s.layer, t)))
-            timed.sort(key=lambda x: x[:3])
-            rows.append(tuple(x[3] for x in timed))
-        return OpSchedule("layer", tuple(rows), read_staleness=self.read_staleness())
+                    t = self.iteration(s, j)
+                    if 0 <= t < (limit.get(s.layer, iterations) if s.kind == "U" else iterations):
+                        op = Op(p, s.kind, s.layer, t)
+                        timed.append((op_order_key(j * self.period + s.start, op), op))
+            timed.sort(key=lambda x: x[0])
+            rows.append(tuple(x[1] for x in timed))
+        pins = self.read_pins()
+        phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
+        phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
+        return OpSchedule("layer", tuple(rows), read_staleness=phase0, unfold=self.unfold, groups=self.groups,
+                          read_phases=phased)
 
     def read_staleness(self) -> tuple[tuple[str, int, int], ...]:
-        """Staleness s of every slot that reads a layer's weights (kinds with F or E), from the timing.
+        """(kind, layer, s) of the phase-0 reads `read_pins` pins (every read when J = 1)."""
+        return tuple((k, layer, st) for (k, layer, phase), st in self.read_pins().items() if phase == 0)
 
-        X_l(t) starts at (t + lag_X)·P + start_X and U_l(i) ends at (i + lag_U)·P + start_U + c_U, so the
-        updates ended by X_l(t)'s start are i ≤ t + k with k = lag_X − lag_U + ⌊(start_X − start_U − c_U)/P⌋:
-        it reads version t + k + 1, staleness s = −k − 1 (−1 for an E that runs after its own update, under
-        `latest`). Needs the update's cost; without `costs` nothing is pinned.
+    def read_pins(self) -> dict[tuple[str, int, int], int]:
+        """Staleness s of every slot that reads a layer's weights (kinds with F or E), from the timing:
+        X_l(t) reads version ⌊t/g⌋ − s, s in updates.
+
+        X of phase k starts at j·P + start_X in the period j where it runs iteration t = J·(j − lag_X) + k.
+        The U slot of phase q ends update (J/g)·(j' − lag_U) + q at j'·P + start_U + c_U, readable d cycles
+        later on X's processor (`read_delays`), so the last one X sees has j' = j + f_q,
+        f_q = ⌊(start_X − start_U − c_U − d)/P⌋, and X reads version 1 + max_q ((J/g)·(j + f_q − lag_U) + q).
+        With ⌊t/g⌋ = (J/g)·(j − lag_X) + ⌊k/g⌋ that is s = ⌊k/g⌋ − 1 − max_q ((J/g)·(f_q − lag_U + lag_X) + q),
+        the same for every t once the pipeline is full (J = g = 1: s = −k − 1 with k = lag_X − lag_U + f; −1
+        for an E that runs after its own update, under `latest`). Needs the update's cost; without `costs`
+        nothing is pinned. `read_floor` raises a pin to the staleness the policy designed.
         """
-        slots = {(s.kind, s.layer): s for body in self.bodies for s in body}
-        updates = {s.layer: s for s in slots.values() if "U" in s.kind}
-        out = []
-        for (kind, layer), x in sorted(slots.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            u = updates.get(layer)
-            if u is None or u is x or not ("F" in kind or "E" in kind) or (u.kind, layer) not in self.costs:
-                continue
-            delay = self.read_delays.get((kind, layer), 0)
-            k = x.lag - u.lag + (x.start - u.start - self.costs[(u.kind, layer)] - delay) // self.period
-            out.append((kind, layer, -k - 1))
-        return tuple(out)
-
-    def start_time(self, kind: str, layer: int, iteration: int) -> int:
+        floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
+        updates: dict[int, list[Slot]] = {}
+        readers = []
         for body in self.bodies:
             for s in body:
-                if (s.kind, s.layer) == (kind, layer):
-                    return (iteration + s.lag) * self.period + s.start
+                if s.kind == "U":
+                    updates.setdefault(s.layer, []).append(s)
+                elif "F" in s.kind or "E" in s.kind:
+                    readers.append(s)
+        out: dict[tuple[str, int, int], int] = {}
+        for x in sorted(readers, key=lambda s: (s.layer, s.kind, s.phase)):
+            us = updates.get(x.layer)
+            if not us or ("U", x.layer) not in self.costs:
+                continue
+            g = self.group(x.layer)
+            per = self.unfold // g
+            key = (x.kind, x.layer, x.phase) if x.phase else (x.kind, x.layer)
+            delay = self.read_delays.get(key, 0)
+            c_u = self.costs[("U", x.layer)]
+            best = max(per * ((x.start - u.start - c_u - delay) // self.period - u.lag + x.lag) + u.phase for u in us)
+            stale = x.phase // g - 1 - best
+            out[(x.kind, x.layer, x.phase)] = max(stale, floor.get((x.kind, x.layer, x.phase), stale))
+        return out
+
+    def start_time(self, kind: str, layer: int, iteration: int) -> int:
+        """Start of the op of `iteration` (update number for U) of task kind/layer."""
+        per = self.phases(kind, layer)
+        for body in self.bodies:
+            for s in body:
+                if (s.kind, s.layer, s.phase) == (kind, layer, iteration % per):
+                    return (iteration // per + s.lag) * self.period + s.start
         raise KeyError((kind, layer))
 
     def to_text(self) -> str:
-        lines = [f"# layerpipe periodic schedule v1 period={self.period} procs={self.num_procs}"]
+        head = f"# layerpipe periodic schedule v1 period={self.period} procs={self.num_procs}"
+        if self.unfold != 1:
+            head += f" unfold={self.unfold}"
+        if self.groups:
+            head += " groups=" + format_groups(self.groups)
+        if self.read_floor:
+            head += " floor=" + ",".join(f"{k}{layer}{f'.{ph}' if ph else ''}:{st}"
+                                         for k, layer, ph, st in self.read_floor)
+        lines = [head]
         for p, body in enumerate(self.bodies):
             lines.append(f"p{p}: " + " ".join(str(s) for s in sorted(body)))
         return "\n".join(lines) + "\n"
 
     @staticmethod
     def from_text(text: str) -> PeriodicSchedule:
-        period = None
+        period, unfold = None, 1
+        groups: tuple[tuple[int, int], ...] = ()
+        floor: tuple[tuple[str, int, int, int], ...] = ()
         header, lines = _split_text(text, "periodic schedule")
         for n, word in header:
             if word.startswith("period="):
                 period = _header_int(word, n)
+            elif word.startswith("unfold="):
+                unfold = _header_int(word, n)
+            elif word.startswith("groups="):
+                groups = parse_groups(word, n)
+            elif word.startswith("floor="):
+                floor = tuple(parse_phase_reads("reads=" + word.split("=", 1)[1], n))
+        check_unfolding(unfold, groups)
         bodies: list[tuple[Slot, ...]] = []
         for n, tokens in lines:
             slots = []
             for tok in tokens:
                 m = _SLOT_RE.match(tok)
                 if not m:
-                    raise InputError(f"periodic schedule line {n}: slot '{tok}' is not KIND LAYER-LAG@START")
-                slots.append(Slot(int(m.group(4)), m.group(1), int(m.group(2)), int(m.group(3))))
+                    raise InputError(f"periodic schedule line {n}: slot '{tok}' is not KIND LAYER[.PHASE]-LAG@START")
+                slot = Slot(int(m.group(5)), m.group(1), int(m.group(2)), int(m.group(4)), int(m.group(3) or 0))
+                if slot.phase >= unfold:
+                    raise InputError(f"periodic schedule line {n}: slot '{tok}' has phase {slot.phase}; "
+                                     f"phases are 0..{unfold - 1} (unfold={unfold})")
+                slots.append(slot)
             bodies.append(tuple(slots))
         if period is None or period < 1:
             raise InputError("periodic schedule header: field 'period' must be a positive integer")
-        return PeriodicSchedule(period, tuple(bodies))
+        return PeriodicSchedule(period, tuple(bodies), unfold=unfold, groups=groups, read_floor=floor)

@@ -12,7 +12,8 @@ from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
 from layerpipe.schedule._shared import TaskTable, loop_lengths, periodic_from
-from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
+from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 from layerpipe.schedule.metrics import (
     ScheduleMetrics,
     period_lower_bound,
@@ -73,17 +74,24 @@ def periodic_result(
     item_costs: Sequence[int],
     max_staleness: int | None = None,
     notes: Sequence[str] = (),
-    versions_override: int | None = None,
-    staleness_override: int | None = None,
     interconnect: Interconnect = SHARED,
     arrival: dict[tuple[int, int], int] | None = None,
+    read_floor: Sequence[tuple[str, int, int, int]] = (),
+    base_item_costs: Sequence[int] | None = None,
 ) -> ScheduleResult:
     """Assemble an asynchronous policy's periodic schedule and measure it.
 
     `arrival` is the planned arrival of every transfer (`Timing.arrival`, from the start of its producer's
     period) on `interconnect`; the bound adds the busiest channel of this placement to the compute bounds.
+    An unfolded table (`_unfold.UnfoldedTable`, J iterations per period) gives an unfolded schedule; its
+    staleness and versions come from the periodic timing phase by phase (`periodic_staleness`,
+    `periodic_versions`), and `base_item_costs` (the items of one iteration) give the bound for one
+    iteration per period.
     """
     graph = table.graph
+    if isinstance(table, UnfoldedTable) or read_floor:
+        return _unfolded_result(policy, options, table, num_procs, placement, start, lag, period, notes,
+                                interconnect, arrival, read_floor, base_item_costs or item_costs)
     schedule = periodic_from(table, placement, start, lag, period, num_procs, arrival)
     batch = graph.network.batch
     bound = period_lower_bound(item_costs, num_procs, loop_lengths(table) if max_staleness is not None else None,
@@ -93,10 +101,6 @@ def periodic_result(
     timing = {t: (lag[v] * period + start[v], table.cost[v]) for v, t in enumerate(table.tasks)}
     staleness = periodic_staleness(schedule, graph)
     versions = stash_versions(graph, timing, period)
-    if staleness_override is not None:
-        staleness = dict.fromkeys(staleness, staleness_override)
-    if versions_override is not None:
-        versions = dict.fromkeys(versions, versions_override)
     metrics = ScheduleMetrics(
         cycles_per_sample=period / batch,
         lower_bound_cycles=bound / batch,
@@ -108,6 +112,44 @@ def periodic_result(
         samples_per_period=batch,
         staleness_per_layer=staleness,
         weight_versions_per_layer=versions,
+        # Any unfolding of this graph still does Σc of work per iteration on N processors.
+        lower_bound_unfolded_cycles=table.total / (num_procs * batch),
+    )
+    return ScheduleResult(policy, options, num_procs, metrics, graph.network, graph, schedule, notes=tuple(notes),
+                          interconnect=interconnect)
+
+
+def _unfolded_result(policy: str, options: object, table: TaskTable, num_procs: int, placement: Sequence[int],
+                     start: Sequence[int], lag: Sequence[int], period: int, notes: Sequence[str],
+                     interconnect: Interconnect, arrival: dict[tuple[int, int], int] | None,
+                     read_floor: Sequence[tuple[str, int, int, int]],
+                     base_item_costs: Sequence[int]) -> ScheduleResult:
+    """`periodic_result` for unfolded or grouped schedules: a period trains J·batch samples, traffic counts
+    every crossing edge of the unfolded table (the replicas' gradient and weight copies included), and the
+    bounds are the one-iteration-per-period bound of the plain items and Σc / N of the unfolded table."""
+    graph = table.graph
+    schedule = periodic_of(table, placement, start, lag, period, num_procs, arrival, read_floor)
+    samples = schedule.unfold * graph.network.batch
+    one = period_lower_bound(base_item_costs, num_procs)
+    unfolded = max(table.total / num_procs, max(table.cost, default=0),
+                   busiest_channel(table, Comm(placement, interconnect, num_procs)))
+    words = sum(w for v, ps in enumerate(table.preds) for u, w in zip(ps, table.pred_words[v], strict=True)
+                if placement[u] != placement[v])
+    words += sum(w for u, x, w in table.weight_reads if placement[u] != placement[x])
+    staleness = periodic_staleness(schedule, graph)
+    versions = periodic_versions(schedule, graph)
+    metrics = ScheduleMetrics(
+        cycles_per_sample=period / samples,
+        lower_bound_cycles=one / graph.network.batch,
+        utilization_pct=utilization_pct(table.total, num_procs, period),
+        traffic_words_per_sample=words / samples,
+        weight_versions=max(versions.values(), default=1),
+        max_staleness=max(staleness.values(), default=0),
+        period_cycles=period,
+        samples_per_period=samples,
+        staleness_per_layer=staleness,
+        weight_versions_per_layer=versions,
+        lower_bound_unfolded_cycles=unfolded / samples,
     )
     return ScheduleResult(policy, options, num_procs, metrics, graph.network, graph, schedule, notes=tuple(notes),
                           interconnect=interconnect)

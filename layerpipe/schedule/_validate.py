@@ -10,22 +10,38 @@ together with `dependencies` admit an execution: no deadlock, no op before its p
 processor; synchronous steps are linked through their weight versions by the dependency rules), and for
 asynchronous layer-level schedules an optional staleness bound under the dry-run timing.
 
-Periodic schedules: lags and starts ≥ 0, counts (every task of the graph in exactly one body), no overlap on
-a processor modulo the period (a body may wrap past P), precedence in modulo form — for every edge u→v of
-delay d: (lag_v − lag_u + d)·P + start_v ≥ start_u + cost_u (+ comm(words) across processors) — and the
-staleness of F_l under the periodic timing.
+Periodic schedules: lags and starts ≥ 0, counts (every task of the graph in exactly one body — J copies,
+phases 0..J−1, when unfolded by J; J/g copies of the update of a layer with group g), no overlap on a
+processor modulo the period (a body may wrap past P), precedence in modulo form over the (unfolded,
+`_unfold.unfolded_edges`) edges — for every edge u→v of delay d: (lag_v − lag_u + d)·P + start_v ≥
+start_u + cost_u (+ comm(words) across processors) — and the staleness of F_l under the periodic timing.
+Where the two sides are equal on one processor behind a zero-cycle producer, the ops start in the same cycle
+and `tie_rank` (the order `unroll` emits) must put the producer first — the one ordering rule (issue 12), so
+an accepted periodic schedule never unrolls into one the explicit validator rejects or the simulator
+deadlocks on.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from heapq import heapify, heappop, heappush
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
-from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies, layer_task_edges
-from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, PeriodicSchedule, ScheduleError
+from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies
+from layerpipe.schedule._ir import (
+    KINDS_LAYER,
+    KINDS_STAGE,
+    Op,
+    OpKey,
+    OpSchedule,
+    PeriodicSchedule,
+    ScheduleError,
+    tie_rank,
+)
+from layerpipe.schedule._unfold import copies, unfolded_edges
 
 #: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
 Durations = Mapping[tuple[str, int], int] | Callable[[Op], int] | None
@@ -210,9 +226,12 @@ def _expected_keys(
         return None
     keys: set[OpKey] = set()
     steps = -(-iterations // schedule.microbatches) if schedule.synchronous and schedule.microbatches else 0
+    groups = schedule.groups_map()
     for task in graph.tasks:
         if schedule.synchronous and task.kind == "U":
             keys |= {(task.kind, task.layer, j) for j in range(steps)}
+        elif task.kind == "U" and task.layer in groups:  # one update per group of g iterations
+            keys |= {(task.kind, task.layer, u) for u in range(-(-iterations // groups[task.layer]))}
         else:
             keys |= {(task.kind, task.layer, t) for t in range(iterations)}
     return keys
@@ -283,7 +302,9 @@ def _check_staleness(
     times: Mapping[Op, tuple[int, int]],
     max_staleness: int,
 ) -> None:
-    """Staleness of F_l(t) = t − (number of U_l ops that ended by the time F_l(t) starts)."""
+    """Staleness of F_l(t) = ⌊t/g⌋ − (number of U_l ops that ended by the time F_l(t) starts), in updates
+    (g = 1 unless the layer's updates are grouped)."""
+    groups = schedule.groups_map()
     update_ends: dict[int, list[int]] = {}
     for op, (_, end) in times.items():
         if op.kind == "U":
@@ -292,10 +313,11 @@ def _check_staleness(
         ends.sort()
     for op in sorted((op for op in times if op.kind == "F" and op.unit in update_ends), key=lambda o: times[o][0]):
         version = bisect_right(update_ends[op.unit], times[op][0])
-        if op.iteration - version > max_staleness:
+        stale = op.iteration // groups.get(op.unit, 1) - version
+        if stale > max_staleness:
             _fail(
                 schedule,
-                f"staleness: {op} on p{op.proc} reads version {version}, staleness {op.iteration - version} "
+                f"staleness: {op} on p{op.proc} reads version {version}, staleness {stale} "
                 f"> bound {max_staleness}",
                 op,
                 deps,
@@ -339,6 +361,11 @@ def _periodic_grid(schedule: PeriodicSchedule, mark: tuple[int, int] | None) -> 
     return format_grid(cells, schedule.num_procs, labels, mark)
 
 
+def _label(task: tuple[str, int, int]) -> str:
+    kind, layer, phase = task
+    return f"{kind}{layer}.{phase}" if phase else f"{kind}{layer}"
+
+
 def validate_periodic(
     schedule: PeriodicSchedule,
     graph: TrainingGraph,
@@ -349,29 +376,30 @@ def validate_periodic(
 ) -> None:
     """Validate a periodic schedule of `graph`'s tasks in modulo form (see the module docstring)."""
     cost = dict(costs if costs is not None else schedule.costs)
-    period = schedule.period
+    period, unfold, groups = schedule.period, schedule.unfold, dict(schedule.groups)
 
     def fail(summary: str, p: int | None, start: int | None) -> None:
         mark = (start, p) if p is not None and start is not None else None
         raise ScheduleError(summary, _periodic_grid(schedule, mark), step=start, proc=p)
 
-    where: dict[tuple[str, int], tuple[int, int, int]] = {}  # task → (proc, lag, start)
+    where: dict[tuple[str, int, int], tuple[int, int, int]] = {}  # task copy → (proc, lag, start)
     for p, body in enumerate(schedule.bodies):
         for slot in body:
-            task = (slot.kind, slot.layer)
+            task = (slot.kind, slot.layer, slot.phase)
             if slot.lag < 0 or slot.start < 0:
                 fail(f"lag: slot {slot} on p{p} has a negative lag or start", p, slot.start)
             if task in where:
                 other = where[task][0]
-                fail(f"duplicate: task {slot.kind}{slot.layer} is in the bodies of p{other} and p{p}", p, slot.start)
-            if task not in cost:
+                fail(f"duplicate: task {_label(task)} is in the bodies of p{other} and p{p}", p, slot.start)
+            if (slot.kind, slot.layer) not in cost:
                 fail(f"slot {slot} on p{p}: no cost known for task {slot.kind}{slot.layer}", p, slot.start)
             where[task] = (p, slot.lag, slot.start)
-    graph_tasks = {(t.kind, t.layer) for t in graph.tasks}
+    graph_tasks = {(t.kind, t.layer, k) for t in graph.tasks for k in range(copies(t.kind, t.layer, unfold, groups))}
     for task in sorted(graph_tasks - where.keys()):
-        fail(f"missing op: task {task[0]}{task[1]} is in no processor's body", None, None)
+        fail(f"missing op: task {_label(task)} is in no processor's body", None, None)
     for task in sorted(where.keys() - graph_tasks):
-        fail(f"extra op: task {task[0]}{task[1]} is not in the training graph", where[task][0], where[task][2])
+        fail(f"extra op: task {_label(task)} is not in the training graph"
+             + (f" unfolded by {unfold}" if unfold > 1 else ""), where[task][0], where[task][2])
 
     for p, body in enumerate(schedule.bodies):
         busy = [s for s in body if cost[(s.kind, s.layer)] > 0]
@@ -383,43 +411,94 @@ def validate_periodic(
                 if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
                     fail(f"overlap: on p{p}, {b} overlaps {a} modulo the period {period}", p, b.start)
 
-    for e in layer_task_edges(graph):
+    for e in unfolded_edges(graph, unfold, groups):
         (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
-        ready = st_u + cost[e.src] + (comm(e.words) if comm is not None and pu != pv else 0)
-        if (lag_v - lag_u + e.delay) * period + st_v < ready:
-            src, dst = f"{e.src[0]}{e.src[1]}", f"{e.dst[0]}{e.dst[1]}"
+        c_u = cost[e.src[:2]]
+        ready = st_u + c_u + (comm(e.words) if comm is not None and pu != pv else 0)
+        at = (lag_v - lag_u + e.delay) * period + st_v
+        src, dst = _label(e.src), _label(e.dst)
+        if at < ready:
             fail(
                 f"precedence: {dst} (p{pv}, lag {lag_v}, start {st_v}) starts before {src} "
                 f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({e.role}, delay {e.delay})",
                 pv,
                 st_v,
             )
+        if pu == pv and at == st_u and tie_rank(*e.dst[:2]) <= tie_rank(*e.src[:2]):
+            # Same cycle on one processor behind a zero-cycle producer: the unroll orders them by tie_rank.
+            fail(f"precedence: {dst} starts in the cycle {src} (0 cycles) does, on p{pv}, but the tie order "
+                 f"(one iteration's dataflow order) runs {dst} first", pv, st_v)
 
     if max_staleness is not None:
         for layer, stale in periodic_staleness(schedule, graph, cost).items():
             if stale > max_staleness:
-                p, _, start = where[("F", layer)]
+                p, _, start = where[("F", layer, 0)]
                 fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)
 
 
 def periodic_staleness(
     schedule: PeriodicSchedule, graph: TrainingGraph, costs: Mapping[tuple[str, int], int] | None = None
 ) -> dict[int, int]:
-    """Steady-state staleness of F_l per weight layer under the periodic timing.
-
-    F_l(t) starts at (t + lag_F)·P + start_F; U_l(i) ends at (i + lag_U)·P + start_U + cost_U. It reads the
-    number of updates ended by then, t + k + 1 with k = lag_F − lag_U + ⌊(start_F − start_U − cost_U)/P⌋,
-    so its staleness t − version is −k − 1 (the same for every t once the pipeline is full).
+    """Steady-state staleness of F_l per weight layer under the periodic timing, in updates: the largest s of
+    F_l's phases, where F_l(t) reads version ⌊t/g⌋ − s (`PeriodicSchedule.read_pins`; with J = g = 1, F_l(t)
+    starts at (t + lag_F)·P + start_F, U_l(i) ends at (i + lag_U)·P + start_U + cost_U, and s = −k − 1 with
+    k = lag_F − lag_U + ⌊(start_F − start_U − cost_U)/P⌋, the same for every t once the pipeline is full).
     """
-    cost = costs if costs is not None else schedule.costs
-    slots = {(s.kind, s.layer): s for body in schedule.bodies for s in body}
+    if costs is not None and dict(costs) != schedule.costs:
+        schedule = replace(schedule, costs=dict(costs))
+    weighted = {t.layer for t in graph.tasks if t.kind == "U"}
     out: dict[int, int] = {}
-    for task in graph.tasks:
-        if task.kind != "U" or ("F", task.layer) not in slots:
+    for (kind, layer, _), stale in schedule.read_pins().items():
+        if kind == "F" and layer in weighted:
+            out[layer] = max(out.get(layer, stale), stale)
+    return dict(sorted(out.items()))
+
+
+def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[int, int]:
+    """Weight versions of each layer held at once in the steady state of the periodic timing: the current
+    version plus every version a forward has read and its backward has not finished with (under `stash`
+    E_l(t) uses the version F_l(t) read; without a stash edge, one version). Counted the way the simulator's
+    memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window of iterations
+    deep in the steady state, versions read from `read_pins`, update ends from the U slots.
+    """
+    stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
+    pins = schedule.read_pins()
+    slots = {(s.kind, s.layer, s.phase): s for body in schedule.bodies for s in body}
+    period, unfold = schedule.period, schedule.unfold
+    depth = max((s.lag for s in slots.values()), default=0) + 2
+    out: dict[int, int] = {}
+    for layer in graph.network.layers:
+        if not layer.has_weights:
             continue
-        f, u = slots[("F", task.layer)], slots[(task.kind, task.layer)]
-        k = f.lag - u.lag + (f.start - u.start - cost[(u.kind, u.layer)]) // schedule.period
-        out[task.layer] = -k - 1
+        back = next((t.kind for t in graph.tasks if t.layer == layer.index and "E" in t.kind), None)
+        if layer.index not in stashing or back is None or ("U", layer.index) not in schedule.costs:
+            out[layer.index] = 1
+            continue
+        g, per = schedule.group(layer.index), schedule.phases("U", layer.index)
+        c_u, c_e = schedule.costs[("U", layer.index)], schedule.costs[(back, layer.index)]
+        periods = 4 * depth
+        updates = [slots[("U", layer.index, q)] for q in range(per)]
+        ends = sorted(j * period + u.start + c_u for j in range(periods) for u in updates
+                      if per * (j - u.lag) + u.phase >= 0)
+        events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
+        for j in range(periods):
+            for k in range(unfold):
+                f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
+                t = unfold * (j - f.lag) + k
+                if t < 0 or ("F", layer.index, k) not in pins:
+                    continue
+                begin = j * period + f.start
+                finish = (t // unfold + e.lag) * period + e.start + c_e
+                events.append((begin, t // g - pins[("F", layer.index, k)], finish))
+        lo, hi = 2 * depth * period, 3 * depth * period
+        best = 1
+        for tau in sorted({b for b, _, _ in events} | set(ends)):
+            if not lo <= tau < hi:
+                continue
+            held = {v for b, v, f in events if b <= tau < f}
+            held.add(bisect_right(ends, tau))
+            best = max(best, len(held))
+        out[layer.index] = best
     return out
 
 

@@ -32,6 +32,15 @@ class ScheduleMetrics:
     samples_per_period: int  #: batch (asynchronous) or microbatches × batch (synchronous)
     staleness_per_layer: dict[int, int] = field(default_factory=dict)
     weight_versions_per_layer: dict[int, int] = field(default_factory=dict)
+    #: per sample, the bound when iterations may be unfolded (J per period, a task's copies on different
+    #: processors, as replication does): Σc / N for schedules of one iteration per period — no single task
+    #: bounds it any more — and, for an unfolded schedule, max(Σc_J / N, max c, busiest channel) / (J·batch)
+    #: for its own J. `lower_bound_cycles` is the bound for one iteration per period. None: the same.
+    lower_bound_unfolded_cycles: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.lower_bound_unfolded_cycles is None:
+            object.__setattr__(self, "lower_bound_unfolded_cycles", self.lower_bound_cycles)
 
     def row(self) -> dict[str, float | int]:
         """The scalar figures, in the column order of `layerpipe compare`."""

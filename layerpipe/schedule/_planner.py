@@ -1,0 +1,467 @@
+"""PipeDream's planner: contiguous stages and a replica count per stage (Narayanan et al., SOSP'19, §3.1).
+
+PipeDream's optimizer (github.com/msr-fiddle/pipedream, `optimizer/optimizer_graph_hierarchical.py`,
+`compute_partitioning`) fills A(j, m), the best time per mini-batch of the first j layers on m machines, as
+min over a cut k < j and the last stage's replicas m' of max(A(k, m − m'), T(k+1..j, m'), transfer(k)),
+where T(stage, m') = (compute + all-reduce) / m'. We use its recurrence on our cost model and interconnect
+(read to learn the scheme; the code is our own):
+
+- Work per layer is the training graph of `GraphOptions.pipedream()` (F, fused backward B = A;E;G, U) under
+  the cost model. A stage of layers i..j on r replicas runs every r-th micro-batch on each replica
+  (1F1B-RR, round-robin); the replicas' gradients are summed and applied once per round of r micro-batches
+  (one update group of r iterations, `layerpipe.schedule._unfold`).
+- All-reduce, as modelled: reduce to one replica (the root, which runs the stage's updates) and broadcast,
+  2(r − 1)·|W| words per round: every other replica sends its gradient of every layer to the root and gets
+  the new weights back — the training graph's own G → U and U → F edges, so the simulator times them as
+  transfers. (PipeDream's formula charges a ring-like 4(m'−1)|W|/m' per mini-batch; reduce + broadcast
+  moves half of that over links that the root shares, which is what a point-to-point interconnect without
+  a reduction engine can do.)
+- Per micro-batch in steady state a stage costs max(root compute, all-reduce link) / r:
+  root compute = Σ (F + B + U) / r (the root also applies the updates), and on `links` each root ↔ replica
+  link holds Σ_l ⌈|W_l| / w⌉ per round. A cut between stages of r and r' replicas sends micro-batch t from
+  replica t mod r to replica t mod r', so each of the lcm(r, r') links that carry it holds
+  Σ ⌈words / w⌉ / lcm(r, r') per micro-batch, each direction on its own link. On a `bus` every transfer
+  shares the medium, so its load is a sum over stages and cuts: the recurrence keeps, per state, the
+  Pareto front of (largest stage or link term, bus load) and minimises their maximum at the end. On
+  `shared` communication is free and only compute counts.
+- The objective is cycles per micro-batch, an exact fraction; ties go to more processors (no idle
+  processor when it costs nothing), then fewer stages, then the earlier cut. A stage of a DAG is a
+  contiguous run of layers in topological order; cuts charge every edge that crosses them as if it ran
+  between the two adjacent stages (PipeDream's convention; exact on chains, an estimate when a skip edge
+  spans more than one stage — the schedule built from the plan then times the real transfers).
+- Replica counts are divisors of `MAX_ROUND` = 12 (1, 2, 3, 4, 6, 12), so the rounds of all stages line
+  up in J = lcm(replicas) ≤ 12 micro-batches per period: the unfolding the schedule needs (a cap; PipeDream
+  allows any count). Micro-batches in flight follow from the 1F1B-RR lags; NOAM (⌈N / replicas of the
+  input stage⌉, SOSP'19 §3.2) is reported with the plan.
+
+`brute_force_plan` enumerates every (partition, replicas) with the same objective, for the tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._shared import (
+    TaskTable,
+    Timing,
+    asap_times,
+    best_ordering,
+    default_targets,
+    modulo_list_schedule,
+    order_bodies,
+    pack_bodies,
+    timed,
+    timing_of,
+)
+from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
+from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+
+#: Rounds of all stages fit in a period of this many micro-batches; replica counts divide it.
+MAX_ROUND = 12
+REPLICAS: tuple[int, ...] = tuple(r for r in range(1, MAX_ROUND + 1) if MAX_ROUND % r == 0)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers `first`..`last` (positions in the network's topological order, inclusive) on `replicas`."""
+
+    first: int
+    last: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    cycles: Fraction  #: steady-state cycles per micro-batch under the planner's cost model
+
+    @property
+    def procs(self) -> int:
+        return sum(s.replicas for s in self.stages)
+
+    @property
+    def unfold(self) -> int:
+        """J: micro-batches per period so that every stage completes whole rounds."""
+        return math.lcm(*(s.replicas for s in self.stages))
+
+    @property
+    def noam(self) -> int:
+        """PipeDream's number of optimal active mini-batches, ⌈N / replicas of the input stage⌉ (§3.2)."""
+        return -(-self.procs // self.stages[0].replicas)
+
+    def describe(self, layers: Sequence[int]) -> str:
+        parts = []
+        for s in self.stages:
+            span = f"{layers[s.first]}" if s.first == s.last else f"{layers[s.first]}-{layers[s.last]}"
+            parts.append(f"{span}x{s.replicas}")
+        return " | ".join(parts)
+
+
+class PlanCosts:
+    """Per-layer sums of the planner's cost model (prefix sums, so a stage costs O(1))."""
+
+    def __init__(self, table: TaskTable, interconnect: Interconnect = SHARED) -> None:
+        network = table.graph.network
+        self.layers = [layer.index for layer in network.layers]
+        position = {layer: i for i, layer in enumerate(self.layers)}
+        n = len(self.layers)
+        self.interconnect = interconnect
+        ic = interconnect
+        work, update, weight_hold = [0] * n, [0] * n, [0] * n
+        for t, c in zip(table.tasks, table.cost, strict=True):
+            if t.kind == "U":
+                update[position[t.layer]] += c
+            else:
+                work[position[t.layer]] += c
+        for layer in network.layers:
+            if layer.has_weights:
+                weight_hold[position[layer.index]] = ic.hold(layer.weight_count)
+        self.work = _prefix([w + u for w, u in zip(work, update, strict=True)])
+        self.weight_hold = _prefix(weight_hold)
+        # Cut i (between positions i − 1 and i): holds of the edges crossing it, forward and backward.
+        self.cut_forward, self.cut_backward = [0] * (n + 1), [0] * (n + 1)
+        for v, ps in enumerate(table.preds):
+            for u, w in zip(ps, table.pred_words[v], strict=True):
+                a, b = position[table.tasks[u].layer], position[table.tasks[v].layer]
+                for cut in range(min(a, b) + 1, max(a, b) + 1):
+                    if a < b:
+                        self.cut_forward[cut] += ic.hold(w)
+                    else:
+                        self.cut_backward[cut] += ic.hold(w)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def stage_term(self, first: int, last: int, r: int) -> Fraction:
+        """max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
+        compute = Fraction(self.work[last + 1] - self.work[first], r)
+        if r == 1 or self.interconnect.kind != "links":
+            return compute
+        return max(compute, Fraction(self.weight_hold[last + 1] - self.weight_hold[first], r))
+
+    def stage_bus(self, first: int, last: int, r: int) -> Fraction:
+        """Bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per round."""
+        if self.interconnect.kind != "bus":
+            return Fraction(0)
+        return Fraction(2 * (r - 1) * (self.weight_hold[last + 1] - self.weight_hold[first]), r)
+
+    def cut_term(self, cut: int, r_before: int, r_after: int) -> Fraction:
+        """The busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm of them)."""
+        if self.interconnect.kind != "links":
+            return Fraction(0)
+        return Fraction(max(self.cut_forward[cut], self.cut_backward[cut]), math.lcm(r_before, r_after))
+
+    def cut_bus(self, cut: int) -> Fraction:
+        if self.interconnect.kind != "bus":
+            return Fraction(0)
+        return Fraction(self.cut_forward[cut] + self.cut_backward[cut])
+
+    def cost(self, stages: Sequence[Stage]) -> Fraction:
+        """The objective of one whole configuration (what brute force evaluates)."""
+        term = max(self.stage_term(s.first, s.last, s.replicas) for s in stages)
+        bus = sum((self.stage_bus(s.first, s.last, s.replicas) for s in stages), Fraction(0))
+        for a, b in itertools.pairwise(stages):
+            term = max(term, self.cut_term(b.first, a.replicas, b.replicas))
+            bus += self.cut_bus(b.first)
+        return max(term, bus)
+
+
+def _prefix(values: Sequence[int]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def _preference(cycles: Fraction, stages: Sequence[Stage]) -> tuple:
+    """Smaller is better: cycles, then more processors, fewer stages, earlier cuts and fewer replicas first."""
+    return (cycles, -sum(s.replicas for s in stages), len(stages),
+            tuple((s.last, s.replicas) for s in stages))
+
+
+#: A plan under construction: (earlier stages, last stage), a cons list (no copying per transition).
+_Chain = tuple | None
+
+
+def _flatten(chain: _Chain) -> tuple[Stage, ...]:
+    out: list[Stage] = []
+    while chain is not None:
+        chain, stage = chain
+        out.append(stage)
+    return tuple(reversed(out))
+
+
+def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
+    """The best plan on at most `num_procs` processors (module docstring); `replication=False` allows one
+    replica per stage only (PipeDream's straight pipeline).
+
+    States are (cut, processors used, replicas of the last stage) with a Pareto front of (largest term, bus
+    load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed)
+    bounds the search — a stage over it is not extended (its compute only grows with more layers), nor a
+    prefix whose remaining work over the remaining processors exceeds it.
+    """
+    n = len(costs)
+    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    widest = max(options)
+    bound = max(costs.stage_term(0, n - 1, widest), costs.stage_bus(0, n - 1, widest))
+    fronts: dict[tuple[int, int, int], list[tuple[Fraction, Fraction, _Chain]]] = {}
+
+    def offer(key: tuple[int, int, int], term: Fraction, bus: Fraction, chain: _Chain) -> None:
+        nonlocal bound
+        if key[0] == n:
+            bound = min(bound, max(term, bus))
+        front = fronts.setdefault(key, [])
+        for k, (t, b, c) in enumerate(front):
+            if t <= term and b <= bus:
+                if (t, b) == (term, bus) and _preference(term, _flatten(chain)) < _preference(t, _flatten(c)):
+                    front[k] = (term, bus, chain)
+                return
+        front[:] = [e for e in front if not (term <= e[0] and bus <= e[1])]
+        front.append((term, bus, chain))
+
+    def extend(cut: int, used: int, r_before: int | None, front: list[tuple[Fraction, Fraction, _Chain]]) -> None:
+        for r in options:
+            if used + r > num_procs:
+                continue
+            link = costs.cut_term(cut, r_before, r) if r_before is not None else Fraction(0)
+            cut_bus = costs.cut_bus(cut) if r_before is not None else Fraction(0)
+            for last in range(cut, n):
+                term = costs.stage_term(cut, last, r)
+                if term > bound:
+                    break  # longer stages on r replicas only cost more
+                rest, left = costs.work[n] - costs.work[last + 1], num_procs - used - r
+                if rest and (not left or Fraction(rest, left) > bound):
+                    continue  # the layers after this stage cannot finish within the bound on what is left
+                extra = max(term, link)
+                bus = costs.stage_bus(cut, last, r) + cut_bus
+                for t, b, chain in front:
+                    if max(t, extra) <= bound and b + bus <= bound:
+                        offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
+
+    extend(0, 0, None, [(Fraction(0), Fraction(0), None)])
+    for cut in range(1, n):  # fronts at cut are final once every stage ending at cut − 1 was offered
+        for key in sorted(k for k in fronts if k[0] == cut):
+            extend(cut, key[1], key[2], list(fronts[key]))
+    finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
+    cycles, stages = min(finals, key=lambda e: _preference(*e))
+    return Plan(stages, cycles)
+
+
+def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
+    """Every contiguous partition × every replica vector on at most `num_procs` processors (tests only)."""
+    n = len(costs)
+    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    best: tuple[tuple, Plan] | None = None
+    for cuts_count in range(n):
+        for cuts in itertools.combinations(range(1, n), cuts_count):
+            bounds = [0, *cuts, n]
+            spans = list(itertools.pairwise(bounds))
+            for reps in itertools.product(options, repeat=len(spans)):
+                if sum(reps) > num_procs:
+                    continue
+                stages = tuple(Stage(a, b - 1, r) for (a, b), r in zip(spans, reps, strict=True))
+                cycles = costs.cost(stages)
+                key = _preference(cycles, stages)
+                if best is None or key < best[0]:
+                    best = (key, Plan(stages, cycles))
+    assert best is not None
+    return best[1]
+
+
+# ------------------------------------------------------------------------------ the replicated schedule
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A plan laid out as an unfolded periodic timing (1F1B-RR)."""
+
+    table: UnfoldedTable
+    placement: list[int]
+    period: int
+    timing: Timing
+
+
+def stage_processors(plan_: Plan) -> list[list[int]]:
+    """Processors of each stage: consecutive, the first one the root (it runs the stage's updates)."""
+    out, at = [], 0
+    for s in plan_.stages:
+        out.append(list(range(at, at + s.replicas)))
+        at += s.replicas
+    return out
+
+
+def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect = SHARED,
+                      coalesce: int | None = None) -> Replicated:
+    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
+    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
+    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
+    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
+    `best_ordering`), and the lags are the minimal ones on the interconnect.
+
+    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
+    gradients, ICML'21 §3), for plans without replicas."""
+    layers = [layer.index for layer in table.graph.network.layers]
+    stage_of = {layers[i]: k for k, s in enumerate(plan_.stages) for i in range(s.first, s.last + 1)}
+    procs = stage_processors(plan_)
+    replicas = {layer: coalesce or plan_.stages[k].replicas for layer, k in stage_of.items()}
+    weighted = {t.layer for t in table.tasks if t.kind == "U"}
+    unfold = coalesce or plan_.unfold
+    unfolded = unfold_table(table, unfold, {layer: r for layer, r in replicas.items() if layer in weighted})
+    placement = []
+    for t, k in zip(unfolded.tasks, unfolded.phase, strict=True):
+        mine = procs[stage_of[t.layer]]
+        placement.append(mine[0] if t.kind == "U" else mine[k % len(mine)])
+    loads = [0] * num_procs
+    for v, p in enumerate(placement):
+        loads[p] += unfolded.cost[v]
+    period = max(max(loads), busiest_channel(unfolded, Comm(placement, interconnect, num_procs)))
+
+    def block(v: int) -> tuple[int, int, int, int]:
+        """(micro-batch of the copy within the period, block, order in block); U after its group's last B."""
+        t, k = unfolded.tasks[v], unfolded.phase[v]
+        if t.kind == "F":
+            return (k, 0, t.layer, 0)
+        g = replicas[t.layer]
+        return ((k * g + g - 1) if t.kind == "U" else k, 1, -t.layer, 1 if t.kind == "U" else 0)
+
+    keys: list[Callable[[int], tuple]] = [
+        lambda v: block(v),
+        lambda v: (block(v)[0], 1 - block(v)[1], *block(v)[2:]),
+        lambda v: (block(v)[1], *block(v)),
+    ]
+    comm = Comm(placement, interconnect, num_procs)
+    trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
+    for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
+        bodies = order_bodies(placement, num_procs, lambda v, tg=target: (tg[v] % period, tg[v], v))
+        trials.append(pack_bodies(unfolded, bodies, period, target, comm))
+    # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
+    priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
+    listed = modulo_list_schedule(unfolded, period, num_procs, priority, fixed=placement)
+    if listed is not None:
+        trials.append(timed(unfolded, [at % period for at in listed[1]], period, comm))
+    if coalesce:
+        trials.append(timed(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                            comm))
+    candidates = []
+    for found in trials:
+        lags = update_chain_lags(unfolded, found.start, found.lag, period)
+        if lags is not None:
+            timing = timing_of(unfolded, found.start, lags, period, found.arrival)
+            schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
+            stale = periodic_staleness(schedule, table.graph)
+            score = (max(stale.values(), default=0), max(periodic_versions(schedule, table.graph).values(), default=1),
+                     sum(stale.values()), max(timing.lag, default=0))
+            candidates.append((score, len(candidates), timing))
+    # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
+    assert candidates, "no body order keeps the update copies in order"
+    return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,
+                      interconnect: Interconnect) -> list[int]:
+    """PipeDream-2BW's steady state (ICML'21 §3, fig. 3) for a straight pipeline unfolded by m: stage s runs m
+    slots of σ_s = f_s + b_s cycles from offset o_s — slot j holds the forward of micro-batch j and the
+    backward of micro-batch j − d_s (of the previous window when negative) — then its updates. o_{s+1} and
+    d_s are the smallest that let every forward follow its input and every backward follow the next stage's
+    (over all slots of the window, transfers uncontended); `minimal_lags` then makes the timing legal."""
+    count, m = len(plan_.stages), table.unfold
+    f, b, comm_f, comm_b = [0] * count, [0] * count, [0] * count, [0] * count
+    for v, (t, k, c) in enumerate(zip(table.tasks, table.phase, table.cost, strict=True)):
+        if k == 0 and t.kind != "U":
+            (f if t.kind == "F" else b)[stage_of[t.layer]] += c
+            for u, w in zip(table.preds[v], table.pred_words[v], strict=True):
+                su = stage_of[table.tasks[u].layer]
+                if su != stage_of[t.layer]:
+                    (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
+    sigma = [f[s] + b[s] for s in range(count)]
+    offset = [0] * count
+    for s in range(1, count):
+        offset[s] = max(offset[s - 1] + j * (sigma[s - 1] - sigma[s]) + f[s - 1] + comm_f[s] for j in range(m))
+    delay = [0] * count
+    for s in range(count - 2, -1, -1):
+        n = s + 1
+        need = max(offset[n] + (k + delay[n]) * sigma[n] + f[n] + b[n] + comm_b[s]
+                   - offset[s] - k * sigma[s] - f[s] for k in range(m))
+        delay[s] = max(0, -(-need // sigma[s])) if sigma[s] else 0
+    start = []
+    for t, k in zip(table.tasks, table.phase, strict=True):
+        s = stage_of[t.layer]
+        if t.kind == "U":
+            at = offset[s] + m * sigma[s]
+        elif t.kind == "F":
+            at = offset[s] + k * sigma[s]
+        else:
+            at = offset[s] + ((k + delay[s]) % m) * sigma[s] + f[s]
+        start.append(at)
+    # Within a block the layers go in order (forward) and reverse order (backward), then U_l last layer first.
+    out = [0] * len(table)
+    for p_key in sorted({(stage_of[t.layer], at) for t, at in zip(table.tasks, start, strict=True)}):
+        members = [v for v, t in enumerate(table.tasks) if (stage_of[t.layer], start[v]) == p_key]
+        members.sort(key=lambda v: (table.tasks[v].layer if table.tasks[v].kind == "F" else -table.tasks[v].layer))
+        at = p_key[1]
+        for v in members:
+            out[v] = at % period
+            at += table.cost[v]
+    return out
+
+
+def _topological_by(table: TaskTable, key: Sequence[int]) -> list[int]:
+    """A topological order of the delay-0 edges that takes the smallest `key` first among the ready tasks."""
+    succs: list[list[int]] = [[] for _ in range(len(table))]
+    waiting = [len(ps) for ps in table.preds]
+    for v, ps in enumerate(table.preds):
+        for u in ps:
+            succs[u].append(v)
+    ready = [(key[v], v) for v in range(len(table)) if not waiting[v]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        out.append(v)
+        for w in succs[v]:
+            waiting[w] -= 1
+            if not waiting[w]:
+                heapq.heappush(ready, (key[w], w))
+    return out
+
+
+def _round_robin_targets(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], replicas: dict[int, int],
+                         period: int) -> list[int]:
+    """Where 1F1B-RR's steady state puts each copy (SOSP'19 §3.2): micro-batch k enters stage s at
+    o_s + k·τ (τ = P/J cycles per micro-batch, o_s the forward time of the stages before s) and its backward
+    runs d_s micro-batches later, in the slot of the forward of micro-batch k + d_s on the same replica —
+    d_s = d_{s+1} + ⌈(f_{s+1} + b_{s+1}) / τ⌉ (d = 0 on the last stage), rounded up to a multiple of r_s.
+    As the priority of the modulo list scheduler (`modulo_list_schedule`: each copy at its earliest fit after
+    its producers), a stage's backward comes back within the period where the loads allow, so the lags stay
+    near PipeDream's in-flight count instead of one period per stage crossing."""
+    count = len(plan_.stages)
+    forward, backward = [0] * count, [0] * count
+    for t, k, c in zip(table.tasks, table.phase, table.cost, strict=True):
+        if k == 0 and t.kind != "U":
+            (forward if t.kind == "F" else backward)[stage_of[t.layer]] += c
+    tau = Fraction(period, table.unfold)
+    offset = [sum(forward[:s]) for s in range(count)]
+    # B_s(k) must follow B_{s+1}(k): o_s + (k + d_s)·τ + f_s ≥ o_{s+1} + (k + d_{s+1})·τ + f_{s+1} + b_{s+1},
+    # i.e. d_s ≥ d_{s+1} + (f_{s+1} + b_{s+1}) / τ; the last stage runs B(k) right after F(k) (d = 0).
+    delay = [0] * count
+    for s in range(count - 2, -1, -1):
+        d = delay[s + 1] + (math.ceil((forward[s + 1] + backward[s + 1]) / tau) if tau else 0)
+        r = plan_.stages[s].replicas if table.unfold == plan_.unfold else 1
+        delay[s] = -(-d // r) * r
+    target = []
+    for t, k in zip(table.tasks, table.phase, strict=True):
+        s = stage_of[t.layer]
+        if t.kind == "F":
+            at = offset[s] + k * tau
+        else:
+            last = k * replicas[t.layer] + replicas[t.layer] - 1 if t.kind == "U" else k
+            at = offset[s] + (last + delay[s]) * tau + forward[s]
+        target.append(math.floor(at))
+    return target

@@ -1,0 +1,194 @@
+"""Unfolding the training graph by J: J iterations per period (Parhi, VLSI Digital Signal Processing Systems,
+ch. 5, "Unfolding").
+
+A periodic schedule of one iteration per period gives every task one slot, so a heavy task bounds the period
+from below by its own cost. Unfolded by J, the graph has J copies (phases) of every task, and the copies may
+sit on different processors: a stage's alternate iterations on different processors is exactly what
+PipeDream's replication is (SOSP'19 §3.1), and it lets the period per iteration fall below the heaviest
+task. Phase k of period j is iteration J·j + k (before lags).
+
+Parhi's rule for the edges: an edge U → V with w delays becomes, for every phase i, U_i → V_((i+w) mod J)
+with ⌊(i+w)/J⌋ delays. Two kinds of edge of the training graph need more than that rule, because updates
+may be grouped (layer → g, g | J: update u applies the summed gradients of iterations u·g … u·g + g − 1):
+- the gradient edge G_l → U_l: G of phase k feeds the update of its group, U of phase ⌊k/g⌋, delay 0;
+- the update order U_l(u−1) → U_l(u): U phase q → q + 1 with delay 0, the last phase (J/g − 1) → phase 0 of
+  the next period with delay 1. It carries |W_l| words: when the copies sit on different processors the
+  weights travel to the next updater (on one processor it costs nothing).
+With g = 1 for every layer and J = 1 this is the plain graph, edge for edge.
+
+`unfold_table` turns a `TaskTable` into one over the copies, so every placement, ordering and lag pass of
+`_shared.py` runs unchanged on it; `periodic_from` then emits the phases and groups into the IR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from layerpipe.dfg import TrainingGraph
+from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding
+from layerpipe.schedule._shared import TaskTable
+
+#: (kind, layer, phase): one copy of a task in an unfolded graph.
+PhaseTask = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class PhaseEdge:
+    """dst (of its phase) in period j needs src (of its phase) of period j − delay."""
+
+    src: PhaseTask
+    dst: PhaseTask
+    delay: int
+    words: int
+    role: str
+
+
+def copies(kind: str, layer: int, unfold: int, groups: Mapping[int, int]) -> int:
+    """Phases of a task: J, or J/g for the update of a layer with group g."""
+    return unfold // groups.get(layer, 1) if kind == "U" else unfold
+
+
+def unfolded_edges(graph: TrainingGraph, unfold: int, groups: Mapping[int, int] | None = None) -> list[PhaseEdge]:
+    """The precedence edges of `graph` unfolded by J with update groups (module docstring)."""
+    groups = dict(groups or {})
+    check_unfolding(unfold, groups.items())
+    out: list[PhaseEdge] = []
+    for e in layer_task_edges(graph):
+        (sk, sl), (dk, dl) = e.src, e.dst
+        if e.role == ROLE_ORDER:
+            per = copies(sk, sl, unfold, groups)
+            words = graph.network.layer(sl).weight_count
+            for q in range(per):
+                out.append(PhaseEdge((sk, sl, q), (dk, dl, (q + 1) % per), (q + 1) // per, words, e.role))
+        elif e.role == "gradient":
+            g = groups.get(dl, 1)
+            out += [PhaseEdge((sk, sl, k), (dk, dl, k // g), 0, e.words, e.role) for k in range(unfold)]
+        else:
+            out += [PhaseEdge((sk, sl, i), (dk, dl, (i + e.delay) % unfold), (i + e.delay) // unfold, e.words, e.role)
+                    for i in range(unfold)]
+    return out
+
+
+@dataclass(frozen=True)
+class UnfoldedTable(TaskTable):
+    """A `TaskTable` over the phase copies of another: `tasks[v]` is the base task, `phase[v]` its phase."""
+
+    phase: tuple[int, ...] = ()
+    base: tuple[int, ...] = ()  #: index of each copy's task in the table it was unfolded from
+    unfold: int = 1
+    groups: tuple[tuple[int, int], ...] = ()
+
+    def weight_loops(self) -> list[tuple[int, int, int]]:
+        """(layer, F copy, U copy applying its group) per F phase. Callers keyed by layer keep the last phase's
+        loop: the staleness scores of `_shared` are then a heuristic of one phase, which is all they steer."""
+        where = {(t.layer, a, self.phase[i]): i for i, t in enumerate(self.tasks) for a in t.kind}
+        groups = dict(self.groups)
+        out = []
+        for i, t in enumerate(self.tasks):
+            if t.has("F") and (t.layer, "U", 0) in where:
+                out.append((t.layer, i, where[(t.layer, "U", self.phase[i] // groups.get(t.layer, 1))]))
+        return out
+
+
+def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None = None) -> UnfoldedTable:
+    """`table` unfolded by J = `unfold` with update groups (layer → g, g | J; layers not named have g = 1).
+
+    Copies are numbered phase by phase, each phase in the base table's topological order, and the update of a
+    group right after the last gradient of its group — a topological order of the delay-0 unfolded edges. The
+    weight read of a copy of phase k is planned from the update of the previous group (phase
+    (⌊k/g⌋ − 1) mod J/g): the version it reads in a pipeline without lag, the simplification the transfer
+    plan makes (the version really read follows from the timing, `PeriodicSchedule.read_pins`).
+    """
+    groups = {layer: g for layer, g in (groups or {}).items() if g != 1}
+    check_unfolding(unfold, groups.items())
+    order: list[tuple[int, int]] = []  # (base index, phase)
+    for k in range(unfold):
+        for v in table.topo:
+            t = table.tasks[v]
+            if t.kind != "U":
+                order.append((v, k))
+            elif (k + 1) % groups.get(t.layer, 1) == 0:
+                order.append((v, k // groups.get(t.layer, 1)))
+    index = {(table.tasks[v].kind, table.tasks[v].layer, k): i for i, (v, k) in enumerate(order)}
+    words: list[dict[int, int]] = [{} for _ in order]
+    for e in unfolded_edges(table.graph, unfold, groups):
+        if e.delay == 0 and e.src in index and e.dst in index:
+            u, v = index[e.src], index[e.dst]
+            words[v][u] = words[v].get(u, 0) + e.words
+    preds = tuple(tuple(sorted(w)) for w in words)
+    reads = []
+    for u, x, w in table.weight_reads:
+        layer = table.tasks[u].layer
+        g = groups.get(layer, 1)
+        per = unfold // g
+        for k in range(unfold):
+            src = index[("U", layer, (k // g - 1) % per)]
+            reads.append((src, index[(table.tasks[x].kind, table.tasks[x].layer, k)], w))
+    return UnfoldedTable(
+        table.graph,
+        tuple(table.tasks[v] for v, _ in order),
+        tuple(table.cost[v] for v, _ in order),
+        preds,
+        tuple(range(len(order))),
+        tuple(tuple(words[v][u] for u in ps) for v, ps in enumerate(preds)),
+        tuple(sorted(reads)),
+        phase=tuple(k for _, k in order),
+        base=tuple(v for v, _ in order),
+        unfold=unfold,
+        groups=tuple(sorted(groups.items())),
+    )
+
+
+def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
+                num_procs: int, arrival: Mapping[tuple[int, int], int] | None = None,
+                floor: Sequence[tuple[str, int, int, int]] = ()) -> PeriodicSchedule:
+    """The IR form of a timing of a plain or unfolded table: slots with their phases, the table's unfolding and
+    groups, the delay of every remote weight read (`arrival`, the planned transfers) and designed pins
+    (`floor`, `PeriodicSchedule.read_floor`)."""
+    phase = table.phase if isinstance(table, UnfoldedTable) else (0,) * len(table)
+    bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
+    for v, t in enumerate(table.tasks):
+        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v], phase[v]))
+    costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
+    delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
+    for u, x, _ in table.weight_reads:
+        if arrival and (u, x) in arrival:
+            t = table.tasks[x]
+            key = (t.kind, t.layer, phase[x]) if phase[x] else (t.kind, t.layer)
+            delays[key] = arrival[(u, x)] - start[u] - table.cost[u]
+    unfold = table.unfold if isinstance(table, UnfoldedTable) else 1
+    groups = table.groups if isinstance(table, UnfoldedTable) else ()
+    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs, delays, unfold, groups,
+                            tuple(floor))
+
+
+def update_chain_lags(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int) -> list[int] | None:
+    """`lag` raised until the update order holds around the period: U phase q − 1 before phase q (delay 0)
+    and the last phase before phase 0 of the next period (delay 1) — the one cycle of the unfolded graph the
+    passes of `_shared` (a longest path over delay-0 edges) do not see. Only update lags change (no delay-0
+    edge leaves an update except to the next one; weight reads are versions, not precedence). None when the
+    body order of a layer's update copies admits no lags (they are out of cyclic order in the period)."""
+    if not isinstance(table, UnfoldedTable):
+        return list(lag)
+    out = list(lag)
+    chains: dict[int, dict[int, int]] = {}
+    for v, t in enumerate(table.tasks):
+        if t.kind == "U":
+            chains.setdefault(t.layer, {})[table.phase[v]] = v
+    for chain in chains.values():
+        order = [chain[q] for q in range(len(chain))]
+        for _ in range(len(order) + 2):
+            changed = False
+            for k, v in enumerate(order):
+                u = order[k - 1]
+                wrap = 1 if k == 0 else 0
+                need = out[u] - wrap - ((start[v] - start[u] - table.cost[u]) // period)
+                if need > out[v]:
+                    out[v], changed = need, True
+            if not changed:
+                break
+        else:
+            return None
+    return out
