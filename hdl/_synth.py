@@ -6,7 +6,8 @@
   property of the code generator, not of the design; every other warning fails the lint).
 - `synthesize(path, top, targets)`: Debian yosys, `stat -json` of the elaborated design (memory bits,
   multipliers) and after each target's full script (cells, LUTs, FFs, DSPs, block RAMs), per target.
-- `synthesize_design(network, policy, num_pes, lanes)`: the same for a whole accelerator design point.
+- `synthesize_design(network, policy, num_pes, lanes)`: area of a whole accelerator design point — the FPGA
+  flow (hdl/_fpga.py, place and route on `AREA_PART`) when the PyPI tools are installed, else the above.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from amaranth.back import verilog
 from amaranth.lib import wiring
@@ -28,7 +30,7 @@ from amaranth.lib import wiring
 from layerpipe.errors import InputError
 from layerpipe.hdl._cocotb import verilator_environment
 
-__all__ = ["LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "export_verilog", "lint_verilog", "synthesize",
+__all__ = ["AREA_PART", "LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "export_verilog", "lint_verilog", "synthesize",
            "synthesize_design"]
 
 #: Verilator warnings waived for Amaranth-generated Verilog, and why each is not a design problem.
@@ -137,24 +139,42 @@ def _top_module(path: Path) -> str:
     return tops[0]
 
 
+#: The part `explore --area` and the report's RTL section place and route on (issue 16: the report's design
+#: point fits it with room; the iCE40 parts are too small for it).
+AREA_PART = "ecp5-85k"
+
+
 @functools.lru_cache(maxsize=64)
 def synthesize_design(network: str, policy: str, num_pes: int, lanes: int, target: str = "ice40",
-                      samples: int = 4) -> dict[str, int] | None:
-    """Synthesis figures of the whole accelerator for a design point, or None when the RTL cannot run it
-    (not an MLP, a policy it does not support, limits) or yosys is missing. Cached: synthesis takes minutes."""
+                      samples: int = 4, part: str | None = AREA_PART) -> dict[str, Any] | None:
+    """Area figures of the whole accelerator for a design point, or None when the RTL cannot run it (not an
+    MLP, a policy it does not support, limits) or no synthesis tool is installed. Cached: synthesis takes
+    minutes (and the FPGA flow caches on disk by Verilog hash as well).
+
+    With the PyPI FPGA tools installed and `part` given, the FPGA flow (hdl/_fpga.py) on that part: `part`,
+    `fits`, luts / ffs / brams / dsps used, `fmax_mhz` after routing. Otherwise Debian yosys's `target`
+    statistics (no part: `part` is None in the figures)."""
     from layerpipe.hdl._flow import export_verilog as export_design
     from layerpipe.hdl._flow import make_design
+    from layerpipe.hdl._fpga import fpga_tools_missing, get_part, run_fpga_flow
 
-    if shutil.which("yosys") is None:
+    fpga_part = get_part(part) if part is not None else None
+    use_fpga = fpga_part is not None and fpga_tools_missing(fpga_part) is None
+    if not use_fpga and shutil.which("yosys") is None:
         return None
     try:
         design = make_design(network, policy, num_pes, lanes, samples)
     except InputError:
         return None
+    if use_fpga:
+        assert fpga_part is not None
+        result = run_fpga_flow(export_design(design), fpga_part)
+        used = {r: result.utilization[r]["used"] for r in ("luts", "ffs", "brams", "dsps")}
+        return {"part": result.part, "fits": result.fits, **used, "fmax_mhz": result.fmax_mhz}
     with tempfile.TemporaryDirectory(prefix="layerpipe-design-") as tmp:
         verilog_path = Path(tmp, "design.v")
         verilog_path.write_text(export_design(design))
-        return synthesize(verilog_path, targets=(target,))[target]
+        return {"part": None, **synthesize(verilog_path, targets=(target,))[target]}
 
 
 def _totals(stat: dict) -> dict:

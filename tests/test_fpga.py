@@ -189,6 +189,13 @@ def test_tiny_design_places_and_routes_on_ecp5_25k(tiny_verilog: str, tmp_path: 
         assert report[cell]["available"] == getattr(part, resource), resource
     again = run_fpga_flow(tiny_verilog, part)
     assert again.cached and again.to_dict() == result.to_dict()
+    # explore --area's figures come from the same flow (here from the cache: the same Verilog)
+    from layerpipe.hdl import synthesize_design
+
+    network, policy, n, lanes, samples = TINY
+    area = synthesize_design(network, policy, n, lanes, samples=samples, part="ecp5-25k")
+    assert area == {"part": "ecp5-25k", "fits": True, "fmax_mhz": result.fmax_mhz,
+                    **{r: result.utilization[r]["used"] for r in ("luts", "ffs", "brams", "dsps")}}
 
 
 @pytest.mark.slow

@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dp-ooo: reverse first-k values to sweep, integers >= 0 or auto (default auto)")
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
     p.add_argument("--cost-model", default="pe", help="macs, pe, rtl (default pe)")
-    p.add_argument("--area", action="store_true", help="add RTL synthesis figures (MLP points only; slow)")
+    p.add_argument("--area", action="store_true",
+                   help="add RTL area figures: place and route on ecp5-85k with the PyPI yosys + nextpnr (Debian "
+                        "yosys iCE40 statistics without them; MLP points only; minutes per point, cached)")
     p.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=1,
                    help=f"local worker processes (at most {MAX_JOBS})")
     p.add_argument("--scheduler", help="Dask scheduler address (tcp://host:port) to run the sweep on")

@@ -103,4 +103,7 @@ def _area(point: DesignPoint) -> dict[str, object]:
     figures = synthesize_design(point.network, point.policy, point.num_procs, point.lanes)
     if figures is None:
         return {}
-    return {"area_luts": figures.get("luts"), "area_ffs": figures.get("ffs"), "area_dsps": figures.get("dsps")}
+    # The part names what the figures mean (place and route on it, or Debian yosys's iCE40 mapping without one).
+    return {"area_luts": figures.get("luts"), "area_ffs": figures.get("ffs"), "area_dsps": figures.get("dsps"),
+            "area_brams": figures.get("brams"), "area_part": figures.get("part") or "ice40-yosys",
+            "fmax_mhz": figures.get("fmax_mhz")}

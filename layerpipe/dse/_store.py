@@ -42,6 +42,9 @@ COLUMNS: tuple[str, ...] = (
     "area_luts",
     "area_ffs",
     "area_dsps",
+    "area_brams",
+    "area_part",  # the FPGA part the area figures were placed and routed on (hdl/_fpga.py)
+    "fmax_mhz",  # after routing on area_part
 )
 
 
