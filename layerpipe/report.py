@@ -212,7 +212,7 @@ def rtl_results(previous: dict | None) -> dict:
 
     yosys = _yosys_version()
     cached = (previous or {}).get("synthesis", {})
-    points, synthesis = [], {}
+    points, synthesis, fpga = [], {}, {}
     for policy in RTL_POLICIES:
         design = make_design(RTL_POINT["network"], policy, RTL_POINT["num_pes"], RTL_POINT["lanes"],
                              RTL_POINT["samples"])
@@ -232,7 +232,54 @@ def rtl_results(previous: dict | None) -> dict:
                 path = Path(tmp, "design.v")
                 path.write_text(verilog)
                 synthesis[key] = {"target": "ice40", "yosys": yosys, **synthesize(path, targets=("ice40",))["ice40"]}
-    return {"design_point": RTL_POINT, "points": points, "synthesis": synthesis}
+        figures = _fpga_point(verilog, float(design.sim.cycles_per_sample), (previous or {}).get("fpga", {}).get(key))
+        if figures is not None:
+            fpga[key] = figures
+    return {"design_point": RTL_POINT, "points": points, "synthesis": synthesis, "fpga": fpga}
+
+
+#: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
+RTL_PART = "ecp5-85k"
+
+
+def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -> dict | None:
+    """Place and route on `RTL_PART`; None without the PyPI tools. The previous run's figures are reused when
+    they are of the same Verilog (place and route takes minutes; the flow's own disk cache also has them)."""
+    import hashlib
+
+    from layerpipe.hdl._fpga import fpga_tools_missing, get_part, run_fpga_flow
+
+    part = get_part(RTL_PART)
+    if fpga_tools_missing(part) is not None:
+        return None
+    if previous and previous.get("verilog_sha256") == hashlib.sha256(verilog.encode()).hexdigest():
+        return previous
+    result = run_fpga_flow(verilog, part)
+    doc = result.to_dict()
+    rate = result.samples_per_second(cycles_per_sample)
+    doc["samples_per_second"] = round(rate, 1) if rate is not None else None
+    return doc
+
+
+def _fpga_table(rtl: dict) -> str:
+    """Utilization and Fmax of each point on the report's part, or '' when the flow did not run."""
+    rows, title = [], ""
+    for d in rtl["points"]:
+        f = rtl.get("fpga", {}).get(d["verilog_sha256_16"])
+        if not f:
+            continue
+        title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
+        u = f["utilization"]
+        cells = [f"{u[r]['used']:,} ({u[r]['percent']:.1f}%)" for r in ("luts", "ffs", "brams", "dsps", "ios")]
+        rate = f.get("samples_per_second")
+        rows.append([d["policy"], *cells, f"{f['fmax_mhz']:.1f}" if f["fmax_mhz"] else "does not fit",
+                     f"{rate:,.0f}" if rate else "-"])
+    if not rows:
+        return ""
+    table = _md_table(["policy", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
+    return (f"\nPlace and route on {title}, the flow of `layerpipe rtl --part {RTL_PART}`: utilization of the "
+            "part, Fmax after routing (register to register), samples/s = Fmax / steady-state cycles per "
+            "sample.\n\n" + table)
 
 
 def rtl_section(rtl: dict) -> str:
@@ -255,7 +302,7 @@ def rtl_section(rtl: dict) -> str:
             f"\nOn the same hardware LayerPipe's schedule runs {ratio:.2f}x faster than PipeDream's in steady state "
             "(RTL cycles include the pipeline's fill and drain). Reproduce a row with "
             f"`layerpipe verify {p['network']} --policy layerpipe -n {p['num_pes']} --lanes {p['lanes']} "
-            f"--samples {p['samples']}`.\n")
+            f"--samples {p['samples']}`.\n" + _fpga_table(rtl))
 
 
 def assumptions(cfg: ReportConfig) -> str:
