@@ -15,7 +15,10 @@ implementations cannot drift apart in anything but the arithmetic they are meant
   form: F_l(t) reads version max(0, t − lag_F(l)), E_l(t) reads max(0, t − lag_E(l)).
 - Updates: update k of layer l writes version k + 1 from version k and the gradient of
   `update_iterations(k)`: iteration k alone (asynchronous), or every micro-batch of step k summed
-  (synchronous, m micro-batches per step: k·m .. k·m + m − 1).
+  (synchronous, m micro-batches per step: k·m .. k·m + m − 1), or, for a layer of an asynchronous schedule
+  with update group g (`groups`: PipeDream's replicated stages sum a round of g micro-batches, PipeDream-2BW
+  coalesces g = m), iterations k·g .. k·g + g − 1 summed — the same notion, per layer. The last group of a
+  run may be cut short.
 - Weight modes (what E reads): `stash` — the version F read; `latest` — the version in the map; `ema` —
   LayerPipe2's reconstruction of the version F read (v) from the version E sees (c):
       Ŵ^(v) = W^(c) + η·(c − v)·ḡ^(c),   ḡ^(k+1) = ḡ^(k) + 2^−m·(g_k − ḡ^(k)),  ḡ^(0) = 0,
@@ -43,6 +46,7 @@ __all__ = [
     "WEIGHT_MODES",
     "Lags",
     "VersionMap",
+    "check_groups",
     "check_mode",
     "check_supported",
     "init_weights",
@@ -204,13 +208,25 @@ def versions_from_lags(
     return out
 
 
-def update_iterations(update: int, iterations: int, synchronous: bool, microbatches: int) -> range:
-    """The iterations whose summed gradient update number `update` applies (see the module docstring)."""
-    if not synchronous:
-        return range(update, update + 1)
-    return range(update * microbatches, min((update + 1) * microbatches, iterations))
+def update_iterations(update: int, iterations: int, synchronous: bool, microbatches: int, group: int = 1) -> range:
+    """The iterations whose summed gradient update number `update` applies (see the module docstring);
+    `group` is the layer's update group g of an asynchronous schedule."""
+    size = microbatches if synchronous else group
+    return range(update * size, min((update + 1) * size, iterations))
 
 
-def num_updates(iterations: int, synchronous: bool, microbatches: int) -> int:
-    """Updates per weight layer over a run of `iterations`: one per iteration, or one per (partial) step."""
-    return -(-iterations // microbatches) if synchronous else iterations
+def num_updates(iterations: int, synchronous: bool, microbatches: int, group: int = 1) -> int:
+    """Updates per weight layer over a run of `iterations`: one per (partial) step or group of g iterations."""
+    return -(-iterations // (microbatches if synchronous else group))
+
+
+def check_groups(groups: object) -> dict[int, int]:
+    """Update groups as {layer: g >= 1} from pairs or a mapping; anything else is an InputError."""
+    try:
+        out = dict(groups.items() if isinstance(groups, Mapping) else groups)  # type: ignore[arg-type,union-attr]
+    except (TypeError, ValueError):
+        raise InputError(f"groups must be (layer, g) pairs, got {groups!r}") from None
+    for layer, g in out.items():
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise InputError(f"groups: layer {layer} has group {g!r}; a group is a positive integer")
+    return out

@@ -41,6 +41,7 @@ from layerpipe.numerics import (
     DEFAULT_EMA_SHIFT,
     Lags,
     VersionMap,
+    check_groups,
     check_mode,
     check_supported,
     init_weights,
@@ -160,6 +161,7 @@ class _Trainer:
         microbatches: int,
         iterations: int | None,
         ema_shift: int,
+        groups: tuple[tuple[int, int], ...] = (),
     ) -> None:
         import torch
 
@@ -184,15 +186,19 @@ class _Trainer:
         self.losses = torch.zeros(rows, dtype=torch.float64)
         self.histories: dict[int, _History] = {}
 
-        def group(u: int) -> range:
-            return update_iterations(u, self.iterations, synchronous, microbatches)
+        self.groups = check_groups(groups)
+
+        def group_of(layer: int) -> Callable[[int], range]:
+            size = self.groups.get(layer, 1)
+            return lambda u: update_iterations(u, self.iterations, synchronous, microbatches, size)
 
         for layer in network.layers:
             if layer.has_weights:
                 shape = weight_shape(layer)
                 w0 = self._encode(_initial(init, f"W{layer.index}", shape))
                 b0 = self._encode(_initial(init, f"b{layer.index}", shape[:1])) if layer.op.bias else None
-                self.histories[layer.index] = _History(layer.index, w0, b0, group, self._sgd, self._ema_average)
+                self.histories[layer.index] = _History(layer.index, w0, b0, group_of(layer.index), self._sgd,
+                                                       self._ema_average)
 
     # representation-specific pieces
 
@@ -237,8 +243,8 @@ class _Trainer:
         for t in range(self.iterations):
             step(t)
         weights: dict[str, np.ndarray] = {}
-        updates = num_updates(self.iterations, self.synchronous, self.microbatches)
         for l, history in self.histories.items():
+            updates = num_updates(self.iterations, self.synchronous, self.microbatches, self.groups.get(l, 1))
             last = history.version(updates, "the final weights")  # updates nobody read are applied here
             weights[f"W{l}"] = history.weights[last].numpy().copy()
             bias = history.biases[last]
@@ -473,8 +479,12 @@ def train_reference(
     microbatches: int = 1,
     iterations: int | None = None,
     ema_shift: int = DEFAULT_EMA_SHIFT,
+    groups: tuple[tuple[int, int], ...] = (),
 ) -> ReferenceResult:
     """Train `network` sample by sample with the weight versions of `versions` (a map or `Lags`).
+
+    `groups` (layer, g) sums g iterations' gradients into each update of that layer (an asynchronous
+    schedule's update groups: PipeDream's replicated stages, PipeDream-2BW), as the functional mode does.
 
     `fmt` None trains in float64 with autograd; a `FixedFormat` trains on int64 tensors bit-exact with
     `layerpipe.fixedpoint` (then `lr` must be 2^−k). Synchronous training sums each step's `microbatches`
@@ -494,7 +504,8 @@ def train_reference(
     try:
         with torch.no_grad() if fmt is not None else contextlib.nullcontext():
             trainer = _Trainer(
-                network, init, data, versions, mode, lr, fmt, synchronous, microbatches, iterations, ema_shift
+                network, init, data, versions, mode, lr, fmt, synchronous, microbatches, iterations, ema_shift,
+                tuple(groups),
             )
             return trainer.run()
     finally:

@@ -17,7 +17,7 @@ PyTorch reference and the RTL compute). What each task does, for a micro-batch o
 | E    | e_in = δ W (conv: transposed conv), W per the mode | e_in = pool backward of e ⊙ f'(z), or it reshaped |
 |      | (several inputs: each its slice of e_in)           |                                                   |
 | G    | g = δᵀ a_in (conv: Σ over positions), g_b = Σ δ    | —                                                 |
-| U    | update k: version k+1 = version k − η·Σ g over the iterations of update k (one, or a synchronous step) |
+| U    | update k: version k+1 = version k − η·Σ g over the iterations of update k (one, a step, or a group) |
 
 The output layer's error is e_L = a_L − y (loss ½‖a_L − y‖² per sample, recorded at F_L). Weight modes:
 `stash` — E reads the version F read; `latest` — the version the map gives E; `ema` — LayerPipe2's
@@ -45,6 +45,7 @@ from layerpipe.network import INPUT, Conv2d, Layer, Linear, Network, Pool2d
 from layerpipe.numerics import (
     DEFAULT_EMA_SHIFT,
     VersionMap,
+    check_groups,
     check_mode,
     check_supported,
     normalize_versions,
@@ -77,9 +78,13 @@ class FunctionalConfig:
     ema_shift: int = DEFAULT_EMA_SHIFT
     synchronous: bool = False
     microbatches: int = 1
+    #: (layer, g): update groups of an asynchronous schedule (`OpSchedule.groups`): U_l(k) applies the summed
+    #: gradients of iterations k·g … k·g + g − 1 (PipeDream's replicas, PipeDream-2BW).
+    groups: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
+        check_groups(self.groups)
         check_lr_shift(self.ema_shift, "ema_shift")
         if not (isinstance(self.lr, float | int) and math.isfinite(self.lr) and self.lr > 0):
             raise InputError(f"lr must be a positive finite number, got {self.lr!r}")
@@ -439,7 +444,7 @@ class _Executor:
                 "have been applied (updates run in order)"
             )
         cfg = self.config
-        its = update_iterations(k, self.iterations, cfg.synchronous, cfg.microbatches)
+        its = update_iterations(k, self.iterations, cfg.synchronous, cfg.microbatches, dict(cfg.groups).get(l, 1))
         try:
             grads = [self.grads.pop((l, t)) for t in its]
         except KeyError:

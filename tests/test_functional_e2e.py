@@ -62,10 +62,12 @@ def run_pair(network: Network, sim: Simulated, mode: str, fmt: FixedFormat | Non
     iterations = sim.schedule.num_iterations
     data, init = make_data(network, iterations * network.batch, 11), init_weights(network, 11, fmt)
     lr = 2.0**-3
+    groups = sim.schedule.groups  # replicated PipeDream, 2BW: one update per group of iterations
     functional = run_functional(network, order, versions, init, data,
                                 FunctionalConfig(mode, lr, fmt, synchronous=sim.synchronous,
-                                                 microbatches=sim.microbatches))
-    reference = train_reference(network, init, data, versions, mode, lr, fmt, sim.synchronous, sim.microbatches)
+                                                 microbatches=sim.microbatches, groups=groups))
+    reference = train_reference(network, init, data, versions, mode, lr, fmt, sim.synchronous, sim.microbatches,
+                                groups=groups)
     np.testing.assert_allclose(functional.losses, reference.losses, rtol=1e-9, atol=1e-12)
     return functional, reference.weights, versions
 
@@ -83,7 +85,9 @@ def test_simulated_policy_numerics_match_reference(policy: str, network_name: st
             assert_weights_equal(functional.weights, want)
         else:
             assert_weights_close(functional.weights, want)
-        assert set(functional.updates.values()) == {2 if sim.synchronous else ITERATIONS}
+        sizes = sim.schedule.groups_map()
+        assert functional.updates == {layer: 2 if sim.synchronous else -(-ITERATIONS // sizes.get(layer, 1))
+                                      for layer in functional.updates}
         init = init_weights(network, 11, fmt)
         assert all(not np.array_equal(functional.weights[k], init[k]) for k in init)
         if not sim.synchronous:  # the schedule is really pipelined: some forward reads a stale version

@@ -55,6 +55,8 @@ OPTION_FLAGS = {
     "comm_priority": "--comm-priority",
     "max_traffic": "--max-traffic",
     "split_layers": "--no-split-layers",
+    "replication": "--no-replication",
+    "unfold": "--unfold",
 }
 
 
@@ -104,6 +106,10 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
                    metavar="WORDS", help="layerpipe: bound on words moved between processors per sample")
     g.add_argument("--no-split-layers", dest="split_layers", action="store_const", const=False, default=None,
                    help="layerpipe: do not try heavy layers split by output rows/channels over processors")
+    g.add_argument("--no-replication", dest="replication", action="store_const", const=False, default=None,
+                   help="pipedream: one processor per stage (no replicated stages; the planner's ablation)")
+    g.add_argument("--unfold", dest="unfold", type=positive_int("--unfold"), default=None, metavar="J",
+                   help="layerpipe: J iterations per period (a task's copies may sit on different processors)")
     g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,
                    help="ooo: layers per modulo-allocation group (default: the fastest)")
     g.add_argument("--push", dest="push", action="store_const", const=True, default=None,

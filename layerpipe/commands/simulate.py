@@ -331,7 +331,7 @@ def _functional(args: argparse.Namespace, network: Network, schedule: OpSchedule
     from layerpipe.sim.functional import FunctionalConfig, order_by_start, run_functional
 
     config = FunctionalConfig(mode=args.mode, lr=args.lr, fmt=fmt, synchronous=schedule.synchronous,
-                              microbatches=max(schedule.microbatches, 1))
+                              microbatches=max(schedule.microbatches, 1), groups=schedule.groups)
     init = init_weights(network, args.seed, fmt)
     data = make_data(network, result.num_iterations * network.batch, args.seed)
     if schedule.synchronous and len({op.key for op in result.ops}) < len(result.ops):
