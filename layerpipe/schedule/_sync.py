@@ -1,4 +1,5 @@
-"""Synchronous stage-level schedules: GPipe, 1F1B, interleaved 1F1B, Zero Bubble H1/H2 and ZB-V.
+"""Synchronous stage-level schedules: GPipe, 1F1B, interleaved 1F1B, Zero Bubble H1/H2, ZB-V, DualPipeV and
+LoopedBFS (OOO BackProp's order needs the stage costs: `_ooo.py`).
 
 Each generator returns an `OpSchedule(level="stage", synchronous=True, microbatches=m)`: per processor, the
 ordered compute ops of `steps` steps of m micro-batches (step j holds micro-batches j·m .. j·m+m−1; the
@@ -6,17 +7,19 @@ stage's weight update is implicit at the end of each step, see `layerpipe.schedu
 F (forward), B (full backward), I (input gradient) and W (weight gradient).
 
 Stage → processor maps are torch.distributed.pipelining's: stage s on processor s for one stage per
-processor, looping (s on s mod p) for interleaved schedules, and V-shaped for ZB-V (stage s on s for s < p,
-on 2p−1−s for the second half). With uniform stage costs the per-processor compute order equals torch
-2.13's ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble
-(tests/test_sync_torch.py runs torch's own order builders). For 1F1B we produce the correct order; torch
-2.13's Schedule1F1B numbers the last rank's forwards from 1 (`3F1 3B0 3F2 …` for 4 ranks).
+processor, looping (s on s mod p) for interleaved schedules and LoopedBFS, and V-shaped for ZB-V and
+DualPipeV (stage s on s for s < p, on 2p−1−s for the second half). With uniform stage costs the
+per-processor compute order equals torch 2.13's ScheduleGPipe, ScheduleInterleaved1F1B,
+ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV (an OVERLAP_F_B action is its F
+then its B) and ScheduleLoopedBFS (tests/test_sync_torch.py, tests/test_dualpipe.py run torch's own order
+builders). For 1F1B we produce the correct order; torch 2.13's Schedule1F1B numbers the last rank's
+forwards from 1 (`3F1 3B0 3F2 …` for 4 ranks). torch 2.13 has no ZB-H2.
 
-ZB-H2 (Zero Bubble paper, §3.1): more warm-up forwards (up to 2(p−1−i)+1 in flight on stage i) fill the
-bubble before the first backward, and W passes fill the gaps of the tail (the paper's "trapezoid to
-parallelogram"). The order comes from a unit-time list simulation (F = I = W = 1, the paper's assumption);
-with m ≥ 2p−1 every processor is busy without a gap from its first op to its last; the price is up to
-2p−1 forwards' activations in flight instead of p.
+ZB-H2 (Zero Bubble paper, §3.1, Figure 4): more warm-up forwards (2(p−1−i)+1 before stage i's first I)
+fill the bubble before the first backward, W passes fill the steady-state gaps whenever the memory limit
+(2p−1 activations held from F to W, the paper's peak) stops the next F, and the tail's W passes are
+reordered into a parallelogram. With m ≥ 2p−1 every processor is busy without a gap from its first op to
+its last (tests/test_zero_bubble.py measures bubble and memory with the simulator).
 """
 
 from __future__ import annotations
