@@ -1,0 +1,127 @@
+"""PipeDream's planner (SOSP'19 §3.1) and its replicated (1F1B-RR) schedules.
+
+- the dynamic program equals brute force over every (partition, replica vector) on chains of up to 6 layers
+  and N up to 6, on every interconnect kind (generated cases);
+- on mlp:784-256-128-10 and lenet5 at N = 7..9 replicated PipeDream leaves no processor idle;
+- the simulator runs replicated schedules (replicas are processors, the all-reduce is transfers) at the
+  scheduled steady-state period on shared and links interconnects;
+- replicated PipeDream's functional run equals the PyTorch reference, float64 and fixed point.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import make_cost_model
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.fixedpoint import DEFAULT_FORMAT
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import load_network, mlp
+from layerpipe.numerics import init_weights, make_data
+from layerpipe.reference import train_reference
+from layerpipe.schedule import validate
+from layerpipe.schedule._pipedream import PipeDreamOptions
+from layerpipe.schedule._planner import REPLICAS, PlanCosts, Stage, brute_force_plan, plan
+from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule.policies import make_schedule
+from layerpipe.sim import SimConfig, simulate_policy_result
+from layerpipe.sim.functional import FunctionalConfig, order_by_start, run_functional
+
+MODEL = make_cost_model("pe", lanes=4, overhead=2)
+INTERCONNECTS = ("shared", "links:1:4", "links:3:1/2", "bus:2:8")
+
+
+def _costs(widths: list[int], spec: str, batch: int = 1) -> PlanCosts:
+    table = TaskTable.of(build_training_graph(mlp(widths, batch=batch), GraphOptions.pipedream()), MODEL)
+    return PlanCosts(table, parse_interconnect(spec, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(widths=st.lists(st.integers(1, 40), min_size=2, max_size=7), n=st.integers(1, 6),
+       spec=st.sampled_from(INTERCONNECTS), replication=st.booleans())
+def test_planner_equals_brute_force(widths: list[int], n: int, spec: str, replication: bool) -> None:
+    costs = _costs(widths, spec)
+    found, best = plan(costs, n, replication), brute_force_plan(costs, n, replication)
+    assert found.cycles == best.cycles and found.procs == best.procs
+    assert costs.cost(found.stages) == found.cycles  # the plan's value is its configuration's
+    assert found.procs <= n and all(s.replicas in (REPLICAS if replication else (1,)) for s in found.stages)
+    layers = [i for s in found.stages for i in range(s.first, s.last + 1)]
+    assert layers == list(range(len(widths) - 1))  # contiguous stages covering every layer once
+
+
+def test_planner_cost_model_by_hand() -> None:
+    """One stage of layers 0..1 on 2 replicas of a chain: compute Σ(F+B+U)/2; on links the root's links also
+    carry every layer's gradient and weights once per round (⌈|W|/w⌉ per layer, over 2 micro-batches)."""
+    costs = _costs([8, 8, 4], "links:1:4")
+    work = costs.work[2]
+    holds = math.ceil(64 / 4) + math.ceil(32 / 4)
+    assert costs.stage_term(0, 1, 2) == max(Fraction(work, 2), Fraction(holds, 2))
+    # a cut between a 2- and a 3-replica stage spreads micro-batches over lcm(2, 3) = 6 links
+    assert costs.cut_term(1, 2, 3) == Fraction(max(costs.cut_forward[1], costs.cut_backward[1]), 6)
+    shared = _costs([8, 8, 4], "shared")
+    assert shared.cost((Stage(0, 1, 2),)) == Fraction(shared.work[2], 2)
+
+
+@pytest.mark.parametrize("spec", ["mlp:784-256-128-10", "lenet5"])
+def test_replicated_pipedream_leaves_no_processor_idle(spec: str) -> None:
+    net = load_network(spec)
+    model = make_cost_model("pe")
+    for n in (7, 8, 9):
+        result = make_schedule("pipedream", net, n, model)
+        periodic = result.periodic
+        assert periodic is not None and periodic.unfold > 1  # replicated
+        for p, body in enumerate(periodic.bodies):
+            assert sum(periodic.costs[(s.kind, s.layer)] for s in body) > 0, (spec, n, p)
+        straight = make_schedule("pipedream", net, n, model, PipeDreamOptions(replication=False))
+        assert result.metrics.cycles_per_sample < straight.metrics.cycles_per_sample
+
+
+@pytest.mark.parametrize("spec,n", [("mlp:64-48-32-16", 5), ("lenet5", 7)])
+@pytest.mark.parametrize("interconnect", ["shared", "links:2:4"])
+def test_simulated_replicated_period_equals_scheduled(spec: str, n: int, interconnect: str) -> None:
+    net, model = load_network(spec), make_cost_model("pe", lanes=8, overhead=4)
+    ic = parse_interconnect(interconnect, 8)
+    result = make_schedule("pipedream", net, n, model, interconnect=ic)
+    periodic = result.periodic
+    assert periodic is not None and periodic.unfold > 1
+    validate(periodic, result.graph, comm=None if ic.is_shared else ic.transfer_cycles)
+    deepest = max(s.lag for body in periodic.bodies for s in body)
+    sim = simulate_policy_result(result, net, model, periodic.unfold * (3 * deepest + 8), SimConfig.of(ic))
+    assert sim.cycles_per_iteration == pytest.approx(periodic.period / periodic.unfold, abs=1e-9)
+    assert result.metrics.cycles_per_sample == periodic.period / (periodic.unfold * net.batch)
+    # the all-reduce is real traffic: a replica sends its gradients to the root and gets the weights back
+    if not ic.is_shared:
+        assert sim.traffic_words > 0
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["float64", "fixed"])
+def test_replicated_pipedream_numerics_equal_the_reference(fixed: bool) -> None:
+    """Stages with different replica counts (5 processors: replica counts divide 12, so 5 = 4 + 1 or 3 + 2):
+    the functional run in the simulated order and versions equals the reference, which sums each round's
+    gradients into one update per layer of a replicated stage."""
+    net = mlp([12, 16, 4, 3])
+    model = make_cost_model("macs")
+    result = make_schedule("pipedream", net, 5, model)
+    periodic = result.periodic
+    assert periodic is not None and periodic.unfold > 1 and len({g for _, g in periodic.groups}) > 1
+    iterations = 4 * periodic.unfold
+    sim = simulate_policy_result(result, net, model, iterations)
+    fmt = DEFAULT_FORMAT if fixed else None
+    data, init = make_data(net, iterations * net.batch, 5), init_weights(net, 5, fmt)
+    order = order_by_start(zip(sim.ops, sim.start.tolist(), sim.end.tolist(), strict=True))
+    groups = sim.schedule.groups
+    got = run_functional(net, order, sim.version_map, init, data, FunctionalConfig(lr=2.0**-4, fmt=fmt, groups=groups))
+    want = train_reference(net, init, data, sim.version_map, lr=2.0**-4, fmt=fmt, groups=groups)
+    for key, value in want.weights.items():
+        if fixed:
+            np.testing.assert_array_equal(got.weights[key], value)
+        else:
+            np.testing.assert_allclose(got.weights[key], value, rtol=1e-9, atol=1e-12)
+    sizes = dict(groups)
+    assert got.updates == {layer: -(-iterations // sizes[layer]) for layer in got.updates}
