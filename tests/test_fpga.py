@@ -236,3 +236,35 @@ def test_report_names_the_part_and_shows_fmax_or_misfit() -> None:
     assert "| layerpipe | 14,691 (17.6%) |" in text and "| 45.8 | 77,823 |" in text
     assert "| pipedream |" in text and "does not fit" in text
     assert _fpga_table({"points": rtl["points"]}) == ""  # no tools: no table, the section is unchanged
+
+
+class _Terminal:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_only_on_a_terminal_and_shows_the_tool_step(tmp_path: Path) -> None:
+    import io
+
+    from layerpipe.hdl._fpga import _run_tool, terminal_progress
+
+    assert terminal_progress(io.StringIO()) is None  # piped: silent
+    term = _Terminal()
+    show = terminal_progress(term)  # type: ignore[arg-type]
+    assert show is not None
+    script = "print('2.5. Executing ABC9 pass.'); print('noise'); print('Info: Placed 12 cells')"
+    rc = _run_tool([sys.executable, "-c", script], tmp_path, tmp_path / "tool.log", "yosys", show)
+    assert rc == 0 and (tmp_path / "tool.log").read_text().splitlines()[1] == "noise"
+    updates = term.text.split("\r\033[K")[1:]
+    assert updates[0].startswith("[yosys") and updates[0].endswith("2.5. Executing ABC9 pass.")
+    assert updates[1].endswith("2.5. Executing ABC9 pass.")  # a line that is not a step keeps the last step
+    assert updates[2].endswith("Info: Placed 12 cells") and "\n" not in term.text
