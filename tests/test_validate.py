@@ -7,6 +7,8 @@ import pickle
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
 from layerpipe.dfg import TrainingGraph, build_training_graph
@@ -26,6 +28,7 @@ from layerpipe.schedule import (
     validate,
     zb_h1,
 )
+from tests.strategies import networks
 
 
 def stage(rows: list[str], m: int) -> OpSchedule:
@@ -261,3 +264,92 @@ def test_staleness_bound_periodic_and_explicit_agree(graph: TrainingGraph) -> No
 
 def test_sync_stage_schedule_of_torch_shape_passes() -> None:
     validate(zb_h1(4, 8, 2, steps=2))
+
+
+# ------------------------------------------------------------------ issue 12: zero-cost tasks never deadlock
+
+
+def _with_flattens(draw, body):
+    """`body` rebuilt with weightless layers — flattens (0 cycles under `macs`) and activations — first and
+    between its linear layers, like lenet5's flatten between its convolutions and linears."""
+    from layerpipe.network import Activation, Flatten, Linear, NetworkBuilder
+
+    builder = NetworkBuilder("zero-cost", body.input_shape, body.batch)
+    prev = "input"
+    if draw(st.booleans()):
+        builder.add("w0", Flatten() if draw(st.booleans()) else Activation("relu"), [prev])
+        prev = "w0"
+    for layer in body.layers:
+        builder.add(f"l{layer.index}", Linear(layer.out_shape[0], activation="relu"), [prev])
+        prev = f"l{layer.index}"
+        for k in range(draw(st.integers(0, 2))):
+            builder.add(f"f{layer.index}.{k}", Flatten(), [prev])
+            prev = f"f{layer.index}.{k}"
+    return builder.build()
+
+
+ASYNC_POLICIES = ("layerpipe", "pipedream", "pipedream-2bw", "optimal")
+
+
+def _schedule_validate_simulate(network, n: int, policy: str, model) -> None:
+    from layerpipe.schedule import make_schedule
+    from layerpipe.sim import SimConfig, Workload, simulate
+
+    try:
+        result = make_schedule(policy, network, n, model)
+    except InputError as exc:  # the exact policy refuses graphs above its size limit, and only those
+        assert policy == "optimal" and "limit is" in str(exc), exc
+        return
+    assert result.periodic is not None and result.graph is not None
+    validate(result.periodic, result.graph)
+    ops = result.ops(3 * result.periodic.unfold + 4)
+    validate(ops, result.graph, durations=result.periodic.costs)  # the unrolled order admits an execution
+    sim = simulate(ops, Workload.of_graph(result.graph, model), SimConfig("shared"))  # raises on deadlock
+    assert sim.total_cycles > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 16), policy=st.sampled_from(ASYNC_POLICIES),
+       model=st.sampled_from(["macs", "pe0"]))
+def test_schedules_with_zero_cost_tasks_validate_unroll_and_run(data, n: int, policy: str, model: str) -> None:
+    """Issue 12 item 1 as a class: flatten (0 cycles under `macs`) and `pe --overhead 0` ops start in the
+    same cycle as their consumers; the one tie order (`tie_rank`) keeps unroll, both validators and the
+    simulator in agreement, so schedule → validate → simulate never deadlocks, for every asynchronous policy."""
+    body = data.draw(networks(max_layers=5, max_width=10, dag=False))
+    network = _with_flattens(data.draw, body)
+    cost = make_cost_model("macs") if model == "macs" else make_cost_model("pe", lanes=4, overhead=0)
+    _schedule_validate_simulate(network, n, policy, cost)
+
+
+@pytest.mark.parametrize("policy", ASYNC_POLICIES)
+def test_issue_12_example_lenet5_under_macs_runs(policy: str) -> None:
+    """`layerpipe simulate lenet5 --policy P -n 4 --cost-model macs` deadlocked for these policies."""
+    _schedule_validate_simulate(load_network("lenet5"), 4, policy, make_cost_model("macs"))
+
+
+def test_zero_cost_producer_at_its_consumers_start_unrolls_producer_first() -> None:
+    """E of a flatten (0 cycles) feeds A of the layer before it; packed on one processor both start at the
+    same cycle. Sorting ties by (layer, kind) ran A1 first — the explicit validator then rejected the
+    unrolled schedule the periodic validator had accepted. `tie_rank` runs E2 first."""
+    from layerpipe.network import Flatten, Linear, NetworkBuilder
+    from layerpipe.schedule._ir import tie_rank
+    from layerpipe.schedule._shared import TaskTable, contiguous_starts, minimal_lags
+    from layerpipe.schedule._unfold import periodic_of
+
+    builder = NetworkBuilder("flat", (4,), 1)
+    builder.add("a", Linear(3, activation="relu"), ["input"])
+    builder.add("flat", Flatten(), ["a"])
+    builder.add("b", Linear(2), ["flat"])
+    graph = build_training_graph(builder.build())
+    model = make_cost_model("macs")
+    table = TaskTable.of(graph, model)
+    body = [sorted(table.topo, key=lambda v: tie_rank(table.tasks[v].kind, table.tasks[v].layer))]
+    start = contiguous_starts(body, table.cost)
+    schedule = periodic_of(table, [0] * len(table), start, minimal_lags(table, start, 10**6), 10**6, 1)
+    where = {(t.kind, t.layer): start[v] for v, t in enumerate(table.tasks)}
+    assert where[("E", 2)] == where[("A", 1)] and table.cost[table.tasks.index(graph.task_of(2, "E"))] == 0
+    validate(schedule, graph)
+    ops = schedule.unroll(3)
+    row = [str(op) for op in ops.procs[0]]
+    assert row.index("E2.0") < row.index("A1.0")
+    validate(ops, graph)
