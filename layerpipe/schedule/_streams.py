@@ -38,8 +38,9 @@ from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule.metrics import ScheduleMetrics
 
 POLICY_NAMES = ("stream", "stream-ooo")
-#: Iterations simulated for a policy's figures (the middle-half slope of `SimResult`: iteration 2 − 1).
-TIMED_ITERATIONS = 4
+#: Iterations simulated for a policy's figures: those `layerpipe explore` simulates (`layerpipe.dse._evaluate.
+#: simulated_iterations`, 16 for one micro-batch a step), so compare, explore and simulate print one figure.
+TIMED_ITERATIONS = 16
 #: Most streams a device may have: beyond any GPU's useful concurrency (CUDA allows 128 connections).
 MAX_STREAMS = 128
 _NOT_LOCAL = ("weights", "stash", "gradient")
@@ -184,7 +185,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
         raise InputError(f"{policy} models one device with concurrent streams: -n must be 1, got {num_procs}")
     p = plan(network, model, ooo, streams, defer)
     sim = simulate_plan(p, TIMED_ITERATIONS)
-    step = round(sim.cycles_per_iteration)
+    step = sim.cycles_per_iteration  # exactly what simulating the same iterations measures
     lay = {layer.index: layer for layer in network.layers}
     work = sum(atomic_work(lay[t.layer], t.kind, network.batch) for t in p.graph.tasks)
     launches = len(p.graph.tasks) * p.device.overhead
@@ -197,7 +198,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
         traffic_words_per_sample=0.0,
         weight_versions=1,
         max_staleness=0,
-        period_cycles=step,
+        period_cycles=round(step),
         samples_per_period=network.batch,
         staleness_per_layer=dict.fromkeys(weights, 0),
         weight_versions_per_layer=dict.fromkeys(weights, 1),
