@@ -29,10 +29,10 @@ the cost model and the uncontended transfer time of the activation or error word
 interconnect (`Interconnect.transfer_cycles`); at each decision the processor takes, among its ready ops,
 first an I (or the W that gates a ready I), then an F (earliest stage, then micro-batch), then the oldest W;
 idle when nothing is ready. The order is then timed like every synchronous policy, by the simulator on the
-interconnect (`_synchronous.synchronous_result`). `allocation="auto"` (the default) tries modulo allocation
-with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, and keeps the fastest step (tried
-in order of their busiest processor's work, a lower bound on the step, stopping once it reaches the best step;
-ties go to the layout tried first); the paper tunes g per model, the code defaults to 1. The
+interconnect (`_synchronous.synchronous_result`). `allocation="auto"` (the default) orders modulo allocation
+with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the simulator time the
+MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one, and keeps the
+fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults to 1. The
 micro-batches per step default to gpipe's, 2·min(N, L), so the two compare step for step as the paper does.
 
 Simplifications: TensorFlow's runtime order inside a virtual layer (layer by layer) is ours only at stage
@@ -62,8 +62,10 @@ from layerpipe.schedule._synchronous import (
     synchronous_result,
 )
 
-#: Largest number of group sizes `group_size=None` tries (each is one simulated order).
+#: Largest number of group sizes `group_size=None` tries (each one list-scheduled order).
 MAX_GROUP_TRIALS = 16
+#: Layouts the simulator times, the best by the list simulation's estimate (plus the contiguous one).
+MAX_TIMED_LAYOUTS = 2
 #: Layer allocations: modulo groups, contiguous balanced stages, or the faster of both.
 ALLOCATIONS = ("auto", "modulo", "contiguous")
 
@@ -109,8 +111,9 @@ def stage_costs(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[S
 
 
 def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, push: bool,
-              stages: StageInfo, interconnect: Interconnect) -> list[list[StageOp]]:
-    """One step's per-processor order of stage s on processor s mod N (see the module docstring)."""
+              stages: StageInfo, interconnect: Interconnect) -> tuple[list[list[StageOp]], int]:
+    """One step's per-processor order of stage s on processor s mod N (see the module docstring), and the
+    step's makespan in the list simulation (uncontended transfers: an estimate, not the timed step)."""
     count, m = len(costs), microbatches
     proc = [s % num_procs for s in range(count)]
     end: dict[StageOp, int] = {}
@@ -212,7 +215,7 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
             dirty.add(proc[s - 1])  # W_{s−1}'s gate looks at I_s's progress
         for p in dirty:
             refresh(p)
-    return rows
+    return rows, max(end.values(), default=0)
 
 
 def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions,
@@ -229,8 +232,9 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
     if options.allocation != "modulo":
         procs = min(num_procs, len(network))
         layouts.append((None, contiguous_stages(network, graph, model, procs, m)))
-    # Branch and bound: no step is shorter than its busiest processor's work, so layouts are tried in order
-    # of that bound and the search stops once the bound reaches the best step found (same answer, less time).
+    # Every layout gets its order and the list simulation's estimate of its step; the simulator (which costs
+    # far more) times the MAX_TIMED_LAYOUTS best estimates and always the contiguous layout, skipping those
+    # whose busiest processor's work (a lower bound on the step) already reaches the best step timed.
     per_layer = layer_step_work(graph, model, m)
 
     def busiest(stage_layers: list[list[int]]) -> int:
@@ -239,11 +243,21 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
             load[s % len(load)] += sum(per_layer[layer] for layer in run)
         return max(load)
 
+    planned = []
+    for k, (g, stage_layers) in enumerate(layouts):
+        stages = StageInfo.of_network(graph, stage_layers)
+        procs = min(num_procs, len(stage_layers))
+        _check_step_size("ooo", len(stage_layers), m)
+        rows, estimate = ooo_order(stage_costs(graph, model, stage_layers), procs, m, options.push, stages,
+                                   interconnect)
+        planned.append((estimate, k, g, stage_layers, rows))
+    planned.sort(key=lambda plan: (plan[0], plan[1]))
+    timed = planned[:MAX_TIMED_LAYOUTS] + [plan for plan in planned[MAX_TIMED_LAYOUTS:] if plan[2] is None]
     best: ScheduleResult | None = None
-    for bound, _, (g, stage_layers) in sorted((busiest(ls), k, (g, ls)) for k, (g, ls) in enumerate(layouts)):
-        if best is not None and bound >= best.metrics.period_cycles:
-            break
-        result = _with_stages(network, graph, num_procs, model, options, interconnect, g, stage_layers, m)
+    for _, _, g, stage_layers, rows in timed:
+        if best is not None and busiest(stage_layers) >= best.metrics.period_cycles:
+            continue
+        result = _with_stages(network, graph, num_procs, model, options, interconnect, g, stage_layers, m, rows)
         if best is None or result.metrics.period_cycles < best.metrics.period_cycles:
             best = result
     assert best is not None
@@ -251,13 +265,10 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
 
 
 def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: CostModel, options: OOOOptions,
-                 interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int
-                 ) -> ScheduleResult:
-    """OOO's order of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous stages."""
+                 interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int,
+                 rows: list[list[StageOp]]) -> ScheduleResult:
+    """OOO's order `rows` of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous."""
     procs = min(num_procs, len(stage_layers))
-    _check_step_size("ooo", len(stage_layers), m)
-    stages = StageInfo.of_network(graph, stage_layers)
-    rows = ooo_order(stage_costs(graph, model, stage_layers), procs, m, options.push, stages, interconnect)
 
     def build(steps: int) -> OpSchedule:
         return _sync._schedule(rows, m, steps)
@@ -268,7 +279,7 @@ def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: 
     else:
         layout = f"modulo allocation: {len(stage_layers)} groups of {g} layers"
         chosen = replace(options, allocation="modulo", group_size=g)
-    picked = " (the fastest layout)" if options.allocation == "auto" or options.group_size is None else ""
+    picked = " (the fastest layout timed)" if options.allocation == "auto" or options.group_size is None else ""
     notes = (f"{layout}{picked} on {procs} of {num_procs} processors, {m} micro-batches per step"
              + (", push: at most N in flight" if options.push else ""),)
     return synchronous_result("ooo", chosen, network, graph, num_procs, model, interconnect, stage_layers,
