@@ -217,21 +217,25 @@ def test_the_policy_splits_the_heavy_layer_where_it_pays() -> None:
     from layerpipe.schedule import make_schedule
 
     net, model = load_network(HEAVY), PEModel()
-    split, ic = _layerpipe(net, 8, model, "links:2:16")
-    pipedream = make_schedule("pipedream", net, 8, model, interconnect=ic).metrics
-    unsplit = _layerpipe(net, 8, model, "links:2:16", split_layers=False)[0].metrics
-    assert split.network is not None and split.network.derives_from(HEAVY) and "|split fc1x" in split.network.name
-    assert split.graph is not None and split.graph.network is split.network
-    assert any("layer fc1 split into" in note for note in split.notes)
-    assert split.metrics.cycles_per_sample < 0.8 * pipedream.cycles_per_sample  # clearly faster (1.7x here)
-    assert split.metrics.cycles_per_sample < 0.8 * unsplit.cycles_per_sample
-    # The weight-stationary family proper: each part's F, E, G, U on one processor, only activations cross.
-    still, _ = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=True)
-    kept = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=True, split_layers=False)[0].metrics
-    assert still.network is not None and "|split fc1x" in still.network.name
-    assert still.metrics.cycles_per_sample < 0.9 * pipedream.cycles_per_sample < 0.3 * kept.cycles_per_sample
-    assert still.metrics.traffic_words_per_sample < pipedream.traffic_words_per_sample / 100
-    assert all(p.weight_count <= net.layer(1).weight_count // 5 for p in still.network.layers[:5])
+    for together in (False, True):
+        split, ic = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=together)
+        pipedream = make_schedule("pipedream", net, 8, model, interconnect=ic).metrics
+        unsplit = _layerpipe(net, 8, model, "links:2:16", keep_weights_together=together, split_layers=False)[0]
+        variant = split.network
+        assert variant is not None and variant.derives_from(HEAVY) and "|split fc1x" in variant.name
+        assert split.graph is not None and split.graph.network is variant
+        assert split.options.keep_weights_together == together  # type: ignore[attr-defined]  # the caller's
+        assert any("layer fc1 split into" in note for note in split.notes)
+        # Clearly faster than PipeDream and than the unsplit search (1,629 vs 2,091 cycles/sample here) ...
+        assert split.metrics.cycles_per_sample < 0.8 * min(pipedream.cycles_per_sample,
+                                                           unsplit.metrics.cycles_per_sample)
+        # ... weight-stationary: every part's F, E, G, U on one processor, so only activations and errors
+        # cross (1,324 vs PipeDream's 369,067 words/sample here).
+        where = split.periodic.placement()  # type: ignore[union-attr]
+        for layer in variant.layers:
+            assert len({p for (kind, l), p in where.items() if l == layer.index and kind != "A"}) == 1
+        assert split.metrics.traffic_words_per_sample < pipedream.traffic_words_per_sample / 100
+        assert all(p.weight_count <= net.layer(1).weight_count // 5 for p in variant.layers[:5])
 
 
 @settings(max_examples=15, deadline=None)

@@ -123,34 +123,41 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
     """The best of `network` as given and, under `split_layers`, its split variants, by (cycles per sample,
     words per sample, staleness). Greedy rounds: each round schedules the `split_variants` of the best network
-    so far and keeps the best if it beats the incumbent (so a second heavy layer can be split once the first
-    is), at most `MAX_SPLIT_ROUNDS` rounds. A split result's network and graph are the variant's and its notes
+    of the previous round (the first round: the network as given) and passes its best on to the next, so a
+    second heavy layer can be split once the first is; at most `MAX_SPLIT_ROUNDS` rounds; a variant replaces
+    the unsplit result only if it beats it. Variants are searched weight-stationary (`keep_weights_together`;
+    the result keeps the caller's options). A split result's network and graph are the variant's and its notes
     name the splits. The unsplit network is the first incumbent, so splitting never loses."""
     best = _schedule_network(network, num_procs, model, options, interconnect)
     if not options.split_layers:
         return best
-    splits: list[str] = []
+    # The family is weight-stationary (issue 9: "with the weights stationary, which moves only activations"):
+    # variants keep every layer's F, E, G, U together, so only activations and errors cross processors.
+    stationary = replace(options, keep_weights_together=True)
+    splits: list[str] = []  # the splits of the current round's network
     parts_made: set[str] = set()  # a part is not split again: its layer's part count was chosen already
-    current = network
+    current, incumbent = network, best
+    chosen: tuple[ScheduleResult, str] | None = None
     for _ in range(MAX_SPLIT_ROUNDS):
         found: tuple[ScheduleResult, Network, str, int] | None = None
-        for layer, parts in split_variants(current, num_procs, model, best, parts_made):
+        for layer, parts in split_variants(current, num_procs, model, incumbent, parts_made):
             variant = split_layer(current, layer, parts)
-            result = _schedule_network(variant, num_procs, model, options, interconnect)
-            if _rank(result) < _rank(found[0] if found else best):
+            result = replace(_schedule_network(variant, num_procs, model, stationary, interconnect), options=options)
+            if found is None or _rank(result) < _rank(found[0]):
                 found = (result, variant, layer, parts)
         if found is None:
             break
-        best, current, layer, parts = found
+        # The round's best variant goes on to the next round even when it does not beat the best yet: one
+        # split may only pay once a second heavy layer is split too.
+        incumbent, current, layer, parts = found
         splits.append(f"layer {layer} split into {parts} parts")
         parts_made.update(part_name(layer, j) for j in range(parts))
-    if splits:
-        # Weight-stationary only where the chosen placement keeps each part's F, E, G, U together (always under
-        # keep_weights_together; otherwise the traffic figure says what moved).
-        how = "weights stationary" if options.keep_weights_together else "each part placed by the search"
-        note = f"{'; '.join(splits)} by output rows/channels, {how} (network {current.name})"
-        best = replace(best, notes=(*best.notes, note))
-    return best
+        if _rank(incumbent) < _rank(chosen[0] if chosen else best):
+            chosen = (incumbent, f"{'; '.join(splits)} by output rows/channels, weights stationary "
+                                 f"(network {current.name})")
+    if chosen is None:
+        return best
+    return replace(chosen[0], notes=(*chosen[0].notes, chosen[1]))
 
 
 #: A layer is worth splitting when its weight-stationary work (F, A, E, G, U) is at least this share of the
