@@ -32,8 +32,12 @@ from layerpipe.schedule._ir import (
     Op,
     OpSchedule,
     PeriodicSchedule,
+    _header_int,
+    check_unfolding,
+    format_groups,
+    parse_groups,
     parse_op,
-    parse_reads,
+    parse_phase_reads,
 )
 
 #: Names of the formats `dump_schedule` and `load_schedule` take.
@@ -95,8 +99,10 @@ def _read_header(line: str) -> dict[str, str]:
 
 def from_csv(text: str) -> OpSchedule:
     """Parse the CSV form exactly: every non-empty cell must be an op of the schedule's level."""
-    level, sync, m = "layer", False, 0
+    level, sync, m, unfold = "layer", False, 0, 1
     reads: tuple[tuple[str, int, int], ...] = ()
+    phased: tuple[tuple[str, int, int, int], ...] = ()
+    groups: tuple[tuple[int, int], ...] = ()
     lines = text.splitlines()
     first_row = 1
     if lines and lines[0].startswith("#"):
@@ -110,7 +116,14 @@ def from_csv(text: str) -> OpSchedule:
         if level not in LEVELS:
             raise InputError(f"schedule CSV row 1: level '{level}' is not one of {', '.join(LEVELS)}")
         if "reads" in fields:
-            reads = tuple(parse_reads(f"reads={fields['reads']}", 1))
+            pins = parse_phase_reads(f"reads={fields['reads']}", 1)
+            reads = tuple((k, layer, st) for k, layer, phase, st in pins if phase == 0)
+            phased = tuple(r for r in pins if r[2] > 0)
+        if "unfold" in fields:  # unfolded schedules (J iterations per period) with update groups
+            unfold = _header_int(f"unfold={fields['unfold']}", 1)
+        if "groups" in fields:
+            groups = parse_groups(f"groups={fields['groups']}", 1)
+        check_unfolding(unfold, groups)
         first_row = 2
     kinds = KINDS_STAGE if level == "stage" else KINDS_LAYER
     procs = []
@@ -130,7 +143,7 @@ def from_csv(text: str) -> OpSchedule:
                 )
             row.append(Op(p, match.group(1), int(match.group(2)), int(match.group(3))))
         procs.append(tuple(row))
-    return OpSchedule(level, tuple(procs), sync, m, reads)
+    return OpSchedule(level, tuple(procs), sync, m, reads, unfold, groups, phased)
 
 
 # ----------------------------------------------------------------------------------------------- torch
@@ -242,6 +255,9 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
             "period_cycles": schedule.period,
             "bodies": [[str(s) for s in sorted(body)] for body in schedule.bodies],
         }
+        _unfolding_fields(doc, schedule.unfold, schedule.groups)
+        if schedule.read_floor:
+            doc["read_floor"] = [f"{k}{layer}{f'.{ph}' if ph else ''}:{st}" for k, layer, ph, st in schedule.read_floor]
     else:
         doc = {
             "format": "layerpipe-schedule",
@@ -251,9 +267,36 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
             "microbatches": schedule.microbatches,
             "procs": [[str(op) for op in row] for row in schedule.procs],
         }
-        if schedule.read_staleness:
-            doc["read_staleness"] = [f"{k}{layer}:{st}" for k, layer, st in schedule.read_staleness]
+        pins = [f"{k}{layer}:{st}" for k, layer, st in schedule.read_staleness]
+        pins += [f"{k}{layer}.{ph}:{st}" for k, layer, ph, st in schedule.read_phases]
+        if pins:
+            doc["read_staleness"] = pins
+        _unfolding_fields(doc, schedule.unfold, schedule.groups)
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _unfolding_fields(doc: dict[str, object], unfold: int, groups: tuple[tuple[int, int], ...]) -> None:
+    """`unfold` and `groups` only when not trivial, so schedules of one iteration per period keep their JSON."""
+    if unfold != 1:
+        doc["unfold"] = unfold
+    if groups:
+        doc["groups"] = format_groups(groups)
+
+
+def _unfolding_header(doc: dict) -> str:
+    """The text header words of a JSON document's `unfold`, `groups` and `read_floor` (parsed by the text
+    readers, which check them)."""
+    words = ""
+    if "unfold" in doc:
+        words += f" unfold={doc['unfold']}"
+    if "groups" in doc:
+        words += f" groups={doc['groups']}"
+    if "read_floor" in doc:
+        floor = doc["read_floor"]
+        if not isinstance(floor, list) or not all(isinstance(r, str) for r in floor):
+            raise InputError("schedule JSON: field 'read_floor' must be a list of strings like 'F3.1:1'")
+        words += " floor=" + ",".join(floor)
+    return words
 
 
 def from_json(text: str) -> OpSchedule | PeriodicSchedule:
@@ -264,7 +307,7 @@ def from_json(text: str) -> OpSchedule | PeriodicSchedule:
         raise InputError(f"schedule JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     kind = doc.get("format") if isinstance(doc, dict) else None
     if kind == "layerpipe-periodic-schedule":
-        lines = [f"# layerpipe periodic schedule v1 period={doc.get('period_cycles')}"]
+        lines = [f"# layerpipe periodic schedule v1 period={doc.get('period_cycles')}{_unfolding_header(doc)}"]
         lines += [f"p{p}: " + " ".join(_json_tokens(body, "bodies")) for p, body in enumerate(doc.get("bodies", []))]
         return PeriodicSchedule.from_text("\n".join(lines))
     if kind != "layerpipe-schedule":
@@ -281,8 +324,11 @@ def from_json(text: str) -> OpSchedule | PeriodicSchedule:
     reads = doc.get("read_staleness", [])
     if not isinstance(reads, list) or not all(isinstance(r, str) for r in reads):
         raise InputError("schedule JSON: field 'read_staleness' must be a list of strings like 'F3:2'")
-    parsed = tuple(parse_reads("reads=" + ",".join(reads), 1)) if reads else ()
-    return OpSchedule(level, procs, bool(doc.get("synchronous", False)), m, parsed)
+    pins = parse_phase_reads("reads=" + ",".join(reads), 1) if reads else []
+    head = OpSchedule.from_text("#" + _unfolding_header({k: doc[k] for k in ("unfold", "groups") if k in doc}))
+    return OpSchedule(level, procs, bool(doc.get("synchronous", False)), m,
+                      tuple((k, layer, st) for k, layer, ph, st in pins if ph == 0), head.unfold, head.groups,
+                      tuple(r for r in pins if r[2] > 0))
 
 
 def _json_tokens(row: object, field: str) -> list[str]:
