@@ -173,6 +173,8 @@ def test_bad_options_are_input_errors() -> None:
         make_schedule("dp-ooo", net, 2, MACS, DPOOOOptions(3))
     with pytest.raises(InputError, match=r"--bucket-words must be an integer >= 0"):
         DPOptions(-5)
+    with pytest.raises(InputError, match=r"comm_priority \(--comm-priority\) must be true or false, got 'yes'"):
+        DPOOOOptions(2, 0, "yes")  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"rtl cannot carry a data-parallel all-reduce"):
         make_schedule("dp", net, 2, MACS, None, Interconnect.rtl(4))
 

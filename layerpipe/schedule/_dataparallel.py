@@ -68,6 +68,7 @@ class DPOptions:
 
     def __post_init__(self) -> None:
         _check_bucket(self.bucket_words)
+        _check_priority(self.comm_priority)
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,17 @@ class DPOOOOptions:
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise InputError(f"--reverse-first-k must be an integer >= 0 or 'auto', got {k!r}")
         _check_bucket(self.bucket_words)
+        _check_priority(self.comm_priority)
 
 
 def _check_bucket(words: object) -> None:
     if isinstance(words, bool) or not isinstance(words, int) or words < 0:
         raise InputError(f"--bucket-words must be an integer >= 0 (0: one all-reduce per layer), got {words!r}")
+
+
+def _check_priority(value: object) -> None:
+    if not isinstance(value, bool):
+        raise InputError(f"comm_priority (--comm-priority) must be true or false, got {value!r}")
 
 
 def check_interconnect(interconnect: Interconnect) -> None:
