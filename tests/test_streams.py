@@ -8,6 +8,8 @@ beside the next forward, and the result is plain SGD.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -192,3 +194,31 @@ def test_waiting_transfers_leave_first_ready_or_by_priority(priorities: tuple[in
     t = run_program(prog, Interconnect.links(5, 1))
     assert (t.start[a], t.start[b], t.start[c]) == order
     assert t.end[a] == 15 and t.end[b] == order[1] + 3 + 5
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> Program:
+    """Random kernels on 1..3 streams of one device, each depending on a few earlier kernels."""
+    lanes, streams = draw(st.integers(1, 16)), draw(st.integers(1, 3))
+    prog = Program([lanes], [streams])
+    for i in range(draw(st.integers(1, 12))):
+        deps = draw(st.lists(st.integers(0, i - 1), max_size=2)) if i else []
+        prog.kernel(Op(0, "F", i + 1, 0), 0, draw(st.integers(0, streams - 1)), draw(st.integers(0, 60)),
+                    draw(st.integers(1, 20)), draw(st.integers(0, 5)), deps)
+    return prog
+
+
+@settings(max_examples=150, deadline=None)
+@given(prog=programs())
+def test_engine_keeps_stream_order_dependencies_and_the_lane_budget(prog: Program) -> None:
+    t = run_program(prog)
+    lanes = prog.lanes[0]
+    for i in range(prog.num_items):
+        assert all(t.start[i] >= t.end[d] for d in prog.deps[i])  # inputs first
+        alone = prog.overhead[i] + -(-prog.work[i] // min(prog.width[i], lanes))
+        assert t.end[i] - t.start[i] >= alone  # sharing never makes a kernel faster than running alone
+    for s in range(prog.streams[0]):
+        mine = [i for i in range(prog.num_items) if prog.stream[i] == s]
+        assert all(t.end[a] <= t.start[b] for a, b in pairwise(mine))  # one kernel at a time, in order
+    # the lanes do at most `lanes` MACs a cycle, so the run is at least the work over the lanes
+    assert t.total_cycles >= -(-sum(prog.work) // lanes)
