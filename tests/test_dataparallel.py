@@ -262,3 +262,28 @@ def test_report_section_states_ours_next_to_the_papers_ranges(monkeypatch, tmp_p
     assert {r["where"] for r in rows if r["part"] == "single-device"} == {"pe 8 lanes, overhead 4",
                                                                            "pe 5120 lanes, overhead 7000"}
     assert set(rows[0]) == set(report_ooo.COLUMNS)
+
+
+@settings(max_examples=15, deadline=None)
+@given(net=networks(max_layers=5, max_batch=2), n=st.integers(1, 3), ic=interconnects, data=st.data())
+def test_generated_networks_train_as_sequential_minibatch_sgd(net: Network, n: int, ic: Interconnect,
+                                                              data) -> None:
+    """Any network, N, interconnect and K: the simulated dp-ooo order gives the weights of the sequential
+    order of plain mini-batch SGD (`sequential_ops`, N micro-batches a step) in the same executor."""
+    from layerpipe.dfg import GraphOptions
+    from layerpipe.sim.functional import sequential_ops
+
+    weights = weight_layers(net)
+    if not weights:
+        return
+    k = data.draw(st.integers(0, len(weights)))
+    result = make_schedule("dp-ooo", net, n, MACS, DPOOOOptions(k), ic)
+    steps = 2
+    sim = simulate_policy_result(result, net, MACS, steps * n, SimConfig.of(ic, "latest"))
+    plain = {key: key[2] // n for key in sim.version_map}
+    assert sim.version_map == plain
+    init, batches = init_weights(net, 2), make_data(net, steps * n * net.batch, 2)
+    cfg = FunctionalConfig("latest", 2.0**-4, synchronous=True, microbatches=n)
+    got = run_functional(net, functional_order(sim), sim.version_map, init, batches, cfg)
+    want = run_functional(net, sequential_ops(net, steps * n, GraphOptions(), True, n), plain, init, batches, cfg)
+    assert_weights_close(got.weights, want.weights)
