@@ -76,7 +76,8 @@ _ECP5_DS = "Lattice FPGA-DS-02012 (ECP5 and ECP5-5G Family Data Sheet), Table 1.
 _UP_DS = "Lattice FPGA-DS-02008 (iCE40 UltraPlus Family Data Sheet), Table 1.1"
 _HX_DS = "Lattice FPGA-DS-02029 (iCE40 LP/HX Family Data Sheet), Table 1.1"
 
-#: Parts by CLI name. ECP5 LUT and FF counts are the data sheet's "24K / 44K / 84K LUTs" exactly (slices × 4);
+#: Parts by CLI name. The data sheets round ECP5 LUTs to "24K / 44K / 84K"; the exact counts (one FF per LUT)
+#: are nextpnr's device database's, which also gives every other figure here (tests/test_fpga.py checks the 25k);
 #: each ECP5 part is in its package with the most user I/O, since the accelerator's host ports are wide
 #: parallel buses (issue 16 item 3 narrows them); iCE40 UP5K comes only in SG48 (39 I/O) or UWG30.
 PARTS: Mapping[str, Part] = {p.name: p for p in (
