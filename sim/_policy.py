@@ -43,7 +43,12 @@ def simulated_network(result: ScheduleResult, network: Network) -> Network:
     scheduled = result.network
     if scheduled is None or scheduled.name == network.name:
         return network
-    if scheduled.derives_from(network.name) and scheduled.origin is not None:
+    root = scheduled
+    while root.origin is not None:
+        root = root.origin.source
+    # The variant's source must be this very network (names alone may repeat), at any batch.
+    if root is not scheduled and (root.name, root.input_shape, root.layers) == (network.name, network.input_shape,
+                                                                                network.layers):
         return scheduled.with_batch(network.batch) if scheduled.batch != network.batch else scheduled
     raise InputError(f"schedule is for network '{scheduled.name}', not '{network.name}'")
 

@@ -280,6 +280,13 @@ def test_policy_ops_refuse_a_result_for_another_network() -> None:
     result, _ = _layerpipe(load_network(HEAVY), 8, PEModel(), "links:2:16", keep_weights_together=True)
     with pytest.raises(InputError, match=r"schedule is for network 'mlp:784-256-128-10\|split .*', not 'lenet5'"):
         policy_ops(result, load_network("lenet5"), PEModel(), 4)
+    # a network of the same name but other layers is not the variant's source either
+    other = load_network("mlp:784-256-128-12")
+    impostor = Network(HEAVY, other.input_shape, other.layers, other.batch)
+    with pytest.raises(InputError, match="schedule is for network"):
+        policy_ops(result, impostor, PEModel(), 4)
+    schedule, _ = policy_ops(result, load_network(HEAVY), PEModel(), 4)  # the source itself runs the variant
+    assert max(op.unit for row in schedule.procs for op in row) == len(result.network)  # type: ignore[arg-type]
 
 
 def test_cli_simulates_split_results_and_no_split_layers_turns_splitting_off(tmp_path) -> None:
