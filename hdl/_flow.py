@@ -100,8 +100,36 @@ class Design:
             "y": expected["y"].reshape(rows, -1).tolist(),
             "layers": layers, "cycles_sim": int(sim.total_cycles), "max_samples": prog.max_samples,
             "links": [list(link) for link in prog.links()],
+            "trace": self.expected_trace(), "link_traffic": self.expected_link_traffic(),
             "commands": sum(len(op.kind) for op in sim.schedule.ops()),  # one PE command per atomic step
         }
+
+
+    def expected_trace(self) -> list[list[list[int]]]:
+        """Per PE, the simulator's op trace as the monitor sees it: [entry index, iteration, start cycle] in
+        issue order (the entry's first command issues in the op's start cycle)."""
+        prog, sim = self.program, self.sim
+        index = {(pe.index, e.kind, e.layer): i for pe in prog.pes for i, e in enumerate(pe.entries)}
+        trace: list[list[list[int]]] = [[] for _ in prog.pes]
+        for op, start in zip(sim.ops, sim.start, strict=True):
+            trace[op.proc].append([index[(op.proc, op.kind, op.unit)], op.iteration, int(start)])
+        for ops in trace:
+            ops.sort(key=lambda e: e[2])
+        return trace
+
+    def expected_link_traffic(self) -> list[list[int]]:
+        """Per link (`program.links()` order), [transfers, beats] of the run: one transfer per send of every op
+        whose consumer iteration t + delay is < T, ⌈elements/lanes⌉ beats each."""
+        prog = self.program
+        links = {link: [0, 0] for link in prog.links()}
+        for pe in prog.pes:
+            for entry in pe.entries:
+                for t in range(self.samples):
+                    for send in entry.sends:
+                        if t + send.delay < self.samples:
+                            links[(pe.index, send.dest)][0] += 1
+                            links[(pe.index, send.dest)][1] += pe.buffer(send.src).slot_words
+        return [links[link] for link in prog.links()]
 
 
 def _float_reference(design: Design, versions: dict, seed: int) -> dict[str, Any]:

@@ -83,6 +83,10 @@ class Sequencer(wiring.Component):
             "push_entry": Out(range(max(2, len(pe.entries)))),
             "push_iter": Out(unsigned(iteration_bits)),
             "exhausted": Out(1),  # no row left to issue
+            # Observation (a passive monitor's tap): an entry's first step issued this cycle, which, for which t.
+            "trace_valid": Out(1),
+            "trace_entry": Out(range(max(2, len(pe.entries)))),
+            "trace_iter": Out(unsigned(iteration_bits)),
             "issued": Out(32),  # commands issued in this run
         })
 
@@ -142,6 +146,9 @@ class Sequencer(wiring.Component):
             self.cmd.payload.eq(cmd),
             issue.eq(self.cmd.valid & self.cmd.ready),
             self.exhausted.eq(~have),
+            self.trace_valid.eq(issue & head),
+            self.trace_entry.eq(entry),
+            self.trace_iter.eq(t),
         ]
 
         with m.If(self.start):

