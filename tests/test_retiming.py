@@ -325,3 +325,28 @@ def test_retiming_package_has_no_import_circle_and_no_local_imports_of_itself() 
     for old in ("layerpipe._gradient_delays", "layerpipe._cycle_ratio"):
         with pytest.raises(ModuleNotFoundError):
             __import__(old)
+
+
+@settings(max_examples=150, deadline=None)
+@given(timed_graphs(max_nodes=6, max_delay=2))
+def test_clock_period_is_the_longest_zero_delay_path_by_brute_force(graph: TimedGraph) -> None:
+    n = len(graph.nodes)
+    zero = [(int(u), int(v)) for u, v, w in zip(graph.src, graph.dst, graph.delays, strict=True) if w == 0]
+    times = [int(t) for t in graph.times]
+
+    def longest(path: list[int]) -> int:  # every simple path over delay-0 edges, extended from its end
+        best = sum(times[v] for v in path)
+        for u, v in zero:
+            if u == path[-1]:
+                if v in path:
+                    raise ZeroDelayCycleError([v])
+                best = max(best, longest([*path, v]))
+        return best
+
+    try:
+        expected = max((longest([v]) for v in range(n)), default=0)
+    except ZeroDelayCycleError:
+        with pytest.raises(ZeroDelayCycleError):
+            clock_period(graph)
+        return
+    assert clock_period(graph) == expected

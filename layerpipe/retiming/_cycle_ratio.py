@@ -40,16 +40,23 @@ class ZeroDelayCycleError(ValueError):
 
 
 def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> nx.DiGraph[int]:
-    """The delay-0 edges over nodes 0..n−1 (node order kept, so networkx's traversals are deterministic)."""
+    """The delay-0 edges over nodes 0..n−1, in edge order (so networkx's traversals are deterministic).
+
+    Nodes without a delay-0 edge are left out: no cycle or path passes them, and adding 300 nodes one by
+    one costs as much as the cycle check itself.
+    """
     graph: nx.DiGraph[int] = nx.DiGraph()
-    graph.add_nodes_from(range(n))
     graph.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
     return graph
 
 
 def find_zero_delay_cycle(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> list[int] | None:
     """A cycle made only of delay-0 edges (node indices in edge order), or None if the delay-0 subgraph is a DAG."""
-    graph = zero_delay_graph(n, src, dst, delay)
+    return cycle_of(zero_delay_graph(n, src, dst, delay))
+
+
+def cycle_of(graph: nx.DiGraph[int]) -> list[int] | None:
+    """A cycle of `graph` (nodes in edge order), or None for a DAG."""
     if nx.is_directed_acyclic_graph(graph):  # a topological sort: far cheaper than find_cycle's edge DFS
         return None
     return [int(u) for u, _ in nx.find_cycle(graph)]
@@ -61,9 +68,7 @@ def _cyclic_edges(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
     Every node of a nontrivial component (or with a self-loop) keeps an out-edge inside it, which is what
     the policy iteration needs: each node must point somewhere a cycle can close.
     """
-    graph: nx.DiGraph[int] = nx.DiGraph()
-    graph.add_nodes_from(range(n))
-    graph.add_edges_from(zip(src, dst, strict=True))
+    graph: nx.DiGraph[int] = nx.DiGraph(zip(src, dst, strict=True))  # every end of an edge is a node
     component = {v: k for k, members in enumerate(nx.strongly_connected_components(graph)) for v in members}
     return [component[u] == component[v] for u, v in zip(src, dst, strict=True)]
 

@@ -38,12 +38,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from layerpipe.retiming._cycle_ratio import (
-    ZeroDelayCycleError,
-    find_zero_delay_cycle,
-    max_cycle_ratio,
-    zero_delay_graph,
-)
+from layerpipe.retiming._cycle_ratio import ZeroDelayCycleError, cycle_of, max_cycle_ratio, zero_delay_graph
 
 __all__ = [
     "IterationBound",
@@ -160,11 +155,11 @@ def iteration_bound(graph: TimedGraph) -> IterationBound:
 
 def _zero_delay_dag(graph: TimedGraph) -> nx.DiGraph[int]:
     """The delay-0 edges as a networkx DAG over node indices; raises `ZeroDelayCycleError` on a cycle."""
-    src, dst, delays = graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist()
-    cycle = find_zero_delay_cycle(len(graph.nodes), src, dst, delays)
+    dag = zero_delay_graph(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist())
+    cycle = cycle_of(dag)
     if cycle is not None:
         raise ZeroDelayCycleError(cycle)
-    return zero_delay_graph(len(graph.nodes), src, dst, delays)
+    return dag
 
 
 def clock_period(graph: TimedGraph) -> int:
@@ -174,7 +169,7 @@ def clock_period(graph: TimedGraph) -> int:
     every node v with weight t(v).
     """
     dag = _zero_delay_dag(graph)
-    if not len(dag):
+    if not graph.nodes:
         return 0
     times = graph.times.tolist()
     for _, v, data in dag.edges(data=True):
@@ -206,8 +201,7 @@ def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: n
                 return None  # r[v] ≥ r[v] + b
             continue
         weight[(u, v)] = max(weight.get((u, v), b), b)
-    graph: nx.DiGraph[int] = nx.DiGraph()
-    graph.add_nodes_from(range(n + 1))
+    graph: nx.DiGraph[int] = nx.DiGraph()  # the source's edges bring in every node
     graph.add_weighted_edges_from((n, v, 0) for v in range(n))
     graph.add_weighted_edges_from((u, v, -b) for (u, v), b in weight.items())
     try:
