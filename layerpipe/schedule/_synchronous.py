@@ -15,8 +15,8 @@ C(k) − C(k−1) once that difference has settled: the same value for the last 
 no op or transfer waits for a later step (a link carries its transfers in its sender's program order), so
 every step's difference is final; on the bus transfers queue in time order across steps, so the final step,
 whose drain has no next step competing, is left out. K starts at MIN_TIMED_STEPS and doubles up to
-MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference seen over the
-last half, rounded up, and says so in its notes (never seen on the zoo). Because the scheduler asks the
+MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over the last
+half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler asks the
 simulator, `simulate` of the result gives the scheduled step by construction, on shared, links and bus
 (tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
 
