@@ -23,8 +23,7 @@ import time
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
 from layerpipe.network import load_network
-from layerpipe.schedule import POLICIES, make_schedule
-from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule import POLICIES, LayerPipeOptions, make_schedule
 
 ZOO = ["mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50"]
 

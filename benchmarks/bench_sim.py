@@ -26,9 +26,7 @@ from collections.abc import Callable
 
 from layerpipe.costs import PEModel
 from layerpipe.network import load_network
-from layerpipe.schedule._formats import to_torch_actions
-from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._sync import one_f_one_b, zb_h1
+from layerpipe.schedule import ScheduleResult, one_f_one_b, to_torch_actions, zb_h1
 from layerpipe.schedule.policies import make_schedule
 from layerpipe.sim import (
     CompiledSchedule,

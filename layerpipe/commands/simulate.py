@@ -39,9 +39,7 @@ from layerpipe.commands._common import (
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network, load_network
-from layerpipe.schedule._deps import StageInfo
-from layerpipe.schedule._formats import load_schedule
-from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
+from layerpipe.schedule import OpSchedule, PeriodicSchedule, StageInfo, load_schedule
 from layerpipe.sim import (
     MODES,
     SimConfig,
