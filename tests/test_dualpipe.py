@@ -158,6 +158,6 @@ def test_policies_on_a_network_and_on_uniform_stages() -> None:
         result = make_schedule(name, net, 4, MODEL)
         assert result.synchronous and result.metrics.max_staleness == 0
         assert result.stages is not None and result.stages.num_stages == 8  # two chunks per processor
-    assert make_schedule("dualpipev", net, 4, MODEL).explicit.microbatches == 16  # type: ignore[union-attr]
+    assert make_schedule("dualpipev", net, 4, MODEL).explicit.microbatches == 8  # type: ignore[union-attr]
     uniform = schedule_stages("dualpipev", 4, SyncOptions(microbatches=8), (1, 1, 1))
     assert uniform.metrics.period_cycles >= 8 * 2 * 3  # two chunks of F + I + W per micro-batch per rank

@@ -115,8 +115,8 @@ SHAPES: dict[str, SyncShape] = {
     "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _sync.zb_h1(p, m, _virtual(o), k)),
     "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.zb_h2(p, m, k)),
     "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.zbv(p, m, k)),
-    # DualPipeV needs one micro-batch per stage at least (torch refuses fewer): 2 stages per processor.
-    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.dualpipev(p, m, k), lambda p: 4 * p),
+    # DualPipeV needs one micro-batch per stage at least (torch refuses fewer): the default 2p is that minimum.
+    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.dualpipev(p, m, k)),
     "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _sync.looped_bfs(p, m, _virtual(o), k)),
 }
 
