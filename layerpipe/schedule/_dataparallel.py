@@ -46,6 +46,7 @@ in the communication engine (no compute cycles), the transfers use no processor 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
@@ -55,6 +56,11 @@ from layerpipe.network import Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule.metrics import ScheduleMetrics, utilization_pct
+
+if TYPE_CHECKING:  # the simulator imports the schedule package: import it lazily at run time
+    from layerpipe.sim._interconnect import SimConfig
+    from layerpipe.sim._report import SimResult
+    from layerpipe.sim._streams import Program
 
 POLICY_NAMES = ("dp", "dp-ooo")
 #: Edge roles that are not data of one iteration on one replica (weights are gated by the update order).
@@ -153,7 +159,7 @@ def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_word
     return DPPlan(network, num_procs, graph, graph.costs(model), first, tuple(buckets), comm_priority)
 
 
-def build_program(p: DPPlan, steps: int):
+def build_program(p: DPPlan, steps: int) -> Program:
     """The kernels and ring transfers of `steps` steps (see the module docstring), as a stream-engine
     `Program` with one device of one lane per replica: a kernel of c cycles is c units of work."""
     from layerpipe.sim._streams import Program
@@ -231,7 +237,7 @@ def build_program(p: DPPlan, steps: int):
     return prog
 
 
-def simulate_plan(p: DPPlan, steps: int, interconnect: Interconnect, mode: str = "stash"):
+def simulate_plan(p: DPPlan, steps: int, interconnect: Interconnect, mode: str = "stash") -> SimResult:
     """Time `steps` steps on `interconnect`; a `SimResult` with one row per replica."""
     from layerpipe.sim._interconnect import SimConfig
     from layerpipe.sim._streams import run_program, sim_result
@@ -353,7 +359,8 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
                           interconnect=interconnect)
 
 
-def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int, config):
+def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
+                    config: SimConfig) -> SimResult:
     """`layerpipe.sim.simulate_policy_result` for dp and dp-ooo: ⌈iterations / N⌉ steps on `config`."""
     if iterations < 1:
         raise InputError(f"iterations must be >= 1, got {iterations}")

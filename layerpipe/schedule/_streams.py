@@ -27,6 +27,7 @@ reads the layer, so both policies are plain SGD, one update per micro-batch (no 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from layerpipe.costs import CostModel, MacsModel, PEModel, atomic_work
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
@@ -36,6 +37,11 @@ from layerpipe.network import Layer, Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule.metrics import ScheduleMetrics
+
+if TYPE_CHECKING:  # the simulator imports the schedule package: import it lazily at run time
+    from layerpipe.sim._interconnect import SimConfig
+    from layerpipe.sim._report import SimResult
+    from layerpipe.sim._streams import Program
 
 POLICY_NAMES = ("stream", "stream-ooo")
 #: Iterations simulated for a policy's figures: those `layerpipe explore` simulates (`layerpipe.dse._evaluate.
@@ -108,7 +114,7 @@ def plan(network: Network, model: CostModel, ooo: bool, streams: int, defer: int
     return StreamPlan(network, graph, device_of(model), streams, ooo, deferred)
 
 
-def build_program(p: StreamPlan, iterations: int):
+def build_program(p: StreamPlan, iterations: int) -> Program:
     """The kernels of `iterations` iterations on one device (module docstring)."""
     from layerpipe.sim._streams import Program
 
@@ -160,7 +166,7 @@ def build_program(p: StreamPlan, iterations: int):
     return prog
 
 
-def simulate_plan(p: StreamPlan, iterations: int, mode: str = "stash"):
+def simulate_plan(p: StreamPlan, iterations: int, mode: str = "stash") -> SimResult:
     """Time `iterations` iterations; a `SimResult` with one row per stream of the one device."""
     from layerpipe.sim._interconnect import SimConfig
     from layerpipe.sim._streams import run_program, sim_result
@@ -226,7 +232,8 @@ def schedule_stream_ooo(network: Network, num_procs: int, model: CostModel, opti
     return _schedule("stream-ooo", network, num_procs, model, options, True, options.streams, options.defer)
 
 
-def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int, config):
+def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
+                    config: SimConfig) -> SimResult:
     """`layerpipe.sim.simulate_policy_result` for stream and stream-ooo (one device: no transfers)."""
     if iterations < 1:
         raise InputError(f"iterations must be >= 1, got {iterations}")
