@@ -6,10 +6,12 @@ Every command's outputs go through here, so the guarantees of `docs/guarantees.m
   part. A symlink is followed (it stays a link; its final target gets the content). A character device or a
   FIFO (`/dev/null`, `/dev/stdout`, a named pipe with a reader) is written in place, as a stream, never
   replaced by a regular file; other special files (sockets, block devices) are refused.
-- `staged_folder(out, owns)` — an output folder built as a hidden sibling and swapped in. The swap is two
-  renames (out → `.out.PID.old.tmp`, `.out.PID.new.tmp` → out); `recover_folder` (run at the start of every
-  swap) finishes a swap a killed run left half-done or rolls back an unfinished build, so the folder is the
-  old or the new, never missing or mixed, and no temporary folder of a dead run survives the next run.
+- `staged_folder(out, owns)` — an output folder built as a hidden sibling `.out.PID.new.tmp` and swapped in
+  with one atomic `renameat2(RENAME_EXCHANGE)` (Linux), so a reader or a crash sees the old folder or the new,
+  never a missing or mixed one. Where the exchange is not available the swap is two renames (out →
+  `.out.PID.old.tmp`, new → out) and `recover_folder` (run at the start of every swap) finishes a swap a
+  killed run left half-done or rolls back an unfinished build; either way no temporary folder of a dead run
+  survives the next run.
   Files in an existing folder that the command does not write (`owns` says which) are refused, not deleted.
 - `check_output_folder` / `check_output_file` — the path checks a command runs before any work.
 - `read_text_limited(path, limit, field)` — regular files only, at most `limit` bytes, strict UTF-8, one-line
@@ -29,6 +31,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -352,11 +355,38 @@ def _swap(new: Path, out: Path, owns: Callable[[str], bool] | None, field: str) 
             if foreign:
                 raise InputError(f"{field} {out} holds '{foreign[0]}', which this command does not write; "
                                  "move it away (the folder is replaced whole)")
-        os.replace(out, old)
-        os.replace(new, out)
+        if _exchange(new, out):  # one atomic step: out is the new folder, `new` the old one
+            os.replace(new, old)
+        else:  # no renameat2: two renames, the window between them closed by `recover_folder`
+            os.replace(out, old)
+            os.replace(new, out)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, out)
+
+
+_RENAME_EXCHANGE = 2  # <linux/fs.h>
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (38, 22, 95, 18):  # ENOSYS, EINVAL (file system cannot), EOPNOTSUPP, EXDEV: fall back
+        return False
+    raise OSError(errno, os.strerror(errno), str(b))
 
 
 def temporaries(folder: str | Path) -> list[Path]:
