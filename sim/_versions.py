@@ -12,6 +12,8 @@
 - `ema`: E computes with the current weights (recorded here) and the moving-average correction
   reconstructs F_l(t)'s version; the version to reconstruct is F_l(t)'s entry in the same map.
 - synchronous schedules: every op of step j = t // m reads version j.
+- reads pinned by design (`OpSchedule.read_floor`: PipeDream-2BW's double buffer, window k reads version
+  k − 1) read that version even when a newer one has been written (never a newer one than the count).
 - asynchronous stage-level schedules have no update ops, so no versions are recorded for them.
 
 Ops that read no weights get −1.
@@ -51,9 +53,25 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
         versions[members] = np.searchsorted(update_ends[a:b], start[members], side="right")
     if remote_copies:
         _remote_copies(c, versions)
+    if sched.read_floor:
+        _apply_floor(c, versions, unit)
     if mode == "stash":
         _stash_from_forward(c, versions, readers, unit)
     return versions
+
+
+def _apply_floor(c: CompiledSchedule, versions: np.ndarray, unit: np.ndarray) -> None:
+    """Reads pinned by design (`OpSchedule.read_floor`, PipeDream-2BW's double buffer) read version
+    ⌊t/g⌋ − s even when a newer one is there: the version the policy gives them, not the newest."""
+    sched = c.schedule
+    groups = sched.groups_map()
+    floor = {(kind, layer, phase): s for kind, layer, phase, s in sched.read_floor}
+    kinds = [k for k, _ in c.tasks]
+    for i in np.flatnonzero(versions >= 0).tolist():
+        layer, t = int(unit[i]), int(c.iteration[i])
+        s = floor.get((kinds[c.task[i]], layer, t % sched.unfold))
+        if s is not None:
+            versions[i] = min(versions[i], max(0, t // groups.get(layer, 1) - s))
 
 
 def _remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:

@@ -35,6 +35,7 @@ from layerpipe.schedule._ir import (
     _header_int,
     check_unfolding,
     format_groups,
+    format_pins,
     parse_groups,
     parse_op,
     parse_phase_reads,
@@ -103,6 +104,7 @@ def from_csv(text: str) -> OpSchedule:
     reads: tuple[tuple[str, int, int], ...] = ()
     phased: tuple[tuple[str, int, int, int], ...] = ()
     groups: tuple[tuple[int, int], ...] = ()
+    floor: tuple[tuple[str, int, int, int], ...] = ()
     lines = text.splitlines()
     first_row = 1
     if lines and lines[0].startswith("#"):
@@ -123,6 +125,8 @@ def from_csv(text: str) -> OpSchedule:
             unfold = _header_int(f"unfold={fields['unfold']}", 1)
         if "groups" in fields:
             groups = parse_groups(f"groups={fields['groups']}", 1)
+        if "floor" in fields:
+            floor = tuple(parse_phase_reads(f"reads={fields['floor']}", 1))
         check_unfolding(unfold, groups)
         first_row = 2
     kinds = KINDS_STAGE if level == "stage" else KINDS_LAYER
@@ -143,7 +147,7 @@ def from_csv(text: str) -> OpSchedule:
                 )
             row.append(Op(p, match.group(1), int(match.group(2)), int(match.group(3))))
         procs.append(tuple(row))
-    return OpSchedule(level, tuple(procs), sync, m, reads, unfold, groups, phased)
+    return OpSchedule(level, tuple(procs), sync, m, reads, unfold, groups, phased, floor)
 
 
 # ----------------------------------------------------------------------------------------------- torch
@@ -257,7 +261,7 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
         }
         _unfolding_fields(doc, schedule.unfold, schedule.groups)
         if schedule.read_floor:
-            doc["read_floor"] = [f"{k}{layer}{f'.{ph}' if ph else ''}:{st}" for k, layer, ph, st in schedule.read_floor]
+            doc["read_floor"] = format_pins(schedule.read_floor)
     else:
         doc = {
             "format": "layerpipe-schedule",
@@ -272,6 +276,8 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
         if pins:
             doc["read_staleness"] = pins
         _unfolding_fields(doc, schedule.unfold, schedule.groups)
+        if schedule.read_floor:
+            doc["read_floor"] = format_pins(schedule.read_floor)
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -293,9 +299,9 @@ def _unfolding_header(doc: dict) -> str:
         words += f" groups={doc['groups']}"
     if "read_floor" in doc:
         floor = doc["read_floor"]
-        if not isinstance(floor, list) or not all(isinstance(r, str) for r in floor):
-            raise InputError("schedule JSON: field 'read_floor' must be a list of strings like 'F3.1:1'")
-        words += " floor=" + ",".join(floor)
+        if not isinstance(floor, str) or " " in floor:
+            raise InputError("schedule JSON: field 'read_floor' must be a string like 'F3:1,F3.1:1'")
+        words += " floor=" + floor
     return words
 
 
@@ -325,10 +331,10 @@ def from_json(text: str) -> OpSchedule | PeriodicSchedule:
     if not isinstance(reads, list) or not all(isinstance(r, str) for r in reads):
         raise InputError("schedule JSON: field 'read_staleness' must be a list of strings like 'F3:2'")
     pins = parse_phase_reads("reads=" + ",".join(reads), 1) if reads else []
-    head = OpSchedule.from_text("#" + _unfolding_header({k: doc[k] for k in ("unfold", "groups") if k in doc}))
+    head = OpSchedule.from_text("#" + _unfolding_header(doc))
     return OpSchedule(level, procs, bool(doc.get("synchronous", False)), m,
                       tuple((k, layer, st) for k, layer, ph, st in pins if ph == 0), head.unfold, head.groups,
-                      tuple(r for r in pins if r[2] > 0))
+                      tuple(r for r in pins if r[2] > 0), head.read_floor)
 
 
 def _json_tokens(row: object, field: str) -> list[str]:

@@ -115,6 +115,9 @@ class OpSchedule:
     #: op (kind, l, t) that reads pinned weights reads version ⌊t/g⌋ − s. Layers not named have g = 1.
     groups: tuple[tuple[int, int], ...] = ()
     read_phases: tuple[tuple[str, int, int, int], ...] = ()
+    #: Reads pinned by design (`PeriodicSchedule.read_floor`, PipeDream-2BW's double buffer), (kind, layer,
+    #: phase, s): the op reads version ⌊t/g⌋ − s even when a newer one has been written by the time it starts.
+    read_floor: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def num_procs(self) -> int:
@@ -135,7 +138,7 @@ class OpSchedule:
     @property
     def simple(self) -> bool:
         """One iteration per period and one update per iteration: the rules of the fast paths apply."""
-        return self.unfold == 1 and not self.groups and not self.read_phases
+        return self.unfold == 1 and not self.groups and not self.read_phases and not self.read_floor
 
     def ops(self) -> Iterable[Op]:
         for row in self.procs:
@@ -172,6 +175,8 @@ class OpSchedule:
         pins += [f"{k}{layer}.{phase}:{s}" for k, layer, phase, s in self.read_phases]
         if pins:
             head += " reads=" + ",".join(pins)
+        if self.read_floor:
+            head += " floor=" + format_pins(self.read_floor)
         lines = [head]
         for p, row in enumerate(self.procs):
             lines.append(f"p{p}: " + " ".join(str(op) for op in row))
@@ -182,6 +187,7 @@ class OpSchedule:
         level, sync, m, unfold = "layer", False, 0, 1
         reads: list[tuple[str, int, int, int]] = []
         groups: tuple[tuple[int, int], ...] = ()
+        floor: tuple[tuple[str, int, int, int], ...] = ()
         header, lines = _split_text(text, "schedule")
         for n, word in header:
             if word.startswith("level="):
@@ -196,6 +202,8 @@ class OpSchedule:
                 unfold = _header_int(word, n)
             elif word.startswith("groups="):
                 groups = parse_groups(word, n)
+            elif word.startswith("floor="):
+                floor = tuple(parse_phase_reads("reads=" + word.split("=", 1)[1], n))
         rows: list[tuple[Op, ...]] = []
         for n, tokens in lines:
             try:
@@ -213,7 +221,7 @@ class OpSchedule:
         check_unfolding(unfold, groups)
         phase0 = tuple((k, layer, st) for k, layer, phase, st in reads if phase == 0)
         phased = tuple(r for r in reads if r[2] > 0)
-        return OpSchedule(level, tuple(rows), sync, m, phase0, unfold, groups, phased)
+        return OpSchedule(level, tuple(rows), sync, m, phase0, unfold, groups, phased, floor)
 
 
 def _split_text(text: str, what: str) -> tuple[list[tuple[int, str]], list[tuple[int, list[str]]]]:
@@ -263,6 +271,11 @@ def parse_reads(word: str, line: int) -> list[tuple[str, int, int]]:
                              "which only unfolded schedules have")
         out.append((kind, layer, s))
     return out
+
+
+def format_pins(pins: Iterable[tuple[str, int, int, int]]) -> str:
+    """(kind, layer, phase, s) entries as `F3:2,F3.1:1` (the `reads=` and `floor=` forms)."""
+    return ",".join(f"{k}{layer}{f'.{phase}' if phase else ''}:{st}" for k, layer, phase, st in pins)
 
 
 def format_groups(groups: Iterable[tuple[int, int]]) -> str:
@@ -411,7 +424,7 @@ class PeriodicSchedule:
         phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
         phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
         return OpSchedule("layer", tuple(rows), read_staleness=phase0, unfold=self.unfold, groups=self.groups,
-                          read_phases=phased)
+                          read_phases=phased, read_floor=self.read_floor)
 
     def read_staleness(self) -> tuple[tuple[str, int, int], ...]:
         """(kind, layer, s) of the phase-0 reads `read_pins` pins (every read when J = 1)."""
@@ -470,8 +483,7 @@ class PeriodicSchedule:
         if self.groups:
             head += " groups=" + format_groups(self.groups)
         if self.read_floor:
-            head += " floor=" + ",".join(f"{k}{layer}{f'.{ph}' if ph else ''}:{st}"
-                                         for k, layer, ph, st in self.read_floor)
+            head += " floor=" + format_pins(self.read_floor)
         lines = [head]
         for p, body in enumerate(self.bodies):
             lines.append(f"p{p}: " + " ".join(str(s) for s in sorted(body)))

@@ -367,7 +367,8 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
 def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,
                       interconnect: Interconnect) -> list[int]:
     """PipeDream-2BW's steady state (ICML'21 §3, fig. 3) for a straight pipeline unfolded by m: stage s runs m
-    slots of σ_s = f_s + b_s cycles from offset o_s — slot j holds the forward of micro-batch j and the
+    slots of σ_s ≥ f_s + b_s cycles (the widest stage's, where the period leaves room for the stage's updates)
+    from offset o_s — slot j holds the forward of micro-batch j and the
     backward of micro-batch j − d_s (of the previous window when negative) — then its updates. o_{s+1} and
     d_s are the smallest that let every forward follow its input and every backward follow the next stage's
     (over all slots of the window, transfers uncontended); `minimal_lags` then makes the timing legal."""
@@ -380,7 +381,14 @@ def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int
                 su = stage_of[table.tasks[u].layer]
                 if su != stage_of[t.layer]:
                     (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
-    sigma = [f[s] + b[s] for s in range(count)]
+    u = [0] * count
+    for t, c in zip(table.tasks, table.cost, strict=True):
+        if t.kind == "U":
+            u[stage_of[t.layer]] += c
+    # Slots as long as the longest stage's (so a faster stage does not run ahead of the pipeline), as long as
+    # the stage's m slots and updates still fit in the period.
+    widest = max(f[s] + b[s] for s in range(count))
+    sigma = [max(f[s] + b[s], min(widest, (period - u[s]) // m)) for s in range(count)]
     offset = [0] * count
     for s in range(1, count):
         offset[s] = max(offset[s - 1] + j * (sigma[s - 1] - sigma[s]) + f[s - 1] + comm_f[s] for j in range(m))

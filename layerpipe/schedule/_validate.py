@@ -457,9 +457,9 @@ def periodic_staleness(
 def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[int, int]:
     """Weight versions of each layer held at once in the steady state of the periodic timing: the current
     version plus every version a forward has read and its backward has not finished with (under `stash`
-    E_l(t) uses the version F_l(t) read; without a stash edge, one version). Counted the way the simulator's
-    memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window of iterations
-    deep in the steady state, versions read from `read_pins`, update ends from the U slots.
+    E_l(t) uses the version F_l(t) read; without a stash edge, while the forward runs). Counted the way the
+    simulator's memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window
+    of iterations deep in the steady state, versions read from `read_pins`, update ends from the U slots.
     """
     stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
     pins = schedule.read_pins()
@@ -471,7 +471,9 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[
         if not layer.has_weights:
             continue
         back = next((t.kind for t in graph.tasks if t.layer == layer.index and "E" in t.kind), None)
-        if layer.index not in stashing or back is None or ("U", layer.index) not in schedule.costs:
+        if layer.index not in stashing:
+            back = "F"  # no stash: a forward holds its version only while it runs (2BW's floor makes it older)
+        if back is None or ("U", layer.index) not in schedule.costs:
             out[layer.index] = 1
             continue
         g, per = schedule.group(layer.index), schedule.phases("U", layer.index)
