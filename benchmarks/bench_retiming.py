@@ -1,4 +1,5 @@
-"""Time the retiming pipeline on ResNet-50: build the DFG, its iteration bound, delays for even:8 / even:16.
+"""Time the retiming pipeline on ResNet-50: build the DFG, its iteration bound, delays for even:8 / even:16,
+and the networkx graph layer: the DFG as a networkx graph and as GraphML, Leiserson–Saxe W/D on LeNet-5.
 
 Run: .venv/bin/python benchmarks/bench_retiming.py [--network resnet50] [--repeat 3]
 Prints the best of `repeat` wall-clock times per step (milliseconds) and the results they produced.
@@ -13,8 +14,8 @@ from typing import TypeVar
 
 from layerpipe.costs import make_cost_model
 from layerpipe.dfg import build_training_graph
-from layerpipe.network import load_network
-from layerpipe.retiming import iteration_bound, solve_delays, timed_graph
+from layerpipe.network import load_network, to_graphml
+from layerpipe.retiming import iteration_bound, solve_delays, timed_graph, wd_matrices
 from layerpipe.stages import parse_stage_map
 
 T = TypeVar("T")
@@ -53,6 +54,15 @@ def main() -> None:
         print(f"  solve delays {spec:8s}     {ms:9.1f} ms   total D = {sum(solution.delays.values())}, "
               f"max D = {max(solution.delays.values())}, T_inf after = {float(after.bound):.0f} cycles/iteration "
               "(bounds before/after included)")
+    ms, nx_graph = best_of(args.repeat, lambda: graph.to_networkx(model))
+    print(f"  DFG to networkx           {ms:9.1f} ms   {nx_graph.number_of_nodes()} nodes, "
+          f"{nx_graph.number_of_edges()} edges")
+    ms, text = best_of(args.repeat, lambda: to_graphml(nx_graph))
+    print(f"  DFG as GraphML            {ms:9.1f} ms   {len(text)} bytes")
+    small = build_training_graph(load_network("lenet5"))
+    timed = timed_graph(small, small.costs(model))
+    ms, (w_mat, _) = best_of(args.repeat, lambda: wd_matrices(timed))
+    print(f"  W/D matrices (lenet5)     {ms:9.1f} ms   {w_mat.shape[0]}x{w_mat.shape[1]} (Floyd-Warshall)")
 
 
 if __name__ == "__main__":
