@@ -55,7 +55,7 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule.metrics import ScheduleMetrics, utilization_pct
+from layerpipe.schedule.metrics import ScheduleMetrics
 
 if TYPE_CHECKING:  # the simulator imports the schedule package: import it lazily at run time
     from layerpipe.sim._interconnect import SimConfig
@@ -333,7 +333,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
     metrics = ScheduleMetrics(
         cycles_per_sample=step / samples,  # exactly what simulating the same steps measures
         lower_bound_cycles=max(work, channel) / samples,
-        utilization_pct=utilization_pct(num_procs * work, num_procs, step),
+        utilization_pct=round(100.0 * work / step, 3) if step else 0.0,  # each replica's busy share
         traffic_words_per_sample=traffic / samples,
         weight_versions=1,
         max_staleness=0,
