@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from layerpipe import costs
 from layerpipe.errors import InputError
 from layerpipe.hdl._pe import MAX_BATCH, MAX_LANES, op_cycles
 from layerpipe.network import Layer
@@ -53,5 +52,3 @@ class RTLCostModel:
         rows, cols = task_shape(layer, kind)
         return op_cycles(rows, cols, self.lanes, 1 if kind == "U" else batch)
 
-
-costs.COST_MODELS.setdefault("rtl", RTLCostModel)
