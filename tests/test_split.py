@@ -131,6 +131,7 @@ def test_initial_weights_are_slices_of_the_unsplit_ones() -> None:
     (lambda: load_network("mlp:8-6-4", 1), "fc2", 2, "is the output layer"),
     (lambda: load_network("mlp:8-6-4", 1), "nope", 2, "no layer named 'nope'"),
     (_conv_net, "flat", 2, "is a flatten layer without weights to split"),
+    (_conv_net, "c2", 2, r"feeds 'flat' \(flatten\), which cannot read a concatenation"),
     (lambda: NetworkBuilder("p", (1, 4, 4)).add("c", Conv2d(2, 1)).add("p", Pool2d("max", 2)).add(
         "f", Flatten()).add("o", Linear(2)).build(), "c", 2, r"feeds 'p' \(pool\), which cannot read a concat"),
     (lambda: NetworkBuilder("r", (4,)).add("a", Linear(4)).add("j", Add(), ["a", "input"]).add(
@@ -173,6 +174,39 @@ def test_reference_split_equals_unsplit_to_float64_rounding(network: Network, da
     parted = train_reference(split, init_weights(split, 7), batch_data, _lags(split, lag), mode)
     assert _close(merge_weights(split, parted.weights), plain.weights)
     assert np.allclose(parted.losses, plain.losses, rtol=1e-12, atol=1e-14)
+
+
+@st.composite
+def _conv_chains(draw: st.DrawFn) -> tuple[Network, str, int]:
+    """A small conv2d → conv2d → flatten → linear network and a split of its first conv."""
+    size = draw(st.integers(4, 7))
+    b = NetworkBuilder("convs", (draw(st.integers(1, 3)), size, size), draw(st.integers(1, 2)))
+    for name in ("c1", "c2"):
+        kernel = draw(st.integers(1, min(3, size)))
+        stride, padding = draw(st.integers(1, 2)), draw(st.integers(0, kernel - 1))
+        b.add(name, Conv2d(draw(st.integers(2, 5)), kernel, stride=stride, padding=padding, bias=draw(st.booleans()),
+                           activation=draw(st.sampled_from(("relu", "identity")))))
+        size = (size + 2 * padding - kernel) // stride + 1
+    b.add("flat", Flatten()).add("out", Linear(draw(st.integers(1, 3))))
+    net = b.build()
+    return net, "c1", draw(st.integers(2, net.layer(1).out_shape[0]))
+
+
+@settings(max_examples=10, deadline=None)
+@given(_conv_chains())
+def test_conv_splits_keep_work_and_train_like_the_unsplit_network(case: tuple[Network, str, int]) -> None:
+    """Generated conv2d splits by output channels: same weights and MACs, same float64 training."""
+    pytest.importorskip("torch")
+    from layerpipe.reference import train_reference
+
+    net, name, parts = case
+    split = split_layer(net, name, parts)
+    assert split.total_weights == net.total_weights
+    assert sum(layer.forward_macs for layer in split.layers) == sum(layer.forward_macs for layer in net.layers)
+    batch_data = make_data(net, 4 * net.batch, 2)
+    plain = train_reference(net, init_weights(net, 2), batch_data, _lags(net, 1))
+    parted = train_reference(split, init_weights(split, 2), batch_data, _lags(split, 1))
+    assert _close(merge_weights(split, parted.weights), plain.weights)
 
 
 @pytest.mark.parametrize("fixed", [False, True])
