@@ -123,7 +123,7 @@ def init_weights(network: Network, seed: int, fmt: FixedFormat | None = None) ->
         shape = weight_shape(layer)
         bound = 1.0 / math.sqrt(math.prod(shape[1:]))  # 1/√fan_in
         out[f"W{layer.index}"] = rng.uniform(-bound, bound, size=shape)
-        if layer.op.bias:
+        if layer.has_bias:
             out[f"b{layer.index}"] = rng.uniform(-bound, bound, size=(shape[0],))
     if fmt is not None:
         out = {key: fmt.quantize(value) for key, value in out.items()}

@@ -196,7 +196,7 @@ class _Trainer:
             if layer.has_weights:
                 shape = weight_shape(layer)
                 w0 = self._encode(_initial(init, f"W{layer.index}", shape))
-                b0 = self._encode(_initial(init, f"b{layer.index}", shape[:1])) if layer.op.bias else None
+                b0 = self._encode(_initial(init, f"b{layer.index}", shape[:1])) if layer.has_bias else None
                 self.histories[layer.index] = _History(layer.index, w0, b0, group_of(layer.index), self._sgd,
                                                        self._ema_average)
 

@@ -66,6 +66,11 @@ class Layer:
         return math.prod(self.out_shape)
 
     @property
+    def has_bias(self) -> bool:
+        """Whether the layer adds a bias (only linear and conv2d layers can)."""
+        return bool(getattr(self.op, "bias", False))
+
+    @property
     def weight_count(self) -> int:
         """|W_l| in words, bias included."""
         return self.op.weight_count(list(self.in_shapes))
