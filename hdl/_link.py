@@ -150,7 +150,7 @@ class LinkSender(wiring.Component):
                             src_buf = src_pe.buffer(s.src)
                             index = Signal(signed(ibits + 2), name=f"src_index{e}_{k}")
                             m.d.comb += index.eq(cur_iter + s.src_offset)
-                            clamped = Mux(index < 0, 0, index)[:ibits + 1]
+                            clamped = (Mux(index < 0, 0, index) if s.src_offset < 0 else index)[:ibits + 1]
                             m.d.comb += [
                                 src_addr.eq(slot_address(src_buf, clamped)),
                                 beats.eq(src_buf.slot_words),

@@ -111,7 +111,10 @@ class Sequencer(wiring.Component):
         keys = []
         for i, row in enumerate(rows):
             lag = Const(row.lag, pbits)
-            in_now = ~init & (Const(i, row_bits + 1) > pc) & (period >= lag) & (period < self.samples + lag)
+            # Terms that are constant for this row are left out (Verilator's lint flags constant comparisons).
+            after = (Const(i, row_bits + 1) > pc) if i > 0 else Const(0, 1)
+            started_lag = (period >= lag) if row.lag > 0 else Const(1, 1)
+            in_now = ~init & after & started_lag & (period < self.samples + lag)
             later = Signal(pbits, name=f"later{i}")
             m.d.comb += later.eq(Mux(j_next > lag, j_next, lag))
             ok_later = later < self.samples + lag
@@ -202,7 +205,7 @@ class Sequencer(wiring.Component):
                 return b.base
             v = Signal(self.iteration_bits + 1, name=f"version_{step.kind}{step.layer}_{offset + 64}")
             shifted = t + offset  # t is unsigned: the sum widens to a signed shape that holds t − |offset|
-            m.d.comb += v.eq(Mux(shifted < 0, 0, shifted))
+            m.d.comb += v.eq(Mux(shifted < 0, 0, shifted) if offset < 0 else shifted)
             return _ring(v, b)
 
         if step.kind in "FE":
