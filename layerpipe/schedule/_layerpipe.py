@@ -25,6 +25,7 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network, part_name, split_layer, split_refusal
 from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
@@ -42,6 +43,7 @@ from layerpipe.schedule._shared import (
     timing_of,
 )
 from layerpipe.schedule._shared import timed as timed_starts
+from layerpipe.schedule._unfold import balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 
 #: Period probes under a staleness bound grow by this factor until one is feasible.
@@ -58,8 +60,12 @@ class LayerPipeOptions:
     keep_weights_together: bool = False  #: a layer's F, E, G, U on one processor: no weight traffic
     max_traffic: float | None = None  #: bound on words moved between processors per sample (None: unbounded)
     split_layers: bool = True  #: also try heavy layers split by output rows/channels (`split_variants`)
+    #: J iterations per period (`--unfold`): the graph unfolded by J (`_unfold.balanced_unfolded`), a task's
+    #: copies of alternate iterations may sit on different processors (issue 10 item 5)
+    unfold: int = 1
 
     def __post_init__(self) -> None:
+        check_unfolding(self.unfold, ())
         if self.max_staleness is not None and self.max_staleness < 0:
             raise InputError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.max_traffic is not None and not self.max_traffic >= 0:
@@ -128,6 +134,8 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     the unsplit result only if it beats it. Variants are searched weight-stationary (`keep_weights_together`;
     the result keeps the caller's options). A split result's network and graph are the variant's and its notes
     name the splits. The unsplit network is the first incumbent, so splitting never loses."""
+    if options.unfold > 1:
+        return _schedule_unfolded(network, num_procs, model, options, interconnect)
     best = _schedule_network(network, num_procs, model, options, interconnect)
     if not options.split_layers:
         return best
@@ -375,3 +383,18 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
         else:
             period, found = mid, trial
     return found
+
+
+def _schedule_unfolded(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
+                       interconnect: Interconnect) -> ScheduleResult:
+    """`--unfold J`: LayerPipe's tasks unfolded by J and balanced copy by copy (`balanced_unfolded`); no layer
+    splits, no staleness or traffic bound (refused rather than ignored)."""
+    if options.max_staleness is not None or options.max_traffic is not None:
+        raise InputError("--unfold takes no --max-staleness or --max-traffic (the unfolded search is by load only)")
+    graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
+    table = TaskTable.of(graph, model)
+    unfolded, placement, period, timing = balanced_unfolded(table, options.unfold, num_procs, interconnect,
+                                                            options.keep_weights_together)
+    return periodic_result("layerpipe", options, unfolded, num_procs, placement, timing.start, timing.lag, period,
+                           unfolded.cost, interconnect=interconnect, arrival=timing.arrival,
+                           base_item_costs=table.cost)

@@ -26,9 +26,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from layerpipe.dfg import TrainingGraph
+from layerpipe.errors import InputError
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
 from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding
-from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule._shared import (
+    TaskTable,
+    Timing,
+    asap_keys,
+    asap_times,
+    balance,
+    best_ordering,
+    default_targets,
+    timing_of,
+)
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
 PhaseTask = tuple[str, int, int]
@@ -192,3 +204,45 @@ def update_chain_lags(table: TaskTable, start: Sequence[int], lag: Sequence[int]
         else:
             return None
     return out
+
+
+def balanced_unfolded(table: TaskTable, unfold: int, num_procs: int, interconnect: Interconnect = SHARED,
+                      together: bool = False) -> tuple[UnfoldedTable, list[int], int, Timing]:
+    """LayerPipe's load balancing on `table` unfolded by J (`--unfold J`, issue 10 item 5): the copies are the
+    items (LPT + moves and swaps, `balance`), so a heavy task's copies of alternate iterations may land on
+    different processors; a layer's update copies stay together (one processor holds W_l and applies its
+    updates in order), and under `together` every weight task copy of the layer with them. The period is the
+    busiest processor or channel; bodies are ordered and packed by `best_ordering` (ASAP orders and target
+    packings), lags are the minimal ones on the interconnect, raised where the update order wraps around the
+    period (`update_chain_lags`). Simplification: one update per iteration (no groups), the placement is
+    chosen for load, not traffic."""
+    unfolded = unfold_table(table, unfold)
+    weighted = {t.layer for t in table.tasks if t.kind == "U"}
+    keys: dict[object, int] = {}
+    item_of = []
+    for v, t in enumerate(unfolded.tasks):
+        if t.kind == "U" or (together and t.layer in weighted and any(t.has(k) for k in "FEGU")):
+            key: object = ("layer", t.layer)
+        else:
+            key = v
+        item_of.append(keys.setdefault(key, len(keys)))
+    weights = [0] * len(keys)
+    for v, i in enumerate(item_of):
+        weights[i] += unfolded.cost[v]
+    item_proc = balance(weights, num_procs)
+    placement = [item_proc[i] for i in item_of]
+    loads = [0] * num_procs
+    for v, p in enumerate(placement):
+        loads[p] += unfolded.cost[v]
+    period = max(max(loads), busiest_channel(unfolded, Comm(placement, interconnect, num_procs)))
+    asap = asap_times(unfolded)
+    candidates = []
+    keyed = [[key] for key in asap_keys(asap, period)]
+    for keys_, targets in [*[(k, []) for k in keyed], ([], default_targets(unfolded, placement, num_procs, asap))]:
+        found = best_ordering(unfolded, placement, num_procs, period, keys_, targets, interconnect=interconnect)
+        lags = update_chain_lags(unfolded, found.start, found.lag, period)
+        if lags is not None:
+            candidates.append(timing_of(unfolded, found.start, lags, period, found.arrival))
+    if not candidates:
+        raise InputError(f"unfold={unfold}: no body order keeps a layer's update copies in order; try another J")
+    return unfolded, placement, period, min(candidates, key=Timing.score)
