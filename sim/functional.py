@@ -236,7 +236,7 @@ class _Executor:
                 shape = weight_shape(layer)
                 w = self.arith.encode(_require(init, f"W{layer.index}", shape))
                 b = None
-                if layer.op.bias:
+                if layer.has_bias:
                     b = self.arith.encode(_require(init, f"b{layer.index}", shape[:1]))
                 self.history[layer.index] = {0: _Version(w, b, np.zeros_like(w))}
                 self.current[layer.index] = 0
@@ -434,7 +434,7 @@ class _Executor:
         if isinstance(layer.op, Conv2d):
             self.grads[(layer.index, op.iteration)] = self.arith.conv_weight_gradient(delta, a_in, layer.op)
         else:
-            self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.op.bias)
+            self.grads[(layer.index, op.iteration)] = self.arith.weight_gradient(delta, a_in, layer.has_bias)
 
     def _update(self, layer: Layer, op: Op, index: int) -> None:
         l, k = layer.index, op.iteration
