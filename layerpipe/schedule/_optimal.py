@@ -8,6 +8,12 @@ reads, not precedence. So a period P is achievable exactly when the tasks (or, u
 are sorted by cost and item i may only use processors 0..i (symmetry breaking: any assignment can be
 relabelled into that form). The relative MIP gap is 0, so status "optimal" is a proof. Body order and lags
 then come from the same passes as the `layerpipe` policy.
+
+What it proves, and what not (issue 10 item 5): optimality among periodic schedules of ONE iteration per
+period (J = 1), where every task has one slot. Unfolded schedules (J iterations per period, a task's copies
+on different processors — replicated `pipedream`, `layerpipe --unfold J`) are outside the model and can be
+faster: their bound is `ScheduleMetrics.lower_bound_unfolded_cycles` (Σc/N per iteration), and the result's
+note says so. The assignment also ignores the interconnect (transfers are planned afterwards by the passes).
 """
 
 from __future__ import annotations
@@ -136,5 +142,7 @@ def schedule_optimal(network: Network, num_procs: int, model: CostModel, options
     timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                            default_targets(table, placement, num_procs, asap))
     note = f"optimal: {how}" if proven else f"time limit {options.time_limit_s}s hit: period not proven optimal"
+    note += (" (among schedules of one iteration per period, J = 1; unfolded schedules, e.g. replicated pipedream, "
+             "may be faster: see lower_bound_unfolded_cycles)")
     return periodic_result("optimal", options, table, num_procs, placement, timing.start, timing.lag, period,
                            item_costs, notes=(note,))

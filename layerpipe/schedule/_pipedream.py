@@ -39,6 +39,7 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._ir import MAX_UNFOLD
 from layerpipe.schedule._planner import Plan, PlanCosts, Stage, plan, replicated_timing
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._shared import (
@@ -65,8 +66,9 @@ class PipeDream2BWOptions:
     microbatches: int | None = None  #: m, micro-batches per coalesced update (default: the number of stages)
 
     def __post_init__(self) -> None:
-        if self.microbatches is not None and self.microbatches < 1:
-            raise InputError(f"microbatches must be >= 1, got {self.microbatches}")
+        if self.microbatches is not None and not 1 <= self.microbatches <= MAX_UNFOLD:
+            raise InputError(f"microbatches (--microbatches) must be in 1..{MAX_UNFOLD} for pipedream-2bw (a period "
+                             f"holds the m micro-batches of one update), got {self.microbatches}")
 
 
 def stage_layers(table: TaskTable, num_procs: int) -> list[list[int]]:

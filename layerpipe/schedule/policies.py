@@ -7,8 +7,8 @@ naming the option and the policy — so the CLI and the DSE never pass an untype
 
 | policy            | kind            | options                                                        |
 |-------------------|-----------------|----------------------------------------------------------------|
-| layerpipe         | async, periodic | intra, inter, max_staleness, keep_weights_together             |
-| pipedream         | async, periodic | —                                                              |
+| layerpipe         | async, periodic | intra, inter, max_staleness, keep_weights_together, unfold     |
+| pipedream         | async, periodic | replication (PipeDream's planner: stages × replicas, SOSP'19)  |
 | pipedream-2bw     | async, periodic | microbatches                                                   |
 | ooo               | sync, explicit stage-level | group_size, microbatches, push, allocation          |
 | optimal           | async, periodic | intra, inter, keep_weights_together, time_limit_s              |
@@ -67,7 +67,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("layerpipe", LayerPipeOptions, schedule_layerpipe, False,  # type: ignore[arg-type]
            "fine-grained tasks balanced over N processors, periodic, lags by retiming"),
     Policy("pipedream", PipeDreamOptions, schedule_pipedream, False,  # type: ignore[arg-type]
-           "contiguous stages by DP, async 1F1B, weight stashing"),
+           "PipeDream's planner: contiguous stages x replicas by DP, async 1F1B(-RR), weight stashing"),
     Policy("pipedream-2bw", PipeDream2BWOptions, schedule_pipedream_2bw, False,  # type: ignore[arg-type]
            "PipeDream stages, double-buffered weights, gradients coalesced over m micro-batches"),
     _sync("gpipe", SyncOptions, "synchronous fill-drain"),
