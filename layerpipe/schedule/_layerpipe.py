@@ -16,6 +16,7 @@ max(⌈Σc/N⌉, max c, ⌈T_loop(l)/(K+1)⌉) upward (geometric probe, then bis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -23,7 +24,7 @@ from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.network import Network, part_name, split_layer, split_refusal
+from layerpipe.network import Network, split_layer, split_refusal
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
@@ -127,95 +128,70 @@ def loads_of(table: TaskTable, placement: Sequence[int], num_procs: int) -> list
 
 def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
-    """The best of `network` as given and, under `split_layers`, its split variants, by (cycles per sample,
-    words per sample, staleness). Greedy rounds: each round schedules the `split_variants` of the best network
-    of the previous round (the first round: the network as given) and passes its best on to the next, so a
-    second heavy layer can be split once the first is; at most `MAX_SPLIT_ROUNDS` rounds; a variant replaces
-    the unsplit result only if it beats it. Variants are searched weight-stationary (`keep_weights_together`;
+    """The best of `network` as given and, under `split_layers`, its split variants (`split_plans`), by (cycles
+    per sample, words per sample, staleness). Variants are searched weight-stationary (`keep_weights_together`;
     the result keeps the caller's options). A split result's network and graph are the variant's and its notes
-    name the splits. The unsplit network is the first incumbent, so splitting never loses."""
-    if options.unfold > 1:
-        return _schedule_unfolded(network, num_procs, model, options, interconnect)
+    name the splits. The unsplit network is the incumbent a variant must beat, so splitting never loses."""
     best = _schedule_network(network, num_procs, model, options, interconnect)
     if not options.split_layers:
         return best
     # The family is weight-stationary (issue 9: "with the weights stationary, which moves only activations"):
     # variants keep every layer's F, E, G, U together, so only activations and errors cross processors.
     stationary = replace(options, keep_weights_together=True)
-    splits: list[str] = []  # the splits of the current round's network
-    parts_made: set[str] = set()  # a part is not split again: its layer's part count was chosen already
-    current, incumbent = network, best
-    chosen: tuple[ScheduleResult, str] | None = None
-    for _ in range(MAX_SPLIT_ROUNDS):
-        found: tuple[ScheduleResult, Network, str, int] | None = None
-        for layer, parts in split_variants(current, num_procs, model, incumbent, parts_made):
-            variant = split_layer(current, layer, parts)
-            result = replace(_schedule_network(variant, num_procs, model, stationary, interconnect), options=options)
-            if found is None or _rank(result) < _rank(found[0]):
-                found = (result, variant, layer, parts)
-        if found is None:
-            break
-        # The round's best variant goes on to the next round even when it does not beat the best yet: one
-        # split may only pay once a second heavy layer is split too.
-        incumbent, current, layer, parts = found
-        splits.append(f"layer {layer} split into {parts} parts")
-        parts_made.update(part_name(layer, j) for j in range(parts))
-        if _rank(incumbent) < _rank(chosen[0] if chosen else best):
-            chosen = (incumbent, f"{'; '.join(splits)} by output rows/channels, weights stationary "
-                                 f"(network {current.name})")
+    chosen: tuple[ScheduleResult, tuple[tuple[str, int], ...], Network] | None = None
+    for plan in split_plans(network, num_procs, model, best.metrics.cycles_per_sample * network.batch):
+        variant = network
+        for layer, parts in plan:
+            variant = split_layer(variant, layer, parts)
+        result = replace(_schedule_network(variant, num_procs, model, stationary, interconnect), options=options)
+        if _rank(result) < _rank(chosen[0] if chosen else best):
+            chosen = (result, plan, variant)
     if chosen is None:
         return best
-    return replace(chosen[0], notes=(*chosen[0].notes, chosen[1]))
+    result, plan, variant = chosen
+    note = (f"{'; '.join(f'layer {layer} split into {parts} parts' for layer, parts in plan)} by output "
+            f"rows/channels, weights stationary (network {variant.name})")
+    return replace(result, notes=(*result.notes, note))
 
 
-#: A layer is worth splitting when its weight-stationary work (F, A, E, G, U) is at least this share of the
-#: period found without splitting: below it the layer fits a processor's share and the parts' per-op
-#: overheads and extra activation copies cost more than the finer balance gains.
-SPLIT_SHARE = 0.5
-#: How many of the heaviest layers (by F + E + G) are tried per round, each split on its own.
-MAX_SPLIT_LAYERS = 2
-#: Rounds of the greedy split search (each splits one more layer of the best network so far).
-MAX_SPLIT_ROUNDS = 3
+#: Target periods a split plan aims at, as multiples of one processor's fair share ⌈Σc / N⌉: the parts carry
+#: per-op overheads and the items must still pack onto N processors, so a little above the share often wins.
+SPLIT_TARGETS = (1.0, 1.1, 1.2, 1.35, 1.5)
+#: At most this many of the heaviest layers (by F + E + G) are split in one plan.
+MAX_SPLIT_LAYERS = 4
 
 
-def split_variants(network: Network, num_procs: int, model: CostModel, unsplit: ScheduleResult,
-                   skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, int]]:
-    """(layer, parts) splits worth scheduling (issue 9 item 3): of the `MAX_SPLIT_LAYERS` heaviest layers by
-    F + E + G that `split_layer` accepts (and are not in `skip`) and whose weight-stationary work c_l is
-    ≥ `SPLIT_SHARE` of the period P of `unsplit`, part counts k0 − 1, k0, k0 + 1 around k0 = ⌈c_l / ⌈Σc / N⌉⌉
-    (the fewest parts that each fit a processor's fair share), clipped to 2 … min(N, rows). A pruning
-    heuristic, not a search of every split: scheduling time stays a few searches per round."""
-    batch = network.batch
+def split_plans(network: Network, num_procs: int, model: CostModel,
+                period: float) -> list[tuple[tuple[str, int], ...]]:
+    """Split plans worth scheduling (issue 9 item 3): for each target T = f·⌈Σc / N⌉ (f in `SPLIT_TARGETS`)
+    below the unsplit `period`, every one of the `MAX_SPLIT_LAYERS` heaviest splittable layers whose
+    weight-stationary item c_l (all its tasks) exceeds T, split into ⌈c_l / T⌉ parts (at most N and its rows),
+    so each part fits the target; distinct plans only. A pruning heuristic, not a search of every split: at
+    most five searches, none when no layer outweighs a processor's share (resnet50 at N = 16)."""
     costs = build_training_graph(network).costs(model)
     own = {layer.index: 0 for layer in network.layers}  # all of a layer's tasks: its weight-stationary item
     for task, cost in costs.items():
         own[task.layer] += cost
     share = -(-sum(costs.values()) // num_procs)  # ⌈Σc / N⌉, the fair share of one processor
-    period = unsplit.metrics.cycles_per_sample * batch
 
     def feg(index: int) -> int:
         layer = network.layer(index)
         kinds = "FG" if layer.takes_network_input else "FEG"
-        return sum(model.atomic_cost(layer, k, batch) for k in kinds)
+        return sum(model.atomic_cost(layer, k, network.batch) for k in kinds)
 
-    heavy = sorted((layer.index for layer in network.layers if layer.has_weights), key=lambda i: (-feg(i), i))
-    out: list[tuple[str, int]] = []
-    tried = 0
-    for index in heavy:
-        if tried == MAX_SPLIT_LAYERS:
+    heavy = sorted((i for i, c in own.items() if c > share and split_refusal(network, i, 2) is None),
+                   key=lambda i: (-feg(i), i))[:MAX_SPLIT_LAYERS]
+    plans: list[tuple[tuple[str, int], ...]] = []
+    for factor in SPLIT_TARGETS:
+        target = factor * share
+        if target >= period:
             break
-        layer = network.layer(index)
-        c = own[index]
-        if c < SPLIT_SHARE * period:
-            continue
-        rows = layer.out_shape[0]
-        if layer.name in skip or split_refusal(network, index, 2) is not None:
-            continue
-        tried += 1
-        k0 = -(-c // share)
-        out += [(layer.name, k) for k in sorted({min(max(k, 2), num_procs, rows) for k in (k0 - 1, k0, k0 + 1)})
-                if split_refusal(network, index, k) is None]
-    return out
+        plan = tuple((network.layer(i).name, min(math.ceil(own[i] / target), num_procs, network.layer(i).out_shape[0]))
+                     for i in heavy if own[i] > target)
+        plan = tuple((name, k) for name, k in plan if k >= 2)
+        if plan and plan not in plans:
+            plans.append(plan)
+    return plans
 
 
 def _rank(result: ScheduleResult) -> tuple[float, float, int]:
