@@ -11,8 +11,10 @@ one place).
 
 Whole accelerator (see hdl/README.md): `make_design` schedules an MLP with a policy under the `rtl` cost model
 and compiles it (`compile_schedule` → `Program`: per-PE microcode and memory maps); `Accelerator` is the top
-level (N PEs, sequencers, links, host ports); `rtl_sim_config(lanes)` is the simulator configuration under
-which `layerpipe.sim` is cycle-exact with it.
+level (N PEs, sequencers, ready/valid links, host ports, trace taps) and runs any placement of a layer's
+tasks over the PEs, in micro-batches; `rtl_sim_config(lanes)` is the simulator configuration (the `rtl`
+interconnect) under which `layerpipe.sim` is cycle-exact with it. `_model.run_program` executes a compiled
+program in Python op by op; `cocotb_accel` is the whole-accelerator bench.
 """
 
 from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment

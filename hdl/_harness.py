@@ -200,19 +200,25 @@ class HostProtocol:
 
     def load_weights(self) -> None:
         for layer in self.doc["layers"]:
-            self.poke("host_pe", layer["pe"])
-            for r, row in enumerate(layer["init"]):
-                for k, word in enumerate(_words(row, self.lanes, self.bits)):
-                    self.poke("host_addr", layer["init_addr"] + r * layer["row_words"] + k)
-                    self.poke("host_w_data", word)
-                    self.poke("host_w_en", 1)
-                    self.step()
+            # The owner's ring and every received copy (split placements: F / E away from the owner).
+            for pe, base in [[layer["pe"], layer["init_addr"]], *layer.get("copies", [])]:
+                self.poke("host_pe", pe)
+                for r, row in enumerate(layer["init"]):
+                    for k, word in enumerate(_words(row, self.lanes, self.bits)):
+                        self.poke("host_addr", base + r * layer["row_words"] + k)
+                        self.poke("host_w_data", word)
+                        self.poke("host_w_en", 1)
+                        self.step()
         self.poke("host_w_en", 0)
 
     def stream_samples(self) -> None:
         self.poke("samples__valid", 1)
-        for x, y in zip(self.doc["x"], self.doc["y"], strict=True):
-            for word in _words(x, self.lanes, self.bits) + _words(y, self.lanes, self.bits):
+        batch = self.doc.get("batch", 1)  # iteration t: its micro-batch's x rows, then their y rows
+        xs, ys = self.doc["x"], self.doc["y"]
+        for t in range(0, len(xs), batch):
+            words = [w for x in xs[t:t + batch] for w in _words(x, self.lanes, self.bits)]
+            words += [w for y in ys[t:t + batch] for w in _words(y, self.lanes, self.bits)]
+            for word in words:
                 self.poke("samples__payload", word)
                 self.step()
         self.poke("samples__valid", 0)
