@@ -27,7 +27,7 @@ def test_json_has_metrics_options_and_the_schedule(capsys, tmp_path) -> None:
     assert capsys.readouterr().out == ""
     doc = json.loads(target.read_text())
     assert doc["options"] == {"intra": True, "inter": True, "max_staleness": 3, "keep_weights_together": True,
-                              "max_traffic": None, "split_layers": True}
+                              "max_traffic": None, "split_layers": True, "unfold": 1}
     assert doc["max_staleness"] <= 3 and doc["num_procs"] == 4
     assert doc["schedule"]["format"] == "layerpipe-periodic-schedule"
     assert doc["schedule"]["period_cycles"] == doc["period_cycles"]
