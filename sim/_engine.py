@@ -228,17 +228,27 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
 
 def _plan_times(plan: object, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
                 iteration: np.ndarray) -> list[int] | None:
-    """Planned start (iteration + lag)·P + start of every op of a periodic plan with one iteration per
-    period; None without a plan (or for unfolded plans, whose buses are served in producer-end order)."""
+    """Planned start j·P + start of every op of a periodic plan; None without a plan.
+
+    In an unfolded plan (J iterations per period, updates grouped by g) op (kind, l, t) is the slot of phase
+    t mod J (updates: u mod J/g) and runs in period j = t div J + lag (updates: u div (J/g) + lag).
+    """
     period = getattr(plan, "period", None)
-    if period is None or getattr(plan, "unfold", 1) != 1:
+    if period is None:
         return None
-    slots = {(s.kind, s.layer): s for body in plan.bodies for s in body}  # type: ignore[attr-defined]
-    if any(t not in slots for t in tasks):
-        return None
-    lag = np.asarray([slots[t].lag for t in tasks], dtype=np.int64)
-    start = np.asarray([slots[t].start for t in tasks], dtype=np.int64)
-    return ((iteration + lag[task]) * period + start[task]).tolist()
+    unfold = max(getattr(plan, "unfold", 1), 1)
+    groups = dict(getattr(plan, "groups", ()))
+    slots = {(s.kind, s.layer, getattr(s, "phase", 0)): s for body in plan.bodies for s in body}  # type: ignore[attr-defined]
+    per = np.asarray([unfold // groups.get(layer, 1) if kind == "U" else unfold for kind, layer in tasks],
+                     dtype=np.int64)[task]
+    phase = iteration % per
+    out = []
+    for k, t, q, n in zip(task.tolist(), iteration.tolist(), phase.tolist(), per.tolist(), strict=True):
+        slot = slots.get((*tasks[k], q))
+        if slot is None:
+            return None
+        out.append((t // n + slot.lag) * period + slot.start)
+    return out
 
 
 def _raise_duplicate(ops: list[Op]) -> None:

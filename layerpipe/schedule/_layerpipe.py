@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
@@ -214,6 +215,15 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     if k is None:
         # The period on the interconnect first, then the words moved, then staleness.
         best = min(timed, key=lambda t: (t.period, t.cost.words, t.timing.score()))
+        replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
+        if replicated is not None and (Fraction(replicated.period, replicated.table.unfold),
+                                       Fraction(replicated.words, replicated.table.unfold)) < (best.period,
+                                                                                               best.cost.words):
+            laid = replicated
+            return periodic_result("layerpipe", options, laid.table, num_procs, laid.placement, laid.timing.start,
+                                   laid.timing.lag, laid.period, laid.table.cost, interconnect=interconnect,
+                                   arrival=laid.timing.arrival, base_item_costs=table.cost,
+                                   notes=(f"PipeDream's replicated placement, on LayerPipe's tasks: {laid.note}",))
     else:
         # The shortest period among the candidates that meet the bound, unless list scheduling finds shorter.
         meeting = [t for t in timed if t.timing.score()[0] <= k]
@@ -280,6 +290,87 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
     return list(unique.values())
 
 
+@dataclass(frozen=True)
+class ReplicatedCandidate:
+    """PipeDream's replicated plan laid out on LayerPipe's tasks (an unfolded timing), with its words moved
+    per period."""
+
+    table: TaskTable
+    placement: list[int]
+    period: int
+    timing: Timing
+    words: int
+    note: str
+
+
+def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
+                          options: LayerPipeOptions, max_words: int | None) -> ReplicatedCandidate | None:
+    """PipeDream's own plan — contiguous stages *and* replicas, 1F1B-RR, on this interconnect (`_planner`) —
+    with LayerPipe's finer tasks on the same processors: its loads and channels are PipeDream's, so its
+    period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
+    (design notes §11). None when the plan has no replicas (the single-iteration search already holds it),
+    when weights must stay together and a replica set splits them, or when it moves more words than allowed."""
+    from layerpipe.schedule._pipedream import stage_layers  # noqa: F401  (same planner inputs as the policy)
+    from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+
+    pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
+    best = plan(PlanCosts(pd_table, interconnect), num_procs)
+    if best.unfold == 1 or options.keep_weights_together:
+        return None
+    laid = replicated_timing(table, best, num_procs, interconnect)
+    unfolded = laid.table
+    words = placement_cost(unfolded, laid.placement, num_procs, interconnect).words
+    if max_words is not None and words > max_words * unfolded.unfold:
+        return None
+    note = f"stages x replicas {best.describe(PlanCosts(pd_table, interconnect).layers)}"
+    found = ReplicatedCandidate(unfolded, laid.placement, laid.period, laid.timing, words, note)
+    # LayerPipe's own moves on top of the replicas: single tasks off the busiest processor or channel.
+    # A layer's update copies stay together (on the root, as PipeDream's replicas keep them in step): the
+    # update order then never crosses processors, so the plan's update chain holds as planned.
+    # Weight readers (F, E) stay on their replicas too, so every version a replica reads comes as PipeDream's
+    # does; A and G move (the output-gradient and weight-gradient work LayerPipe splits off).
+    items: dict[object, list[int]] = {}
+    for v, t in enumerate(unfolded.tasks):
+        items.setdefault(("U", t.layer) if t.kind == "U" else v, []).append(v)
+    members = list(items.values())
+    weighted = {t.layer for t in unfolded.tasks if t.kind == "U"}
+
+    def stays(v: int) -> bool:
+        t = unfolded.tasks[v]
+        return t.kind == "U" or (t.layer in weighted and (t.has("F") or t.has("E")))
+
+    fixed = frozenset(i for i, m in enumerate(members) if any(stays(v) for v in m))
+    moved = improve(unfolded, laid.placement, num_procs, interconnect, members,
+                    None if max_words is None else max_words * unfolded.unfold, fixed)
+    if moved != laid.placement:
+        timing = _time_unfolded(unfolded, moved, num_procs, interconnect)
+        if timing is not None:
+            cost = placement_cost(unfolded, moved, num_procs, interconnect)
+            if (cost.period, cost.words) < (found.period, found.words):
+                found = ReplicatedCandidate(unfolded, moved, cost.period, timing, cost.words,
+                                            note + ", then tasks moved off the busiest processor or channel")
+    return found
+
+
+def _time_unfolded(unfolded: TaskTable, placement: list[int], num_procs: int,
+                   interconnect: Interconnect) -> Timing | None:
+    """The best body timing of a placement of an unfolded table whose update copies stay in cyclic order
+    (`_unfold.update_chain_lags`), or None if no order tried keeps them so."""
+    from layerpipe.schedule._unfold import update_chain_lags
+
+    period = placement_cost(unfolded, placement, num_procs, interconnect).period
+    asap = asap_times(unfolded)
+    trials = [([key], []) for key in asap_keys(asap, period)]
+    trials += [([], [target]) for target in default_targets(unfolded, placement, num_procs, asap)]
+    found = []
+    for keys, targets in trials:
+        timing = best_ordering(unfolded, placement, num_procs, period, keys, targets, interconnect)
+        lags = update_chain_lags(unfolded, timing.start, timing.lag, period)
+        if lags is not None:
+            found.append(timing_of(unfolded, timing.start, lags, period, timing.arrival))
+    return min(found, key=Timing.score) if found else None
+
+
 def pipedream_placement(table: TaskTable, num_procs: int, model: CostModel,
                         interconnect: Interconnect) -> list[int] | None:
     """PipeDream's placement of `table`'s tasks: each task on the processor of the PipeDream task of its
@@ -287,7 +378,8 @@ def pipedream_placement(table: TaskTable, num_procs: int, model: CostModel,
     stages), which this single-iteration table cannot express."""
     from layerpipe.schedule._pipedream import PipeDreamOptions, schedule_pipedream
 
-    result = schedule_pipedream(table.graph.network, num_procs, model, PipeDreamOptions(), interconnect)
+    result = schedule_pipedream(table.graph.network, num_procs, model, PipeDreamOptions(replication=False),
+                                interconnect)
     periodic = result.periodic
     if periodic is None or getattr(periodic, "unfold", 1) != 1:
         return None
