@@ -160,8 +160,11 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
     # The hardware runs one iteration per period of whole layers: PipeDream's straight pipeline (its replicas
     # unfold iterations over PEs, J > 1), LayerPipe's placements without the heavy-layer split (partial results
     # combined over the links are not in hardware), on the rtl interconnect it is timed on.
-    wanted: dict[str, object] = ({"keep_weights_together": keep_weights_together, "split_layers": False}
-                                 if policy == "layerpipe" else {"replication": False})
+    # (An option the policy does not have yet is left out: `replication` for layerpipe would keep it to one
+    # iteration per period instead of refusing its replicated placements below.)
+    wanted: dict[str, object] = {"replication": False}
+    if policy == "layerpipe":
+        wanted.update(keep_weights_together=keep_weights_together, split_layers=False)
     names = get_policy(policy).option_names
     given = {k: v for k, v in wanted.items() if k in names}
     result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given),

@@ -328,3 +328,76 @@ def test_reset_in_the_middle_of_an_op() -> None:
     assert observed["stray"] == 0 and observed["tail_untouched"]
     assert observed["cycles"] == op_cycles(4, 6, 1)
     np.testing.assert_array_equal(observed["result"], reference(Opcode.ERR, config.fmt, 0, after.operands))
+
+
+@settings(max_examples=12, deadline=None)
+@given(op=st.sampled_from([Opcode.FWD_RELU, Opcode.FWD_LINEAR, Opcode.ACT_RELU, Opcode.OUT_ERR, Opcode.ERR,
+                           Opcode.GRAD]),
+       lanes=st.sampled_from([1, 2, 3]), rows=st.integers(1, 5), cols=st.integers(1, 6), batch=st.integers(2, 3),
+       seed=st.integers(0, 2**16))
+def test_micro_batch_ops_bit_and_cycle_exact(op: Opcode, lanes: int, rows: int, cols: int, batch: int,
+                                             seed: int) -> None:
+    """A command over a micro-batch of B samples (vectors one after another, each padded to whole words): F, A,
+    E per sample, G summed over the samples at full width and rescaled once — the batched `layerpipe.fixedpoint`
+    rules — in B·rows·⌈cols/lanes⌉ + 4 cycles."""
+    from amaranth.sim import Simulator
+
+    from layerpipe.hdl import ProcessingElement, pack_vector, unpack_vector
+
+    rows = 1 if op in (Opcode.ACT_RELU, Opcode.OUT_ERR) else rows
+    config = PEConfig(lanes=lanes, weight_depth=64, grad_depth=64, local_depth=64, recv_depths=(64,), max_dim=16)
+    fmt, bits = config.fmt, config.fmt.total_bits
+    rng = np.random.default_rng(seed)
+    cw, rw = -(-cols // lanes), -(-rows // lanes)
+    vec_len = {"x": cols, "y": cols if op in (Opcode.ACT_RELU, Opcode.OUT_ERR) else rows}
+    used = {"x"} if op in (Opcode.FWD_RELU, Opcode.FWD_LINEAR) else {"y"} if op == Opcode.ERR else {"x", "y"}
+    operands = {name: rng.integers(-600, 600, (batch, n)) for name, n in vec_len.items() if name in used}
+    w = rng.integers(-300, 300, (rows, cols))
+    if op in (Opcode.FWD_RELU, Opcode.FWD_LINEAR):
+        expected = fmt.matvec(w, operands["x"])
+        expected = fmt.relu(expected) if op == Opcode.FWD_RELU else expected
+    elif op == Opcode.ACT_RELU:
+        expected = operands["x"] * fmt.relu_grad_mask(operands["y"])
+    elif op == Opcode.OUT_ERR:
+        expected = fmt.output_error(operands["x"], operands["y"])
+    elif op == Opcode.ERR:
+        expected = fmt.matmul(operands["y"], w)
+    else:
+        expected = fmt.outer_gradient(operands["y"], operands["x"])
+    command = PEOp(op, rows, cols, x=VectorAddr(1, 0), y=VectorAddr(1, 32), w=0, dst=0, batch=batch)
+    pe = ProcessingElement(config)
+    out: dict[str, object] = {}
+
+    async def bench(ctx: object) -> None:
+        for name, base in (("x", 0), ("y", 32)):
+            if name in operands:
+                per = -(-vec_len[name] // lanes)
+                for b, vector in enumerate(operands[name]):
+                    for k, word in enumerate(pack_vector(vector, lanes, bits)):
+                        ctx.set(pe.banks[1].data[base + b * per + k].as_value(), word)
+        for k, word in enumerate(pack_matrix(w, lanes, bits)):
+            ctx.set(pe.weights.data[k].as_value(), word)
+        ctx.set(pe.cmd.payload.as_value(), command.encode(config))
+        ctx.set(pe.cmd.valid, 1)
+        await ctx.tick()
+        ctx.set(pe.cmd.valid, 0)
+        cycles = 1
+        while not ctx.get(pe.cmd.ready):
+            await ctx.tick()
+            cycles += 1
+        out["cycles"] = cycles
+        if op == Opcode.GRAD:
+            raw = [ctx.get(pe.grads.data[k].as_value()) for k in range(rows * cw)]
+            out["result"] = np.array(unpack_matrix(raw, rows, cols, lanes, bits))
+        else:
+            length, per = (rows, rw) if op in (Opcode.FWD_RELU, Opcode.FWD_LINEAR) else (cols, cw)
+            out["result"] = np.array([unpack_vector([ctx.get(pe.banks[0].data[b * per + k].as_value())
+                                                     for k in range(per)], length, lanes, bits)
+                                      for b in range(batch)])
+
+    sim = Simulator(pe)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    np.testing.assert_array_equal(out["result"], expected, err_msg=f"{command}")
+    assert out["cycles"] == op_cycles(rows, cols, lanes, batch) == command.cycles(lanes)
