@@ -50,6 +50,9 @@ from layerpipe.schedule.metrics import period_lower_bound
 
 #: Period probes under a staleness bound grow by this factor until one is feasible.
 PROBE_GROWTH = 1.03
+#: A replicated plan within this fraction of the compute bound is not searched further (the moves could gain
+#: at most that much, at the price of minutes on large unfolded graphs).
+BOUND_SLACK = 0.01
 #: A placement whose period is within this fraction of the shortest may win on staleness.
 PERIOD_SLACK = 0.002
 
@@ -340,6 +343,9 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
         return t.kind == "U" or (t.layer in weighted and (t.has("F") or t.has("E")))
 
     fixed = frozenset(i for i, m in enumerate(members) if any(stays(v) for v in m))
+    # Nothing to gain when the replicas already run at the compute bound of the unfolded period.
+    if laid.period <= -(-sum(unfolded.cost) // num_procs) * (1 + BOUND_SLACK):
+        return found
     moved = improve(unfolded, laid.placement, num_procs, interconnect, members,
                     None if max_words is None else max_words * unfolded.unfold, fixed)
     if moved != laid.placement:
