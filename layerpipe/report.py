@@ -24,6 +24,7 @@ from layerpipe import __version__
 from layerpipe._files import owns_names, staged_folder, write_atomic
 from layerpipe.costs import PEModel
 from layerpipe.dse._store import write_csv
+from layerpipe.interconnect import SHARED, Interconnect, parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.report_ooo import COLUMNS as OOO_COLUMNS
 from layerpipe.report_ooo import ooo_section
@@ -45,6 +46,15 @@ GANTT_PROCS = 4
 GANTT_POLICIES = ("layerpipe", "pipedream", "1f1b")
 
 
+#: The headline's interconnects: free communication (the idealisation earlier figures assumed), the generated
+#: hardware's links, and a GPU-like compute:link ratio (1/16 word per cycle per link).
+PAPER_INTERCONNECTS: tuple[str, ...] = ("shared", "rtl", "links:2:1/16")
+PAPER_BATCHES: tuple[int, ...] = (1, 32)
+#: The LayerPipe abstract (arXiv 2108.06629), quoted as written.
+ABSTRACT_CLAIM = ("an average speedup of 25% and upwards of 80% with 7 to 9 processors with less communication "
+                  "overhead when compared to PipeDream")
+
+
 @dataclass(frozen=True)
 class ReportConfig:
     networks: tuple[str, ...] = ZOO_NETWORKS
@@ -52,10 +62,18 @@ class ReportConfig:
     lanes: int = 64
     overhead: int = 16
     rtl: bool = True
+    #: The interconnect of every section but the headline's three (`rtl`: the hardware's links, latency 2,
+    #: `lanes` words per cycle).
+    interconnect: str = "rtl"
+    paper_interconnects: tuple[str, ...] = PAPER_INTERCONNECTS
+    paper_batches: tuple[int, ...] = PAPER_BATCHES
 
     @property
     def model(self) -> PEModel:
         return PEModel(self.lanes, self.overhead)
+
+    def link(self, spec: str | None = None) -> Interconnect:
+        return parse_interconnect(spec or self.interconnect, lanes=self.lanes)
 
 
 def _fmt(value: float) -> str:
@@ -69,46 +87,100 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _schedule_row(network: str, n: int, policy: str, model: PEModel, options: dict | None = None) -> dict:
-    net = load_network(network)
-    result = make_schedule(policy, net, n, model, policy_options(policy, options or {}))
-    return {"network": net.name, "num_procs": n, "policy": policy, **result.metrics.row()}
+def _schedule_row(network: str, n: int, policy: str, model: PEModel, options: dict | None = None,
+                  interconnect: Interconnect | None = None, batch: int | None = None) -> dict:
+    net = load_network(network, batch)
+    ic = interconnect or SHARED
+    result = make_schedule(policy, net, n, model, policy_options(policy, options or {}), ic)
+    return {"network": net.name, "batch": net.batch, "interconnect": ic.spec, "num_procs": n, "policy": policy,
+            **result.metrics.row()}
 
 
 def comparison_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+    """Every policy at the paper's processor counts on the report's interconnect, batch 1."""
     rows = []
     for network in cfg.networks:
         for n in cfg.procs:
             for policy in ("layerpipe", "pipedream", *OTHER_POLICIES):
-                rows.append(_schedule_row(network, n, policy, cfg.model))
+                rows.append(_schedule_row(network, n, policy, cfg.model, interconnect=cfg.link()))
                 tick()
     return rows
 
 
-def paper_section(rows: list[dict]) -> str:
-    by = {(r["network"], r["num_procs"], r["policy"]): r for r in rows}
-    table, speedups = [], []
-    for net, n, _ in [k for k in by if k[2] == "layerpipe"]:
-        lp, pd = by[(net, n, "layerpipe")], by[(net, n, "pipedream")]
-        s = pd["cycles_per_sample"] / lp["cycles_per_sample"]
-        speedups.append(s)
-        table.append([net, n, _fmt(lp["cycles_per_sample"]), _fmt(pd["cycles_per_sample"]), f"{s:.2f}x",
-                      f"{lp['utilization_pct']:.1f}", f"{pd['utilization_pct']:.1f}",
-                      _fmt(lp["traffic_words_per_sample"]), _fmt(pd["traffic_words_per_sample"]),
-                      lp["max_staleness"], pd["max_staleness"]])
-    mean = sum(speedups) / len(speedups)
-    reduction = [100 * (1 - 1 / s) for s in speedups]
-    text = _md_table(["network", "N", "LayerPipe cycles/sample", "PipeDream cycles/sample", "speedup",
-                      "LP util %", "PD util %", "LP traffic words/sample", "PD traffic words/sample",
-                      "LP staleness", "PD staleness"], table)
-    text += (f"\nMean speedup {mean:.2f}x (max {max(speedups):.2f}x, min {min(speedups):.2f}x); LayerPipe needs "
-             f"{sum(reduction) / len(reduction):.0f}% fewer cycles than PipeDream on average (max "
-             f"{max(reduction):.0f}%). The LayerPipe paper reports 25% fewer on average and up to 80% at 7–9 "
-             "processors on its own cost model.\n")
-    return text
+#: PipeDream without its replicated stages (the planner of earlier versions), when the policy has the switch.
+NO_REPLICATION = {"replication": False}
+
+
+def _has_replication_switch() -> bool:
+    return "replication" in POLICIES["pipedream"].option_names
+
+
+def headline_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+    """LayerPipe against the strongest PipeDream (and, labelled, PipeDream without replication) on each of
+    the headline's interconnects and batches, at the paper's processor counts."""
+    rows = []
+    variants: list[tuple[str, str, dict]] = [("layerpipe", "layerpipe", {}), ("pipedream", "pipedream", {})]
+    if _has_replication_switch():
+        variants.append(("pipedream (no replication)", "pipedream", NO_REPLICATION))
+    for spec in cfg.paper_interconnects:
+        ic = cfg.link(spec)
+        for batch in cfg.paper_batches:
+            for network in cfg.networks:
+                for n in cfg.procs:
+                    for label, policy, options in variants:
+                        row = _schedule_row(network, n, policy, cfg.model, options, ic, batch)
+                        rows.append({**row, "policy": label})
+                        tick()
+    return rows
+
+
+def paper_section(rows: list[dict], cfg: ReportConfig) -> str:
+    """Per interconnect and batch: LayerPipe vs PipeDream, cycles and words per sample, and whether LayerPipe
+    was also the one that moved fewer words; then which rows bear out the abstract's claim."""
+    by = {(r["interconnect"], r["batch"], r["network"], r["num_procs"], r["policy"]): r for r in rows}
+    replication = _has_replication_switch()
+    blocks, verdict = [], []
+    for spec in cfg.paper_interconnects:
+        label = str(cfg.link(spec))
+        for batch in cfg.paper_batches:
+            table, speedups, fewer, both = [], [], 0, 0
+            keys = [k for k in by if k[:2] == (cfg.link(spec).spec, batch) and k[4] == "layerpipe"]
+            for ic, b, net, n, _ in keys:
+                lp, pd = by[(ic, b, net, n, "layerpipe")], by[(ic, b, net, n, "pipedream")]
+                s = pd["cycles_per_sample"] / lp["cycles_per_sample"]
+                less = lp["traffic_words_per_sample"] < pd["traffic_words_per_sample"]
+                speedups.append(s)
+                fewer += less
+                both += less and s >= 1.25
+                cells = [net, n, _fmt(lp["cycles_per_sample"]), _fmt(pd["cycles_per_sample"]), f"{s:.2f}x"]
+                if replication:
+                    plain = by[(ic, b, net, n, "pipedream (no replication)")]
+                    ratio = plain["cycles_per_sample"] / lp["cycles_per_sample"]
+                    cells += [_fmt(plain["cycles_per_sample"]), f"{ratio:.2f}x"]
+                cells += [_fmt(lp["traffic_words_per_sample"]), _fmt(pd["traffic_words_per_sample"]),
+                          "yes" if less else "no", lp["max_staleness"], pd["max_staleness"]]
+                table.append(cells)
+            headers = ["network", "N", "LayerPipe cycles/sample", "PipeDream cycles/sample", "speedup"]
+            if replication:
+                headers += ["PipeDream w/o replication", "speedup vs it"]
+            headers += ["LP words/sample", "PD words/sample", "LP fewer words", "LP staleness", "PD staleness"]
+            mean = sum(speedups) / len(speedups)
+            blocks.append(f"### Interconnect {label}, batch {batch}\n\n" + _md_table(headers, table) +
+                          f"\nMean speedup {mean:.2f}x (min {min(speedups):.2f}x, max {max(speedups):.2f}x); "
+                          f"LayerPipe moved fewer words in {fewer} of {len(speedups)} rows, and was at least 25% "
+                          f"faster with fewer words in {both}.\n")
+            verdict.append((label, batch, mean, max(speedups), fewer, both, len(speedups)))
+    lines = [f"- {label}, batch {batch}: mean {mean:.2f}x, max {top:.2f}x; fewer words in {fewer}/{count} rows; "
+             f"faster by ≥ 25% *and* with fewer words in {both}/{count}."
+             for label, batch, mean, top, fewer, both, count in verdict]
+    claim = (f"The LayerPipe abstract claims \"{ABSTRACT_CLAIM}\". Against PipeDream's planner "
+             + ("(contiguous stages and replicas) " if replication else "(contiguous stages, no replication) ")
+             + "on the same cost model, interconnect and batch, our rows give:\n\n" + "\n".join(lines) + "\n")
+    return claim + "\n" + "\n".join(blocks)
 
 
 def others_section(rows: list[dict]) -> str:
+    """Cycles per sample of every policy (one interconnect and batch: the rows name them)."""
     policies = ("layerpipe", "pipedream", *OTHER_POLICIES)
     table = []
     for net in dict.fromkeys(r["network"] for r in rows):
@@ -122,10 +194,10 @@ def ablation_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
     rows = []
     for network in cfg.networks:
         for label, options in ABLATION:
-            row = _schedule_row(network, ABLATION_PROCS, "layerpipe", cfg.model, options)
+            row = _schedule_row(network, ABLATION_PROCS, "layerpipe", cfg.model, options, cfg.link())
             rows.append({"variant": label, **row})
             tick()
-        row = _schedule_row(network, ABLATION_PROCS, "pipedream", cfg.model)
+        row = _schedule_row(network, ABLATION_PROCS, "pipedream", cfg.model, interconnect=cfg.link())
         rows.append({"variant": "PipeDream (stages)", **row})
         tick()
     return rows
@@ -166,14 +238,15 @@ def speedup_plot(rows: list[dict], path: Path) -> None:
 
 def gantt_section(cfg: ReportConfig, out: Path) -> str:
     from layerpipe.dse._evaluate import simulated_iterations
-    from layerpipe.sim import simulate_policy_result
+    from layerpipe.sim import SimConfig, simulate_policy_result
     from layerpipe.sim.gantt import write_gantt
 
     lines = []
     net = load_network(GANTT_NETWORK)
+    ic = cfg.link()
     for policy in GANTT_POLICIES:
-        result = make_schedule(policy, net, GANTT_PROCS, cfg.model)
-        sim = simulate_policy_result(result, net, cfg.model, simulated_iterations(result))
+        result = make_schedule(policy, net, GANTT_PROCS, cfg.model, interconnect=ic)
+        sim = simulate_policy_result(result, net, cfg.model, simulated_iterations(result), SimConfig.of(ic))
         name = f"gantt_{policy}.png"
         write_gantt(sim, out / name, title=f"{GANTT_NETWORK}, {policy}, N = {GANTT_PROCS}")
         lines.append(f"**{policy}** — {sim.cycles_per_sample:,.0f} cycles/sample simulated "
@@ -309,14 +382,17 @@ def assumptions(cfg: ReportConfig) -> str:
     m = cfg.model
     return f"""- Cost model `pe`: a processor does {m.lanes} MACs per cycle plus {m.overhead} cycles of fixed overhead
   per atomic task (F, A, E, G, U); a fused task (PipeDream's backward AEG) costs the sum of its parts. Convolution
-  F, E and G each cost B·H_o·W_o·C_out·C_in·K² MACs; A and weightless layers are elementwise. Batch B = 1.
+  F, E and G each cost B·H_o·W_o·C_out·C_in·K² MACs; A and weightless layers are elementwise. Batch B = 1
+  except in the headline's batch-32 blocks (compute grows with B, weight and gradient traffic does not).
 - Networks follow torchvision's shapes without batch norm and dropout; residual networks are real DAGs.
 - Asynchronous policies (LayerPipe, PipeDream, PipeDream-2BW) are periodic: cycles per sample is the
   period ÷ B. Synchronous ones (GPipe, 1F1B, ZB-H1/H2, OOO BackProp's pipeline) run steps of m = 2N
   micro-batches with one update per step; cycles per sample is the step time ÷ (m·B), the step timed by the
   simulator on the section's interconnect.
-- Communication is free here (shared memory); `layerpipe explore --link-latency --link-words-per-cycle`
-  measures its effect with the simulator. Traffic counts the words that would cross processors.
+- Communication is part of every schedule (`layerpipe.interconnect`): a transfer of v words holds its link
+  ⌈v / w⌉ cycles and arrives `latency` later; every section names its interconnect. Outside the headline it is
+  `{cfg.link()}` — the generated hardware's links at {m.lanes} lanes. Traffic counts the words that cross
+  processors per sample (activations and errors; weights and gradients when a layer's tasks are apart).
 - LayerPipe balances fine-grained tasks freely by default, so its weights may travel between processors
   (traffic) and its staleness is whatever the balance needs; `--keep-weights-together` and
   `--max-staleness` trade some speed for neither (the ablation shows the cost).
@@ -335,13 +411,18 @@ def generate(out: str | Path, cfg: ReportConfig | None = None, progress: bool = 
 
     cfg = cfg or ReportConfig()
     out = Path(out)
-    total = len(cfg.networks) * (len(cfg.procs) * (2 + len(OTHER_POLICIES)) + len(ABLATION) + 1)
+    variants = 3 if _has_replication_switch() else 2
+    headline_total = len(cfg.paper_interconnects) * len(cfg.paper_batches) * len(cfg.networks) * len(cfg.procs)
+    total = (len(cfg.networks) * (len(cfg.procs) * (2 + len(OTHER_POLICIES)) + len(ABLATION) + 1)
+             + headline_total * variants)
     with staged_folder(out, REPORT_OUTPUTS) as tmp:
         with tqdm(total=total, desc="report", unit="schedule", disable=not progress, leave=False) as bar:
+            headline = headline_rows(cfg, lambda: bar.update(1))
             rows = comparison_rows(cfg, lambda: bar.update(1))
             ablation = ablation_rows(cfg, lambda: bar.update(1))
         columns = ["network", "num_procs", "policy", *[k for k in rows[0] if k not in ("network", "num_procs",
                                                                                        "policy")]]
+        write_csv(tmp / "headline.csv", columns, headline)
         write_csv(tmp / "compare.csv", columns, rows)
         write_csv(tmp / "ablation.csv", ["variant", *columns], ablation)
         speedup_plot(rows, tmp / "speedup.png")
@@ -361,18 +442,22 @@ def generate(out: str | Path, cfg: ReportConfig | None = None, progress: bool = 
 Generated by `layerpipe report --out reports/` (layerpipe {__version__}); do not edit by hand —
 `tests/test_report.py` fails when this folder is stale. Rows: `compare.csv`, `ablation.csv`.
 
-## LayerPipe vs PipeDream at N = {", ".join(map(str, cfg.procs))}
+## LayerPipe vs PipeDream at N = {", ".join(map(str, cfg.procs))}, on three interconnects
 
-{paper_section(rows)}
+Cycles and words per training sample on the `pe` cost model; every policy is scheduled *on* the interconnect
+of its block (transfers planned, and the simulator agrees with the plan). Rows: `headline.csv`.
+
+{paper_section(headline, cfg)}
+
+## Every policy, cycles per sample ({cfg.link()}, batch 1)
+
 ![speedup](speedup.png)
 
-## Every policy, cycles per sample
-
 {others_section(rows)}
-## Ablation: which split buys what (N = {ABLATION_PROCS})
+## Ablation: which split buys what (N = {ABLATION_PROCS}, {cfg.link()}, batch 1)
 
 {ablation_section(ablation)}
-## Gantt charts ({GANTT_NETWORK}, N = {GANTT_PROCS}, simulated)
+## Gantt charts ({GANTT_NETWORK}, N = {GANTT_PROCS}, {cfg.link()}, simulated)
 
 {gantt}
 ## RTL: verification and synthesis
@@ -390,7 +475,8 @@ Generated by `layerpipe report --out reports/` (layerpipe {__version__}); do not
 
 
 #: Every file a report folder holds: an existing --out holding anything else is refused, never deleted.
-REPORT_OUTPUTS = owns_names("README.md", "compare.csv", "ablation.csv", "rtl.json", "speedup.png", "gantt_*.png",
+REPORT_OUTPUTS = owns_names("README.md", "headline.csv", "compare.csv", "ablation.csv", "rtl.json", "speedup.png",
+                            "gantt_*.png",
                             "ooo.csv", "ooo_speedup.png")
 
 
