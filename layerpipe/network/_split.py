@@ -34,7 +34,7 @@ import numpy as np
 
 from layerpipe.errors import InputError
 from layerpipe.network._graph import INPUT, Network, NetworkBuilder, Origin
-from layerpipe.network._ops import Conv2d, Linear
+from layerpipe.network._ops import Conv2d, LayerOp, Linear
 
 __all__ = ["merge_weights", "part_name", "part_rows", "split_layer", "split_refusal", "split_weights"]
 
@@ -108,8 +108,7 @@ def split_layer(network: Network, layer: str | int, parts: int) -> Network:
         sources = [names[i] for i in old.inputs]
         if old.index == index:
             for j, (start, stop) in enumerate(part_rows(_rows_of(network, index), parts)):
-                field = "out_features" if isinstance(old.op, Linear) else "out_channels"
-                builder.add(part_name(old.name, j), replace(old.op, **{field: stop - start}), sources)
+                builder.add(part_name(old.name, j), _part_op(old.op, stop - start), sources)
             names[old.index] = target.name
             continue
         expanded: list[str] = []
@@ -120,6 +119,14 @@ def split_layer(network: Network, layer: str | int, parts: int) -> Network:
     built = builder.build()
     return Network(built.name, built.input_shape, built.layers, built.batch,
                    origin=Origin(network, target.name, parts))
+
+
+def _part_op(op: LayerOp, rows: int) -> Linear | Conv2d:
+    """`op` (linear or conv2d) with `rows` output rows / channels."""
+    if isinstance(op, Linear):
+        return replace(op, out_features=rows)
+    assert isinstance(op, Conv2d), "split_refusal admits linear and conv2d only"
+    return replace(op, out_channels=rows)
 
 
 def split_weights(network: Network, source_weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
