@@ -156,7 +156,7 @@ def _close(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(np.allclose(a[k], b[k], rtol=1e-12, atol=1e-14) for k in a)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(networks(max_layers=4, dag=True, min_width=2, max_width=8, max_batch=2), st.data())
 def test_reference_split_equals_unsplit_to_float64_rounding(network: Network, data: st.DataObject) -> None:
     pytest.importorskip("torch")
@@ -192,7 +192,7 @@ def _conv_chains(draw: st.DrawFn) -> tuple[Network, str, int]:
     return net, "c1", draw(st.integers(2, net.layer(1).out_shape[0]))
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(_conv_chains())
 def test_conv_splits_keep_work_and_train_like_the_unsplit_network(case: tuple[Network, str, int]) -> None:
     """Generated conv2d splits by output channels: same weights and MACs, same float64 training."""
