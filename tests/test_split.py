@@ -340,3 +340,16 @@ def test_cli_simulates_split_results_and_no_split_layers_turns_splitting_off(tmp
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["options"]["split_layers"] is False and doc["network"] == HEAVY
     assert main(["schedule", HEAVY, "-n", "2", "--policy", "pipedream", "--no-split-layers"]) == 2
+
+
+def test_a_profile_of_the_unsplit_layers_gets_no_split() -> None:
+    """A measured profile times the user's layers only; the parts have no times, so no plan is tried."""
+    from layerpipe.costs import PEModel, ProfiledModel
+
+    net, pe = load_network(HEAVY), PEModel()
+    times = {layer.name: {k: pe.atomic_cost(layer, k, 1) for k in "FAEGU" if layer.has_weights or k in "FE"}
+             for layer in net.layers}
+    profiled = ProfiledModel(HEAVY, 1, times)
+    result, _ = _layerpipe(net, 8, profiled, "links:2:16")
+    assert result.network is net
+    assert result.metrics == _layerpipe(net, 8, profiled, "links:2:16", split_layers=False)[0].metrics

@@ -147,6 +147,10 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
         variant = network
         for layer, parts in plan:
             variant = split_layer(variant, layer, parts)
+        try:
+            build_training_graph(variant).costs(model)
+        except InputError:  # a model that cannot time the parts (a profile of the unsplit layers): no split
+            break
         result = replace(_schedule_network(variant, num_procs, model, stationary, interconnect), options=options)
         if _rank(result) < _rank(chosen[0] if chosen else best):
             chosen = (result, plan, variant)
