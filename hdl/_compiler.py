@@ -23,13 +23,13 @@ ReLU's mask uses a_l (a_l > 0 exactly when z_l > 0), so z_l needs no storage of 
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
+from layerpipe.hdl._distances import DataEdge, Distances, TaskKey, UnrolledDistances
 from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
 from layerpipe.network import Network
 from layerpipe.schedule import PeriodicSchedule, Slot
@@ -378,156 +378,6 @@ def _check_placement(graph: TrainingGraph, bodies: list[list[Slot]], policy: str
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Iteration distances (ring-buffer depths).
-
-
-TaskKey = tuple[str, int]
-DataEdge = tuple[TaskKey, TaskKey, int]  #: (producer, consumer, delay): consumer(t + delay) needs producer(t)
-
-
-class _Distances:
-    """Shortest iteration distances on the periodic happens-before graph.
-
-    Nodes are tasks. Program order: entry i → entry i+1 of the same period moves from iteration j − λ_i to
-    j − λ_{i+1} (weight λ_i − λ_{i+1}); the last entry → the first of the next period adds 1. Data edges
-    src → dst with delay δ (dst(t + δ) needs src(t): δ = 0 for the values of one iteration, s + 1 for a weight
-    copy U_l(t) → F_l(t + s + 1)) have weight δ. dist(Y, X) = d means Y(t) ⇝ X(t + d).
-    """
-
-    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[DataEdge]):
-        self.adj: dict[tuple[str, int], list[tuple[tuple[str, int], int]]] = {}
-        for body in bodies:
-            for i, s in enumerate(body):
-                nxt = body[(i + 1) % len(body)]
-                w = s.lag - nxt.lag + (1 if i + 1 == len(body) else 0)
-                self.adj.setdefault((s.kind, s.layer), []).append(((nxt.kind, nxt.layer), w))
-        for src, dst, delay in data_edges:
-            self.adj.setdefault(src, []).append((dst, delay))
-        # Potentials (Johnson) make every edge weight non-negative so Dijkstra applies.
-        nodes = list(self.adj)
-        pot = dict.fromkeys(nodes, 0)
-        for _ in range(len(nodes)):
-            changed = False
-            for u in nodes:
-                for v, w in self.adj[u]:
-                    if pot[u] + w < pot[v]:
-                        pot[v] = pot[u] + w
-                        changed = True
-            if not changed:
-                break
-        else:
-            raise InputError("the periodic schedule deadlocks: a dependency cycle does not advance an iteration")
-        self.pot = pot
-        self._cache: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
-
-    def __call__(self, src: tuple[str, int], dst: tuple[str, int]) -> int:
-        if src not in self._cache:
-            best = {src: 0}
-            heap = [(0, src)]
-            while heap:
-                d, u = heapq.heappop(heap)
-                if d > best[u]:
-                    continue
-                for v, w in self.adj.get(u, ()):
-                    nd = d + w + self.pot[u] - self.pot[v]
-                    if nd < best.get(v, 1 << 60):
-                        best[v] = nd
-                        heapq.heappush(heap, (nd, v))
-            self._cache[src] = {v: d - self.pot[src] + self.pot[v] for v, d in best.items()}
-        return self._cache[src].get(dst, 1 << 30)
-
-
-class _UnrolledDistances:
-    """Iteration distances that also hold in the prologue, where the steady-state paths may not exist.
-
-    A steady-state path Y(t) ⇝ X(t + d) can pass through ops of iterations < 0, which are skipped: early in
-    a run the producer can then run further ahead than d. So the distance is also measured on the unrolled
-    op graph of the first `window` iterations (program order of every PE, data edges of existing ops): for
-    each t, the smallest iteration of X reachable from Y(t). Where none is reachable the producer is not
-    held back at all, and the depth must cover every later iteration of the window. The result is the
-    larger of the two, so ring slots are never rewritten before their readers end, whatever the timing.
-    """
-
-    def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[DataEdge], steady: _Distances,
-                 samples: int) -> None:
-        self.steady = steady
-        max_lag = max((s.lag for body in bodies for s in body), default=0)
-        horizon = 4 * (max_lag + 2) + 16
-        self.window = min(samples, horizon)
-        self.exact = samples <= horizon  # the window is the whole run
-        # Ops of each PE in program order; node = (task, t).
-        self.succ: dict[tuple[TaskKey, int], list[tuple[TaskKey, int]]] = {}
-        order: list[tuple[TaskKey, int]] = []
-        for body in bodies:
-            prev = None
-            for j in range(self.window + max_lag):
-                for slot in body:
-                    t = j - slot.lag
-                    if 0 <= t < self.window:
-                        node = ((slot.kind, slot.layer), t)
-                        self.succ[node] = []
-                        if prev is not None:
-                            self.succ[prev].append(node)
-                        prev = node
-        for src, dst, delay in data_edges:
-            for t in range(self.window):
-                if (src, t) in self.succ and (dst, t + delay) in self.succ:
-                    self.succ[(src, t)].append((dst, t + delay))
-        indegree = dict.fromkeys(self.succ, 0)
-        for outs in self.succ.values():
-            for n in outs:
-                indegree[n] += 1
-        ready = [n for n, k in indegree.items() if k == 0]
-        while ready:
-            n = ready.pop()
-            order.append(n)
-            for m in self.succ[n]:
-                indegree[m] -= 1
-                if indegree[m] == 0:
-                    ready.append(m)
-        if len(order) != len(self.succ):
-            raise InputError("the periodic schedule deadlocks in its first iterations (a dependency cycle)")
-        self.order = order
-        self._reach: dict[TaskKey, dict[tuple[TaskKey, int], int]] = {}
-
-    def _min_reach(self, target: TaskKey) -> dict[tuple[TaskKey, int], int]:
-        """For every op, the smallest iteration of `target` reachable from it (itself included)."""
-        if target not in self._reach:
-            inf = 1 << 30
-            best: dict[tuple[TaskKey, int], int] = {}
-            for node in reversed(self.order):
-                here = node[1] if node[0] == target else inf
-                best[node] = min([here, *(best[m] for m in self.succ[node])])
-            self._reach[target] = best
-        return self._reach[target]
-
-    def versions(self, reader: TaskKey, update: TaskKey, offset: int) -> int:
-        """Slots a ring of versions needs so that version v = max(0, t + offset), read by reader(t), survives
-        until reader(t) has run: its slot is rewritten by (or after) update(v + depth − 1), so reader(t) ⇝
-        update(v + depth − 1) must hold. Early iterations read version 0 (the clamp), hence per-t terms."""
-        need = self.steady(reader, update) - offset + 1
-        reach = self._min_reach(update)
-        last = self.window if self.exact else self.window // 2
-        for t in range(last):
-            r = reach.get((reader, t))
-            if r is not None:
-                need = max(need, (r if r < (1 << 30) else self.window) - max(0, t + offset) + 1)
-        return need
-
-    def __call__(self, reader: TaskKey, producer: TaskKey) -> int:
-        d = self.steady(reader, producer)
-        reach = self._min_reach(producer)
-        # Without the whole run in the window, its last iterations lack the paths a longer run has.
-        last = self.window if self.exact else self.window // 2
-        for t in range(last):
-            r = reach.get((reader, t))
-            if r is None:
-                continue
-            d = max(d, r - t if r < (1 << 30) else self.window - t)
-        return d
-
-
-# ----------------------------------------------------------------------------------------------------------
 # The compiler.
 
 
@@ -632,7 +482,7 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
                              f"but W{src[1]} has {n_in} columns, not a multiple of --lanes {lanes}: its padded rows "
                              f"take more link beats than the rtl interconnect's ⌈words/lanes⌉; use --lanes dividing "
                              f"{n_in} or --keep-weights-together")
-    dist = _UnrolledDistances(bodies, data_edges, _Distances(bodies, data_edges), max_samples)
+    dist = UnrolledDistances(bodies, data_edges, Distances(bodies, data_edges), max_samples)
 
     # Weight reads: which buffer and version of W_l each F / E step reads on its PE.
     def program_offset(key: TaskKey, layer: int) -> int:
