@@ -493,15 +493,32 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[
                 finish = (t // unfold + e.lag) * period + e.start + c_e
                 events.append((begin, t // g - pins[("F", layer.index, k)], finish))
         lo, hi = 2 * depth * period, 3 * depth * period
-        best = 1
-        for tau in sorted({b for b, _, _ in events} | set(ends)):
-            if not lo <= tau < hi:
-                continue
-            held = {v for b, v, f in events if b <= tau < f}
-            held.add(bisect_right(ends, tau))
-            best = max(best, len(held))
-        out[layer.index] = best
+        out[layer.index] = _most_versions_held(events, ends, lo, hi)
     return out
+
+
+def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo: int, hi: int) -> int:
+    """The most distinct versions held at a time τ in [lo, hi): the versions of the reads (begin, version,
+    finish) with begin ≤ τ < finish, plus the current one (updates ended by τ). A sweep over the event times
+    with a count per active version (readers of one version overlap)."""
+    begins = sorted((b, v) for b, v, _ in events)
+    finishes = sorted((f, v) for _, v, f in events)
+    active: dict[int, int] = {}
+    best, i, k = 1, 0, 0
+    for tau in sorted({b for b, _ in begins} | {f for f, _ in finishes} | set(ends)):
+        while i < len(begins) and begins[i][0] <= tau:
+            active[begins[i][1]] = active.get(begins[i][1], 0) + 1
+            i += 1
+        while k < len(finishes) and finishes[k][0] <= tau:
+            v = finishes[k][1]
+            active[v] -= 1
+            if not active[v]:
+                del active[v]
+            k += 1
+        if lo <= tau < hi:
+            current = bisect_right(ends, tau)
+            best = max(best, len(active) + (current not in active))
+    return best
 
 
 def validate(
