@@ -1,9 +1,10 @@
 """The `layerpipe` command line.
 
 Each subcommand lives in its own module under `layerpipe.commands` and exposes `register(subparsers)`,
-which adds its parser and sets `handler`. Bad input of any kind (`InputError`, argparse errors) and every
-other expected failure (`expected_failure`: a missing extra, a refused path, too deep, too large, not UTF-8)
-prints one line on stderr and exits 2; no traceback, no half-written output.
+which adds its parser and sets `handler`; the module is imported only when its subcommand runs
+(`COMMANDS` holds the names and help lines `--help` lists). Bad input of any kind (`InputError`, argparse
+errors) and every other expected failure (`expected_failure`: a missing extra, a refused path, too deep, too
+large, not UTF-8) prints one line on stderr and exits 2; no traceback, no half-written output.
 """
 
 from __future__ import annotations
@@ -17,19 +18,25 @@ import layerpipe
 from layerpipe import __version__
 from layerpipe.errors import InputError
 
+#: Subcommand → the one line `layerpipe --help` lists for it, in that order. Each lives in
+#: `layerpipe.commands.<name>`, imported only when that subcommand runs (issue 14 item 3: importing every
+#: command module to build the parser pulled in numpy, scipy and networkx and cost ~250 ms per start).
+#: tests/test_cli_errors.py checks each line against the `help=` its module registers.
+COMMANDS: dict[str, str] = {
+    "graph": "layers, tasks and costs of a network's training graph",
+    "delays": "per-layer gradient delays and iteration lags for a stage map (retiming)",
+    "schedule": "one policy's schedule of a network on N processors",
+    "compare": "cycles per sample of every policy on one cost model",
+    "simulate": "time a schedule cycle by cycle (and run its numerics); write traces",
+    "rtl": "generate the Verilog and microcode of an N-PE training accelerator",
+    "verify": "simulate the generated RTL and compare it with PyTorch and the simulator",
+    "explore": "sweep networks × N × policies × options; Pareto fronts and plots",
+    "report": "regenerate reports/ (comparison, ablation, Gantt charts, RTL summary)",
+    "profile": "time every layer's F, A, E, G, U with PyTorch on this CPU (profiled costs)",
+}
+
 #: Subcommand modules, in the order `--help` lists them.
-COMMAND_MODULES = (
-    "graph",
-    "delays",
-    "schedule",
-    "compare",
-    "simulate",
-    "rtl",
-    "verify",
-    "explore",
-    "report",
-    "profile",
-)
+COMMAND_MODULES = tuple(COMMANDS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,20 +46,45 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(f"{self.prog}: {message}")
 
 
+class _LazyCommand(_Parser):
+    """A subcommand's parser that imports its module only when the subcommand is parsed.
+
+    The top-level parser needs only the name and the one-line help; the module's `register` builds the
+    real parser (with the same prog, so errors and `--help` read as before) on first use.
+    """
+
+    def __init__(self, *, module: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._module = module
+        self._real: argparse.ArgumentParser | None = None
+
+    def real(self) -> argparse.ArgumentParser:
+        if self._real is None:
+            name = self._module.rsplit(".", 1)[1]
+            action = _Parser(prog="layerpipe").add_subparsers(dest="command", parser_class=_Parser)
+            importlib.import_module(self._module).register(action)
+            self._real = action.choices[name]
+        return self._real
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        return self.real().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        return self.real().format_help()
+
+    def format_usage(self) -> str:
+        return self.real().format_usage()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the package's one-line summary, not this module's ("The `layerpipe` command line.")
     summary = (layerpipe.__doc__ or "").strip().split("\n\n")[0]  # the package's first paragraph, not its API tour
     parser = _Parser(prog="layerpipe", description=summary or None)
     parser.add_argument("--version", action="version", version=f"layerpipe {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"layerpipe.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"layerpipe.commands.{name}":
-                continue  # not built yet
-            raise
-        module.register(sub)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LazyCommand)
+    for name, line in COMMANDS.items():
+        sub.add_parser(name, help=line, module=f"layerpipe.commands.{name}", add_help=False)
     parser.set_defaults(commands=tuple(sub.choices))
     return parser
 
