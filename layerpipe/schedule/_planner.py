@@ -349,6 +349,9 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     if coalesce:
         trials.append(timed(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
                             comm))
+    else:
+        trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                            comm))
     candidates = []
     for found in trials:
         lags = update_chain_lags(unfolded, found.start, found.lag, period)
@@ -418,6 +421,57 @@ def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int
             out[v] = at % period
             at += table.cost[v]
     return out
+
+
+def _round_robin_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,
+                        interconnect: Interconnect) -> list[int]:
+    """1F1B-RR's steady state (SOSP'19 §3.2) for replicated stages: with τ = P/J cycles per micro-batch,
+    micro-batch k enters stage s at o_s + k·τ on replica k mod r_s; the slot there runs its forward block,
+    then the backward of micro-batch k − d_s (same replica: d_s a multiple of r_s), and on the root the update
+    of one round. Each replica's slots are r·τ apart, which holds f + b (+ u on the root) because the period
+    is at least every processor's load, so the bodies never overlap. o_{s+1} = o_s + f_s (+ the transfer) and
+    d_s ≥ d_{s+1} + (f_{s+1} + b_{s+1} + transfers)/τ make every forward follow its input and every
+    backward the next stage's; `minimal_lags` then makes the timing legal where the estimate is short."""
+    count, unfold = len(plan_.stages), table.unfold
+    f, b, comm_f, comm_b = [0] * count, [0] * count, [0] * count, [0] * count
+    for v, (t, k, c) in enumerate(zip(table.tasks, table.phase, table.cost, strict=True)):
+        if k == 0 and t.kind != "U":
+            (f if t.kind == "F" else b)[stage_of[t.layer]] += c
+            for u, w in zip(table.preds[v], table.pred_words[v], strict=True):
+                if stage_of[table.tasks[u].layer] != stage_of[t.layer]:
+                    (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
+    tau = Fraction(period, unfold)
+    offset = [Fraction(0)] * count
+    for s in range(1, count):
+        offset[s] = offset[s - 1] + f[s - 1] + comm_f[s]
+    delay = [0] * count
+    for s in range(count - 2, -1, -1):
+        r = plan_.stages[s].replicas
+        d = delay[s + 1] + math.ceil((f[s + 1] + b[s + 1] + comm_f[s + 1] + comm_b[s]) / tau)
+        delay[s] = -(-d // r) * r
+    # the slot (micro-batch whose forward it starts with) of every copy
+    slot = []
+    for t, k in zip(table.tasks, table.phase, strict=True):
+        s = stage_of[t.layer]
+        r = plan_.stages[s].replicas
+        if t.kind == "F":
+            slot.append(k)
+        elif t.kind == "U":  # round q after its last micro-batch's backward, on the root: slot r(q + 1) + d
+            slot.append(r * (k + 1) + delay[s])
+        else:
+            slot.append(k + delay[s])
+    start = [0] * len(table)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for v, t in enumerate(table.tasks):  # slots past the period's last are the next period's first (a lag)
+        groups.setdefault((stage_of[t.layer], slot[v] % unfold), []).append(v)
+    for (s, j), members in groups.items():
+        members.sort(key=lambda v: (0 if table.tasks[v].kind == "F" else 2 if table.tasks[v].kind == "U" else 1,
+                                    table.tasks[v].layer if table.tasks[v].kind == "F" else -table.tasks[v].layer))
+        at = math.floor(offset[s] + j * tau)
+        for v in members:
+            start[v] = at % period
+            at += table.cost[v]
+    return start
 
 
 def _topological_by(table: TaskTable, key: Sequence[int]) -> list[int]:
