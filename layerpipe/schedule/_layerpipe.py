@@ -136,6 +136,8 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     per sample, words per sample, staleness). Variants are searched weight-stationary (`keep_weights_together`;
     the result keeps the caller's options). A split result's network and graph are the variant's and its notes
     name the splits. The unsplit network is the incumbent a variant must beat, so splitting never loses."""
+    if options.unfold > 1:  # `--unfold J`: its own search (`_schedule_unfolded`), issue 10 item 5
+        return _schedule_unfolded(network, num_procs, model, options, interconnect)
     best = _schedule_network(network, num_procs, model, options, interconnect)
     if not options.split_layers:
         return best
