@@ -106,7 +106,8 @@ def add_policy_option_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-split-layers", dest="split_layers", action="store_const", const=False, default=None,
                    help="layerpipe: do not try heavy layers split by output rows/channels over processors")
     g.add_argument("--no-replication", dest="replication", action="store_const", const=False, default=None,
-                   help="pipedream: one processor per stage (no replicated stages; the planner's ablation)")
+                   help="pipedream: one processor per stage (no replicated stages; the planner's ablation); "
+                        "layerpipe: leave PipeDream's replicated plan out of the search (one iteration per period)")
     g.add_argument("--unfold", dest="unfold", type=positive_int("--unfold"), default=None, metavar="J",
                    help="layerpipe: J iterations per period (a task's copies may sit on different processors)")
     g.add_argument("-g", "--group-size", dest="group_size", type=positive_int("-g/--group-size"), default=None,

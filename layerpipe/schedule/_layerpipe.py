@@ -65,6 +65,9 @@ class LayerPipeOptions:
     keep_weights_together: bool = False  #: a layer's F, E, G, U on one processor: no weight traffic
     max_traffic: float | None = None  #: bound on words moved between processors per sample (None: unbounded)
     split_layers: bool = True  #: also try heavy layers split by output rows/channels (`split_variants`)
+    #: also try PipeDream's replicated plan (stages x replicas, several iterations per period) on LayerPipe's
+    #: tasks; False keeps one iteration per period (what the generated hardware runs)
+    replication: bool = True
     #: J iterations per period (`--unfold`): the graph unfolded by J (`_unfold.balanced_unfolded`), a task's
     #: copies of alternate iterations may sit on different processors (issue 10 item 5)
     unfold: int = 1
@@ -324,7 +327,7 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
 
     pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
     best = plan(PlanCosts(pd_table, interconnect), num_procs)
-    if best.unfold == 1 or options.keep_weights_together:
+    if best.unfold == 1 or options.keep_weights_together or not options.replication:
         return None
     laid = replicated_timing(table, best, num_procs, interconnect)
     unfolded = laid.table
