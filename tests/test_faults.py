@@ -1,0 +1,233 @@
+"""Fault tests (issue 12, Done when): SIGKILL at random points of `simulate`, `report`, `rtl` and
+`explore --jobs 2`, at least 20 kills each.
+
+- `simulate`, `report`, `rtl`: the output folder is always the old or the new one (byte for byte), never
+  missing or mixed; no temporary folder survives the next (complete) run.
+- `explore --jobs 2`: every row in the results file is a whole row equal to the clean run's row for its point;
+  a `--resume` after the last kill gives the clean run's bytes; no worker outlives the killed parent by more
+  than 5 s; no temporary file survives.
+
+Each run is a forked child of this process running the real command (`layerpipe.cli.main`, or
+`layerpipe.report.generate` with a tiny configuration since the report has no small CLI form): no interpreter
+start per kill, so 20 kills cost seconds, not minutes (the report's schedules are memoized in this process
+first, see its test). The child makes itself a process group, so its workers
+can be found after it dies. Kill times are drawn from a seeded generator over the length of a complete run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from layerpipe.cli import main
+
+KILLS = 20
+SURVIVAL_SECONDS = 5.0
+
+
+def _spawn(work: Callable[[], int], cwd: Path) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child: its own process group, quiet, the real command, then exit without pytest
+        code = 99
+        try:
+            os.setpgid(0, 0)
+            os.chdir(cwd)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            code = int(work() or 0)
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def _wait_group_gone(pgid: int) -> list[int]:
+    """Processes of the group still alive SURVIVAL_SECONDS after its leader died (killed, then reported)."""
+    deadline = time.monotonic() + SURVIVAL_SECONDS
+    while time.monotonic() < deadline:
+        if not _group_members(pgid):
+            return []
+        time.sleep(0.05)
+    left = _group_members(pgid)
+    for pid in left:  # ours: the test started them
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _complete(work: Callable[[], int], cwd: Path) -> float:
+    t0 = time.monotonic()
+    pid = _spawn(work, cwd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not _wait_group_gone(pid)
+    return time.monotonic() - t0
+
+
+class _Clock:
+    """The length of a complete run, kept as the shortest seen: on a shared machine a run measured while it was
+    busy is long, and kill times drawn from it would mostly land after the run finished."""
+
+    def __init__(self, length: float) -> None:
+        self.length = length
+
+    def kill_at(self, work: Callable[[], int], cwd: Path, rng: random.Random) -> bool:
+        """Run `work`, SIGKILL it at a random point of a run; True when it was killed (not finished first)."""
+        delay = rng.uniform(0.0, 1.1 * self.length)
+        t0 = time.monotonic()
+        pid = _spawn(work, cwd)
+        while time.monotonic() - t0 < delay:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:  # finished before its kill time: a complete run, and a shorter length
+                assert os.waitstatus_to_exitcode(status) == 0
+                self.length = min(self.length, time.monotonic() - t0)
+                assert not _wait_group_gone(pid)
+                return False
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        survivors = _wait_group_gone(pid)
+        assert not survivors, f"processes {survivors} outlived their killed parent by {SURVIVAL_SECONDS} s"
+        return os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+
+
+def _snapshot(folder: Path) -> dict[str, str] | None:
+    if not folder.exists():
+        return None
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp"))
+
+
+def _folder_kills(tmp_path: Path, runs: tuple[Callable[[], int], Callable[[], int]], out: Path, seed: int) -> None:
+    """The old-or-new property of a folder output under KILLS kills at random points."""
+    first, second = runs
+    _complete(first, tmp_path)
+    snap_a = _snapshot(out)
+    length = _complete(second, tmp_path)
+    snap_b = _snapshot(out)
+    assert snap_a != snap_b and snap_a and snap_b
+    rng = random.Random(seed)
+    clock = _Clock(length)
+    kills = attempts = 0
+    while kills < KILLS and attempts < 3 * KILLS:
+        attempts += 1
+        run = runs[attempts % 2]
+        kills += clock.kill_at(run, tmp_path, rng)
+        now = _snapshot(out)
+        assert now in (snap_a, snap_b), "the output folder is missing or mixed after a kill"
+    assert kills >= KILLS, f"only {kills} of {attempts} runs were killed before they finished"
+    _complete(first, tmp_path)  # the next run cleans what the killed ones left
+    assert _snapshot(out) == snap_a
+    assert _temporaries(out.parent) == [], _temporaries(out.parent)
+
+
+@pytest.mark.slow
+def test_simulate_survives_sigkill(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    base = ["simulate", "mlp:16-12-8-4", "--policy", "layerpipe", "-n", "2", "--out", str(out)]
+    runs = (lambda: main([*base, "--samples", "8"]), lambda: main([*base, "--samples", "24", "--functional",
+                                                                    "float64"]))
+    _folder_kills(tmp_path, runs, out, seed=1)
+
+
+@pytest.mark.slow
+def test_rtl_survives_sigkill(tmp_path: Path) -> None:
+    pytest.importorskip("amaranth")
+    out = tmp_path / "rtl"
+    base = ["rtl", "mlp:8-6-4", "--policy", "layerpipe", "-n", "2", "--lanes", "4", "--no-synth", "--out", str(out)]
+    runs = (lambda: main([*base, "--samples", "8"]), lambda: main([*base, "--samples", "16"]))
+    _folder_kills(tmp_path, runs, out, seed=2)
+
+
+def _memoized(real: Callable, cache: dict[str, object]) -> Callable:
+    def call(*args: object, **kwargs: object) -> object:
+        key = repr((real.__module__, args, sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = real(*args, **kwargs)
+        return cache[key]
+    return call
+
+
+@pytest.mark.slow
+def test_report_survives_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even a one-network report schedules every policy (data-parallel ones on the stream engine): ~15 s of CPU
+    a run. The schedules are computed for real once, in this process, and memoized; each forked child then runs
+    the real `generate` — tables, plots, Gantt simulations, the staged folder — with them, so the kills land
+    across the whole of a run that takes about a second, the part where files are written and swapped."""
+    import layerpipe.report as report
+    import layerpipe.report_ooo as report_ooo
+
+    cache: dict[str, object] = {}
+    monkeypatch.setattr(report, "make_schedule", _memoized(report.make_schedule, cache))
+    monkeypatch.setattr(report_ooo, "make_schedule", _memoized(report_ooo.make_schedule, cache))
+    out = tmp_path / "report"
+
+    def run(procs: tuple[int, ...]) -> Callable[[], int]:
+        def work() -> int:
+            cfg = report.ReportConfig(networks=("mlp:8-6-4",), procs=procs, rtl=False,
+                                      paper_interconnects=("shared",), paper_batches=(1,))
+            report.generate(out, cfg, progress=False)
+            return 0
+        return work
+
+    for procs in ((2,), (3,)):  # fill the memo here, so the children inherit it
+        run(procs)()
+    _folder_kills(tmp_path, (run((2,)), run((3,))), out, seed=3)
+
+
+@pytest.mark.slow
+def test_explore_jobs_2_survives_sigkill(tmp_path: Path) -> None:
+    from layerpipe.dse import ResultsFile
+
+    args = ["explore", "mlp:16-12-8-4", "mlp:12-10-8", "-n", "1-6", "--policies", "layerpipe,pipedream",
+            "--jobs", "2", "--no-progress"]
+    clean = tmp_path / "clean" / "r.csv"
+    length = _complete(lambda: main([*args, "--out", str(clean)]), tmp_path)
+    reference = {r["point_index"]: r for r in ResultsFile(clean).read_rows()}
+    rng = random.Random(4)
+    clock = _Clock(length)
+    kills = attempts = 0
+    last = None
+    while kills < KILLS and attempts < 3 * KILLS:
+        attempts += 1
+        out = tmp_path / f"run{attempts}" / "r.csv"
+        if not clock.kill_at(lambda out=out: main([*args, "--out", str(out)]), tmp_path, rng):
+            continue
+        kills += 1
+        if out.exists():
+            rows = ResultsFile(out).read_rows()  # a torn last line is dropped, never misread
+            assert len({r["point_index"] for r in rows}) == len(rows)
+            for row in rows:
+                assert row == reference[row["point_index"]]
+            last = out
+        for name in ("pareto.csv", "pareto.png", "speedup_vs_n.png"):  # written whole or not at all
+            if (out.parent / name).exists():
+                assert (out.parent / name).read_bytes() == (clean.parent / name).read_bytes()
+    assert kills >= KILLS, f"only {kills} of {attempts} runs were killed before they finished"
+    assert last is not None
+    _complete(lambda: main([*args, "--out", str(last), "--resume"]), tmp_path)
+    assert last.read_bytes() == clean.read_bytes()
+    assert _temporaries(last.parent) == []
