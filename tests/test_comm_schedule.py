@@ -31,7 +31,7 @@ def steady_iterations(result) -> int:
     """A run long enough to be past the fill, in whole periods (J iterations each)."""
     deepest = max((s.lag for body in result.periodic.bodies for s in body), default=0)
     unfold = max(getattr(result.periodic, "unfold", 1), 1)
-    return max(64, (4 * deepest + 16) * unfold)
+    return -(-max(64, (4 * deepest + 16) * unfold) // unfold) * unfold  # whole periods: whole update groups
 
 
 def simulated_period(result, network, model, interconnect: Interconnect) -> float:
