@@ -183,7 +183,8 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     else:
         schedule, workload = policy_ops(result, network, model, iterations, config.mode)
         network = simulated_network(result, network)  # the split variant the policy scheduled, if it split a layer
-    info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "samples": samples,
+    info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "time_unit": _unit(model),
+            "samples": samples,
             "interconnect": result.interconnect.spec,
             "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
     return schedule, workload, network, info
@@ -213,7 +214,7 @@ def _from_file(args: argparse.Namespace, config: SimConfig):
     network = load_network(args.network, args.batch)
     model = cost_model_from_args(args)
     graph = build_training_graph(network, _graph_options(parsed, config.mode))
-    info = {"network": network.name, "schedule": path.name, "cost_model": model.name}
+    info = {"network": network.name, "schedule": path.name, "cost_model": model.name, "time_unit": _unit(model)}
     workload = Workload.of_graph(graph, model)
     check_complete(parsed, workload, f"--schedule {path}")
     if args.functional is not None:
@@ -288,6 +289,11 @@ def check_complete(schedule: OpSchedule, workload: Workload, field: str) -> None
             kind, unit = missing[0]
             raise InputError(f"{field}: iteration {t} has no {kind}{unit} ({len(missing)} tasks missing); "
                              "a schedule must hold every task of every iteration it runs")
+
+
+def _unit(model) -> str:
+    """What one unit of every *_cycles field counts (issue 12 item 9): measured nanoseconds for a profile."""
+    return "ns" if getattr(model, "name", "") == "profiled" else "cycles"
 
 
 def _schedule_format(path: Path, text: str, given: str) -> str:
