@@ -48,8 +48,10 @@ def test_jobs_2_gives_one_row_per_point(tmp_path: Path) -> None:
     for r, p in zip(rows, spec.points(), strict=True):
         assert (r["network"], int(r["num_procs"]), r["policy"]) == (p.network, p.num_procs, p.policy)
         assert float(r["cycles_per_sample"]) > 0
+        # the column is the bound for one iteration per period: unfolded schedules (layerpipe's replicated or
+        # split plans, replicated pipedream) may beat it
         assert float(r["cycles_per_sample"]) >= float(r["lower_bound_cycles_per_sample"]) * 0.999 or \
-            r["policy"] == "layerpipe"
+            r["policy"] in ("layerpipe", "pipedream")
     # One worker or two: the finished file has the same bytes.
     out1 = tmp_path / "r1.csv"
     run_sweep(spec, out1, jobs=1, progress=False)
