@@ -56,7 +56,8 @@ def test_the_readme_command_is_byte_identical_and_readable() -> None:
     assert lines[0] == "mlp:784-256-128-10 (batch 1, interconnect rtl (links:2:64))"
     assert "resnet18 (batch 1, interconnect rtl (links:2:64))" in lines
     assert lines[-2].startswith("cost model pe (lanes 64, overhead 16)")
-    assert sum(1 for line in lines if " layerpipe " in f" {line} ") == 6
+    assert sum(1 for line in lines if " layerpipe " in f" {line} " and not line.startswith("skipped:")) == 6
+    assert any(line.startswith("skipped: optimal on resnet18") for line in lines)  # skips say why (issue 12 item 7)
 
 
 def test_bad_input_exits_2_with_one_line(capsys) -> None:

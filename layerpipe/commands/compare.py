@@ -153,8 +153,9 @@ def _with_skips(text: str, fmt: str, skipped: list[dict[str, object]]) -> str:
         doc["skipped"] = skipped
         return to_json(doc)
     lines = [f"skipped: {s['policy']} on {s['network']} N={s['num_procs']}: {s['reason']}" for s in skipped]
-    if fmt == "table":
-        return text + "\n".join(lines) + "\n"
+    if fmt == "table":  # after the tables, before the two-line legend (which stays last)
+        body = text.splitlines(keepends=True)
+        return "".join(body[:-2]) + "\n".join(lines) + "\n\n" + "".join(body[-2:])
     for line in lines:  # CSV: rows only on stdout or in the file; the skips go to stderr
         print(f"layerpipe: note: {line}", file=sys.stderr)
     return text
