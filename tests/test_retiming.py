@@ -350,3 +350,53 @@ def test_clock_period_is_the_longest_zero_delay_path_by_brute_force(graph: Timed
             clock_period(graph)
         return
     assert clock_period(graph) == expected
+
+
+# --- the cycle-ratio solver's own graph work and its round count (issue 14 item 2) ---------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(timed_graphs(max_nodes=12, max_delay=1))
+def test_hand_written_components_and_zero_delay_check_match_networkx(graph: TimedGraph) -> None:
+    import networkx as nx
+
+    from layerpipe.retiming._cycle_ratio import _cyclic_edges, find_zero_delay_cycle
+
+    n, src, dst, delay = len(graph.nodes), graph.src.tolist(), graph.dst.tolist(), graph.delays.tolist()
+    full: nx.DiGraph[int] = nx.DiGraph()
+    full.add_nodes_from(range(n))
+    full.add_edges_from(zip(src, dst, strict=True))
+    component = {v: k for k, members in enumerate(nx.strongly_connected_components(full)) for v in members}
+    assert _cyclic_edges(n, src, dst) == [component[u] == component[v] for u, v in zip(src, dst, strict=True)]
+    zero: nx.DiGraph[int] = nx.DiGraph()
+    zero.add_nodes_from(range(n))
+    zero.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
+    assert (find_zero_delay_cycle(n, src, dst, delay) is None) == nx.is_directed_acyclic_graph(zero)
+
+
+@pytest.mark.parametrize("depth", [150, 300])
+def test_policy_iteration_rounds_do_not_grow_with_depth(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain Howard moved a better ratio one edge per round: 28 rounds at 150 layers, 72 at 300, growing
+    with depth. With in-round propagation 8–10 rounds suffice at any depth; the bound is certified below."""
+    import layerpipe.retiming._cycle_ratio as cycle_ratio
+    from layerpipe.costs import make_cost_model
+    from layerpipe.dfg import build_training_graph
+    from layerpipe.network import load_network
+    from layerpipe.retiming import solve_delays, timed_graph
+    from layerpipe.stages import parse_stage_map
+
+    model = make_cost_model("pe")
+    net = load_network("mlp:" + "-".join(["8"] * depth))
+    train = build_training_graph(net)
+    delays = solve_delays(train, parse_stage_map("even:8", net, model)).delays
+    graph = timed_graph(train, train.costs(model), delays)
+    rounds = []
+    evaluate = cycle_ratio._evaluate
+    monkeypatch.setattr(cycle_ratio, "_evaluate", lambda *a: rounds.append(1) or evaluate(*a))
+    result = iteration_bound(graph)
+    assert len(rounds) <= 12, len(rounds)  # 8–10 measured from 50 to 2000 layers
+    p, q = result.bound.numerator, result.bound.denominator  # certificate as in the test above
+    weights = q * graph.times[graph.src] - p * graph.delays
+    assert least_retiming(len(graph.nodes), graph.src, graph.dst, weights) is not None
+    tighter = (q * 1000) * graph.times[graph.src] - (p * 1000 - 1) * graph.delays
+    assert least_retiming(len(graph.nodes), graph.src, graph.dst, tighter) is None
