@@ -1,36 +1,119 @@
-"""Design points per second of `layerpipe explore` on a zoo sweep, with 1 and 2 local processes.
+"""Design points per CPU-second of `layerpipe explore` on issue 14's sweep, and what the plots cost.
 
-    .venv/bin/python benchmarks/bench_explore.py
+    .venv/bin/python benchmarks/bench_explore.py [--rounds 3] [--jobs]
 
-Each point schedules the network, simulates enough iterations for the steady state and appends one row.
+The sweep: lenet5, resnet18, alexnet × N = 2, 3, 4, 6, 8 × layerpipe (staleness unbounded and ≤ 4), pipedream,
+gpipe, 1f1b, zb-h1, ooo = 105 points. Each point schedules the network, simulates enough iterations for the
+steady state and appends one row. Printed, side by side in one run (min of `--rounds` interleaved rounds):
+
+- in process: `run_sweep` alone (points per CPU-second of this process), then `save_pareto` with both plots
+  and with none (what `explore --plots none` saves);
+- the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child), with plots and without;
+- with `--jobs`: `run_sweep` with 1 and 2 local worker processes, wall clock (the figure that scales with
+  cores; only meaningful on an otherwise idle machine — the load average is printed with it).
+
+Targets (issue 14, "done when"): ≥ 200 points per CPU-second in process, ≥ 100 for the whole CLI run with
+plots, `--jobs 2` ≥ 1.7× `--jobs 1` on an idle 2-core machine.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from layerpipe.dse import SweepSpec, run_sweep
+from layerpipe.dse import COLUMNS, ResultsFile, SweepSpec, run_sweep, save_pareto
 
-SPEC = SweepSpec(
-    networks=("mlp:784-256-128-10", "lenet5", "alexnet", "resnet18"),
-    num_procs=(2, 4, 8),
-    policies=("layerpipe", "pipedream", "1f1b", "ooo"),
-    max_staleness=(None, 4),
-)
+NETWORKS = ("lenet5", "resnet18", "alexnet")
+NUM_PROCS = (2, 3, 4, 6, 8)
+POLICIES = ("layerpipe", "pipedream", "gpipe", "1f1b", "zb-h1", "ooo")
+STALENESS = (None, 4)
+SPEC = SweepSpec(networks=NETWORKS, num_procs=NUM_PROCS, policies=POLICIES, max_staleness=STALENESS)
+
+TARGET_IN_PROCESS = 200.0  # points per CPU-second
+TARGET_CLI = 100.0  # points per CPU-second of the whole CLI process, plots included
+TARGET_JOBS_SPEEDUP = 1.7  # --jobs 2 over --jobs 1, idle 2-core machine
+
+
+def load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def in_process(tmp: Path) -> dict[str, float]:
+    """CPU seconds of one sweep in this process, and of saving its Pareto files with and without plots."""
+    out = tmp / f"in-{time.monotonic_ns()}.csv"
+    t0 = time.process_time()
+    run_sweep(SPEC, out, jobs=1, progress=False)
+    sweep = time.process_time() - t0
+    rows = ResultsFile(out).read_rows()
+    t0 = time.process_time()
+    save_pareto(rows, tmp / "plots", COLUMNS)
+    plots = time.process_time() - t0
+    t0 = time.process_time()
+    save_pareto(rows, tmp / "noplots", COLUMNS, plots=())
+    csv_only = time.process_time() - t0
+    return {"sweep": sweep, "pareto+plots": plots, "pareto only": csv_only}
+
+
+def cli_process(tmp: Path, plots: bool) -> float:
+    """CPU seconds (user + system) of a whole `layerpipe explore` process on the sweep."""
+    out = tmp / f"cli-{time.monotonic_ns()}"
+    out.mkdir()
+    argv = [sys.executable, "-m", "layerpipe.cli", "explore", *NETWORKS,
+            "-n", ",".join(map(str, NUM_PROCS)), "--policies", ",".join(POLICIES), "--max-staleness", "4",
+            "--out", str(out / "r.csv"), "--no-progress"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv if plots else [*argv, "--plots", "none"], check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", action="store_true", help="also time --jobs 1 against --jobs 2 (wall clock)")
+    args = parser.parse_args()
     points = len(SPEC.points())
-    print(f"sweep: {points} points ({', '.join(SPEC.networks)} × N {SPEC.num_procs} × {', '.join(SPEC.policies)})")
-    with tempfile.TemporaryDirectory() as tmp:
-        for jobs in (1, 2):
-            out = Path(tmp) / f"r{jobs}.csv"
-            t0 = time.perf_counter()
-            run_sweep(SPEC, out, jobs=jobs, progress=False)
-            dt = time.perf_counter() - t0
-            print(f"jobs={jobs}: {points} points in {dt:.1f} s = {points / dt:.2f} points/s")
+    print(f"sweep: {points} points ({', '.join(NETWORKS)} × N {NUM_PROCS} × {', '.join(POLICIES)}, "
+          f"layerpipe at staleness {STALENESS}); {load()}")
+    best: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for _ in range(args.rounds):  # interleaved: each figure sees the same machine
+            for key, seconds in in_process(tmp).items():
+                best[key] = min(best.get(key, float("inf")), seconds)
+            for plots in (True, False):
+                key = "cli" if plots else "cli, --plots none"
+                best[key] = min(best.get(key, float("inf")), cli_process(tmp, plots))
+        rate = points / best["sweep"]
+        print(f"in process, run_sweep:        {best['sweep']:6.2f} s CPU = {rate:6.1f} points per CPU-second "
+              f"(target >= {TARGET_IN_PROCESS:.0f}: {verdict(rate >= TARGET_IN_PROCESS)})")
+        print(f"save_pareto with both plots:  {best['pareto+plots']:6.2f} s CPU; pareto.csv only "
+              f"{best['pareto only']:.3f} s ({best['pareto+plots'] / max(best['pareto only'], 1e-6):.0f}x)")
+        cli = points / best["cli"]
+        print(f"CLI process with plots:       {best['cli']:6.2f} s CPU = {cli:6.1f} points per CPU-second "
+              f"(target >= {TARGET_CLI:.0f}: {verdict(cli >= TARGET_CLI)})")
+        bare = best["cli, --plots none"]
+        print(f"CLI process, --plots none:    {bare:6.2f} s CPU = {points / bare:6.1f} points per CPU-second "
+              f"(plots {best['cli'] / bare:.2f}x of it)")
+        if args.jobs:
+            wall = {}
+            for jobs in (1, 2):
+                t0 = time.perf_counter()
+                run_sweep(SPEC, tmp / f"jobs{jobs}.csv", jobs=jobs, progress=False)
+                wall[jobs] = time.perf_counter() - t0
+            speedup = wall[1] / wall[2]
+            print(f"run_sweep wall clock: --jobs 1 {wall[1]:.2f} s, --jobs 2 {wall[2]:.2f} s = {speedup:.2f}x "
+                  f"(target >= {TARGET_JOBS_SPEEDUP} on an idle 2-core machine; {load()})")
 
 
 if __name__ == "__main__":

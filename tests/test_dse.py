@@ -127,6 +127,25 @@ def test_cli_writes_results_and_pareto(tmp_path: Path, capsys: pytest.CaptureFix
     assert "4 points" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("plots", "drawn"), [("none", ()), ("speedup", ("speedup_vs_n.png",)),
+                                              ("pareto", ("pareto.png",)), (" pareto , speedup ",
+                                                                            ("pareto.png", "speedup_vs_n.png"))])
+def test_only_the_plots_asked_for_are_drawn(tmp_path: Path, plots: str, drawn: tuple[str, ...]) -> None:
+    out = tmp_path / "r.csv"
+    assert main(["explore", "mlp:16-12-8-4", "-n", "2", "--out", str(out), "--no-progress", "--plots", plots]) == 0
+    assert (tmp_path / "pareto.csv").stat().st_size > 0  # the front is always written
+    assert tuple(sorted(f.name for f in tmp_path.glob("*.png"))) == drawn
+
+
+@pytest.mark.parametrize("plots", ["", "gantt", "none,pareto", "pareto,,x"])
+def test_bad_plots_exit_2_naming_the_choices(tmp_path: Path, plots: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.csv"
+    assert main(["explore", "mlp:16-12-8-4", "-n", "2", "--out", str(out), "--no-progress", "--plots", plots]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--plots" in err and "pareto, speedup" in err
+    assert not out.exists()  # refused before any work
+
+
 def test_sweep_yaml(tmp_path: Path) -> None:
     f = tmp_path / "s.yaml"
     f.write_text("version: 1\nnetworks: [mlp:16-12-8-4]\nnum_procs: [2, 4]\npolicies: [layerpipe]\n"

@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=output_file, required=True, help="results CSV (appended as points finish)")
     p.add_argument("--resume", action="store_true", help="skip points already in --out")
     p.add_argument("--pareto-dir", help="write pareto.csv and plots here (default: beside --out)")
+    p.add_argument("--plots", default="pareto,speedup", metavar="PLOT[,PLOT...]",
+                   help="plots drawn once after the sweep: pareto, speedup, or none (default pareto,speedup)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=run)
 
@@ -84,12 +86,26 @@ def _words(text: str) -> float:
     return value
 
 
+def _plots(text: str) -> tuple[str, ...]:
+    from layerpipe.dse._pareto import PLOTS
+    from layerpipe.errors import InputError
+
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if names == ("none",):
+        return ()
+    bad = [n for n in names if n not in PLOTS]
+    if bad or not names:
+        raise InputError(f"--plots takes a comma list of {', '.join(PLOTS)}, or none; got '{text}'")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     from layerpipe.dse import COLUMNS, ResultsFile, run_sweep, save_pareto
     from layerpipe.dse._evaluate import check_points
     from layerpipe.dse._pareto import check_pareto_dir
 
     spec = _spec(args)
+    plots = _plots(args.plots)
     check_points(spec.points())  # bad network/policy names fail before any work
     out_dir = Path(args.pareto_dir) if args.pareto_dir else Path(args.out).parent
     ResultsFile(args.out).check(spec.sweep_id)  # another sweep's file, or not a results file: refused
@@ -97,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     summary = run_sweep(spec, args.out, jobs=args.jobs, scheduler=args.scheduler, resume=args.resume,
                         progress=not args.no_progress)
     rows = ResultsFile(args.out).read_rows()
-    files = save_pareto(rows, out_dir, COLUMNS)
+    files = save_pareto(rows, out_dir, COLUMNS, plots)
     rate = summary.evaluated_points / summary.seconds if summary.seconds > 0 else 0.0
     print(f"{summary.total_points} points ({summary.skipped_points} resumed, {summary.evaluated_points} evaluated, "
           f"{rate:.1f} points/s) -> {args.out}; Pareto: {', '.join(str(f) for f in files)}")

@@ -78,14 +78,24 @@ def check_pareto_dir(out_dir: str | Path, sweep_id: str, columns: Sequence[str])
                          "a folder without pareto.csv, pareto.png, speedup_vs_n.png (nothing is overwritten)")
 
 
-def save_pareto(rows: Sequence[dict[str, str]], out_dir: str | Path, columns: Sequence[str]) -> list[Path]:
-    """pareto.csv (one front per network), pareto.png (cycles vs memory per network, front highlighted) and
-    speedup_vs_n.png in out_dir."""
+#: The plots `save_pareto` can draw (`explore --plots`): name → file.
+PLOTS: dict[str, str] = {"pareto": "pareto.png", "speedup": "speedup_vs_n.png"}
+
+
+def save_pareto(rows: Sequence[dict[str, str]], out_dir: str | Path, columns: Sequence[str],
+                plots: Sequence[str] = tuple(PLOTS)) -> list[Path]:
+    """pareto.csv (one front per network) and the plots asked for in out_dir: pareto.png (cycles vs memory per
+    network, front highlighted), speedup_vs_n.png. Called once, after the sweep: drawing is ~1 s per call
+    (matplotlib), as much as a hundred points (issue 14), so it stays off the per-point path."""
     out = Path(out_dir)
     front = fronts_by_network(rows)
     write_csv(out / "pareto.csv", columns, front)
-    return [out / "pareto.csv", plot_pareto(rows, front, out / "pareto.png"),
-            plot_speedup_vs_n(rows, out / "speedup_vs_n.png")]
+    files = [out / "pareto.csv"]
+    if "pareto" in plots:
+        files.append(plot_pareto(rows, front, out / PLOTS["pareto"]))
+    if "speedup" in plots:
+        files.append(plot_speedup_vs_n(rows, out / PLOTS["speedup"]))
+    return files
 
 
 def _save(fig, path: Path) -> None:
