@@ -23,8 +23,11 @@ def simulated_iterations(result) -> int:
     """Enough iterations for the steady state to show: past the prologue of the largest lag (async), or
     three whole steps (sync)."""
     if result.periodic is not None:
+        # Whole periods (J iterations each, whole update groups), long enough that a fill which ran ahead of
+        # the plan has given its slack back before the simulator's middle-half window.
         max_lag = max((s.lag for body in result.periodic.bodies for s in body), default=0)
-        return max(SIM_ITERATIONS_MIN, 3 * max_lag + 8)
+        unfold = max(result.periodic.unfold, 1)
+        return max(-(-SIM_ITERATIONS_MIN // unfold), 4 * max_lag + 12) * unfold
     return max(SIM_ITERATIONS_MIN, 3 * result.explicit.microbatches)
 
 

@@ -446,8 +446,10 @@ class PeriodicSchedule:
         floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
         updates: dict[int, list[Slot]] = {}
         readers = []
-        for body in self.bodies:
+        where: dict[Slot, int] = {}
+        for p, body in enumerate(self.bodies):
             for s in body:
+                where[s] = p
                 if s.kind == "U":
                     updates.setdefault(s.layer, []).append(s)
                 elif "F" in s.kind or "E" in s.kind:
@@ -462,7 +464,10 @@ class PeriodicSchedule:
             key = (x.kind, x.layer, x.phase) if x.phase else (x.kind, x.layer)
             delay = self.read_delays.get(key, 0)
             c_u = self.costs[("U", x.layer)]
-            best = max(per * ((x.start - u.start - c_u - delay) // self.period - u.lag + x.lag) + u.phase for u in us)
+            # A zero-cycle update on the reader's processor that ends in the cycle the reader starts comes
+            # after it in program order (`tie_rank`: U after F and E), so the reader does not see it.
+            best = max(per * ((x.start - u.start - c_u - delay - (c_u == 0 and where[u] == where[x])) // self.period
+                              - u.lag + x.lag) + u.phase for u in us)
             stale = x.phase // g - 1 - best
             out[(x.kind, x.layer, x.phase)] = max(stale, floor.get((x.kind, x.layer, x.phase), stale))
         return out

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import partial
 
-from layerpipe.costs import CostModel
+from layerpipe.costs import CostModel, network_costs
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
@@ -132,6 +132,9 @@ def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
         options = policy.options()
     elif type(options) is not policy.options:
         raise InputError(f"policy '{name}' takes {policy.options.__name__}, got {type(options).__name__}")
+    if not any(network_costs(model, network).values()):
+        raise InputError(f"every task of network '{network.name}' costs 0 cycles under cost model '{model.name}': "
+                         "there is nothing to schedule (give the tasks a cost: e.g. --cost-model pe)")
     if interconnect is None:
         interconnect = SHARED
     elif not isinstance(interconnect, Interconnect):
