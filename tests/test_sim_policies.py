@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerpipe.retiming import DelaySolution, solve_delays
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import load_network
+from layerpipe.retiming import DelaySolution, solve_delays
 from layerpipe.schedule import PeriodicSchedule, Slot, expand_stages
 from layerpipe.schedule.policies import make_schedule, policy_options
 from layerpipe.sim import Workload, policy_ops, repeat_steps, simulate, simulate_policy_result
