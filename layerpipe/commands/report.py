@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=replaceable_folder(REPORT_MARKER, "layerpipe report", _report_owns), default="reports",
                    help="output folder (default reports/; new, empty or an earlier report's)")
     p.add_argument("--no-rtl", action="store_true", help="skip the RTL verification and synthesis section")
+    p.add_argument("--interconnect", default="rtl", metavar="SPEC",
+                   help="interconnect of every section but the headline (which always shows shared, rtl and "
+                        "links:2:1/16): shared, links:L:W, bus:L:W or rtl (default rtl)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=run)
 
@@ -33,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from layerpipe.report import ReportConfig, generate
 
     make_parent(args.out)
-    files = generate(args.out, ReportConfig(rtl=not args.no_rtl), progress=not args.no_progress)
+    from layerpipe.interconnect import parse_interconnect
+
+    config = ReportConfig(rtl=not args.no_rtl, interconnect=args.interconnect)
+    parse_interconnect(config.interconnect, lanes=config.lanes)  # a bad spec fails before any work
+    files = generate(args.out, config, progress=not args.no_progress)
     print(f"{len(files)} files -> {args.out}/")
     return 0
