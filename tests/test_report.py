@@ -50,4 +50,7 @@ def test_report_contents(fresh_report: Path) -> None:
     assert [p["policy"] for p in rtl["points"]] == ["layerpipe", "pipedream"]
     assert all(p["bit_exact"] and p["cycle_exact"] for p in rtl["points"])
     header = (fresh_report / "compare.csv").read_text().splitlines()[0].split(",")
-    assert header[:4] == ["network", "num_procs", "policy", "cycles_per_sample"]
+    assert header[:6] == ["network", "num_procs", "policy", "batch", "interconnect", "cycles_per_sample"]
+    assert {row.split(",")[4] for row in (fresh_report / "compare.csv").read_text().splitlines()[1:]} == {"rtl"}
+    headline = (fresh_report / "headline.csv").read_text().splitlines()
+    assert {row.split(",")[4] for row in headline[1:]} == {"shared", "rtl", "links:2:1/16"}
