@@ -30,7 +30,7 @@ PERIODIC = tuple(name for name, p in POLICIES.items() if not p.synchronous and n
 def steady_iterations(result) -> int:
     """A run long enough to be past the fill, in whole periods (J iterations each)."""
     deepest = max((s.lag for body in result.periodic.bodies for s in body), default=0)
-    unfold = max(getattr(result.periodic, "unfold", 1), 1)
+    unfold = result.periodic.unfold
     return -(-max(64, (4 * deepest + 16) * unfold) // unfold) * unfold  # whole periods: whole update groups
 
 
@@ -60,7 +60,7 @@ def test_simulated_period_equals_scheduled_period_on_every_interconnect(network,
             result = make_schedule(policy, net, n, model, interconnect=ic)
             assert result.interconnect == ic
             # unfolded schedules run `unfold` iterations per period
-            per_iteration = result.metrics.period_cycles / getattr(result.periodic, "unfold", 1)
+            per_iteration = result.metrics.period_cycles / result.periodic.unfold
             assert simulated_period(result, net, model, ic) == pytest.approx(per_iteration, abs=1e-9), \
                 (policy, n)
 
@@ -74,7 +74,7 @@ def test_simulated_period_equals_scheduled_period_small() -> None:
             ic = parse_interconnect(spec, lanes=model.lanes)
             for policy in PERIODIC:
                 result = make_schedule(policy, net, 4, model, interconnect=ic)
-                per_iteration = result.metrics.period_cycles / getattr(result.periodic, "unfold", 1)
+                per_iteration = result.metrics.period_cycles / result.periodic.unfold
                 assert simulated_period(result, net, model, ic) == pytest.approx(per_iteration), (network, spec,
                                                                                                   policy)
 
@@ -144,5 +144,5 @@ def test_every_schedule_on_every_interconnect_validates_and_runs_at_its_period(n
     ic = parse_interconnect(spec)
     result = make_schedule(policy, net, n, model, interconnect=ic)
     validate(result.periodic, result.graph)
-    per_iteration = result.metrics.period_cycles / getattr(result.periodic, "unfold", 1)
+    per_iteration = result.metrics.period_cycles / result.periodic.unfold
     assert simulated_period(result, net, model, ic) == pytest.approx(per_iteration)

@@ -217,7 +217,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
     timed = [_time(table, num_procs, placement, asap, interconnect)
-             for placement in search_space(table, num_procs, asap, options, interconnect, model, max_words)]
+             for placement in search_space(table, num_procs, asap, options, interconnect, max_words)]
     if max_words is not None:
         timed = [t for t in timed if t.cost.words <= max_words]
     k = options.max_staleness
@@ -268,7 +268,7 @@ def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence
 
 
 def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
-                 interconnect: Interconnect, model: CostModel, max_words: int | None) -> list[list[int]]:
+                 interconnect: Interconnect, max_words: int | None) -> list[list[int]]:
     """The placements LayerPipe times (design notes §11, issue 9's search space):
 
     - load-balanced placements of single tasks (LPT + repair, the timeline cut + repair, the cut as is);
@@ -285,8 +285,8 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
     out: list[list[int]] = []
     for group in groupings:
         out += candidate_placements(table, num_procs, group, asap)[0]
-    pipedream = pipedream_placement(table, num_procs, model, interconnect)
-    if pipedream is not None and (not options.keep_weights_together or _keeps_weights(table, pipedream)):
+    pipedream = pipedream_placement(table, num_procs)
+    if not options.keep_weights_together or _keeps_weights(table, pipedream):
         out.append(pipedream)
     if max_words is not None:
         out.append([0] * len(table))  # one processor moves nothing: a bound is always met
@@ -319,42 +319,35 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
     period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
     (design notes §11). None when the plan has no replicas (the single-iteration search already holds it),
     when weights must stay together and a replica set splits them, or when it moves more words than allowed."""
-    from layerpipe.schedule._pipedream import stage_layers  # noqa: F401  (same planner inputs as the policy)
     from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
 
+    if options.keep_weights_together or not options.replication:
+        return None
     pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
-    best = plan(PlanCosts(pd_table, interconnect), num_procs)
-    if best.unfold == 1 or options.keep_weights_together or not options.replication:
+    costs = PlanCosts(pd_table, interconnect)
+    best = plan(costs, num_procs)
+    if best.unfold == 1:
         return None
     laid = replicated_timing(table, best, num_procs, interconnect)
     unfolded = laid.table
     words = placement_cost(unfolded, laid.placement, num_procs, interconnect).words
     if max_words is not None and words > max_words * unfolded.unfold:
         return None
-    note = f"stages x replicas {best.describe(PlanCosts(pd_table, interconnect).layers)}"
+    note = f"stages x replicas {best.describe(costs.layers)}"
     # LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table
     # gave plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual
     # network, links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks.
     return ReplicatedCandidate(unfolded, laid.placement, laid.period, laid.timing, words, note)
 
 
-def pipedream_placement(table: TaskTable, num_procs: int, model: CostModel,
-                        interconnect: Interconnect) -> list[int] | None:
-    """PipeDream's placement of `table`'s tasks: each task on the processor of the PipeDream task of its
-    layer that holds its first atomic part. None when PipeDream's schedule unfolds iterations (replicated
-    stages), which this single-iteration table cannot express."""
-    from layerpipe.schedule._pipedream import PipeDreamOptions, schedule_pipedream
+def pipedream_placement(table: TaskTable, num_procs: int) -> list[int]:
+    """PipeDream's straight-pipeline placement (`pipedream --no-replication`) of `table`'s tasks: its
+    contiguous stages, stage s on processor s. The stages balance per-layer work, which is the same whether a
+    layer's backward is fused (PipeDream's graph) or split (LayerPipe's), so they are cut on `table` itself."""
+    from layerpipe.schedule._pipedream import stage_layers
 
-    result = schedule_pipedream(table.graph.network, num_procs, model, PipeDreamOptions(replication=False),
-                                interconnect)
-    periodic = result.periodic
-    if periodic is None or getattr(periodic, "unfold", 1) != 1:
-        return None
-    where: dict[tuple[int, str], int] = {}
-    for (kind, layer), p in periodic.placement().items():
-        for atomic in kind:
-            where[(layer, atomic)] = p
-    return [where[(t.layer, t.kind[0])] for t in table.tasks]
+    stage_of = {layer: s for s, run in enumerate(stage_layers(table, num_procs)) for layer in run}
+    return [stage_of[t.layer] for t in table.tasks]
 
 
 def _keeps_weights(table: TaskTable, placement: Sequence[int]) -> bool:
