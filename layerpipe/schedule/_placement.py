@@ -201,17 +201,14 @@ class _State:
 
 
 def improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
-            members: Sequence[Sequence[int]], max_words: int | None = None,
-            fixed: frozenset[int] = frozenset()) -> list[int]:
+            members: Sequence[Sequence[int]], max_words: int | None = None) -> list[int]:
     """A placement no single move of an item off a bottleneck improves, by (period, resources at the period,
-    words per iteration), never exceeding `max_words` words per iteration when given; items in `fixed` stay."""
+    words per iteration), never exceeding `max_words` words per iteration when given."""
     state = _State(table, placement, num_procs, interconnect, members)
     for _ in range(MAX_MOVES):
         current = state.key()
         best: tuple[tuple[int, int, int], int, int] | None = None
         for item, dst in state.candidate_moves():
-            if item in fixed:
-                continue
             after = state.key_after(item, dst)
             if max_words is not None and after[2] > max_words and after[2] > current[2]:
                 continue
