@@ -1,7 +1,7 @@
 """The `rtl` cost model: the closed per-op cycle formula of the processing element.
 
 Each atomic task of a fully connected layer is one PE command (see `hdl/_pe.py`), busy for
-B·rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (`op_cycles`) on a micro-batch of B samples:
+B·rows·⌈cols/lanes⌉ + op_overhead(lanes) cycles (`op_cycles`; 10 up to 4 lanes) on a micro-batch of B samples:
 
     F, E, G      rows = n_out, cols = n_in        (a matrix walk of W or δaᵀ per sample; G sums over B)
     U            rows = n_out, cols = n_in, B = 1 (one update per micro-batch)

@@ -33,6 +33,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from layerpipe.hdl._compiler import Buffer, Program, Send
+from layerpipe.hdl._datapath import mul_const
 from layerpipe.interconnect import RTL_LINK_LATENCY
 
 __all__ = ["LINK_LATENCY", "MEM_BANK", "MEM_GRADS", "MEM_WEIGHTS", "LinkReceiver", "LinkSender", "beat_layout"]
@@ -50,10 +51,10 @@ def beat_layout(word: data.ArrayLayout, address_bits: int, counter_bits: int) ->
 
 
 def slot_address(buffer: Buffer, index: Value) -> Value | int:
-    """base + (index mod depth) · slot_words for a power-of-two depth (a constant multiply)."""
+    """base + (index mod depth) · slot_words for a power-of-two depth (a constant multiply: shifts and adds)."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + (index[: (buffer.depth - 1).bit_length()] * buffer.slot_words)
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
 
 
 def _counter_bits(program: Program) -> int:

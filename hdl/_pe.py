@@ -33,10 +33,17 @@ batched weight gradient), U runs once.
 
 Timing (the `rtl` cost model): a command is accepted when `cmd.valid & cmd.ready` in cycle s; the engine
 issues one beat per cycle from s+1 for rows·col_words beats (row-major; ERR walks column words outer so
-its `lanes` accumulators finish one output word at a time), each beat's result is written 3 cycles after
-its issue, `done` is high in the cycle of the last write and `cmd.ready` rises the cycle after: the op
-occupies exactly B·rows·⌈cols/lanes⌉ + OP_OVERHEAD_CYCLES cycles (U: B = 1), and everything it wrote is readable from
-then on. Host accesses to the weight memory are only served while the PE is idle (`cmd.ready`).
+its `lanes` accumulators finish one output word at a time), each beat's result is written
+FRONT_STAGES + latency(lanes) cycles after its issue, `done` is high in the cycle of the last write and
+`cmd.ready` rises the cycle after: the op occupies exactly B·rows·⌈cols/lanes⌉ + op_overhead(lanes) cycles
+(U: B = 1), and everything it wrote is readable from then on. Host accesses to the weight memory are only
+served while the PE is idle (`cmd.ready`).
+
+Pipeline of a beat (every stage ends in a register, for the FPGA's clock): S0 the loop counters give the
+addresses → address registers; S1 the memories read (block RAM: no output register of its own) → read-data
+registers; S2 = the datapath's D0 (bank and operand muxes) … its D+3 (`hdl/_datapath.py`) → the result
+registers, written in the next cycle. op_overhead(lanes) = 1 (accept) + FRONT_STAGES (3) + latency(lanes)
+= 10 cycles up to 4 lanes (11 up to 16, 12 up to 64, 13 up to 256).
 """
 
 from __future__ import annotations
@@ -53,25 +60,34 @@ from amaranth.lib.wiring import In, Out
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat, check_lr_shift
-from layerpipe.hdl._datapath import LATENCY, Datapath, Opcode, word_layout
+from layerpipe.hdl._datapath import Datapath, Opcode, latency, word_layout
 
 __all__ = [
-    "MAX_BATCH", "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "OP_OVERHEAD_CYCLES", "PEConfig", "PEOp", "ProcessingElement",
-    "VectorAddr", "command_layout", "op_cycles", "pack_matrix", "pack_vector", "unpack_matrix", "unpack_vector",
+    "FRONT_STAGES", "MAX_BATCH", "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "PEConfig", "PEOp", "ProcessingElement",
+    "VectorAddr", "command_layout", "op_cycles", "op_overhead", "pack_matrix", "pack_vector", "unpack_matrix",
+    "unpack_vector",
 ]
 
-#: Cycles an op takes beyond its beats: accept (1) + memory read (1) + datapath (LATENCY).
-OP_OVERHEAD_CYCLES = 2 + LATENCY
+#: Cycles from a beat's issue (S0) to its operands on the datapath's inputs: address registers (1), memory
+#: read (1), read-data registers (1).
+FRONT_STAGES = 3
 MAX_LANES = 256
 MAX_DIM = 65535  #: largest rows / cols of one op, in elements
 MAX_DEPTH = 1 << 20  #: largest memory, in words
 MAX_BATCH = 256  #: largest micro-batch of one op, in samples (the command's batch field)
 
 
+def op_overhead(lanes: int) -> int:
+    """Cycles an op takes beyond its beats on a PE of `lanes` multipliers: accept (1) + the front of the
+    pipeline (`FRONT_STAGES`) + the datapath (`latency(lanes)`: 6 up to 4 lanes, one more per two adder-tree
+    levels beyond)."""
+    return 1 + FRONT_STAGES + latency(lanes)
+
+
 def op_cycles(rows: int, cols: int, lanes: int, batch: int = 1) -> int:
     """Cycles the PE is busy with one op over a rows × cols operand (A: rows = 1, cols = n) for `batch`
     samples (U: batch 1, it runs once per micro-batch)."""
-    return batch * rows * math.ceil(cols / lanes) + OP_OVERHEAD_CYCLES
+    return batch * rows * math.ceil(cols / lanes) + op_overhead(lanes)
 
 
 def _bits(count: int) -> int:
@@ -257,7 +273,7 @@ class PEOp:
         if self.op == Opcode.UPD:
             _check_range(f"{name} g (grads)", self.g, matrix_words, config.grad_depth)
             _check_range(f"{name} dst (weights)", self.dst, matrix_words, config.weight_depth)
-            # Word k is read at beat k and written 3 cycles later: a shifted overlap would read new values.
+            # Word k is read at beat k and written cycles later: a shifted overlap would read new values.
             if self.dst != self.w and abs(self.dst - self.w) < matrix_words:
                 raise InputError(f"{name} dst (weights) words {self.dst}..{self.dst + matrix_words - 1} overlap its "
                                  f"source words {self.w}..{self.w + matrix_words - 1}: update in place or into a "
@@ -465,7 +481,7 @@ class ProcessingElement(wiring.Component):
                 m.d.sync += lin.eq(lin + 1)
                 advance_walk()
 
-        # ---- S0: addresses and the beat's control ------------------------------------------------------
+        # ---- S0: addresses and the beat's control, registered (stage A) --------------------------------
         per_row_y = is_err | is_grad  # Y holds δ, one element per row
         x_addr = cmd.x.addr + x_off + col
         y_addr = cmd.y.addr + y_off + Mux(per_row_y, row_word, col)
@@ -482,9 +498,10 @@ class ProcessingElement(wiring.Component):
         mask = Signal(lanes)
         m.d.comb += mask.eq(Cat(col_elem + j < cmd.cols for j in range(lanes)))
 
-        s1 = Signal(data.StructLayout({
+        tag_layout = data.StructLayout({
             "valid": 1, "op": Opcode, "first": 1, "last": 1, "emit": 1, "lane": range(lanes), "mask": lanes,
-            "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1}))
+            "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1})
+        s1 = Signal(tag_layout, name="tag1")
         m.d.sync += [
             s1.valid.eq(issuing), s1.op.eq(cmd.op), s1.lane.eq(row_lane), s1.mask.eq(mask),
             s1.first.eq(Mux(is_fwd, col == 0, Mux(is_err, row == 0, Mux(is_grad, sample == 0, 1)))),
@@ -493,45 +510,59 @@ class ProcessingElement(wiring.Component):
                            Mux(is_err, last_row, Mux(is_grad, last_sample, 1)))),
             s1.x_bank.eq(cmd.x.bank), s1.y_bank.eq(cmd.y.bank), s1.dst.eq(dst_addr), s1.final.eq(final),
         ]
+        x_addr_r = Signal(cfg.vector_addr_bits)
+        y_addr_r = Signal(cfg.vector_addr_bits)
+        w_addr_r = Signal(cfg.weight_addr_bits)
+        g_addr_r = Signal(cfg.grad_addr_bits)
+        m.d.sync += [x_addr_r.eq(x_addr), y_addr_r.eq(y_addr), w_addr_r.eq(w_addr), g_addr_r.eq(g_addr)]
 
-        # ---- S1: memories answer -------------------------------------------------------------------
+        # ---- S1: the memories read at the registered addresses; S2: their words are registered ----------
+        s2 = Signal(tag_layout, name="tag2")
+        s3 = Signal(tag_layout, name="tag3")
+        m.d.sync += [s2.eq(s1), s3.eq(s2)]
         for k, bank in enumerate(self.banks):
             rx, ry = bank.read_port(), bank.read_port()
-            m.d.comb += [rx.addr.eq(x_addr), rx.en.eq(issuing), ry.addr.eq(y_addr), ry.en.eq(issuing)]
-            with m.If(s1.x_bank == k):
-                m.d.comb += dp.x.eq(rx.data)
-            with m.If(s1.y_bank == k):
-                m.d.comb += dp.y.eq(ry.data)
+            m.d.comb += [rx.addr.eq(x_addr_r), rx.en.eq(s1.valid), ry.addr.eq(y_addr_r), ry.en.eq(s1.valid)]
+            x_word, y_word = Signal(cfg.word, name=f"x_word{k}"), Signal(cfg.word, name=f"y_word{k}")
+            m.d.sync += [x_word.eq(rx.data), y_word.eq(ry.data)]
+            with m.If(s3.x_bank == k):
+                m.d.comb += dp.x.eq(x_word)
+            with m.If(s3.y_bank == k):
+                m.d.comb += dp.y.eq(y_word)
         w_read = self.weights.read_port()
-        m.d.comb += [w_read.addr.eq(Mux(busy, w_addr, self.host.addr)), w_read.en.eq(1),
+        # The host reads the weight memory while idle, its data the cycle after its address (no register).
+        m.d.comb += [w_read.addr.eq(Mux(busy, w_addr_r, self.host.addr)), w_read.en.eq(1),
                      self.host.r_data.eq(w_read.data)]
         g_read = self.grads.read_port()
-        m.d.comb += [g_read.addr.eq(g_addr), g_read.en.eq(issuing)]
-        m.d.comb += [dp.valid.eq(s1.valid), dp.op.eq(s1.op), dp.first.eq(s1.first), dp.last.eq(s1.last),
-                     dp.emit.eq(s1.emit), dp.lane.eq(s1.lane), dp.mask.eq(s1.mask),
-                     dp.w.eq(w_read.data), dp.g.eq(g_read.data)]
+        m.d.comb += [g_read.addr.eq(g_addr_r), g_read.en.eq(s1.valid)]
+        w_word, g_word = Signal(cfg.word), Signal(cfg.word)
+        m.d.sync += [w_word.eq(w_read.data), g_word.eq(g_read.data)]
+        # ---- S3: the datapath's D0 ------------------------------------------------------------------
+        m.d.comb += [dp.valid.eq(s3.valid), dp.op.eq(s3.op), dp.first.eq(s3.first), dp.last.eq(s3.last),
+                     dp.emit.eq(s3.emit), dp.lane.eq(s3.lane), dp.mask.eq(s3.mask), dp.w.eq(w_word),
+                     dp.g.eq(g_word)]
 
-        # ---- S3: write back (the write address and end-of-op flag travel alongside the datapath) ------
-        s3 = s1
-        for stage in range(LATENCY):
-            delayed = Signal.like(s1, name=f"tag{stage + 2}")
-            m.d.sync += delayed.eq(s3)
-            s3 = delayed
+        # ---- write back (the write address and end-of-op flag travel alongside the datapath) ------------
+        tag = s3
+        for stage in range(dp.latency):
+            delayed = Signal(tag_layout, name=f"tag{stage + 4}")
+            m.d.sync += delayed.eq(tag)
+            tag = delayed
         bank0_write = self.banks[0].write_port()
         grad_write = self.grads.write_port()
         weight_write = self.weights.write_port()
         for port in (bank0_write, grad_write):
-            m.d.comb += [port.addr.eq(s3.dst), port.data.eq(dp.out_data)]
-        m.d.comb += [bank0_write.en.eq(dp.out_valid & (s3.op != Opcode.GRAD) & (s3.op != Opcode.UPD)),
-                     grad_write.en.eq(dp.out_valid & (s3.op == Opcode.GRAD))]
+            m.d.comb += [port.addr.eq(tag.dst), port.data.eq(dp.out_data)]
+        m.d.comb += [bank0_write.en.eq(dp.out_valid & (tag.op != Opcode.GRAD) & (tag.op != Opcode.UPD)),
+                     grad_write.en.eq(dp.out_valid & (tag.op == Opcode.GRAD))]
         # The weight memory's one write port is the op engine's while busy and the host's while idle.
         with m.If(busy):
-            m.d.comb += [weight_write.addr.eq(s3.dst), weight_write.data.eq(dp.out_data),
-                         weight_write.en.eq(dp.out_valid & (s3.op == Opcode.UPD))]
+            m.d.comb += [weight_write.addr.eq(tag.dst), weight_write.data.eq(dp.out_data),
+                         weight_write.en.eq(dp.out_valid & (tag.op == Opcode.UPD))]
         with m.Else():
             m.d.comb += [weight_write.addr.eq(self.host.addr), weight_write.data.eq(self.host.w_data),
                          weight_write.en.eq(self.host.w_en)]
-        done = s3.valid & s3.final
+        done = tag.valid & tag.final
         m.d.comb += self.done.eq(done)
         with m.If(done):
             m.d.sync += busy.eq(0)

@@ -27,7 +27,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from layerpipe.hdl._compiler import Buffer, PEProgram, Step
-from layerpipe.hdl._datapath import Opcode
+from layerpipe.hdl._datapath import Opcode, mul_const
 from layerpipe.hdl._pe import PEConfig, command_layout
 
 __all__ = ["Row", "Sequencer", "rows_of"]
@@ -60,7 +60,7 @@ def _ring(index: Value, buffer: Buffer) -> Value | int:
     """Address of slot `index` mod depth (depth a power of two) of `buffer`."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + index[: (buffer.depth - 1).bit_length()] * buffer.slot_words
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
 
 
 class Sequencer(wiring.Component):

@@ -27,6 +27,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from layerpipe.hdl._compiler import PEProgram, Program
+from layerpipe.hdl._datapath import mul_const
 from layerpipe.hdl._link import LinkReceiver, LinkSender
 from layerpipe.hdl._pe import PEConfig, ProcessingElement
 from layerpipe.hdl._sequencer import Sequencer
@@ -245,8 +246,8 @@ class Accelerator(wiring.Component):
                 port = pe.recv[pe_prog.bank("samples") - 1]
                 selected = in_y if which == "y" else ~in_y
                 with m.If(selected):
-                    m.d.comb += [port.addr.eq(buf.base + t * buf.slot_words + word), port.data.eq(self.samples.payload),
-                                 port.en.eq(take)]
+                    m.d.comb += [port.addr.eq(buf.base + mul_const(t, buf.slot_words) + word),
+                                 port.data.eq(self.samples.payload), port.en.eq(take)]
         with m.If(self.start):
             m.d.sync += [t.eq(0), word.eq(0), in_y.eq(0)]
         with m.Elif(take):

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
 from layerpipe.hdl import (
-    OP_OVERHEAD_CYCLES,
     Opcode,
     PEConfig,
     PEOp,
     VectorAddr,
     op_cycles,
+    op_overhead,
     pack_matrix,
     unpack_matrix,
 )
@@ -60,7 +60,7 @@ def check_case(config: PEConfig, case: OpCase) -> None:
                 assert word >> (bits * used) == 0, f"{op}: padding lanes not zero in {word:#x}"
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 4])
+@pytest.mark.parametrize("lanes", [1, 2, 4, 8, 16])  # 8, 16: the adder tree in two pipeline stages
 def test_every_op_bit_and_cycle_exact(lanes: int) -> None:
     config = small_config(lanes)
     rng = np.random.default_rng(100 + lanes)
@@ -121,8 +121,12 @@ def test_f_then_a_reads_what_f_wrote() -> None:
 
 
 def test_cost_formula() -> None:
-    assert op_cycles(5, 7, 2) == 5 * 4 + OP_OVERHEAD_CYCLES
-    assert op_cycles(1, 8, 4) == 2 + OP_OVERHEAD_CYCLES
+    assert op_cycles(5, 7, 2) == 5 * 4 + op_overhead(2)
+    assert op_cycles(1, 8, 4) == 2 + op_overhead(4)
+    # accept + address, read and read-data registers + the datapath (operands, product, adder tree two levels
+    # per stage, accumulate, round, saturate)
+    assert [op_overhead(lanes) for lanes in (1, 2, 3, 4, 5, 8, 16, 17, 64, 65, 256)] == [
+        10, 10, 10, 10, 11, 11, 11, 12, 12, 13, 13]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -219,14 +223,14 @@ def test_rtl_cost_model_is_the_pe_formula() -> None:
     assert "rtl" in COST_MODELS
     net = load_network("mlp:7-6-5-3")
     fc1, fc3 = net.layer(1), net.layer(3)
-    assert task_cost(model, fc1, "F", 1) == 6 * 2 + OP_OVERHEAD_CYCLES  # 6 rows × ⌈7/4⌉ words
-    assert task_cost(model, fc3, "A", 1) == 1 + OP_OVERHEAD_CYCLES
-    assert task_cost(model, fc3, "AEG", 1) == (1 + 3 * 2 + 3 * 2) + 3 * OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc1, "F", 1) == 6 * 2 + op_overhead(4)  # 6 rows × ⌈7/4⌉ words
+    assert task_cost(model, fc3, "A", 1) == 1 + op_overhead(4)
+    assert task_cost(model, fc3, "AEG", 1) == (1 + 3 * 2 + 3 * 2) + 3 * op_overhead(4)
     # A micro-batch of B samples: F, A, E, G walk B times (G sums over them), U runs once.
-    assert task_cost(model, fc1, "F", 3) == 3 * 6 * 2 + OP_OVERHEAD_CYCLES
-    assert task_cost(model, fc1, "G", 3) == 3 * 6 * 2 + OP_OVERHEAD_CYCLES
-    assert task_cost(model, fc3, "A", 3) == 3 + OP_OVERHEAD_CYCLES
-    assert task_cost(model, fc1, "U", 3) == 6 * 2 + OP_OVERHEAD_CYCLES
+    assert task_cost(model, fc1, "F", 3) == 3 * 6 * 2 + op_overhead(4)
+    assert task_cost(model, fc1, "G", 3) == 3 * 6 * 2 + op_overhead(4)
+    assert task_cost(model, fc3, "A", 3) == 3 + op_overhead(4)
+    assert task_cost(model, fc1, "U", 3) == 6 * 2 + op_overhead(4)
     with pytest.raises(InputError, match=r"micro-batch of 1\.\.256 samples, got batch 257"):
         model.atomic_cost(fc1, "F", 257)
     with pytest.raises(InputError, match="lanes must be >= 1, got 0"):
@@ -269,7 +273,7 @@ def test_one_layer_training_step_back_to_back(lanes: int) -> None:
     expected = [a, delta, fmt.matvec(w.T, delta), g, fmt.sgd_update(w, g, k)]
     for case, want in zip(chain, expected, strict=True):
         np.testing.assert_array_equal(case.result, want, err_msg=str(case.op.op))
-    assert total == 4 * 5 * vec7 + 1 * vec5 + 5 * OP_OVERHEAD_CYCLES
+    assert total == 4 * 5 * vec7 + 1 * vec5 + 5 * op_overhead(lanes)
 
 
 def test_reset_in_the_middle_of_an_op() -> None:
