@@ -41,12 +41,12 @@ class Mutant:
 MUTANTS = (
     Mutant("ignored-arrival-counters", "layerpipe.hdl._sequencer", "ready_in.eq(_all(waits))", "ready_in.eq(1)",
            "an op starts before its inputs arrive"),
-    Mutant("off-by-one-waits", "layerpipe.hdl._sequencer", "(counts[k] + delay) > t", "(counts[k] + delay) >= t",
+    Mutant("off-by-one-waits", "layerpipe.hdl._sequencer", "(counts[k] > thr[k])", "(counts[k] >= thr[k])",
            "an op waits for one transfer too few"),
     Mutant("relu-mask", "layerpipe.hdl._datapath", "Mux(y > 0, x, 0)", "Mux(y >= 0, x, 0)",
            "f'(0) = 1 instead of 0"),
     Mutant("wrap-instead-of-saturate", "layerpipe.hdl._datapath",
-           "clamped = Mux(value > hi, hi, Mux(value < lo, lo, value))", "clamped = value",
+           "clamped = Mux(fits, value[:width], Mux(value[-1], lo, hi))", "clamped = value",
            "results wrap around instead of saturating"),
     Mutant("narrowed-accumulator", "layerpipe.hdl._pe",
            "return min(64, 2 * self.fmt.total_bits + self.max_dim.bit_length())",
@@ -67,8 +67,8 @@ MUTANTS = (
            "widened = value + Const(1 << (shift - 1), unsigned(shift))", "widened = value",
            "rescaling truncates instead of rounding half up"),
     Mutant("gradient-not-summed-over-batch", "layerpipe.hdl._datapath",
-           "m.d.sync += acc[j].eq(Mux(s2.first, 0, acc[j]) + addend)",
-           "m.d.sync += acc[j].eq(Mux(s2.first | (s2.op == Opcode.GRAD), 0, acc[j]) + addend)",
+           "m.d.sync += acc[j].eq(Mux(s_acc.first, 0, acc[j]) + addend[j])",
+           "m.d.sync += acc[j].eq(Mux(s_acc.first | (s_acc.op == Opcode.GRAD), 0, acc[j]) + addend[j])",
            "G keeps only the micro-batch's last sample"),
 )
 

@@ -13,9 +13,12 @@ schedulers use):
 - a transfer of w elements is k = ⌈w/lanes⌉ beats on consecutive cycles. With D = max(e, the cycle the link
   became free) the model's departure, the sender loads the transfer in cycle D, issues the memory read of
   beat i in cycle D + 1 + i, the word is on the link in cycle D + 2 + i (the memory's read latency) and the
-  receiver writes it in that cycle; on the last beat it also bumps the destination's arrival counter, which
-  the destination sequencer sees in cycle D + k + 2. The next transfer's reads start at D + k + 1: the link
-  is busy exactly k cycles per transfer. Hence `LINK_LATENCY` = 2.
+  receiver takes it in that cycle (its write, registered, lands in the next); on the last beat it also bumps
+  the destination's arrival counter, which the destination sequencer sees in cycle D + k + 2. The next
+  transfer's reads start at D + k + 1: the link is busy exactly k cycles per transfer. Hence
+  `LINK_LATENCY` = 2. For the FPGA's clock a beat's read address comes from a register (the send in
+  progress is held in registers, its slot arithmetic done when it is loaded) and the receiver's write is
+  registered: neither changes these cycles.
 
 A transfer reads any memory of its source PE (bank 0, a receive bank it passes on, the weight ring, the
 gradients) and writes the destination's receive bank, weight memory or gradient memory.
@@ -124,44 +127,64 @@ class LinkSender(wiring.Component):
         push = Signal()
         m.d.comb += push.eq(self.push_valid & (push_mask != 0))
 
-        # ---- current item: the sends still to do (lowest first), which beat ----------------------------
+        # ---- current item and the send in progress ------------------------------------------------------
+        # The send in progress is held in registers (its next read address, its next destination address, the
+        # beat, its length and tags), loaded from the queue's head when an item starts and from the current
+        # item's next send when a send ends: so a beat's read address comes straight from a register, and the
+        # slot arithmetic (iteration → ring slot → address) is a register-to-register path of its own.
         busy = Signal()
         cur_entry = Signal.like(q_entry[0])
         cur_iter = Signal(ibits)
-        remaining = Signal(width)
-        send_idx = Signal(range(max(2, width)))
-        for k in reversed(range(width)):  # priority encoder: the last assignment (lowest k) wins
-            with m.If(remaining[k]):
-                m.d.comb += send_idx.eq(k)
+        rest = Signal(width)  # the item's sends after the one in progress
         beat = Signal(range(max(b.slot_words for b in src_pe.buffers) + 1))
-        src_addr = Signal(abits)
-        dst_addr = Signal(abits)
         beats = Signal.like(beat)
+        rd_ptr = Signal(abits)
+        dst_ptr = Signal(abits)
         counter = Signal.like(self.out.payload.counter)
         target = Signal(2)
         source = Signal(range(max(2, len(self.sources))))
         last_send = Signal()
-        with m.Switch(cur_entry):
-            for e, sends in enumerate(self.entry_sends):
-                if not sends:
-                    continue
-                with m.Case(e), m.Switch(send_idx):
-                    for k, s in enumerate(sends):
-                        with m.Case(k):
-                            src_buf = src_pe.buffer(s.src)
-                            index = Signal(signed(ibits + 2), name=f"src_index{e}_{k}")
-                            m.d.comb += index.eq(cur_iter + s.src_offset)
-                            clamped = (Mux(index < 0, 0, index) if s.src_offset < 0 else index)[:ibits + 1]
-                            m.d.comb += [
-                                src_addr.eq(slot_address(src_buf, clamped)),
-                                beats.eq(src_buf.slot_words),
-                                counter.eq(s.counter),
-                                source.eq(self.sources.index(src_buf.memory)),
-                                last_send.eq((remaining >> (k + 1)) == 0),
-                            ]
-                            dst_buf = dst_pe.buffer(s.dst)
-                            m.d.comb += [dst_addr.eq(slot_address(dst_buf, cur_iter + s.dst_offset)),
-                                         target.eq(_target(dst_buf.memory))]
+
+        def send_info(entry: Value, iteration: Value, mask: Value, tag: str) -> dict[str, Signal]:
+            """The lowest send of `mask` of item (entry, iteration): its first addresses, length and tags."""
+            info = {"src": Signal(abits, name=f"{tag}_src"), "dst": Signal(abits, name=f"{tag}_dst"),
+                    "beats": Signal.like(beats, name=f"{tag}_beats"),
+                    "counter": Signal.like(counter, name=f"{tag}_counter"), "target": Signal(2, name=f"{tag}_target"),
+                    "source": Signal.like(source, name=f"{tag}_source"), "rest": Signal(width, name=f"{tag}_rest")}
+            index = Signal(range(max(2, width)), name=f"{tag}_send")
+            for k in reversed(range(width)):  # priority encoder: the last assignment (lowest k) wins
+                with m.If(mask[k]):
+                    m.d.comb += index.eq(k)
+            m.d.comb += info["rest"].eq(mask & ~(Const(1, width) << index)[:width])
+            with m.Switch(entry):
+                for e, sends in enumerate(self.entry_sends):
+                    if not sends:
+                        continue
+                    with m.Case(e), m.Switch(index):
+                        for k, snd in enumerate(sends):
+                            with m.Case(k):
+                                src_buf = src_pe.buffer(snd.src)
+                                shifted = Signal(signed(ibits + 2), name=f"{tag}_src_index{e}_{k}")
+                                m.d.comb += shifted.eq(iteration + snd.src_offset)
+                                clamped = (Mux(shifted < 0, 0, shifted) if snd.src_offset < 0 else shifted)[:ibits + 1]
+                                dst_buf = dst_pe.buffer(snd.dst)
+                                m.d.comb += [
+                                    info["src"].eq(slot_address(src_buf, clamped)),
+                                    info["dst"].eq(slot_address(dst_buf, iteration + snd.dst_offset)),
+                                    info["beats"].eq(src_buf.slot_words),
+                                    info["counter"].eq(snd.counter),
+                                    info["target"].eq(_target(dst_buf.memory)),
+                                    info["source"].eq(self.sources.index(src_buf.memory)),
+                                ]
+            return info
+
+        def start_send(info: dict[str, Signal]) -> list:
+            return [rd_ptr.eq(info["src"]), dst_ptr.eq(info["dst"]), beats.eq(info["beats"]), beat.eq(0),
+                    counter.eq(info["counter"]), target.eq(info["target"]), source.eq(info["source"]),
+                    rest.eq(info["rest"]), last_send.eq(info["rest"] == 0)]
+
+        head_info = send_info(q_entry[head], q_iter[head], q_mask[head], "head")
+        next_info = send_info(cur_entry, cur_iter, rest, "next")
         last_beat = Signal()
         m.d.comb += last_beat.eq(beat == beats - 1)
         finishing = Signal()
@@ -175,18 +198,18 @@ class LinkSender(wiring.Component):
         m.d.comb += load.eq(advance & (~busy | finishing) & (count != 0))
 
         with m.If(busy & advance):
-            m.d.comb += self.rd_addr.eq(src_addr + beat)
+            m.d.comb += self.rd_addr.eq(rd_ptr)
             for k in range(len(self.sources)):
                 m.d.comb += self.rd_en[k].eq(source == k)
             with m.If(last_beat):
-                m.d.sync += [beat.eq(0), remaining.eq(remaining & ~(Const(1, width) << send_idx)[:width])]
+                m.d.sync += start_send(next_info)  # the item's next send (when there is one)
             with m.Else():
-                m.d.sync += beat.eq(beat + 1)
+                m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + 1), dst_ptr.eq(dst_ptr + 1)]
         with m.If(finishing & advance):
             m.d.sync += busy.eq(0)
         with m.If(load):
-            m.d.sync += [busy.eq(1), cur_entry.eq(q_entry[head]), cur_iter.eq(q_iter[head]),
-                         remaining.eq(q_mask[head]), beat.eq(0), head.eq(head + 1)]
+            m.d.sync += [busy.eq(1), cur_entry.eq(q_entry[head]), cur_iter.eq(q_iter[head]), head.eq(head + 1),
+                         *start_send(head_info)]
         with m.If(push):
             m.d.sync += [q_entry[tail].eq(self.push_entry), q_iter[tail].eq(self.push_iter),
                          q_mask[tail].eq(push_mask), tail.eq(tail + 1)]
@@ -201,7 +224,7 @@ class LinkSender(wiring.Component):
         target_r = Signal(2)
         source_r = Signal.like(source)
         with m.If(advance):
-            m.d.sync += [valid_r.eq(busy), addr_r.eq(dst_addr + beat), last_r.eq(last_beat & busy),
+            m.d.sync += [valid_r.eq(busy), addr_r.eq(dst_ptr), last_r.eq(last_beat & busy),
                          counter_r.eq(counter), target_r.eq(target), source_r.eq(source)]
         with m.Switch(source_r):
             for k in range(len(self.sources)):
@@ -225,8 +248,9 @@ class LinkReceiver(wiring.Component):
     holds its beat: the link then takes longer, the data and the order stay the same.
 
     Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory).
-    `arrived` pulses with `arrived_counter` in the cycle of the last write, so the destination sequencer sees
-    the incremented counter one cycle later, when the data is readable.
+    `arrived` pulses with `arrived_counter` in the cycle the last beat is taken; the write ports are registered
+    (the write lands a cycle later), so the destination sequencer sees the incremented counter in the cycle the
+    last word is written, and its PE reads it cycles later.
     """
 
     def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int) -> None:
@@ -250,12 +274,17 @@ class LinkReceiver(wiring.Component):
         m.d.comb += [
             self.inp.ready.eq(~self.stall),
             taken.eq(self.inp.valid & self.inp.ready),
+            self.arrived.eq(taken & beat.last),
+            self.arrived_counter.eq(beat.counter),
+        ]
+        # The write is registered (the word comes straight from the sender's memory, across the chip): it lands
+        # the cycle after the beat is taken, still before any reader can see the arrival (the destination
+        # sequencer sees the counter a cycle later and its PE reads at least two cycles after accepting).
+        m.d.sync += [
             self.wr_en.eq(taken & (beat.mem == MEM_BANK)),
             self.ww_en.eq(taken & (beat.mem == MEM_WEIGHTS)),
             self.wg_en.eq(taken & (beat.mem == MEM_GRADS)),
             self.wr_addr.eq(beat.addr),
             self.wr_data.eq(beat.data),
-            self.arrived.eq(taken & beat.last),
-            self.arrived_counter.eq(beat.counter),
         ]
         return m

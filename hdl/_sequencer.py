@@ -3,10 +3,12 @@
 The ROM is the PE's compiled body (`PEProgram`) flattened into rows, one per atomic step; the steps of a
 fused task (PipeDream's AEG) are consecutive rows of one entry. The sequencer holds the next row to run as
 (period j, row): row r runs iteration t = j − lag_r, and rows whose iteration is < 0 or ≥ T are skipped —
-in zero cycles, because the next row is found combinationally: for every row the earliest period ≥ the
-current one in which its iteration is in range is max(j', lag) (valid while < T + lag), and the next row is
-the smallest (period, row) pair after the current one. So an op starts exactly when its PE is free and
-its inputs have arrived, as the simulator assumes:
+in zero cycles, because the next row is found ahead: for every row the earliest period ≥ the current one in
+which its iteration is in range is max(j', lag) (valid while < T + lag), and the next row is the smallest
+(period, row) pair after the current one. That search (and the row's command) runs in registered stages
+behind the current row while its op runs (an op takes longer than they do), so the issue itself only
+compares arrival counters with registered thresholds. So an op starts exactly when its PE is free and its
+inputs have arrived, as the simulator assumes:
 
 - a row is issued (`cmd.valid`) when it is the head of its entry and every arrival counter it waits on
   exceeds t − delay (the counters count transfers received, in iteration order; a weight copy sent by
@@ -28,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 
 from layerpipe.hdl._compiler import Buffer, PEProgram, Step
 from layerpipe.hdl._datapath import Opcode, mul_const
-from layerpipe.hdl._pe import PEConfig, command_layout
+from layerpipe.hdl._pe import PEConfig, command_layout, op_overhead
 
 __all__ = ["Row", "Sequencer", "rows_of"]
 
@@ -57,7 +59,7 @@ def rows_of(pe: PEProgram) -> list[Row]:
 
 
 def _ring(index: Value, buffer: Buffer) -> Value | int:
-    """Address of slot `index` mod depth (depth a power of two) of `buffer`."""
+    """Address of slot `index` mod depth (depth a power of two) of `buffer`: shifts and adds, no multiplier."""
     if buffer.depth == 1:
         return buffer.base
     return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
@@ -96,33 +98,41 @@ class Sequencer(wiring.Component):
         ibits, pbits = self.iteration_bits, self.period_bits
         row_bits = max(1, (n - 1).bit_length())
 
+        # The current row (period, pc) changes only after it issues, and two issues are at least one op apart
+        # (the PE is busy from accept to its last write: > op_overhead cycles). So everything derived from it
+        # — its successor, its iteration and command, its waits — is computed in registered stages behind it
+        # (`settle_cycles`, then 2 for the command), and the issue decision itself is shallow: the arrival
+        # counters against registered thresholds. On `start` the first row is a constant (the smallest
+        # (lag, row) when T > 0), so its iteration and command stages are loaded with constants and cycle 0
+        # can issue, as before.
         period = Signal(pbits)
         pc = Signal(range(max(2, n)))
         have = Signal()  # (period, pc) is a row to run
         started = Signal()
-        t_full = Signal(signed(pbits + 1))
-        m.d.comb += t_full.eq(period - self._lag_of(m, pc))
-        t = Signal(ibits)
-        m.d.comb += t.eq(t_full)
+        first_row = min(range(n), key=lambda i: (rows[i].lag, i)) if rows else 0
 
-        # ---- next row after (period, pc), or the first row on start ---------------------------------
-        init = self.start
-        j_next = Mux(init, 0, period + 1)
+        # ---- next row after (period, pc): per-row candidates (registered), then a min tree --------------
+        j_next = period + 1
         keys = []
         for i, row in enumerate(rows):
             lag = Const(row.lag, pbits)
             # Terms that are constant for this row are left out (Verilator's lint flags constant comparisons).
             after = (Const(i, row_bits + 1) > pc) if i > 0 else Const(0, 1)
             started_lag = (period >= lag) if row.lag > 0 else Const(1, 1)
-            in_now = ~init & after & started_lag & (period < self.samples + lag)
+            in_now = after & started_lag & (period < self.samples + lag)
             later = Signal(pbits, name=f"later{i}")
             m.d.comb += later.eq(Mux(j_next > lag, j_next, lag))
             ok_later = later < self.samples + lag
             key = Signal(pbits + row_bits, name=f"key{i}")
             valid = Signal(name=f"cand{i}")
-            m.d.comb += [key.eq(Mux(in_now, period, later) << row_bits | i), valid.eq(in_now | ok_later)]
+            m.d.sync += [key.eq(Mux(in_now, period, later) << row_bits | i), valid.eq(in_now | ok_later)]
             keys.append((valid, key))
-        best_valid, best_key = _min_tree(m, keys)
+        next_valid, next_key = _min_tree(m, keys, levels_per_stage=2)
+        settle = self.settle_cycles
+        shortest = op_overhead(self.config.lanes) + 1
+        # An issued row is replaced at most `settle` cycles later and its command is registered 2 cycles after
+        # that: all before the PE, busy with the issued op for at least `shortest` cycles, can take the next.
+        assert settle + 2 < shortest, f"the next row settles in {settle} + 2 cycles, an op can end in {shortest}"
 
         # ---- arrival counters --------------------------------------------------------------------------
         counts = [Signal(ibits + 1, name=f"arrived{k}") for k in range(len(self.pe.counters))]
@@ -130,19 +140,41 @@ class Sequencer(wiring.Component):
             with m.If(self.arrived[k]):
                 m.d.sync += count.eq(count + 1)
 
-        # ---- the current row's command and readiness --------------------------------------------------
-        ready_in = Signal()
+        # ---- the current row's iteration (stage 1), its command and waits (stage 2) ---------------------
+        t = Signal(ibits)  # t = period − lag of the row (registered)
+        pc_d = Signal.like(pc)
+        with m.If(self.start):
+            m.d.sync += [t.eq(0), pc_d.eq(first_row)]
+        with m.Else():
+            m.d.sync += [t.eq(period - self._lag_of(m, pc)), pc_d.eq(pc)]
+        # Stage 2 reads stage 1, or on `start` the first row's constants (so they are valid in cycle 0).
+        t_in = Signal(ibits)
+        pc_in = Signal.like(pc)
+        m.d.comb += [t_in.eq(Mux(self.start, 0, t)), pc_in.eq(Mux(self.start, first_row, pc_d))]
         head = Signal()
         tail = Signal()
         entry = Signal.like(self.push_entry)
         cmd = Signal(command_layout(self.config))
-        with m.Switch(pc):
+        # Per arrival counter of the PE: the current row waits on it (need) until it exceeds t − delay (thr).
+        need = [Signal(name=f"need{k}") for k in range(len(counts))]
+        thr = [Signal(signed(ibits + 2), name=f"thr{k}") for k in range(len(counts))]
+        cmd_next = Signal.like(cmd)
+        with m.Switch(pc_in):
             for i, row in enumerate(rows):
                 with m.Case(i):
-                    waits = [(counts[k] + delay) > t for k, delay in row.waits]
-                    m.d.comb += [ready_in.eq(_all(waits)), head.eq(row.head), tail.eq(row.tail),
-                                 entry.eq(row.entry)]
-                    self._command(m, cmd, row.step, t)
+                    m.d.sync += [head.eq(row.head), tail.eq(row.tail), entry.eq(row.entry)]
+                    binding: dict[int, int] = {}  # two waits on one counter: the smaller delay binds
+                    for k, delay in row.waits:
+                        binding[k] = min(delay, binding.get(k, delay))
+                    for k in range(len(counts)):
+                        m.d.sync += need[k].eq(k in binding)
+                        if k in binding:
+                            m.d.sync += thr[k].eq(t_in - binding[k])
+                    self._command(m, cmd_next, row.step, t_in)
+        m.d.sync += cmd.eq(cmd_next)
+        ready_in = Signal()
+        waits = [~need[k] | (counts[k] > thr[k]) for k in range(len(counts))]
+        m.d.comb += ready_in.eq(_all(waits))
         issue = Signal()
         m.d.comb += [
             self.cmd.valid.eq(started & have & (~head | ready_in)),
@@ -154,14 +186,27 @@ class Sequencer(wiring.Component):
             self.trace_iter.eq(t),
         ]
 
+        # The issued row stays current until its successor is registered (`stale` counts down the cycles
+        # after a change of the row), then the successor replaces it — before the PE can take another command.
+        stale = Signal(range(settle + 1))
+        advance_pending = Signal()
+        advance = Signal()
+        m.d.comb += advance.eq((issue | advance_pending) & (stale == 0))
+        with m.If(stale != 0):
+            m.d.sync += stale.eq(stale - 1)
+        with m.If(issue):
+            m.d.sync += self.issued.eq(self.issued + 1)
         with m.If(self.start):
-            m.d.sync += [started.eq(1), have.eq(best_valid), period.eq(best_key >> row_bits),
-                         pc.eq(best_key[:row_bits]), self.issued.eq(0)]
+            first_lag = rows[first_row].lag if rows else 0
+            m.d.sync += [started.eq(1), have.eq((self.samples != 0) if rows else 0), period.eq(first_lag),
+                         pc.eq(first_row), self.issued.eq(0), stale.eq(settle), advance_pending.eq(0)]
             for count in counts:
                 m.d.sync += count.eq(0)
+        with m.Elif(advance):
+            m.d.sync += [have.eq(next_valid), period.eq(next_key >> row_bits), pc.eq(next_key[:row_bits]),
+                         stale.eq(settle), advance_pending.eq(0)]
         with m.Elif(issue):
-            m.d.sync += [have.eq(best_valid), period.eq(best_key >> row_bits), pc.eq(best_key[:row_bits]),
-                         self.issued.eq(self.issued + 1)]
+            m.d.sync += advance_pending.eq(1)
 
         # ---- when an entry's last step ends, its transfers go to the link senders --------------------
         pending = Signal()
@@ -174,6 +219,13 @@ class Sequencer(wiring.Component):
         m.d.comb += [self.push_valid.eq(pending & self.pe_done), self.push_entry.eq(pending_entry),
                      self.push_iter.eq(pending_iter)]
         return m
+
+    @property
+    def settle_cycles(self) -> int:
+        """Cycles after the current row changes until its successor is registered: the candidates, then the
+        min tree's stages (two levels each, the root registered)."""
+        levels = max(0, (len(self.rows) - 1).bit_length())
+        return 1 + -(-levels // 2)
 
     def _lag_of(self, m: Module, pc: Value) -> Value:
         lag = Signal(max(1, self.pe.max_lag).bit_length() + 1, name="lag")
@@ -223,22 +275,30 @@ def _all(terms: list[Value]) -> Value:
     return out
 
 
-def _min_tree(m: Module, items: list[tuple[Value, Value]]) -> tuple[Value, Value]:
-    """(any valid, smallest key among the valid ones): a balanced tree of comparators."""
+def _min_tree(m: Module, items: list[tuple[Value, Value]], levels_per_stage: int = 0) -> tuple[Value, Value]:
+    """(any valid, smallest key among the valid ones): a balanced tree of comparators, registered after every
+    `levels_per_stage` levels (0: combinational) and at its root."""
     if not items:
         return Const(0, 1), Const(0, 1)  # a PE with nothing to run
     level = 0
     while len(items) > 1:
         paired = []
+        registered = levels_per_stage > 0 and ((level + 1) % levels_per_stage == 0 or len(items) <= 2)
+        domain = m.d.sync if registered else m.d.comb
         for i in range(0, len(items) - 1, 2):
             (va, ka), (vb, kb) = items[i], items[i + 1]
             take_b = ~va | (vb & (kb < ka))
             v = Signal(name=f"min_v{level}_{i}")
             k = Signal.like(ka, name=f"min_k{level}_{i}")
-            m.d.comb += [v.eq(va | vb), k.eq(Mux(take_b, kb, ka))]
+            domain += [v.eq(va | vb), k.eq(Mux(take_b, kb, ka))]
             paired.append((v, k))
         if len(items) % 2:
-            paired.append(items[-1])
+            va, ka = items[-1]
+            if registered:  # the odd item keeps pace with its registered siblings
+                v, k = Signal(name=f"min_v{level}_odd"), Signal.like(ka, name=f"min_k{level}_odd")
+                m.d.sync += [v.eq(va), k.eq(ka)]
+                va, ka = v, k
+            paired.append((va, ka))
         items = paired
         level += 1
     return items[0]
