@@ -57,7 +57,7 @@ def latency(lanes: int) -> int:
     return 5 + tree_stages(lanes)
 
 
-class Opcode(enum.Enum, shape=3):
+class Opcode(enum.Enum, shape=3):  # type: ignore[call-arg]  # amaranth.lib.enum takes shape
     """The operations the PE executes; one microcode entry runs one of them over one layer."""
 
     FWD_LINEAR = 0  #: F of an identity layer: z = rescale(W a)

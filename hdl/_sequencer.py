@@ -127,7 +127,7 @@ class Sequencer(wiring.Component):
             valid = Signal(name=f"cand{i}")
             m.d.sync += [key.eq(Mux(in_now, period, later) << row_bits | i), valid.eq(in_now | ok_later)]
             keys.append((valid, key))
-        next_valid, next_key = _min_tree(m, keys, levels_per_stage=2)
+        next_valid, next_key = _min_tree(m, keys, levels_per_stage=self.tree_levels_per_stage)
         settle = self.settle_cycles
         shortest = op_overhead(self.config.lanes) + 1
         # An issued row is replaced at most `settle` cycles later and its command is registered 2 cycles after
@@ -221,11 +221,18 @@ class Sequencer(wiring.Component):
         return m
 
     @property
+    def tree_levels_per_stage(self) -> int:
+        """Comparator levels of the next-row min tree per registered stage: one (the FPGA's clock) while the
+        search still settles within the shortest op, else two."""
+        levels = max(0, (len(self.rows) - 1).bit_length())
+        return 1 if 1 + levels + 2 < op_overhead(self.config.lanes) + 1 else 2
+
+    @property
     def settle_cycles(self) -> int:
         """Cycles after the current row changes until its successor is registered: the candidates, then the
-        min tree's stages (two levels each, the root registered)."""
+        min tree's stages (`tree_levels_per_stage` levels each, the root registered)."""
         levels = max(0, (len(self.rows) - 1).bit_length())
-        return 1 + -(-levels // 2)
+        return 1 + -(-levels // self.tree_levels_per_stage)
 
     def _lag_of(self, m: Module, pc: Value) -> Value:
         lag = Signal(max(1, self.pe.max_lag).bit_length() + 1, name="lag")
