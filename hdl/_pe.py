@@ -421,11 +421,14 @@ class ProcessingElement(wiring.Component):
         y_off = Signal(cfg.vector_addr_bits)
         d_off = Signal(cfg.vector_addr_bits)
 
-        with m.If(self.cmd.valid & ~busy):
+        # While idle the command and the loop counters are loaded every cycle (the payload of a command that is
+        # not offered is loaded and then ignored): only `busy` and `issuing` depend on `cmd.valid`, so the
+        # sequencer's issue decision drives two flip-flops, not the whole command register.
+        with m.If(~busy):
             payload = self.cmd.payload
-            m.d.sync += [cmd.eq(payload), busy.eq(1), issuing.eq(1), row.eq(0), row_lane.eq(0), row_word.eq(0),
-                         col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w), w_err.eq(payload.w),
-                         sample.eq(0), x_off.eq(0), y_off.eq(0), d_off.eq(0)]
+            m.d.sync += [cmd.eq(payload), busy.eq(self.cmd.valid), issuing.eq(self.cmd.valid), row.eq(0),
+                         row_lane.eq(0), row_word.eq(0), col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w),
+                         w_err.eq(payload.w), sample.eq(0), x_off.eq(0), y_off.eq(0), d_off.eq(0)]
 
         is_err = cmd.op == Opcode.ERR
         is_fwd = (cmd.op == Opcode.FWD_LINEAR) | (cmd.op == Opcode.FWD_RELU)

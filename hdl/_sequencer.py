@@ -130,9 +130,9 @@ class Sequencer(wiring.Component):
         next_valid, next_key = _min_tree(m, keys, levels_per_stage=self.tree_levels_per_stage)
         settle = self.settle_cycles
         shortest = op_overhead(self.config.lanes) + 1
-        # An issued row is replaced at most `settle` cycles later and its command is registered 2 cycles after
-        # that: all before the PE, busy with the issued op for at least `shortest` cycles, can take the next.
-        assert settle + 2 < shortest, f"the next row settles in {settle} + 2 cycles, an op can end in {shortest}"
+        # An issued row is replaced at most max(1, `settle`) cycles later and its command is registered 2 cycles
+        # after that: all before the PE, busy with the issued op for at least `shortest` cycles, takes the next.
+        assert max(1, settle) + 2 < shortest, f"the next row settles in {settle} + 2 cycles, an op can end in {shortest}"
 
         # ---- arrival counters --------------------------------------------------------------------------
         counts = [Signal(ibits + 1, name=f"arrived{k}") for k in range(len(self.pe.counters))]
@@ -187,11 +187,12 @@ class Sequencer(wiring.Component):
         ]
 
         # The issued row stays current until its successor is registered (`stale` counts down the cycles
-        # after a change of the row), then the successor replaces it — before the PE can take another command.
+        # after a change of the row), then the successor replaces it — from the cycle after the issue (the
+        # issue only sets `advance_pending`), before the PE can take another command.
         stale = Signal(range(settle + 1))
         advance_pending = Signal()
         advance = Signal()
-        m.d.comb += advance.eq((issue | advance_pending) & (stale == 0))
+        m.d.comb += advance.eq(advance_pending & (stale == 0))
         with m.If(stale != 0):
             m.d.sync += stale.eq(stale - 1)
         with m.If(issue):
