@@ -132,7 +132,7 @@ class Sequencer(wiring.Component):
         shortest = op_overhead(self.config.lanes) + 1
         # An issued row is replaced at most max(1, `settle`) cycles later and its command is registered 2 cycles
         # after that: all before the PE, busy with the issued op for at least `shortest` cycles, takes the next.
-        assert max(1, settle) + 2 < shortest, f"the next row settles in {settle} + 2 cycles, an op can end in {shortest}"
+        assert max(1, settle) + 2 < shortest, f"the next row settles in {settle} + 2 cycles, an op ends in {shortest}"
 
         # ---- arrival counters --------------------------------------------------------------------------
         counts = [Signal(ibits + 1, name=f"arrived{k}") for k in range(len(self.pe.counters))]
@@ -195,8 +195,6 @@ class Sequencer(wiring.Component):
         m.d.comb += advance.eq(advance_pending & (stale == 0))
         with m.If(stale != 0):
             m.d.sync += stale.eq(stale - 1)
-        with m.If(issue):
-            m.d.sync += self.issued.eq(self.issued + 1)
         with m.If(self.start):
             first_lag = rows[first_row].lag if rows else 0
             m.d.sync += [started.eq(1), have.eq((self.samples != 0) if rows else 0), period.eq(first_lag),
@@ -204,8 +202,9 @@ class Sequencer(wiring.Component):
             for count in counts:
                 m.d.sync += count.eq(0)
         with m.Elif(advance):
+            # (`issued` counts each issue here, once, off the issue's own path; it is read after the run.)
             m.d.sync += [have.eq(next_valid), period.eq(next_key >> row_bits), pc.eq(next_key[:row_bits]),
-                         stale.eq(settle), advance_pending.eq(0)]
+                         stale.eq(settle), advance_pending.eq(0), self.issued.eq(self.issued + 1)]
         with m.Elif(issue):
             m.d.sync += advance_pending.eq(1)
 
