@@ -294,7 +294,7 @@ class Checker:
 
 async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
     model = Model.load()
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    Clock(dut.clk, 10, unit="ns").start()  # cocotb 2: the clock runs its own driver task
     driver = Driver(dut, model, random.Random(model.doc["seed"]))
     await driver.reset()
     return model, driver, Monitor(dut, model), Checker(model)
