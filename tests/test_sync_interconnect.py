@@ -23,7 +23,7 @@ from layerpipe.interconnect import SHARED, Interconnect, parse_interconnect
 from layerpipe.network import Activation, Flatten, Linear, Network, NetworkBuilder, load_network
 from layerpipe.schedule import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._synchronous import SHAPES, SyncOptions, schedule_stages
+from layerpipe.schedule._sync_policies import SHAPES, SyncOptions, schedule_stages
 from layerpipe.schedule.policies import POLICIES, make_schedule
 from layerpipe.sim import SimConfig, Workload, simulate, simulate_policy_result
 from tests.strategies import networks

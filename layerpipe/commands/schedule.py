@@ -29,7 +29,7 @@ from layerpipe.commands._common import (
 from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.schedule import ScheduleResult, dump_schedule
-from layerpipe.schedule._synchronous import schedule_stages
+from layerpipe.schedule._sync_policies import schedule_stages
 from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
 
 #: Most iterations `--format csv` unrolls a periodic schedule for.

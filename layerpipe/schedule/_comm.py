@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from layerpipe.interconnect import SHARED, Interconnect
 
 if TYPE_CHECKING:
-    from layerpipe.schedule._shared import TaskTable
+    from layerpipe.schedule._task_table import TaskTable
 
 
 @dataclass(frozen=True)

@@ -26,25 +26,16 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network, split_layer, split_refusal
+from layerpipe.schedule._balance import balance, timeline_partition
+from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets, modulo_list_schedule
 from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._comm_timing import Timing, timing_of
+from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
+from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_keys,
-    asap_times,
-    balance,
-    best_ordering,
-    default_targets,
-    loop_lengths,
-    modulo_list_schedule,
-    timeline,
-    timeline_partition,
-    timing_of,
-)
-from layerpipe.schedule._shared import timed as timed_starts
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, transfers
-from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule._task_table import TaskTable
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
 LIGHT_TARGETS = 3

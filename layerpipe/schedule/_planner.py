@@ -47,19 +47,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_times,
-    best_ordering,
-    default_targets,
-    modulo_list_schedule,
-    order_bodies,
-    pack_bodies,
-    timed,
-    timing_of,
-)
+from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 

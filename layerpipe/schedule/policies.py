@@ -38,7 +38,7 @@ from layerpipe.schedule._pipedream import (
 )
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._streams import StreamOOOOptions, StreamOptions, schedule_stream, schedule_stream_ooo
-from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
+from layerpipe.schedule._sync_policies import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
 #: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design

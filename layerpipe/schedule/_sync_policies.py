@@ -1,4 +1,4 @@
-"""Synchronous policies on a network: the stage-level generators (`_sync`) applied to contiguous stages,
+"""Synchronous policies on a network: the stage-level generators (`_stage_programs`) applied to contiguous stages,
 timed on the interconnect the policy is given.
 
 A network's layers are cut into S contiguous stages by dynamic programming (min-max per-step stage work
@@ -36,11 +36,11 @@ from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
-from layerpipe.schedule import _sync
+from layerpipe.schedule import _stage_programs
+from layerpipe.schedule._balance import partition_contiguous
 from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._shared import partition_contiguous
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
 #: Steps `SyncShape.generate` returns (tests train and simulate two steps).
@@ -109,15 +109,15 @@ def _virtual(o: object) -> int:
 
 
 SHAPES: dict[str, SyncShape] = {
-    "gpipe": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.gpipe(p, m, k)),
-    "1f1b": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.one_f_one_b(p, m, k)),
-    "interleaved-1f1b": SyncShape(_virtual, lambda p, m, o, k: _sync.interleaved_1f1b(p, m, _virtual(o), k)),
-    "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _sync.zb_h1(p, m, _virtual(o), k)),
-    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.zb_h2(p, m, k)),
-    "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.zbv(p, m, k)),
+    "gpipe": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.gpipe(p, m, k)),
+    "1f1b": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.one_f_one_b(p, m, k)),
+    "interleaved-1f1b": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.interleaved_1f1b(p, m, _virtual(o), k)),
+    "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.zb_h1(p, m, _virtual(o), k)),
+    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.zb_h2(p, m, k)),
+    "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.zbv(p, m, k)),
     # DualPipeV needs one micro-batch per stage at least (torch refuses fewer): the default 2p is that minimum.
-    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.dualpipev(p, m, k)),
-    "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _sync.looped_bfs(p, m, _virtual(o), k)),
+    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.dualpipev(p, m, k)),
+    "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.looped_bfs(p, m, _virtual(o), k)),
 }
 
 
@@ -263,7 +263,7 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     m = options.microbatches or shape.default_microbatches(procs)
     _check_step_size(policy, procs * chunks, m)
     if policy == "dualpipev" and m < 2 * procs:  # fail before timing, with the generator's message
-        _sync.dualpipev(procs, m)
+        _stage_programs.dualpipev(procs, m)
     graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
     stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
