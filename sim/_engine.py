@@ -7,10 +7,12 @@ processor is free and all its inputs have arrived — a producer's output arrive
 
 Speed: the schedule is compiled once into integer arrays — ops numbered processor-major (the op after i
 on its processor is i + 1), task ids, durations, producer lists — and the hot loops touch only Python ints
-and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1):
-`dependencies()` for every schedule, except that asynchronous layer-level schedules — the long ones —
-instantiate that module's `layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t)
-needs src(t − delay)) with array indexing; a test checks both give the same producers.
+and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1), as
+arrays: `dependency_arrays` (the rules of `dependencies()` without an object per edge) for stage-level,
+synchronous and grouped schedules, and for simple asynchronous layer-level schedules that module's
+`layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t) needs src(t − delay)) with array
+indexing; `dependencies()` itself, op by op, only where neither applies and to raise its errors. Tests check
+all give the same producers in the same order.
 
 Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
 go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
@@ -47,7 +49,7 @@ from functools import cached_property
 import numpy as np
 
 from layerpipe.errors import InputError
-from layerpipe.schedule._deps import MissingProducer, layer_task_edges
+from layerpipe.schedule._deps import MissingProducer, dependency_arrays, layer_task_edges
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.sim._interconnect import SimConfig, link_hold_cycles
 from layerpipe.sim._workload import Workload
@@ -216,10 +218,11 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
             first = ops[int(np.flatnonzero(task == k)[0])]
             cost[k] = workload.duration(first)  # raises: the workload has no such task
     dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
-    csr = None
-    if workload.level == "layer" and not schedule.synchronous and schedule.simple:  # grouped: op by op
+    if workload.level == "layer" and not schedule.synchronous and schedule.simple:
         csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
-    if csr is None:
+    else:  # stage-level, synchronous and grouped schedules
+        csr = _array_dependencies(schedule, tasks, task, iteration, workload)
+    if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, ops, workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
     return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr,
@@ -266,6 +269,21 @@ def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
     return ptr, producer[order], words[order], role[order], roles
+
+
+def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                        iteration: np.ndarray, workload: Workload):
+    """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
+    the same order with the same role numbering; None where they do not apply."""
+    if schedule.level != workload.level:
+        return None  # `dependencies()` says why
+    if workload.level == "layer":
+        arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
+    else:
+        arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
+    if arrays is None:
+        return None
+    return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
 
 
 def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload):

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,9 +24,11 @@ import pytest
 from layerpipe.costs import make_cost_model
 from layerpipe.dse import DesignPoint
 from layerpipe.dse._evaluate import evaluate_point
+from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import (
+    OpSchedule,
     StageInfo,
     dualpipev,
     gpipe,
@@ -187,6 +191,84 @@ RECORDED: dict[str, str] = {
     "stage:zb-h2-3x6": "ef4a21517013/f57ea60375d4/cd6a089e6ee3/f721c04dad5a",
     "stage:zbv-2x4x2": "8ab397ec4d4a/7f59ed8a171a/a9a30db7ccf9/f33d81e76835",
 }
+
+
+def _array_and_listed(schedule, workload):
+    """The compiled dependency arrays of `schedule` by the array rules and by `dependencies()` op by op."""
+    from layerpipe.sim._engine import _array_dependencies, _listed_dependencies
+
+    compiled = compile_schedule(schedule, workload)
+    arrays = _array_dependencies(schedule, compiled.tasks, compiled.task, compiled.iteration, workload)
+    return arrays, _listed_dependencies(schedule, list(compiled.ops), workload)
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(a[:4], b[:4], strict=True)) and a[4] == b[4]
+
+
+def _policy_ops(policy: str, net: str, n: int, iterations: int, **given: object):
+    network = load_network(net)
+    model = make_cost_model("pe", lanes=16)
+    rtl = parse_interconnect("rtl", lanes=16)
+    result = make_schedule(policy, network, n, model, policy_options(policy, given), rtl)
+    return policy_ops(result, network, model, iterations)
+
+
+@pytest.mark.parametrize("policy", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "pipedream-2bw", "pipedream"])
+@pytest.mark.parametrize("net", ["mlp:16-12-8-4", "resnet18"])
+def test_array_rules_list_what_dependencies_lists(policy: str, net: str) -> None:
+    """Synchronous (expanded stage) and grouped (unfolded) layer-level schedules: the arrays are exactly the
+    op-by-op arrays (producers, their order per consumer, words, role numbering), on odd iteration counts too
+    (a step or an update group cut short by the run)."""
+    for iterations in (1, 7, 13):
+        schedule, workload = _policy_ops(policy, net, 3, iterations)
+        if schedule.simple and not schedule.synchronous:
+            continue  # the engine's own array path (`layer_task_edges`), tested in test_sim
+        arrays, listed = _array_and_listed(schedule, workload)
+        assert arrays is not None and _same(arrays, listed), (policy, net, iterations)
+
+
+@pytest.mark.parametrize("name", sorted(STAGE_SCHEDULES))
+def test_stage_array_rules_list_what_dependencies_lists(name: str) -> None:
+    schedule = STAGE_SCHEDULES[name]()
+    stages = 1 + max(op.unit for op in schedule.ops())  # type: ignore[attr-defined]
+    for info in (None, StageInfo(stages, tuple(range(1, stages + 1)), tuple(range(2, stages + 2)))):
+        workload = Workload.of_stages([(2, 3, 1)] * stages, info)
+        arrays, listed = _array_and_listed(schedule, workload)  # type: ignore[arg-type]
+        assert arrays is not None and _same(arrays, listed)
+
+
+def _drop(schedule: OpSchedule, rng: random.Random) -> OpSchedule:
+    """`schedule` with one op left out (its consumers miss a producer, unless nothing consumes it)."""
+    ops = [(p, k) for p, row in enumerate(schedule.procs) for k in range(len(row))]
+    p, k = rng.choice(ops)
+    rows = tuple(row[:k] + row[k + 1:] if q == p else row for q, row in enumerate(schedule.procs))
+    return replace(schedule, procs=rows)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_missing_producers_raise_what_they_raised(seed: int) -> None:
+    """A schedule with an op left out compiles to the same arrays, or fails with the same error message, as
+    `dependencies()` gives (the array rules hand every such case back to it)."""
+    rng = random.Random(seed)
+    made = [(STAGE_SCHEDULES[name](), None) for name in sorted(STAGE_SCHEDULES)]
+    made += [_policy_ops(policy, "mlp:16-12-8-4", 3, 9) for policy in ("1f1b", "pipedream-2bw", "gpipe")]
+    for schedule, workload in made:
+        if workload is None:
+            stages = 1 + max(op.unit for op in schedule.ops())  # type: ignore[attr-defined]
+            workload = Workload.of_stages([(2, 3, 1)] * stages)
+        broken = _drop(schedule, rng)  # type: ignore[arg-type]
+        try:
+            expected: object = workload.dependencies(broken)
+        except InputError as exc:
+            expected = exc
+        if isinstance(expected, InputError):
+            with pytest.raises(type(expected)) as caught:
+                compile_schedule(broken, workload)
+            assert str(caught.value) == str(expected)
+        else:
+            arrays, listed = _array_and_listed(broken, workload)
+            assert arrays is not None and _same(arrays, listed)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
