@@ -410,20 +410,20 @@ class _ConvKernel:
         return tf.conv2d(a, w, b, self.op.stride, self.op.padding, 1, self.op.groups)
 
     def weight_grad(self, delta: torch.Tensor, a: torch.Tensor, w_shape: torch.Size) -> torch.Tensor:
-        import torch
+        from torch.nn import grad as nn_grad  # a submodule torch.nn's __init__ does not import itself
 
         op = self.op
-        return torch.nn.grad.conv2d_weight(a, w_shape, delta, op.stride, op.padding, 1, op.groups)
+        return nn_grad.conv2d_weight(a, w_shape, delta, op.stride, op.padding, 1, op.groups)
 
     @staticmethod
     def bias_grad(delta: torch.Tensor) -> torch.Tensor:
         return delta.sum(dim=(0, 2, 3))
 
     def input_grad(self, delta: torch.Tensor, w: torch.Tensor, a_shape: torch.Size) -> torch.Tensor:
-        import torch
+        from torch.nn import grad as nn_grad
 
         op = self.op
-        return torch.nn.grad.conv2d_input(a_shape, w, delta, op.stride, op.padding, 1, op.groups)
+        return nn_grad.conv2d_input(a_shape, w, delta, op.stride, op.padding, 1, op.groups)
 
 
 _FUNCTION: Any = None
