@@ -87,7 +87,7 @@ def stage_costs(text: str) -> tuple[int, int, int]:
     if len(values) != 3 or min(values[:2]) < 1 or values[2] < 0:
         raise argparse.ArgumentTypeError(f"--stage-costs must be three integers F,B,W like 2,2,1 (cycles; F, B >= 1, "
                                          f"W >= 0), got '{text}'")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def add_policy_option_args(p: argparse.ArgumentParser) -> None:

@@ -60,7 +60,7 @@ class Policy:
 
 
 def _sync(name: str, options: type, summary: str) -> Policy:
-    return Policy(name, options, partial(schedule_synchronous, name), True, summary)  # type: ignore[arg-type]
+    return Policy(name, options, partial(schedule_synchronous, name), True, summary)
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
