@@ -40,6 +40,7 @@ import gc
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -195,22 +196,32 @@ def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedu
         return _compile(schedule, workload)
 
 
+_PROC_OF = operator.attrgetter("proc")
+_TASK_OF = operator.attrgetter("kind", "unit")
+_ITERATION_OF = operator.attrgetter("iteration")
+
+
 def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     ops: list[Op] = []
     bounds = [0]
-    for p, row in enumerate(schedule.procs):
-        for op in row:
-            if op.proc != p:
-                raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
+    for row in schedule.procs:
         ops.extend(row)
         bounds.append(len(ops))
-    proc = np.repeat(np.arange(len(schedule.procs)), np.diff(bounds)).tolist()
-    task_ids: dict[tuple[str, int], int] = {}
-    task = np.fromiter((task_ids.setdefault((op.kind, op.unit), len(task_ids)) for op in ops), np.int64, len(ops))
-    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
+    n = len(ops)
+    # Per-op fields read by C-level loops (map over attrgetters): no Python bytecode per op.
+    listed_on = np.repeat(np.arange(len(schedule.procs), dtype=np.int64), np.diff(bounds))
+    wrong = np.flatnonzero(np.fromiter(map(_PROC_OF, ops), np.int64, n) != listed_on)
+    if len(wrong):
+        op, p = ops[int(wrong[0])], int(listed_on[wrong[0]])
+        raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
+    proc = listed_on.tolist()
+    keys = list(map(_TASK_OF, ops))
+    task_ids = {t: k for k, t in enumerate(dict.fromkeys(keys))}  # numbered in order of first appearance
+    task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
+    iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
     tasks = tuple(task_ids)
-    slot = task * (int(iteration.max()) + 1 if len(ops) else 1) + iteration
-    if len(np.unique(slot)) != len(ops):
+    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
+    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
         _raise_duplicate(ops)
     cost = [workload.durations.get(t, -1) for t in tasks]
     for k, c in enumerate(cost):
