@@ -120,9 +120,13 @@ class CompiledSchedule:
         one transfer each when they sit on different processors."""
         n = self.num_ops
         key = self.prod_idx * n + self.consumer_of_edge
-        uniq, inverse = np.unique(key, return_inverse=True)
-        words = np.bincount(inverse, weights=self.prod_words, minlength=len(uniq)).astype(np.int64)
-        return uniq // n, uniq % n, words
+        if not len(key):
+            return key, key.copy(), np.zeros(0, dtype=np.int64)
+        order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
+        key = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        words = np.add.reduceat(self.prod_words[order], starts).astype(np.int64)  # exact integer sums
+        return key[starts] // n, key[starts] % n, words
 
     @cached_property
     def consumers(self) -> list[list[tuple[int, int]]]:

@@ -36,7 +36,9 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -379,19 +381,36 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
         if op.kind in STAGE_GRADIENT_KINDS:
             key = (op.unit, op.iteration // m)
             remaining[key] = remaining.get(key, 0) + 1
+    known: dict[tuple[str, int], list[tuple[str, int]]] = {}  # a stage op's layer tasks, by (kind, stage)
     rows = []
-    for p, row in enumerate(schedule.procs):
-        ops: list[Op] = []
-        for op in row:
-            ops += [Op(p, kind, layer, op.iteration) for kind, layer in tasks_of(op)]
-            if op.kind in STAGE_GRADIENT_KINDS:
-                key = (op.unit, op.iteration // m)
-                remaining[key] -= 1
-                if remaining[key] == 0:
-                    j = op.iteration // m
-                    ops += [Op(p, "U", layer, j) for layer in stages.layers[op.unit] if layer in weighted]
-        rows.append(tuple(ops))
+    with _gc_paused():  # many small acyclic objects: collections would walk every Op built so far, again and again
+        for p, row in enumerate(schedule.procs):
+            ops: list[Op] = []
+            for op in row:
+                tasks = known.get((op.kind, op.unit))
+                if tasks is None:
+                    tasks = known[(op.kind, op.unit)] = tasks_of(op)
+                it = op.iteration
+                ops += [Op(p, kind, layer, it) for kind, layer in tasks]
+                if op.kind in STAGE_GRADIENT_KINDS:
+                    key = (op.unit, it // m)
+                    remaining[key] -= 1
+                    if remaining[key] == 0:
+                        ops += [Op(p, "U", layer, it // m) for layer in stages.layers[op.unit] if layer in weighted]
+            rows.append(tuple(ops))
     return OpSchedule("layer", tuple(rows), synchronous=True, microbatches=m)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused (and restored as it was) while building many acyclic objects."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- the same rules as arrays -------------------------------------------------------------------------------
