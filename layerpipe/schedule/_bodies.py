@@ -54,7 +54,7 @@ def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[in
     for v, t in enumerate(table.tasks):
         bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
-    delays = {}
+    delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}  # PeriodicSchedule.read_delays' keys
     for u, x, _ in table.weight_reads:
         if arrival and (u, x) in arrival:
             delays[(table.tasks[x].kind, table.tasks[x].layer)] = arrival[(u, x)] - start[u] - table.cost[u]

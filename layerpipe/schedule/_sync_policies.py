@@ -105,7 +105,10 @@ class SyncShape:
 
 
 def _virtual(o: object) -> int:
-    return o.virtual_stages  # type: ignore[attr-defined,no-any-return]
+    """Chunks per processor of an interleaved shape: its policies take InterleavedOptions (ZBH1Options is one)."""
+    if not isinstance(o, InterleavedOptions):
+        raise TypeError(f"an interleaved shape takes InterleavedOptions, got {type(o).__name__}")
+    return o.virtual_stages
 
 
 SHAPES: dict[str, SyncShape] = {
@@ -307,8 +310,9 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
         period_cycles=step,
         samples_per_period=m,
     )
-    notes = (f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",
-             f"step timed by the simulator on {interconnect}")
+    notes: tuple[str, ...] = (
+        f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",
+        f"step timed by the simulator on {interconnect}")
     if not settled:
         notes += (f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half",)
     return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, explicit=one_step,
