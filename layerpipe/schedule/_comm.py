@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
+from layerpipe.schedule._ir import tie_rank
 
 if TYPE_CHECKING:
     from layerpipe.schedule._task_table import TaskTable
@@ -121,7 +122,17 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
             when = key_of[t.dst] - frame * period + (period if t.weight else 0)
             return (r % period, -(r // period), place[t.dst], when, t.dst, t.src)
 
-        queue.sort(key=order)
+        def bus_order(t: Transfer) -> tuple[object, ...]:
+            # A bus is compiled: the one order `compiled_bus_key` defines, on plan times taken in the window
+            # of the release (the simulator applies it to the absolute planned times).
+            release = key_of[t.src] + table.cost[t.src]
+            window = release - release % period
+            consumer = table.tasks[t.dst]
+            return (compiled_bus_key(release - window, key_of[t.src] - window, place[t.dst],
+                                     key_of[t.dst] + (period if t.weight else 0) - window,
+                                     tie_rank(consumer.kind, consumer.layer), place[t.src]), t.dst, t.src)
+
+        queue.sort(key=bus_order if comm.interconnect.kind == "bus" else order)
         ends = [start[t.src] + table.cost[t.src] for t in queue]
         depart = _fifo_departures([r % period for r in ends], [t.hold for t in queue], period)
         for t, r, d in zip(queue, ends, depart, strict=True):
