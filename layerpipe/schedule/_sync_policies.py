@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
@@ -42,6 +42,9 @@ from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
+
+if TYPE_CHECKING:
+    from layerpipe.schedule._ooo import OOOOptions  # _ooo imports this module: annotations only
 
 #: Steps `SyncShape.generate` returns (tests train and simulate two steps).
 TIMED_STEPS = 2
@@ -215,7 +218,8 @@ def layer_step_work(graph: TrainingGraph, model: CostModel, microbatches: int) -
     return per_layer
 
 
-def synchronous_result(policy: str, options: object, network: Network, graph: TrainingGraph, num_procs: int,
+def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | OOOOptions, network: Network,
+                       graph: TrainingGraph, num_procs: int,
                        model: CostModel, interconnect: Interconnect, stage_layers: Sequence[Sequence[int]],
                        build: Callable[[int], OpSchedule], microbatches: int, notes: Sequence[str]
                        ) -> ScheduleResult:
@@ -250,7 +254,7 @@ def synchronous_result(policy: str, options: object, network: Network, graph: Tr
     said = [*notes, f"step timed by the simulator on {interconnect}"]
     if not settled:
         said.append(f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half")
-    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,  # type: ignore[type-var]
+    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,
                           graph, explicit=one_step, stages=stages, notes=tuple(said), interconnect=interconnect)
 
 
@@ -280,7 +284,7 @@ def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
     return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
 
 
-def schedule_stages(policy: str, num_procs: int, options: SyncOptions | InterleavedOptions,
+def schedule_stages(policy: str, num_procs: int, options: object,
                     stage_cost: tuple[int, int, int], interconnect: Interconnect = SHARED) -> ScheduleResult:
     """A synchronous policy on `num_procs` processors with uniform stage costs (F, I, W) and no network:
     the torch.distributed.pipelining view (`--stages P --stage-costs F,B,W`, B the input-gradient part),
@@ -288,6 +292,8 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
     if policy not in SHAPES:
         sync = ", ".join(SHAPES)
         raise InputError(f"--stages takes one of {sync}; '{policy}' needs a NETWORK")
+    if not isinstance(options, (SyncOptions, InterleavedOptions)):  # as make_schedule checks a policy's options
+        raise InputError(f"policy '{policy}' takes SyncOptions or InterleavedOptions, got {type(options).__name__}")
     shape = SHAPES[policy]
     chunks = shape.chunks(options)
     m = options.microbatches or shape.default_microbatches(num_procs)
