@@ -132,14 +132,18 @@ class _Reads:
     """Which version each read of each layer and iteration sees."""
 
     def __init__(self, versions: VersionMap | Lags) -> None:
-        self.lags = versions if isinstance(versions, Lags) else None
-        self.map = None if isinstance(versions, Lags) else normalize_versions(versions)
+        self.lags: Lags | None = None
+        self.map: dict[tuple[str, int, int], int] = {}  # the full map, when not given as lags
+        if isinstance(versions, Lags):
+            self.lags = versions
+        else:
+            self.map = normalize_versions(versions)
 
     def __call__(self, kind: str, layer: int, t: int) -> int:
         if self.lags is not None:
             return self.lags.version(kind, layer, t)
         try:
-            return self.map[(kind, layer, t)]  # type: ignore[index]
+            return self.map[(kind, layer, t)]
         except KeyError:
             raise InputError(f"version map has no entry for {kind}{layer}.{t}") from None
 

@@ -146,9 +146,10 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
                     needs.append(end.get(("W", s, t - 1)))
         else:
             needs.append(end.get(("I", s, t) if s < last else ("I", s, m - 1)))
-        if any(n is None for n in needs):
+        known = [n for n in needs if n is not None]
+        if len(known) < len(needs):
             return None
-        return max([0, *needs])  # type: ignore[type-var]
+        return max([0, *known])
 
     def duration(op: StageOp) -> int:
         kind, s, t = op
@@ -191,9 +192,8 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
     for p in range(num_procs):
         refresh(p)
     for _ in range(3 * m * count):
-        here = min((p for p in range(num_procs) if best_of[p] is not None),
-                   key=lambda p: (best_of[p][0], best_of[p][1], p))  # type: ignore[index]
-        start, _, op = best_of[here]  # type: ignore[misc]
+        (start, _, op), here = min(((best, p) for p, best in enumerate(best_of) if best is not None),
+                                   key=lambda pair: (pair[0][0], pair[0][1], pair[1]))
         kind, s, _ = op
         end[op] = start + duration(op)
         free[here] = end[op]
