@@ -245,6 +245,25 @@ class CommandMonitor:
                     self.links[k][0] += int(last.value)
 
 
+def measured_period(ops: list[list[list[int]]]) -> dict[str, Any] | None:
+    """The RTL's steady-state period, measured from the monitored issue cycles: for every (PE, entry), the cycles
+    between its issues in the run's two middle iterations (the fill is over there and the drain, where entries of
+    iterations past T are skipped, has not begun). `period_rtl` is the largest gap: the slowest PE sets the
+    rate of the run (a PE with slack in the period may run ahead while its queues and rings allow, with shorter
+    gaps: `period_rtl_min`). None with fewer than two iterations."""
+    seen: dict[tuple[int, int], dict[int, int]] = {}
+    for p, issued in enumerate(ops):
+        for entry, iteration, cycle in issued:
+            seen.setdefault((p, entry), {})[iteration] = cycle
+    final = max((t for cycles in seen.values() for t in cycles), default=-1)
+    middle = final // 2
+    gaps = [cycles[middle + 1] - cycles[middle] for cycles in seen.values() if middle in cycles and
+            middle + 1 in cycles]
+    if final < 1 or not gaps:
+        return None
+    return {"period_rtl": max(gaps), "period_rtl_min": min(gaps), "period_rtl_iterations": [middle, middle + 1]}
+
+
 class Checker:
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -259,6 +278,8 @@ class Checker:
                   "link_error": counters["error"], "bit_exact": not wrong,
                   "run_wall_s": round(counters.get("run_wall_s", 0.0), 4),
                   "final": {str(k): v for k, v in weights.items()}}
+        if "trace" in counters:
+            result.update(measured_period(counters["trace"]) or {})
         path = os.environ.get("LAYERPIPE_RESULT")
         if path:
             with open(path, "w") as fh:
