@@ -234,6 +234,7 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
             first = ops[int(np.flatnonzero(task == k)[0])]
             cost[k] = workload.duration(first)  # raises: the workload has no such task
     dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
+    csr: Csr | None
     if workload.level == "layer" and not schedule.synchronous and schedule.simple:
         csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
     else:  # stage-level, synchronous and grouped schedules
@@ -268,8 +269,12 @@ def _raise_duplicate(ops: list[Op]) -> None:
         seen[key] = op
 
 
+#: Producers as CSR: (pointer per consumer, producers, words, role codes, role names).
+Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+
 def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
-         roles: tuple[str, ...]):
+         roles: tuple[str, ...]) -> Csr:
     order = np.argsort(consumer, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
@@ -277,7 +282,7 @@ def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np
 
 
 def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                        iteration: np.ndarray, workload: Workload):
+                        iteration: np.ndarray, workload: Workload) -> Csr | None:
     """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
     the same order with the same role numbering; None where they do not apply."""
     if schedule.level != workload.level:
@@ -291,7 +296,7 @@ def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...]
     return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
 
 
-def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload):
+def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload) -> Csr:
     """CSR arrays from `dependencies()` (contract 1), op by op."""
     deps = workload.dependencies(schedule)
     # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
@@ -315,7 +320,7 @@ def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload
 
 
 def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                            iteration: np.ndarray, workload: Workload):
+                            iteration: np.ndarray, workload: Workload) -> Csr | None:
     """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
     assert workload.graph is not None
     n = len(ops)

@@ -376,7 +376,7 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
                     raise InputError(f"stage op {op.kind} needs G as its own task, but layer {layer} fuses '{kind}'")
         return out
 
-    remaining = {}  # (stage, step) → gradient ops still to run before the update
+    remaining: dict[tuple[int, int], int] = {}  # (stage, step) → gradient ops still to run before the update
     for op in schedule.ops():
         if op.kind in STAGE_GRADIENT_KINDS:
             key = (op.unit, op.iteration // m)
@@ -664,5 +664,5 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
     want = unit[heads] * num_steps + step[heads] - 1
     lo = np.searchsorted(g_sorted, want, side="left")
     hi = np.searchsorted(g_sorted, want, side="right")
-    owner, k = _expand(hi - lo)
-    return 0, (heads[owner], g_ops[lo[owner] + k])
+    owner, offset = _expand(hi - lo)
+    return 0, (heads[owner], g_ops[lo[owner] + offset])
