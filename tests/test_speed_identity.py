@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -28,6 +29,7 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import (
+    Op,
     OpSchedule,
     StageInfo,
     dualpipev,
@@ -236,6 +238,23 @@ def test_stage_array_rules_list_what_dependencies_lists(name: str) -> None:
         workload = Workload.of_stages([(2, 3, 1)] * stages, info)
         arrays, listed = _array_and_listed(schedule, workload)  # type: ignore[arg-type]
         assert arrays is not None and _same(arrays, listed)
+
+
+def test_asynchronous_stage_schedules_and_unknown_kinds() -> None:
+    """A stage-level schedule without steps (no step edges) gives the op-by-op arrays; a kind the stage rules
+    do not know fails with the op-by-op error."""
+    schedule = replace(one_f_one_b(3, 5), synchronous=False, microbatches=0)
+    workload = Workload.of_stages([(2, 3, 1)] * 3)
+    arrays, listed = _array_and_listed(schedule, workload)
+    assert arrays is not None and _same(arrays, listed)
+    rows = list(schedule.procs)
+    rows[1] = (*rows[1], Op(1, "U", 1, 0))
+    odd = replace(schedule, procs=tuple(rows))
+    workload = replace(workload, durations={**workload.durations, ("U", 1): 1})
+    with pytest.raises(InputError) as expected:
+        workload.dependencies(odd)
+    with pytest.raises(type(expected.value), match="^" + re.escape(str(expected.value)) + "$"):
+        compile_schedule(odd, workload)
 
 
 def _drop(schedule: OpSchedule, rng: random.Random) -> OpSchedule:
