@@ -26,7 +26,7 @@ whose microcode issues its bus transfers would — and schedules without a plan 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,10 +61,13 @@ class Transfer:
     channel: int
     hold: int
     weight: bool = False
+    #: For a weight read, the update copy `table.weight_reads` names (`src` is the copy really read from).
+    listed: int = -1
 
 
-def transfers(table: TaskTable, comm: Comm) -> list[Transfer]:
-    """Every transfer of one iteration under `comm`'s placement (none on `shared`)."""
+def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None = None) -> list[Transfer]:
+    """Every transfer of one iteration under `comm`'s placement (none on `shared`); `sources[(u, x)]` replaces
+    the update copy a weight read (u, x) of the table comes from (`channel_timing`)."""
     if comm.free:
         return []
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
@@ -74,8 +77,9 @@ def transfers(table: TaskTable, comm: Comm) -> list[Transfer]:
             if place[u] != place[v]:
                 out.append(Transfer(u, v, w, ic.channel(place[u], place[v], n), ic.hold(w)))
     for u, x, w in table.weight_reads:
-        if place[u] != place[x]:
-            out.append(Transfer(u, x, w, ic.channel(place[u], place[x], n), ic.hold(w), weight=True))
+        src = sources.get((u, x), u) if sources else u
+        if place[src] != place[x]:
+            out.append(Transfer(src, x, w, ic.channel(place[src], place[x], n), ic.hold(w), weight=True, listed=u))
     return out
 
 
@@ -93,16 +97,55 @@ def busiest_channel(table: TaskTable, comm: Comm) -> int:
     return max(channel_loads(table, comm).values(), default=0)
 
 
+#: Rounds of re-planning an unfolded table's weight reads from the copies the timing pins them to.
+SOURCE_ROUNDS = 4
+
+
 def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
                    consumer_time: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
     """Arrival of every transfer (u, v), in cycles from the start of u's period (u's start is start[u]).
 
     `consumer_time[v]` orders the consumers of one producer on one channel (their program order: absolute
     start in the plan, lag·P + start); without it they go by start offset. Channels must fit in the period.
+
+    Weight reads of an unfolded table with several update copies per layer are planned from the copy the
+    timing makes each reader read (`_unfold.pinned_weight_sources`: the rule the unrolled schedule pins
+    reads with, which needs the lags, so only with `consumer_time`), re-planned until the copies stop
+    changing; each is reported under the read `table.weight_reads` lists, as its arrival after the listed
+    copy's end plus the delay after the read copy's end — so `read_delays` (arrival − end of the listed copy)
+    is the delay of the transfer the simulator makes.
     """
     found = transfers(table, comm)
     if not found:
         return {}
+    arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+    if consumer_time is None or not any(t.weight for t in found):
+        return arrival
+    from layerpipe.schedule._unfold import UnfoldedTable, pinned_weight_sources  # _unfold imports this module
+
+    if not isinstance(table, UnfoldedTable):
+        return arrival
+    lag = [(at - s) // period for at, s in zip(consumer_time, start, strict=True)]
+    sources = {(u, x): u for u, x, _ in table.weight_reads}
+    for _ in range(SOURCE_ROUNDS):
+        delay = {t.dst: arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src] for t in found if t.weight}
+        again = pinned_weight_sources(table, comm.placement, start, lag, period, delay)
+        if again == sources:
+            break
+        sources = again
+        found = transfers(table, comm, sources)
+        arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+    out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
+    for t in found:
+        if t.weight:
+            out[(t.listed, t.dst)] = (arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src]
+                                      + start[t.listed] + table.cost[t.listed])
+    return out
+
+
+def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
+                   consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
     by_channel: dict[int, list[Transfer]] = {}
@@ -114,8 +157,7 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
         # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
         # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
         # releases in the consumer's program order — its processor, then its plan time in the same frame (a
-        # weight read is consumed at least one iteration later) — as the simulator's engine queues them (a
-        # bus in this planned order: `layerpipe.sim._engine`, compiled bus).
+        # weight read is consumed at least one iteration later) — as the simulator's engine queues them.
         def order(t: Transfer) -> tuple[int, ...]:
             r = start[t.src] + table.cost[t.src]
             frame = (key_of[t.src] // period if consumer_time is not None else 0) + r // period

@@ -34,7 +34,7 @@ iteration per period print as they always did.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
@@ -363,6 +363,33 @@ class Slot:
         return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
 
 
+def read_offset(update_cost: int, reader_cost: int, same_proc: bool) -> int:
+    """Cycles from an update copy's start to its weights being readable, before any transfer: its cost, and
+    one more for a zero-cycle update on a zero-cycle reader's processor — it ends in the cycle the reader
+    starts but comes after it in program order (`op_order_key`: `tie_rank` puts U after F and E), so the
+    reader does not see it (a reader that takes time runs after every zero-cycle op of its cycle)."""
+    return update_cost + (update_cost == 0 and reader_cost == 0 and same_proc)
+
+
+def latest_update(reader_start: int, reader_lag: int, copies: Sequence[tuple[int, int, int, int]], per: int,
+                  period: int, delay: int) -> tuple[int, int]:
+    """The newest update a periodic reader sees, and which update copy writes it — the one rule of pinned
+    weight reads (`PeriodicSchedule.read_pins`, and the weight transfers `_comm.channel_timing` plans).
+
+    `copies[q]` = (start, lag, phase, `read_offset`) of the layer's update slots; their weights reach the
+    reader `delay` cycles after that offset. The reader of period j sees update (J/g)·(j + f_q − lag_q) + phase_q
+    of copy q, f_q = ⌊(reader_start − start_q − offset_q − delay)/P⌋; returns best = max_q ((J/g)·(f_q − lag_q +
+    reader_lag) + phase_q) (relative to the reader's lag) and the first copy attaining it.
+    """
+    best, which = None, 0
+    for q, (start, lag, phase, offset) in enumerate(copies):
+        seen = per * ((reader_start - start - offset - delay) // period - lag + reader_lag) + phase
+        if best is None or seen > best:
+            best, which = seen, q
+    assert best is not None, "a reader needs an update copy"
+    return best, which
+
+
 class RunPlan(Protocol):
     """The timing a run's ops were made from (`layerpipe.sim.Workload.plan`): a planned start per op. A bus
     serves a planned run's transfers in the plan's order, no earlier than the plan's bus does (a compiled bus,
@@ -491,12 +518,9 @@ class PeriodicSchedule:
             key = (x.kind, x.layer, x.phase) if x.phase else (x.kind, x.layer)
             delay = self.read_delays.get(key, 0)
             c_u = self.costs[("U", x.layer)]
-            # A zero-cycle update on a zero-cycle reader's processor that ends in the cycle the reader starts
-            # comes after it in program order (`op_order_key`: `tie_rank` puts U after F and E), so the reader
-            # does not see it; a reader that takes time runs after every zero-cycle op of its cycle and sees it.
-            behind = c_u == 0 and self.costs.get((x.kind, x.layer), 1) == 0
-            best = max(per * ((x.start - u.start - c_u - delay - (behind and where[u] == where[x])) // self.period
-                              - u.lag + x.lag) + u.phase for u in us)
+            c_x = self.costs.get((x.kind, x.layer), 1)
+            copies = [(u.start, u.lag, u.phase, read_offset(c_u, c_x, where[u] == where[x])) for u in us]
+            best, _ = latest_update(x.start, x.lag, copies, per, self.period, delay)
             stale = x.phase // g - 1 - best
             out[(x.kind, x.layer, x.phase)] = max(stale, floor.get((x.kind, x.layer, x.phase), stale))
         return out

@@ -34,7 +34,7 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, latest_update, read_offset
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._task_table import TaskTable
 
@@ -147,6 +147,29 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
         unfold=unfold,
         groups=tuple(sorted(groups.items())),
     )
+
+
+def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
+                          period: int, delay: Mapping[int, int]) -> dict[tuple[int, int], int]:
+    """The update copy each weight read (u, x) of `table.weight_reads` really reads from under a timing: the
+    copy `layerpipe.schedule._ir.latest_update` picks — the rule `PeriodicSchedule.read_pins` pins the
+    unrolled reads with, so the planned transfer is the one the simulator makes. `delay[x]` is the cycles from
+    that copy's end to its weights reaching reader x (its planned transfer; 0 when local or unknown)."""
+    groups = dict(table.groups)
+    copies: dict[int, list[int]] = {}
+    for v, t in enumerate(table.tasks):
+        if t.kind == "U":
+            copies.setdefault(t.layer, []).append(v)
+    out = {}
+    for u, x, _ in table.weight_reads:
+        layer = table.tasks[x].layer
+        us = copies[layer]
+        found = [(start[q], lag[q], table.phase[q],
+                  read_offset(table.cost[q], table.cost[x], placement[q] == placement[x])) for q in us]
+        _, which = latest_update(start[x], lag[x], found, table.unfold // groups.get(layer, 1), period,
+                                 delay.get(x, 0))
+        out[(u, x)] = us[which]
+    return out
 
 
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
