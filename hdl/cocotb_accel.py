@@ -247,21 +247,26 @@ class CommandMonitor:
 
 def measured_period(ops: list[list[list[int]]]) -> dict[str, Any] | None:
     """The RTL's steady-state period, measured from the monitored issue cycles: for every (PE, entry), the cycles
-    between its issues in the run's two middle iterations (the fill is over there and the drain, where entries of
-    iterations past T are skipped, has not begun). `period_rtl` is the largest gap: the slowest PE sets the
-    rate of the run (a PE with slack in the period may run ahead while its queues and rings allow, with shorter
-    gaps: `period_rtl_min`). None with fewer than two iterations."""
+    between its issues in the run's two middle iterations (the fill should be over there and the drain, where
+    entries of iterations past T are skipped, has not begun). `period_rtl` is the largest gap: the slowest PE sets
+    the rate of the run (a PE with slack in the period may run ahead while its queues and rings allow, with
+    shorter gaps: `period_rtl_min`). The run counts as steady only when the pair of iterations before the middle
+    gives the same largest gap; otherwise (T too short for the fill to settle), and with fewer than four
+    iterations, None."""
     seen: dict[tuple[int, int], dict[int, int]] = {}
     for p, issued in enumerate(ops):
         for entry, iteration, cycle in issued:
             seen.setdefault((p, entry), {})[iteration] = cycle
     final = max((t for cycles in seen.values() for t in cycles), default=-1)
     middle = final // 2
-    gaps = [cycles[middle + 1] - cycles[middle] for cycles in seen.values() if middle in cycles and
-            middle + 1 in cycles]
-    if final < 1 or not gaps:
+
+    def gaps(t: int) -> list[int]:
+        return [cycles[t + 1] - cycles[t] for cycles in seen.values() if t in cycles and t + 1 in cycles]
+
+    now, before = gaps(middle), gaps(middle - 1)
+    if final < 3 or not now or not before or max(now) != max(before):
         return None
-    return {"period_rtl": max(gaps), "period_rtl_min": min(gaps), "period_rtl_iterations": [middle, middle + 1]}
+    return {"period_rtl": max(now), "period_rtl_min": min(now), "period_rtl_iterations": [middle, middle + 1]}
 
 
 class Checker:

@@ -257,15 +257,17 @@ def gantt_section(cfg: ReportConfig, out: Path) -> str:
 
 @dataclass(frozen=True)
 class RTLPoint:
-    """A design point of the RTL section: an MLP on `num_pes` PEs of `lanes` lanes, `samples` training samples."""
+    """A design point of the RTL section: an MLP on `num_pes` PEs of `lanes` lanes, `samples` iterations of
+    micro-batches of `batch` samples."""
 
     network: str
     num_pes: int
     lanes: int
     samples: int
+    batch: int = 1
 
     def label(self) -> str:
-        return f"{self.network} N={self.num_pes} lanes={self.lanes}"
+        return f"{self.network} N={self.num_pes} lanes={self.lanes}" + (f" B={self.batch}" if self.batch > 1 else "")
 
 
 #: The RTL section's design points (issue 11, Build 5): small MLPs (cheap to simulate in Icarus) where
@@ -309,7 +311,7 @@ def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_toget
     wanted: dict[str, object] = {"replication": False, "split_layers": False,
                                  "keep_weights_together": keep_weights_together}
     names = get_policy(policy).option_names
-    result = make_schedule(policy, load_network(point.network), point.num_pes, RTLCostModel(point.lanes),
+    result = make_schedule(policy, load_network(point.network, point.batch), point.num_pes, RTLCostModel(point.lanes),
                            policy_options(policy, {k: v for k, v in wanted.items() if k in names}),
                            interconnect=Interconnect.rtl(point.lanes))
     return float(result.metrics.cycles_per_sample)
@@ -336,7 +338,7 @@ def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, 
     for k, point in enumerate(points):
         for label, policy, keep in RTL_VARIANTS:
             design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
-                                 keep_weights_together=keep)
+                                 keep_weights_together=keep, batch=point.batch)
             verilog = export_verilog(design)
             key = hashlib.sha256((verilog + (yosys or "")).encode()).hexdigest()[:16]
             doc = verify_design(design)
