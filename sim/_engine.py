@@ -28,7 +28,9 @@ Only a zero-duration producer can end in the same cycle as the op before it and 
 schedules with such a producer take the event-driven engine (`_run_links_events`): end events in time
 order from a heap of plain ints (end · n + op); all ops ending in a cycle (zero-duration ones started in
 that cycle included) are processed before that cycle's transfers are queued per link in consumer order.
-Tests check that both engines agree wherever both apply.
+Tests check that both engines agree wherever both apply. A bus always takes the event-driven engine; where
+the run has a plan to follow it is compiled (`bus_order`: a planned run's order and times, a synchronous
+run's step after step in step 0's order).
 
 When no processor can proceed and ops remain, the engine raises `DeadlockError` naming every blocked
 processor, its next op and the producers it waits for.
@@ -253,7 +255,8 @@ def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: 
         return None
     out = []
     for k, t in zip(task.tolist(), iteration.tolist(), strict=True):
-        start = plan.planned_start(*tasks[k], t)
+        kind, unit = tasks[k]
+        start = plan.planned_start(kind, unit, t)
         if start is None:
             return None
         out.append(start)

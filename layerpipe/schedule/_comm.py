@@ -20,8 +20,11 @@ P = max(busiest processor, busiest channel) the simulated period equals the sche
 
 On a `bus` every transfer shares channel 0. Its order across processors is not fixed by any one program, so
 a self-timed run that gets ahead of the plan would reorder it (and, with unequal transfers, lose the period);
-the simulator therefore serves a planned run's bus in the plan's order — a compiled bus, as an accelerator
-whose microcode issues its bus transfers would — and schedules without a plan in producer-end order.
+a planned run's bus is therefore compiled — as an accelerator whose microcode issues its bus transfers would:
+`channel_timing` packs it in the order `layerpipe.interconnect.compiled_bus_key` defines and the simulator
+serves it in that order, no transfer before the plan's bus sends it (`layerpipe.sim._engine.bus_order`).
+Weight reads of an unfolded table come from the update copy the timing pins them to, so the planned
+transfers are the simulated ones.
 """
 
 from __future__ import annotations
