@@ -96,7 +96,7 @@ def _schedule_row(network: str, n: int, policy: str, model: PEModel, options: di
             **result.metrics.row()}
 
 
-def comparison_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def comparison_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     """Every policy at the paper's processor counts on the report's interconnect, batch 1."""
     rows = []
     for network in cfg.networks:
@@ -115,7 +115,7 @@ def _has_replication_switch() -> bool:
     return "replication" in POLICIES["pipedream"].option_names
 
 
-def headline_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def headline_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     """LayerPipe against the strongest PipeDream (and, labelled, PipeDream without replication) on each of
     the headline's interconnects and batches, at the paper's processor counts."""
     rows = []
@@ -190,7 +190,7 @@ def others_section(rows: list[dict]) -> str:
     return _md_table(["network", "N", *policies], table)
 
 
-def ablation_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def ablation_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     rows = []
     for network in cfg.networks:
         for label, options in ABLATION:

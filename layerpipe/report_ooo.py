@@ -62,7 +62,7 @@ class OOORow(TypedDict):
     speedup_vs_baseline: float
 
 
-def ooo_rows(model: PEModel, tick: Callable[[], None] = lambda: None) -> list[OOORow]:
+def ooo_rows(model: PEModel, tick: Callable[[], object] = lambda: None) -> list[OOORow]:
     """Every row of the section: baseline and OOO order per point, speedups against the baseline."""
     rows: list[OOORow] = []
     for name in DP_NETWORKS:
@@ -145,7 +145,7 @@ def speedup_plot(rows: Sequence[OOORow], path: Path) -> None:
 
 
 def ooo_section(model: PEModel, out: Path | None = None,
-                tick: Callable[[], None] = lambda: None) -> tuple[str, list[OOORow]]:
+                tick: Callable[[], object] = lambda: None) -> tuple[str, list[OOORow]]:
     """Markdown of the OOO section and its rows; with `out`, the plot `ooo_speedup.png` is drawn there and
     the markdown shows it."""
     rows = ooo_rows(model, tick)
