@@ -474,11 +474,14 @@ def rtl_section(rtl: dict) -> str:
     first = points[0]
     return ("LayerPipe (its placement may split a layer's F, E, G and U over PEs: weight versions and gradients "
             "cross the links), LayerPipe with each layer's tasks on its weights' PE, and PipeDream, each on the "
-            "same generated hardware: Q8.8 fixed point, per-sample SGD, "
-            f"{first.samples} samples; Icarus through cocotb against the integer PyTorch reference "
-            "(`layerpipe verify`), watched op by op. RTL cycles include the pipeline's fill and drain; the "
-            "steady-state cycles per sample are measured in the run (the cycles between the issues of every op "
-            "in its last two iterations). The model column is the schedule's prediction under the `rtl` cost "
+            "same generated hardware: Q8.8 fixed point, "
+            + ("per-sample SGD" if first.batch == 1 else f"micro-batches of {first.batch}")
+            + f", {first.samples} " + ("samples" if first.batch == 1 else "iterations")
+            + "; Icarus through cocotb against the integer PyTorch reference (`layerpipe verify`), watched op by "
+            "op. RTL cycles include the pipeline's fill and drain; the "
+            "steady-state cycles per sample are measured in the run (the bench's command monitor: the cycles "
+            "between an op's issues in the run's two middle iterations, the slowest PE's, over the micro-batch). "
+            "The model column is the schedule's prediction under the `rtl` cost "
             "model on the `rtl` interconnect with the options the hardware runs (whole layers, one iteration per "
             "period).\n\n" + table + "\n" + "\n".join(notes) + f"\n\n{verdict} Reproduce a row with "
             f"`layerpipe verify {first.network} --policy layerpipe --no-keep-weights-together -n {first.num_pes} "
