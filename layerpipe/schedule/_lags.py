@@ -1,5 +1,7 @@
 """Longest paths over one iteration's delay-0 precedence (design notes §5): the critical-path shape, the
-weight-loop lengths, and the lags a placement and its start offsets need.
+weight-loop lengths, and the lags a placement and its start offsets need. Every one is a system of difference
+constraints solved by the retiming package's one solver (`solve_difference_constraints`, in topological order:
+retiming is the scheduler's core — the lags of a periodic schedule are a retiming of its training graph).
 
 - `asap_times`    — start times of one iteration on unlimited processors (the critical-path shape).
 - `timeline`      — one iteration's tasks in critical-path order (ASAP start, then longer remaining path).
@@ -14,57 +16,77 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import networkx as nx
+
+from layerpipe.retiming import solve_difference_constraints
 from layerpipe.schedule._task_table import TaskTable
 
 
+def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:
+    """The least r ≥ 0 with r[dst] ≥ r[src] + bound (the retiming package's solver; `order` a topological
+    order of the constraints). One iteration's delay-0 precedence is acyclic, so there is always one."""
+    r = solve_difference_constraints(len(table), src, dst, bound, order=order)
+    if r is None:
+        raise AssertionError("difference constraints over delay-0 precedence have no solution")
+    return r.tolist()
+
+
 def asap_times(table: TaskTable) -> list[int]:
-    """Earliest start of every task of one iteration with unlimited processors."""
-    start = [0] * len(table)
-    for v in table.topo:  # tasks are stored in topological order
-        start[v] = max((start[u] + table.cost[u] for u in table.preds[v]), default=0)
-    return start
+    """Earliest start of every task of one iteration with unlimited processors: the least start ≥ 0 with
+    start_v ≥ start_u + c_u on every delay-0 edge u→v."""
+    src, dst = table.precedence
+    return _solve(table, src, dst, [table.cost[u] for u in src], table.topo)
 
 
 def loop_lengths(table: TaskTable) -> dict[int, int]:
-    """T_loop(l): the longest chain of work from the start of F_l to the end of U_l (one weight loop)."""
-    succs: list[list[int]] = [[] for _ in table.tasks]
-    for v, ps in enumerate(table.preds):
-        for u in ps:
-            succs[u].append(v)
+    """T_loop(l): the longest chain of work from the start of F_l to the end of U_l (one weight loop).
+
+    Over the tasks reachable from F_l (networkx's descendants), the least r with r_w ≥ r_v + c_w on the edges
+    among them is the work after F_l's own; U_l out of reach leaves F_l alone (c_F)."""
+    dag: nx.DiGraph[int] = nx.DiGraph()
+    dag.add_nodes_from(range(len(table)))
+    dag.add_edges_from((u, v) for v, ps in enumerate(table.preds) for u in ps)
     out: dict[int, int] = {}
     for layer, f, u in table.weight_loops():
-        dist = {f: table.cost[f]}
-        for v in table.topo[f:]:  # topological order: everything reachable from f comes after it
-            if v in dist:
-                for w in succs[v]:
-                    dist[w] = max(dist.get(w, 0), dist[v] + table.cost[w])
-        out[layer] = dist.get(u, table.cost[f])
+        reach = nx.descendants(dag, f)
+        if u not in reach:
+            out[layer] = table.cost[f]
+            continue
+        reach.add(f)
+        src, dst, bound = [], [], []
+        for w in reach:
+            for v in table.preds[w]:
+                if v in reach:
+                    src.append(v)
+                    dst.append(w)
+                    bound.append(table.cost[w])
+        out[layer] = table.cost[f] + _solve(table, src, dst, bound, table.topo)[u]
     return out
 
 
 def timeline(table: TaskTable, asap: Sequence[int]) -> list[int]:
     """A topological order that follows one iteration's critical shape: by ASAP start, then the task with the
-    longer remaining path first (so E_l comes before the G_l nothing waits on)."""
-    tail = [0] * len(table)
-    succs: list[list[int]] = [[] for _ in table.tasks]
-    for v, ps in enumerate(table.preds):
-        for u in ps:
-            succs[u].append(v)
-    for v in reversed(table.topo):
-        tail[v] = table.cost[v] + max((tail[w] for w in succs[v]), default=0)
+    longer remaining path first (so E_l comes before the G_l nothing waits on).
+
+    The remaining path of v is c_v + r_v for the least r ≥ 0 with r_u ≥ r_w + c_w on every edge u→w (the
+    constraints run against the edges: the reversed topological order is theirs)."""
+    dst, src = table.precedence
+    rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
+    tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
     return sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v))
 
 
 def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
                   arrival: dict[tuple[int, int], int]) -> list[int]:
-    lag = [0] * len(table)
-    for v in table.topo:
-        for u in table.preds[v]:
-            ready = arrival.get((u, v), start[u] + table.cost[u])
-            need = lag[u] - ((start[v] - ready) // period)  # lag_u + ceil((ready − start_v) / P)
-            if need > lag[v]:
-                lag[v] = need
-    return lag
+    """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
+    the end of u or the planned arrival of its transfer (the retiming package's solver)."""
+    src, dst = table.precedence
+    end = [s + c for s, c in zip(start, table.cost, strict=True)]
+    if arrival:
+        bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
+    else:  # ⌈(end_u − start_v) / P⌉
+        bound = [-((start[v] - end[u]) // period) for u, v in zip(src, dst, strict=True)]
+    return _solve(table, src, dst, bound, table.topo)
 
 
 def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int,

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import Task, TrainingGraph
@@ -48,6 +49,12 @@ class TaskTable:
     @property
     def total(self) -> int:
         return sum(self.cost)
+
+    @cached_property
+    def precedence(self) -> tuple[list[int], list[int]]:
+        """The delay-0 precedence edges as aligned (sources, heads) lists, by head in index order then source:
+        the constraint rows of the difference-constraint passes (`_lags`)."""
+        return ([u for ps in self.preds for u in ps], [v for v, ps in enumerate(self.preds) for _ in ps])
 
     def weight_loops(self) -> list[tuple[int, int, int]]:
         """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer."""
