@@ -6,8 +6,10 @@ The sweep: lenet5, resnet18, alexnet × N = 2, 3, 4, 6, 8 × layerpipe (stalenes
 gpipe, 1f1b, zb-h1, ooo = 105 points. Each point schedules the network, simulates enough iterations for the
 steady state and appends one row. Printed, side by side in one run (min of `--rounds` interleaved rounds):
 
-- in process: `run_sweep` alone (points per CPU-second of this process), then `save_pareto` with both plots
-  and with none (what `explore --plots none` saves);
+- in process: `run_sweep` alone (points per CPU-second of this process) and where its time goes (the
+  scheduler, `make_schedule`, against the simulator, `simulate_policy_result`), the same sweep with the
+  simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge), then `save_pareto`
+  with both plots and with none (what `explore --plots none` saves);
 - the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child), with plots and without;
 - with `--jobs`: `run_sweep` with 1 and 2 local worker processes, wall clock (the figure that scales with
   cores; only meaningful on an otherwise idle machine — the load average is printed with it).
@@ -19,12 +21,14 @@ plots, `--jobs 2` ≥ 1.7× `--jobs 1` on an idle 2-core machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from layerpipe.dse import COLUMNS, ResultsFile, SweepSpec, run_sweep, save_pareto
@@ -48,12 +52,57 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+@contextlib.contextmanager
+def timing_calls(spent: dict[str, float]) -> Iterator[None]:
+    """CPU seconds inside the scheduler and the simulator, as `evaluate_point` calls them (it imports both
+    names from their modules at each call)."""
+    import layerpipe.schedule.policies as policies
+    import layerpipe.sim as sim
+
+    def timed(name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.process_time() - t0
+        return call
+
+    saved = policies.make_schedule, sim.simulate_policy_result
+    policies.make_schedule = timed("schedule", saved[0])  # type: ignore[assignment]
+    sim.simulate_policy_result = timed("simulate", saved[1])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        policies.make_schedule, sim.simulate_policy_result = saved
+
+
+@contextlib.contextmanager
+def op_by_op_dependencies() -> Iterator[None]:
+    """The simulator's dependencies as before issue 14: `dependencies()`'s objects, op by op."""
+    import layerpipe.sim._engine as engine
+
+    saved = engine._array_dependencies
+    engine._array_dependencies = lambda *args: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine._array_dependencies = saved
+
+
 def in_process(tmp: Path) -> dict[str, float]:
-    """CPU seconds of one sweep in this process, and of saving its Pareto files with and without plots."""
+    """CPU seconds of one sweep in this process (and inside its scheduler and simulator), of the sweep with
+    dependencies op by op, and of saving its Pareto files with and without plots."""
     out = tmp / f"in-{time.monotonic_ns()}.csv"
-    t0 = time.process_time()
-    run_sweep(SPEC, out, jobs=1, progress=False)
-    sweep = time.process_time() - t0
+    spent: dict[str, float] = {}
+    with timing_calls(spent):
+        t0 = time.process_time()
+        run_sweep(SPEC, out, jobs=1, progress=False)
+        sweep = time.process_time() - t0
+    with op_by_op_dependencies():
+        t0 = time.process_time()
+        run_sweep(SPEC, tmp / f"old-{time.monotonic_ns()}.csv", jobs=1, progress=False)
+        old = time.process_time() - t0
     rows = ResultsFile(out).read_rows()
     t0 = time.process_time()
     save_pareto(rows, tmp / "plots", COLUMNS)
@@ -61,7 +110,8 @@ def in_process(tmp: Path) -> dict[str, float]:
     t0 = time.process_time()
     save_pareto(rows, tmp / "noplots", COLUMNS, plots=())
     csv_only = time.process_time() - t0
-    return {"sweep": sweep, "pareto+plots": plots, "pareto only": csv_only}
+    return {"sweep": sweep, "scheduler": spent["schedule"], "simulator": spent["simulate"], "op by op": old,
+            "pareto+plots": plots, "pareto only": csv_only}
 
 
 def cli_process(tmp: Path, plots: bool) -> float:
@@ -96,7 +146,13 @@ def main() -> None:
                 best[key] = min(best.get(key, float("inf")), cli_process(tmp, plots))
         rate = points / best["sweep"]
         print(f"in process, run_sweep:        {best['sweep']:6.2f} s CPU = {rate:6.1f} points per CPU-second "
-              f"(target >= {TARGET_IN_PROCESS:.0f}: {verdict(rate >= TARGET_IN_PROCESS)})")
+              f"(target >= {TARGET_IN_PROCESS:.0f}: {verdict(rate >= TARGET_IN_PROCESS)}); {load()}")
+        print(f"  of which the scheduler {best['scheduler']:.2f} s ({best['scheduler'] / best['sweep']:.0%}), "
+              f"the simulator {best['simulator']:.2f} s ({best['simulator'] / best['sweep']:.0%}) "
+              f"(best rounds of each)")
+        old = points / best["op by op"]
+        print(f"  dependencies op by op:      {best['op by op']:6.2f} s CPU = {old:6.1f} points per CPU-second "
+              f"(the arrays: {best['op by op'] / best['sweep']:.2f}x)")
         print(f"save_pareto with both plots:  {best['pareto+plots']:6.2f} s CPU; pareto.csv only "
               f"{best['pareto only']:.3f} s ({best['pareto+plots'] / max(best['pareto only'], 1e-6):.0f}x)")
         cli = points / best["cli"]

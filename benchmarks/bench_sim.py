@@ -12,13 +12,18 @@
    does, hid 27–31 % of `simulate`):
    - "engine": `simulate_compiled(..., reports=False)` on a schedule compiled once — the counterpart of
      torch's function, which also starts from a prepared action list;
-   - "full": `simulate()` from the `OpSchedule` — dependencies (SIR's `dependencies()`), timing, version map,
-     memory and traffic reports.
+   - "full": `simulate()` from the `OpSchedule` — dependencies (SIR's rules as arrays,
+     `layerpipe.schedule._deps.dependency_arrays`), timing, version map, memory and traffic reports;
+   - "op by op": the same `simulate()` with the dependencies built as before issue 14, one `Dependency` object
+     per edge from `dependencies()` (the engine's fallback path), so the gain of the arrays is measured side by
+     side with the rest.
 2. ResNet-50 on N = 16 processors, LayerPipe policy, unrolled for `--iterations` iterations: ops per second
-   of compilation, of the engine (shared and links) and of the reports.
+   of compilation, of the engine (shared and links) and of the reports; then the memory per op: the peak of
+   Python allocations (tracemalloc) while unrolling, compiling and simulating `--memory-iterations` iterations,
+   over the ops.
 
-Every section prints the machine's load average and the target its figure is held to (issue 14's "done
-when"): full `simulate()` ≥ 10× torch's function; resnet50 schedule + simulate < 0.5 s.
+Every row prints the machine's load average and the target its figure is held to (issue 14's "done when"):
+full `simulate()` ≥ 10× torch's function; resnet50 schedule + simulate < 0.5 s; ≤ 150 B per op.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from layerpipe.costs import PEModel
 from layerpipe.network import load_network
@@ -48,6 +55,7 @@ SIZES = ((8, 64), (32, 256))  # (stages p, micro-batches m): issue 14's two size
 STAGE_COSTS = (7, 9, 5)  # F, I (input gradient), W (weight gradient) cycles
 TARGET_VS_TORCH = 10.0  # full simulate() at least this many times faster than torch's dry run
 TARGET_RESNET50_SECONDS = 0.5  # resnet50, N = 16, 1000 iterations: schedule + simulate
+TARGET_BYTES_PER_OP = 150  # memory per op
 
 
 def load() -> str:
@@ -64,6 +72,27 @@ def timed(fn: Callable[[], object], loops: int = 1) -> float:
     for _ in range(loops):
         fn()
     return (time.thread_time() - t0) / loops
+
+
+@contextmanager
+def op_by_op_dependencies() -> Iterator[None]:
+    """The engine's dependencies as before issue 14: `dependencies()`'s `Dependency` objects, op by op (the
+    engine's fallback when the array rules do not apply), for stage-level and synchronous schedules."""
+    import layerpipe.sim._engine as engine
+
+    saved = engine._array_dependencies
+    engine._array_dependencies = lambda *args: None
+    try:
+        yield
+    finally:
+        engine._array_dependencies = saved
+
+
+def op_by_op(fn: Callable[[], object]) -> Callable[[], object]:
+    def call() -> object:
+        with op_by_op_dependencies():
+            return fn()
+    return call
 
 
 def gc_paused(fn: Callable[[], object]) -> Callable[[], object]:
@@ -96,7 +125,7 @@ def versus_torch(repeats: int) -> None:
           f"target: full >= {TARGET_VS_TORCH:.0f}x torch")
     header = f"{'schedule':<8} {'p':>3} {'m':>4} {'ops':>6} {'torch actions':>13} {'torch ms':>9} {'engine ms':>9} " \
              f"{'links ms':>9} {'full ms':>8} {'engine x':>8} {'links x':>8} {'full x':>7}  target  " \
-             f"{'full, gc paused ms':>18}"
+             f"{'op by op ms':>11} {'arrays x':>8} {'gc paused ms':>12}  load"
     print(header)
     for stages, micro in SIZES:
         for name, generate in (("1F1B", one_f_one_b), ("ZB-H1", zb_h1)):
@@ -114,6 +143,7 @@ def versus_torch(repeats: int) -> None:
                 "links": lambda c=compiled, wl=workload, cf=links: simulate_compiled(c, wl, cf, reports=False),
                 "full": lambda s=schedule, wl=workload: simulate(s, wl),
                 "full, gc paused": gc_paused(lambda s=schedule, wl=workload: simulate(s, wl)),
+                "op by op": op_by_op(lambda s=schedule, wl=workload: simulate(s, wl)),
             }, repeats)
             n_actions = sum(len(v) for v in with_comms.values())
             full_x = best["torch"] / best["full"]
@@ -121,8 +151,9 @@ def versus_torch(repeats: int) -> None:
             print(f"{name:<8} {stages:>3} {micro:>4} {ops:>6} {n_actions:>13} {best['torch'] * 1e3:>9.2f} "
                   f"{best['engine'] * 1e3:>9.2f} {best['links'] * 1e3:>9.2f} {best['full'] * 1e3:>8.2f} "
                   f"{best['torch'] / best['engine']:>7.1f}x {best['torch'] / best['links']:>7.1f}x "
-                  f"{full_x:>6.1f}x  {verdict:<7} {best['full, gc paused'] * 1e3:>9.2f} "
-                  f"(the collector is {1 - best['full, gc paused'] / best['full']:.0%} of full)")
+                  f"{full_x:>6.1f}x  {verdict:<7} {best['op by op'] * 1e3:>11.2f} "
+                  f"{best['op by op'] / best['full']:>7.1f}x {best['full, gc paused'] * 1e3:>12.2f}  "
+                  f"{os.getloadavg()[0]:.2f}")
             result = simulate(schedule, workload)
             steps = max(len(v) for v in _simulate_comms_compute(with_comms, lambda s: s, stages).values())
             print(f"{'':<8} our timing: {result.total_cycles} cycles, {result.utilization_pct:.1f}% utilization; "
@@ -174,14 +205,37 @@ def resnet50(iterations: int) -> None:
           f"(scheduler period {result.metrics.period_cycles}), peak memory {max(full.peak_memory_words)} words")
 
 
+def memory_per_op(iterations: int) -> None:
+    """Peak traced Python allocations of unroll + compile + simulate (with reports), per op."""
+    network = load_network("resnet50", 1)
+    model = PEModel(64, 16)
+    result = make_schedule("layerpipe", network, 16, model)
+    assert result.periodic is not None and result.graph is not None
+    workload = Workload.of_graph(result.graph, model)
+    gc.collect()
+    tracemalloc.start()
+    schedule = result.periodic.unroll(iterations)
+    compiled = compile_schedule(schedule, workload)
+    simulate_compiled(compiled, workload, SimConfig())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    per_op = peak / compiled.num_ops
+    verdict = "met" if per_op <= TARGET_BYTES_PER_OP else "NOT met"
+    print(f"   memory: {iterations} iterations, {compiled.num_ops} ops, peak {peak / 2**20:.1f} MiB of Python "
+          f"allocations (unroll + compile + simulate) = {per_op:.0f} B per op "
+          f"(target <= {TARGET_BYTES_PER_OP} B: {verdict}); {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--memory-iterations", type=int, default=200)
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
     versus_torch(args.repeats)
     resnet50(args.iterations)
+    memory_per_op(args.memory_iterations)
 
 
 if __name__ == "__main__":

@@ -285,12 +285,12 @@ class Program:
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
                                  f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
-                for s in e.sends:
-                    shift = f" delay={s.delay}" if s.delay else ""
-                    shift += f" src=t{s.src_offset:+d}" if s.src_offset else ""
-                    shift += f" dst=t{s.dst_offset:+d}" if s.dst_offset else ""
-                    lines.append(f"       send {s.src}->pe{s.dest}.{s.dst} {s.elements} elements counter "
-                                 f"{s.counter} for {s.consumer}{shift}")
+                for snd in e.sends:
+                    shift = f" delay={snd.delay}" if snd.delay else ""
+                    shift += f" src=t{snd.src_offset:+d}" if snd.src_offset else ""
+                    shift += f" dst=t{snd.dst_offset:+d}" if snd.dst_offset else ""
+                    lines.append(f"       send {snd.src}->pe{snd.dest}.{snd.dst} {snd.elements} elements counter "
+                                 f"{snd.counter} for {snd.consumer}{shift}")
         return "\n".join(lines) + "\n"
 
 
@@ -652,14 +652,15 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
         entries = []
         for s in body:
             key = (s.kind, s.layer)
-            steps = []
+            steps: list[Step] = []
             for atomic in s.kind:
                 step = _step(atomic, s.layer, widths)
                 if atomic != "U":
                     step = replace(step, batch=batch)
-                for which in ("x", "y"):
-                    if (key, len(steps), which) in operands:
-                        step = replace(step, **{which: operands[(key, len(steps), which)]})
+                if (key, len(steps), "x") in operands:
+                    step = replace(step, x=operands[(key, len(steps), "x")])
+                if (key, len(steps), "y") in operands:
+                    step = replace(step, y=operands[(key, len(steps), "y")])
                 if (key, atomic) in reads:
                     buf, offset = reads[(key, atomic)]
                     step = replace(step, w=buf, version=offset)
@@ -674,8 +675,8 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
     for p, entries, buffers, counters in programs:
         final = []
         queue_need: dict[int, dict[TaskKey, int]] = {}
-        for e in entries:
-            key = (e.kind, e.layer)
+        for entry in entries:
+            key = (entry.kind, entry.layer)
             outs = [(src, dst) for (src, dst) in transfers if src == key]
             # Link queue order for one producer: consumer PE, then consumer program order (period, index).
             outs.sort(key=lambda sd: (pe_of[sd[1]], transfers[sd].delay + slot_of[sd[1]].lag, index_of[sd[1]]))
@@ -696,10 +697,11 @@ def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicS
                 sends.append(send)
                 # The queue item of this op stays until its last transfer arrives, before its consumer
                 # starts; the op d iterations later cannot end before that consumer has run.
-                per = queue_need.setdefault(q, {})
-                per[key] = max(per.get(key, 1), dist(dst, src) + tr.delay)
-            final.append(Entry(e.kind, e.layer, e.lag, e.start, e.steps, e.waits, tuple(sends)))
-        queues = tuple((q, _pow2_at_least(sum(per.values()))) for q, per in sorted(queue_need.items()))
+                need_of = queue_need.setdefault(q, {})
+                need_of[key] = max(need_of.get(key, 1), dist(dst, src) + tr.delay)
+            final.append(Entry(entry.kind, entry.layer, entry.lag, entry.start, entry.steps, entry.waits,
+                               tuple(sends)))
+        queues = tuple((q, _pow2_at_least(sum(n.values()))) for q, n in sorted(queue_need.items()))
         names = tuple(f"{name(s)}->{name(d)}" for s, d in counters)
         result.append(PEProgram(p, tuple(final), tuple(buffers), names, queues))
     return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits)

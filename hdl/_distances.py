@@ -7,13 +7,15 @@ must precede writer(t + d) along program order and data edges, d slots suffice. 
 periodic graph (the steady state); `UnrolledDistances` also on the unrolled op graph of the first
 iterations, where paths through ops of iterations < 0 (skipped by the prologue) do not exist yet, and the
 larger of the two is used. `UnrolledDistances.versions` does the same for rings of weight versions read at
-max(0, t + c).
+max(0, t + c). The graph algorithms are networkx's (Bellman-Ford shortest paths and the negative-cycle test on
+the periodic graph, a topological sort of the unrolled one).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
+
+import networkx as nx
 
 from layerpipe.errors import InputError
 from layerpipe.schedule import Slot
@@ -34,45 +36,30 @@ class Distances:
     """
 
     def __init__(self, bodies: list[list[Slot]], data_edges: Sequence[DataEdge]):
-        self.adj: dict[tuple[str, int], list[tuple[tuple[str, int], int]]] = {}
+        # Parallel edges keep their smallest weight: shortest paths are the same.
+        graph: nx.DiGraph = nx.DiGraph()
+
+        def edge(u: TaskKey, v: TaskKey, w: int) -> None:
+            if not graph.has_edge(u, v) or graph[u][v]["weight"] > w:
+                graph.add_edge(u, v, weight=w)
+
         for body in bodies:
             for i, s in enumerate(body):
                 nxt = body[(i + 1) % len(body)]
-                w = s.lag - nxt.lag + (1 if i + 1 == len(body) else 0)
-                self.adj.setdefault((s.kind, s.layer), []).append(((nxt.kind, nxt.layer), w))
+                edge((s.kind, s.layer), (nxt.kind, nxt.layer), s.lag - nxt.lag + (1 if i + 1 == len(body) else 0))
         for src, dst, delay in data_edges:
-            self.adj.setdefault(src, []).append((dst, delay))
-        # Potentials (Johnson) make every edge weight non-negative so Dijkstra applies.
-        nodes = list(self.adj)
-        pot = dict.fromkeys(nodes, 0)
-        for _ in range(len(nodes)):
-            changed = False
-            for u in nodes:
-                for v, w in self.adj[u]:
-                    if pot[u] + w < pot[v]:
-                        pot[v] = pot[u] + w
-                        changed = True
-            if not changed:
-                break
-        else:
+            edge(src, dst, delay)
+        if nx.negative_edge_cycle(graph, weight="weight"):
             raise InputError("the periodic schedule deadlocks: a dependency cycle does not advance an iteration")
-        self.pot = pot
-        self._cache: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
+        self.graph = graph
+        self._cache: dict[TaskKey, dict[TaskKey, int]] = {}
 
-    def __call__(self, src: tuple[str, int], dst: tuple[str, int]) -> int:
+    def __call__(self, src: TaskKey, dst: TaskKey) -> int:
         if src not in self._cache:
-            best = {src: 0}
-            heap = [(0, src)]
-            while heap:
-                d, u = heapq.heappop(heap)
-                if d > best[u]:
-                    continue
-                for v, w in self.adj.get(u, ()):
-                    nd = d + w + self.pot[u] - self.pot[v]
-                    if nd < best.get(v, 1 << 60):
-                        best[v] = nd
-                        heapq.heappush(heap, (nd, v))
-            self._cache[src] = {v: d - self.pot[src] + self.pot[v] for v, d in best.items()}
+            # Bellman-Ford (weights may be negative; no negative cycle, checked above).
+            lengths = (nx.single_source_bellman_ford_path_length(self.graph, src, weight="weight")
+                       if src in self.graph else {src: 0})
+            self._cache[src] = {v: int(d) for v, d in lengths.items()}
         return self._cache[src].get(dst, 1 << 30)
 
 
@@ -96,7 +83,6 @@ class UnrolledDistances:
         self.exact = samples <= horizon  # the window is the whole run
         # Ops of each PE in program order; node = (task, t).
         self.succ: dict[tuple[TaskKey, int], list[tuple[TaskKey, int]]] = {}
-        order: list[tuple[TaskKey, int]] = []
         for body in bodies:
             prev = None
             for j in range(self.window + max_lag):
@@ -112,20 +98,13 @@ class UnrolledDistances:
             for t in range(self.window):
                 if (src, t) in self.succ and (dst, t + delay) in self.succ:
                     self.succ[(src, t)].append((dst, t + delay))
-        indegree = dict.fromkeys(self.succ, 0)
-        for outs in self.succ.values():
-            for n in outs:
-                indegree[n] += 1
-        ready = [n for n, k in indegree.items() if k == 0]
-        while ready:
-            n = ready.pop()
-            order.append(n)
-            for m in self.succ[n]:
-                indegree[m] -= 1
-                if indegree[m] == 0:
-                    ready.append(m)
-        if len(order) != len(self.succ):
-            raise InputError("the periodic schedule deadlocks in its first iterations (a dependency cycle)")
+        graph: nx.DiGraph = nx.DiGraph()
+        graph.add_nodes_from(self.succ)
+        graph.add_edges_from((n, m) for n, outs in self.succ.items() for m in outs)
+        try:
+            order = list(nx.topological_sort(graph))
+        except nx.NetworkXUnfeasible:
+            raise InputError("the periodic schedule deadlocks in its first iterations (a dependency cycle)") from None
         self.order = order
         self._reach: dict[TaskKey, dict[tuple[TaskKey, int], int]] = {}
 

@@ -33,7 +33,7 @@ from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
 
-__all__ = ["Design", "make_design", "pack_word", "unpack_word", "write_vectors"]
+__all__ = ["Design", "make_design", "write_vectors"]
 
 DEFAULT_LR_SHIFT = 4
 
@@ -171,41 +171,26 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
                            interconnect=Interconnect.rtl(lanes))
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
+    check_runnable(net, result, policy)
+    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+
+
+def check_runnable(net: Network, result: Any, policy: str) -> None:
+    """Refuse, in one line naming the tasks and why, a schedule the hardware cannot run: a heavy layer split over
+    PEs (the policy's split variant) or a replicated placement (several iterations per period)."""
     scheduled = result.graph.network
     if [layer.name for layer in scheduled.layers] != [layer.name for layer in net.layers]:
         extra = sorted({layer.name for layer in scheduled.layers} - {layer.name for layer in net.layers})
-        raise InputError(f"policy {policy} splits a heavy layer over PEs here (it schedules {', '.join(extra)}); the "
-                         "RTL runs whole layers only: try another -n, --lanes or --batch")
+        raise InputError(f"policy {policy} splits a heavy layer over PEs here (tasks of {', '.join(extra)}); the RTL "
+                         "runs whole layers only (the parts' errors would be summed at the producer, a vector add "
+                         "the PE does not have, and the consumer would read the parts as one concatenated "
+                         "operand): try another -n, --lanes or --batch")
     unfold = getattr(result.periodic, "unfold", 1)
     if unfold != 1:
         raise InputError(f"policy {policy} picks a replicated placement here ({unfold} iterations per period, a "
                          f"stage's iterations alternating over PEs); the RTL runs one iteration per period: use "
                          f"--keep-weights-together, another -n or --batch")
-    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
-    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
-
-
-def pack_word(values: list[int], bits: int) -> int:
-    """Lanes of signed `bits`-bit values into one memory word, lane 0 in the low bits."""
-    word = 0
-    mask = (1 << bits) - 1
-    for j, v in enumerate(values):
-        word |= (int(v) & mask) << (j * bits)
-    return word
-
-
-def unpack_word(word: int, lanes: int, bits: int) -> list[int]:
-    out = []
-    for j in range(lanes):
-        v = (word >> (j * bits)) & ((1 << bits) - 1)
-        out.append(v - (1 << bits) if v >> (bits - 1) else v)
-    return out
-
-
-def vector_words(values: list[int], lanes: int, bits: int) -> list[int]:
-    """A vector as memory words (zero padded)."""
-    padded = list(values) + [0] * (-len(values) % lanes)
-    return [pack_word(padded[i:i + lanes], bits) for i in range(0, len(padded), lanes)]
 
 
 def write_vectors(doc: dict[str, Any], path: str | Path) -> None:

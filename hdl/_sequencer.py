@@ -249,6 +249,9 @@ class Sequencer(wiring.Component):
             op = _OPCODES[(step.kind, step.relu)]
         else:
             op = {"E": Opcode.ERR, "G": Opcode.GRAD, "U": Opcode.UPD}[step.kind]
+        # Every row drives the whole command (fields it does not use are 0): a field no row drives would be a
+        # constant-only process in yosys' Verilog (`always @*` without inputs, which Verilator never runs).
+        m.d.comb += cmd.eq(0)
         m.d.comb += [cmd.op.eq(op), cmd.rows.eq(step.rows), cmd.cols.eq(step.cols),
                      cmd.col_words.eq(-(-step.cols // cfg.lanes)), cmd.row_words.eq(-(-step.rows // cfg.lanes)),
                      cmd.batch.eq(step.batch)]

@@ -127,7 +127,7 @@ class Accelerator(wiring.Component):
             seqs.append(seq)
 
         # ---- links ----------------------------------------------------------------------------------
-        senders = []
+        senders: list[LinkSender] = []
         arrivals: dict[tuple[int, int], list] = {}
         bank0_port = {p: 0 for p in range(prog.num_pes)}
         extra_port = {p: 0 for p in range(prog.num_pes)}

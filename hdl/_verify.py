@@ -36,6 +36,10 @@ def compare_run(vectors: dict, observed: dict, frac_bits: int) -> dict[str, Any]
         "cycles_sim": vectors["cycles_sim"],
         "max_abs_weight_error": round(worst, 3),
         "commands_rtl": observed["ops_rtl"],
+        # The steady-state period measured in the RTL from the monitored issue cycles (None without a monitor
+        # or with fewer than two iterations).
+        "period_rtl": observed.get("period_rtl"),
+        "period_rtl_min": observed.get("period_rtl_min"),
     }
 
 
@@ -64,6 +68,7 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
             doc = compare_run(vectors, observed, design.fmt.frac_bits)
             doc.update({"network": design.network.name, "policy": design.policy, "num_pes": design.num_pes,
                         "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed,
+                        "batch": design.network.batch, "period_sim": design.program.period,
                         "cycles_per_second": round(observed["cycles_per_second"])})
             return doc
         write_vectors(vectors, build / "vectors.json")
@@ -78,5 +83,6 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
         observed = json.loads(result_path.read_text())
     doc = compare_run(vectors, observed, design.fmt.frac_bits)
     doc.update({"network": design.network.name, "policy": design.policy, "num_pes": design.num_pes,
-                "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed, "stall": stall})
+                "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed, "stall": stall,
+                "batch": design.network.batch, "period_sim": design.program.period})
     return doc

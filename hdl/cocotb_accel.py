@@ -245,6 +245,30 @@ class CommandMonitor:
                     self.links[k][0] += int(last.value)
 
 
+def measured_period(ops: list[list[list[int]]]) -> dict[str, Any] | None:
+    """The RTL's steady-state period, measured from the monitored issue cycles: for every (PE, entry), the cycles
+    between its issues in the run's two middle iterations (the fill should be over there and the drain, where
+    entries of iterations past T are skipped, has not begun). `period_rtl` is the largest gap: the slowest PE sets
+    the rate of the run (a PE with slack in the period may run ahead while its queues and rings allow, with
+    shorter gaps: `period_rtl_min`). The run counts as steady only when the pair of iterations before the middle
+    gives the same largest gap; otherwise (T too short for the fill to settle), and with fewer than four
+    iterations, None."""
+    seen: dict[tuple[int, int], dict[int, int]] = {}
+    for p, issued in enumerate(ops):
+        for entry, iteration, cycle in issued:
+            seen.setdefault((p, entry), {})[iteration] = cycle
+    final = max((t for cycles in seen.values() for t in cycles), default=-1)
+    middle = final // 2
+
+    def gaps(t: int) -> list[int]:
+        return [cycles[t + 1] - cycles[t] for cycles in seen.values() if t in cycles and t + 1 in cycles]
+
+    now, before = gaps(middle), gaps(middle - 1)
+    if final < 3 or not now or not before or max(now) != max(before):
+        return None
+    return {"period_rtl": max(now), "period_rtl_min": min(now), "period_rtl_iterations": [middle, middle + 1]}
+
+
 class Checker:
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -259,6 +283,8 @@ class Checker:
                   "link_error": counters["error"], "bit_exact": not wrong,
                   "run_wall_s": round(counters.get("run_wall_s", 0.0), 4),
                   "final": {str(k): v for k, v in weights.items()}}
+        if "trace" in counters:
+            result.update(measured_period(counters["trace"]) or {})
         path = os.environ.get("LAYERPIPE_RESULT")
         if path:
             with open(path, "w") as fh:
@@ -294,7 +320,7 @@ class Checker:
 
 async def setup(dut: Any) -> tuple[Model, Driver, Monitor, Checker]:
     model = Model.load()
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    Clock(dut.clk, 10, unit="ns").start()  # cocotb 2: the clock runs its own driver task
     driver = Driver(dut, model, random.Random(model.doc["seed"]))
     await driver.reset()
     return model, driver, Monitor(dut, model), Checker(model)

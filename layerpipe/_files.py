@@ -314,9 +314,9 @@ def recover_folder(out: str | Path) -> None:
             else:  # the new folder is gone (removed by hand): roll back
                 os.replace(old, out)
             continue
-        for path in (old, new):
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        for temp in (old, new):
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
 
 
 @contextmanager

@@ -64,9 +64,10 @@ class TorchFixed:
     def linear_input_grad(self, w: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return self.rescale(delta @ w)
 
-    def linear_weight_grad(self, delta: torch.Tensor, a: torch.Tensor, bias: bool) -> tuple[torch.Tensor, ...]:
+    def linear_weight_grad(self, delta: torch.Tensor, a: torch.Tensor,
+                           bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         g_b = self.sat(delta.sum(dim=0)) if bias else None
-        return self.rescale(delta.T @ a), g_b  # type: ignore[return-value]
+        return self.rescale(delta.T @ a), g_b
 
     # -- conv2d ---------------------------------------------------------------------------------------
 
@@ -83,7 +84,8 @@ class TorchFixed:
         acc = tf.conv_transpose2d(delta, w, None, op.stride, op.padding, extra, op.groups)
         return self.rescale(acc)
 
-    def conv_weight_grad(self, delta: torch.Tensor, a: torch.Tensor, op: Conv2d) -> tuple[torch.Tensor, ...]:
+    def conv_weight_grad(self, delta: torch.Tensor, a: torch.Tensor,
+                         op: Conv2d) -> tuple[torch.Tensor, torch.Tensor | None]:
         k, s, groups = op.kernel_size, op.stride, op.groups
         padded = tf.pad(a, (op.padding,) * 4)
         out_ch, in_ch = delta.shape[1], a.shape[1]
@@ -98,7 +100,7 @@ class TorchFixed:
                         "bohw,bchw->oc", delta[:, g * og : (g + 1) * og], seen[:, g * cg : (g + 1) * cg]
                     )
         g_b = self.sat(delta.sum(dim=(0, 2, 3))) if op.bias else None
-        return self.rescale(acc), g_b  # type: ignore[return-value]
+        return self.rescale(acc), g_b
 
     # -- pooling --------------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn, TypeVar, overload
 
 import layerpipe
 from layerpipe import __version__
@@ -39,10 +40,13 @@ COMMANDS: dict[str, str] = {
 COMMAND_MODULES = tuple(COMMANDS)
 
 
+_N = TypeVar("_N")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit status 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise InputError(f"{self.prog}: {message}")
 
 
@@ -53,8 +57,8 @@ class _LazyCommand(_Parser):
     real parser (with the same prog, so errors and `--help` read as before) on first use.
     """
 
-    def __init__(self, *, module: str, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, module: str, **kwargs: Any) -> None:  # argparse.ArgumentParser's keywords
+        super().__init__(**kwargs)
         self._module = module
         self._real: argparse.ArgumentParser | None = None
 
@@ -66,8 +70,17 @@ class _LazyCommand(_Parser):
             self._real = action.choices[name]
         return self._real
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    # argparse's own overloads: no namespace gives a new Namespace, a given one is filled and returned.
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None, namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
         return self.real().parse_known_args(args, namespace)
 
     def format_help(self) -> str:

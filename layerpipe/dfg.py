@@ -192,7 +192,9 @@ class TrainingGraph:
     def gradient_edge(self, layer: int) -> Edge:
         """The G_l → U_l edge, where delayed-gradient delays D_l go."""
         g, u = self.task_of(layer, "G"), self.task_of(layer, "U")
-        for e in self.successors[g]:  # type: ignore[index]
+        if g is None or u is None:
+            raise KeyError(layer)
+        for e in self.successors[g]:
             if e.dst == u:
                 return e
         raise KeyError(layer)

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -93,15 +94,15 @@ MAX_LR_SHIFT = 61
 IntArray = npt.NDArray[np.int64]
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def check_lr_shift(lr_shift: object, field: str = "lr_shift") -> int:
     """Validate a shift k (a factor 2^−k: learning rate, moving-average weight); return it as an int."""
-    if not _is_int(lr_shift) or not 0 <= int(lr_shift) <= MAX_LR_SHIFT:  # type: ignore[call-overload]
+    if not _is_int(lr_shift) or not 0 <= int(lr_shift) <= MAX_LR_SHIFT:
         raise InputError(f"{field} must be an integer in 0..{MAX_LR_SHIFT}, got {lr_shift!r}")
-    return int(lr_shift)  # type: ignore[call-overload]
+    return int(lr_shift)
 
 
 def lr_shift_of(lr: float) -> int:

@@ -139,6 +139,23 @@ class Interconnect:
 
 SHARED = Interconnect()
 
+#: A compiled bus's order of one transfer (`compiled_bus_key`): comparable tuples of planned times and ranks.
+BusKey = tuple[int, int, int, int, tuple[int, int, int], int]
+
+
+def compiled_bus_key(release: int, producer_start: int, consumer_proc: int, consumer_start: int,
+                     consumer_rank: tuple[int, int, int], producer_proc: int) -> BusKey:
+    """The order a compiled bus serves a periodic plan's transfers in: planned release (the producer's planned
+    end), then the producer that started first, then the consumer's processor, its planned start and its tie
+    rank (`layerpipe.schedule._ir.tie_rank`), then the producer's processor.
+
+    The one definition of that order: the scheduler packs a bus around the period in it
+    (`layerpipe.schedule._comm.channel_timing`, times taken in the window of the release) and the simulator
+    serves a planned run's bus in it (`layerpipe.sim._engine`, absolute planned times); only differences of
+    times matter, so both frames give the same order.
+    """
+    return (release, producer_start, consumer_proc, consumer_start, consumer_rank, producer_proc)
+
 
 def parse_interconnect(spec: str, lanes: int | None = None, field: str = "--interconnect") -> Interconnect:
     """An interconnect from its spec (see the module docstring). `lanes` resolves `rtl`."""

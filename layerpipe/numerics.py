@@ -30,7 +30,7 @@ implementations cannot drift apart in anything but the arithmetic they are meant
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -222,8 +222,11 @@ def num_updates(iterations: int, synchronous: bool, microbatches: int, group: in
 
 def check_groups(groups: object) -> dict[int, int]:
     """Update groups as {layer: g >= 1} from pairs or a mapping; anything else is an InputError."""
+    pairs = groups.items() if isinstance(groups, Mapping) else groups
+    if not isinstance(pairs, Iterable):
+        raise InputError(f"groups must be (layer, g) pairs, got {groups!r}")
     try:
-        out = dict(groups.items() if isinstance(groups, Mapping) else groups)  # type: ignore[arg-type,union-attr]
+        out: dict[int, int] = dict(pairs)
     except (TypeError, ValueError):
         raise InputError(f"groups must be (layer, g) pairs, got {groups!r}") from None
     for layer, g in out.items():

@@ -132,14 +132,18 @@ class _Reads:
     """Which version each read of each layer and iteration sees."""
 
     def __init__(self, versions: VersionMap | Lags) -> None:
-        self.lags = versions if isinstance(versions, Lags) else None
-        self.map = None if isinstance(versions, Lags) else normalize_versions(versions)
+        self.lags: Lags | None = None
+        self.map: dict[tuple[str, int, int], int] = {}  # the full map, when not given as lags
+        if isinstance(versions, Lags):
+            self.lags = versions
+        else:
+            self.map = normalize_versions(versions)
 
     def __call__(self, kind: str, layer: int, t: int) -> int:
         if self.lags is not None:
             return self.lags.version(kind, layer, t)
         try:
-            return self.map[(kind, layer, t)]  # type: ignore[index]
+            return self.map[(kind, layer, t)]
         except KeyError:
             raise InputError(f"version map has no entry for {kind}{layer}.{t}") from None
 
@@ -410,20 +414,20 @@ class _ConvKernel:
         return tf.conv2d(a, w, b, self.op.stride, self.op.padding, 1, self.op.groups)
 
     def weight_grad(self, delta: torch.Tensor, a: torch.Tensor, w_shape: torch.Size) -> torch.Tensor:
-        import torch
+        from torch.nn import grad as nn_grad  # a submodule torch.nn's __init__ does not import itself
 
         op = self.op
-        return torch.nn.grad.conv2d_weight(a, w_shape, delta, op.stride, op.padding, 1, op.groups)
+        return nn_grad.conv2d_weight(a, w_shape, delta, op.stride, op.padding, 1, op.groups)
 
     @staticmethod
     def bias_grad(delta: torch.Tensor) -> torch.Tensor:
         return delta.sum(dim=(0, 2, 3))
 
     def input_grad(self, delta: torch.Tensor, w: torch.Tensor, a_shape: torch.Size) -> torch.Tensor:
-        import torch
+        from torch.nn import grad as nn_grad
 
         op = self.op
-        return torch.nn.grad.conv2d_input(a_shape, w, delta, op.stride, op.padding, 1, op.groups)
+        return nn_grad.conv2d_input(a_shape, w, delta, op.stride, op.padding, 1, op.groups)
 
 
 _FUNCTION: Any = None

@@ -96,7 +96,7 @@ def _schedule_row(network: str, n: int, policy: str, model: PEModel, options: di
             **result.metrics.row()}
 
 
-def comparison_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def comparison_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     """Every policy at the paper's processor counts on the report's interconnect, batch 1."""
     rows = []
     for network in cfg.networks:
@@ -115,7 +115,7 @@ def _has_replication_switch() -> bool:
     return "replication" in POLICIES["pipedream"].option_names
 
 
-def headline_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def headline_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     """LayerPipe against the strongest PipeDream (and, labelled, PipeDream without replication) on each of
     the headline's interconnects and batches, at the paper's processor counts."""
     rows = []
@@ -190,7 +190,7 @@ def others_section(rows: list[dict]) -> str:
     return _md_table(["network", "N", *policies], table)
 
 
-def ablation_rows(cfg: ReportConfig, tick: Callable[[], None]) -> list[dict]:
+def ablation_rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
     rows = []
     for network in cfg.networks:
         for label, options in ABLATION:
@@ -255,10 +255,40 @@ def gantt_section(cfg: ReportConfig, out: Path) -> str:
     return "\n".join(lines)
 
 
-#: The RTL design point of the report: LayerPipe (weights kept with their owner PE) against PipeDream on the
-#: same hardware, verified on Icarus and synthesised for iCE40.
-RTL_POINT = {"network": "mlp:32-24-16-8", "num_pes": 3, "lanes": 4, "samples": 24}
-RTL_POLICIES = ("layerpipe", "pipedream")
+@dataclass(frozen=True)
+class RTLPoint:
+    """A design point of the RTL section: an MLP on `num_pes` PEs of `lanes` lanes, `samples` iterations of
+    micro-batches of `batch` samples."""
+
+    network: str
+    num_pes: int
+    lanes: int
+    samples: int
+    batch: int = 1
+
+    def label(self) -> str:
+        return f"{self.network} N={self.num_pes} lanes={self.lanes}" + (f" B={self.batch}" if self.batch > 1 else "")
+
+
+#: The RTL section's design points (issue 11, Build 5): small MLPs (cheap to simulate in Icarus) where
+#: LayerPipe's split placement (a layer's F, E, G, U on different PEs: weight versions and gradients on the links)
+#: beats both its weights-together placement and PipeDream under the `rtl` cost model on the `rtl` interconnect.
+#: The first point is the one earlier reports measured (then with weights together only); area and place and
+#: route are of the first point (minutes per design).
+RTL_POINTS: tuple[RTLPoint, ...] = (
+    RTLPoint("mlp:32-24-16-8", 3, 4, 24),
+    RTLPoint("mlp:24-16-8", 2, 4, 24),
+    RTLPoint("mlp:16-16-16-8", 4, 4, 24),
+)
+#: What runs on each point's hardware: (label, policy, keep_weights_together). LayerPipe may split placements;
+#: the hardware runs whole layers and one iteration per period, so the heavy-layer split and replication are off
+#: (`make_design`), and the model's prediction is taken with the same options.
+RTL_VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("layerpipe", "layerpipe", False),
+    ("layerpipe, weights together", "layerpipe", True),
+    ("pipedream", "pipedream", True),
+)
+RTL_BASELINE = "pipedream"
 
 
 def _yosys_version() -> str | None:
@@ -271,11 +301,30 @@ def _yosys_version() -> str | None:
     return subprocess.run([exe, "-V"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def rtl_results(previous: dict | None) -> dict:
-    """Verify each RTL policy at `RTL_POINT` (Icarus) and synthesise it (yosys iCE40).
+def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_together: bool) -> float:
+    """The model's steady-state cycles per sample for `policy` at `point`: the `rtl` cost model on the `rtl`
+    interconnect, the options the hardware runs (what `layerpipe compare NETWORK -n N --cost-model rtl --lanes V
+    --interconnect rtl --no-split-layers --no-replication [--keep-weights-together]` prints)."""
+    from layerpipe.hdl._costs import RTLCostModel
+    from layerpipe.schedule.policies import get_policy
 
-    Synthesis is a pure function of the Verilog text and the yosys version, and takes minutes, so its figures
-    are reused from `previous` (the committed `rtl.json`) when both hash the same; anything else reruns.
+    wanted: dict[str, object] = {"replication": False, "split_layers": False,
+                                 "keep_weights_together": keep_weights_together}
+    names = get_policy(policy).option_names
+    result = make_schedule(policy, load_network(point.network, point.batch), point.num_pes, RTLCostModel(point.lanes),
+                           policy_options(policy, {k: v for k, v in wanted.items() if k in names}),
+                           interconnect=Interconnect.rtl(point.lanes))
+    return float(result.metrics.cycles_per_sample)
+
+
+def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, area: bool = True) -> dict:
+    """Verify every `RTL_VARIANTS` schedule at each point (Icarus, monitored op by op) next to the model's
+    prediction; with `area`, synthesise (yosys iCE40) and place and route the first point's designs.
+
+    The RTL's steady state is measured in the run: the cycles between the issues of every op in the last two
+    iterations (`period_rtl`, from the bench's command monitor). Synthesis and place and route are pure
+    functions of the Verilog text and the tools, and take minutes, so their figures are reused from `previous`
+    (the committed `rtl.json`) when both hash the same; anything else reruns.
     """
     import hashlib
 
@@ -285,30 +334,37 @@ def rtl_results(previous: dict | None) -> dict:
 
     yosys = _yosys_version()
     cached = (previous or {}).get("synthesis", {})
-    points, synthesis, fpga = [], {}, {}
-    for policy in RTL_POLICIES:
-        design = make_design(RTL_POINT["network"], policy, RTL_POINT["num_pes"], RTL_POINT["lanes"],
-                             RTL_POINT["samples"])
-        verilog = export_verilog(design)
-        key = hashlib.sha256((verilog + (yosys or "")).encode()).hexdigest()[:16]
-        doc = verify_design(design)
-        doc["cycles_per_sample_rtl"] = round(doc["cycles_rtl"] / design.samples, 2)
-        doc["steady_cycles_per_sample_sim"] = round(design.sim.cycles_per_sample, 2)
-        doc["verilog_sha256_16"] = key
-        points.append(doc)
-        if yosys is None:
-            continue
-        if key in cached:
-            synthesis[key] = cached[key]
-        else:
-            with tempfile.TemporaryDirectory(prefix="layerpipe-report-synth-") as tmp:
-                path = Path(tmp, "design.v")
-                path.write_text(verilog)
-                synthesis[key] = {"target": "ice40", "yosys": yosys, **synthesize(path, targets=("ice40",))["ice40"]}
-        figures = _fpga_point(verilog, float(design.sim.cycles_per_sample), (previous or {}).get("fpga", {}).get(key))
-        if figures is not None:
-            fpga[key] = figures
-    return {"design_point": RTL_POINT, "points": points, "synthesis": synthesis, "fpga": fpga}
+    docs, synthesis, fpga = [], {}, {}
+    for k, point in enumerate(points):
+        for label, policy, keep in RTL_VARIANTS:
+            design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
+                                 keep_weights_together=keep, batch=point.batch)
+            verilog = export_verilog(design)
+            key = hashlib.sha256((verilog + (yosys or "")).encode()).hexdigest()[:16]
+            doc = verify_design(design)
+            batch = design.network.batch
+            doc.update(point=k, variant=label, keep_weights_together=keep, verilog_sha256_16=key)
+            doc["cycles_per_sample_rtl"] = round(doc["cycles_rtl"] / (design.samples * batch), 2)
+            doc["steady_cycles_per_sample_rtl"] = (round(doc["period_rtl"] / batch, 2)
+                                                   if doc["period_rtl"] is not None else None)
+            doc["steady_cycles_per_sample_sim"] = round(float(design.sim.cycles_per_sample), 2)
+            doc["model_cycles_per_sample"] = round(rtl_model_cycles_per_sample(point, policy, keep), 2)
+            docs.append(doc)
+            if not area or k != 0 or yosys is None:
+                continue
+            if key in cached:
+                synthesis[key] = cached[key]
+            else:
+                with tempfile.TemporaryDirectory(prefix="layerpipe-report-synth-") as tmp:
+                    path = Path(tmp, "design.v")
+                    path.write_text(verilog)
+                    synthesis[key] = {"target": "ice40", "yosys": yosys,
+                                      **synthesize(path, targets=("ice40",))["ice40"]}
+            figures = _fpga_point(verilog, float(design.sim.cycles_per_sample),
+                                  (previous or {}).get("fpga", {}).get(key))
+            if figures is not None:
+                fpga[key] = figures
+    return {"design_points": [vars(p) for p in points], "points": docs, "synthesis": synthesis, "fpga": fpga}
 
 
 #: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
@@ -335,7 +391,7 @@ def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -
 
 
 def _fpga_table(rtl: dict) -> str:
-    """Utilization and Fmax of each point on the report's part, or '' when the flow did not run."""
+    """Utilization and Fmax of each design on the report's part, or '' when the flow did not run."""
     rows, title = [], ""
     for d in rtl["points"]:
         f = rtl.get("fpga", {}).get(d["verilog_sha256_16"])
@@ -345,37 +401,94 @@ def _fpga_table(rtl: dict) -> str:
         u = f["utilization"]
         cells = [f"{u[r]['used']:,} ({u[r]['percent']:.1f}%)" for r in ("luts", "ffs", "brams", "dsps", "ios")]
         rate = f.get("samples_per_second")
-        rows.append([d["policy"], *cells, f"{f['fmax_mhz']:.1f}" if f["fmax_mhz"] else "does not fit",
+        rows.append([d["variant"], *cells, f"{f['fmax_mhz']:.1f}" if f["fmax_mhz"] else "does not fit",
                      f"{rate:,.0f}" if rate else "-"])
     if not rows:
         return ""
-    table = _md_table(["policy", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
-    return (f"\nPlace and route on {title}, the flow of `layerpipe rtl --part {RTL_PART}`: utilization of the "
-            "part, Fmax after routing (register to register), samples/s = Fmax / steady-state cycles per "
-            "sample.\n\n" + table)
+    table = _md_table(["schedule", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
+    return (f"\nPlace and route of the first point on {title}, the flow of `layerpipe rtl --part {RTL_PART}`: "
+            "utilization of the part, Fmax after routing (register to register), samples/s = Fmax / steady-state "
+            "cycles per sample.\n\n" + table)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num and den else None
+
+
+def rtl_speedups(rtl: dict) -> list[dict]:
+    """Per design point and schedule: the speedup over `RTL_BASELINE` measured in RTL (steady-state cycles per
+    sample from the run's issue cycles) and predicted by the model, and whether they are equal."""
+    out = []
+    for k in range(len(rtl["design_points"])):
+        docs = {d["variant"]: d for d in rtl["points"] if d["point"] == k}
+        base = docs[RTL_BASELINE]
+        for label, d in docs.items():
+            measured = _ratio(base["steady_cycles_per_sample_rtl"], d["steady_cycles_per_sample_rtl"])
+            model = _ratio(base["model_cycles_per_sample"], d["model_cycles_per_sample"])
+            out.append({"point": k, "variant": label, "rtl": measured, "model": model,
+                        "equal": measured is not None and model is not None and abs(measured - model) < 1e-9})
+    return out
 
 
 def rtl_section(rtl: dict) -> str:
-    p = rtl["design_point"]
+    points = [RTLPoint(**p) for p in rtl["design_points"]]
+    speedups = {(s["point"], s["variant"]): s for s in rtl_speedups(rtl)}
+
+    def times(x: float | None) -> str:
+        return f"{x:.2f}x" if x is not None else "-"
+
     rows = []
     for d in rtl["points"]:
-        syn = rtl["synthesis"].get(d["verilog_sha256_16"], {})
-        rows.append([d["policy"], "yes" if d["bit_exact"] else "NO", "yes" if d["cycle_exact"] else "NO",
-                     f"{d['cycles_rtl']:,}", f"{d['cycles_sim']:,}", f"{d['cycles_per_sample_rtl']:,.1f}",
-                     f"{d['steady_cycles_per_sample_sim']:,.1f}", syn.get("luts", "-"), syn.get("ffs", "-"),
-                     syn.get("brams", "-"), syn.get("multipliers", "-")])
-    table = _md_table(["policy", "bit-exact", "cycle-exact", "RTL cycles", "simulator cycles",
-                       "RTL cycles/sample", "steady-state cycles/sample", "iCE40 LUTs", "FFs", "BRAMs",
-                       "multipliers"], rows)
-    lp, pd = (next(d for d in rtl["points"] if d["policy"] == name) for name in RTL_POLICIES)
-    ratio = pd["steady_cycles_per_sample_sim"] / lp["steady_cycles_per_sample_sim"]
-    return (f"Design point: `{p['network']}`, {p['num_pes']} processing elements, {p['lanes']} lanes, Q8.8 fixed "
-            f"point, {p['samples']} samples, per-sample SGD; Icarus through cocotb against the integer PyTorch "
-            "reference (`layerpipe verify`), yosys `synth_ice40` for the area.\n\n" + table +
-            f"\nOn the same hardware LayerPipe's schedule runs {ratio:.2f}x faster than PipeDream's in steady state "
-            "(RTL cycles include the pipeline's fill and drain). Reproduce a row with "
-            f"`layerpipe verify {p['network']} --policy layerpipe -n {p['num_pes']} --lanes {p['lanes']} "
-            f"--samples {p['samples']}`.\n" + _fpga_table(rtl))
+        s = speedups[(d["point"], d["variant"])]
+        steady = d["steady_cycles_per_sample_rtl"]
+        rows.append([points[d["point"]].label(), d["variant"], "yes" if d["bit_exact"] else "NO",
+                     "yes" if d["cycle_exact"] else "NO", f"{d['cycles_rtl']:,}", f"{d['cycles_sim']:,}",
+                     f"{steady:,.1f}" if steady is not None else "-", f"{d['model_cycles_per_sample']:,.1f}",
+                     times(s["rtl"]), times(s["model"])])
+    table = _md_table(["design point", "schedule", "bit-exact", "cycle-exact", "RTL cycles", "simulator cycles",
+                       "RTL cycles/sample (steady, measured)", "model cycles/sample (rtl interconnect)",
+                       f"RTL speedup vs {RTL_BASELINE}", f"model speedup vs {RTL_BASELINE}"], rows)
+    notes = []
+    for k, point in enumerate(points):
+        split, together = (next(d for d in rtl["points"] if d["point"] == k and d["variant"] == v)
+                           for v in ("layerpipe", "layerpipe, weights together"))
+        rtl_gain = _ratio(together["steady_cycles_per_sample_rtl"], split["steady_cycles_per_sample_rtl"])
+        model_gain = _ratio(together["model_cycles_per_sample"], split["model_cycles_per_sample"])
+        notes.append(f"- `{point.network}`, N = {point.num_pes}, {point.lanes} lanes: the split placement runs "
+                     f"{times(rtl_gain)} faster than weights together in RTL, {times(model_gain)} in the model; "
+                     f"{times(speedups[(k, 'layerpipe')]['rtl'])} faster than PipeDream.")
+    equal = all(s["equal"] for s in speedups.values())
+    verdict = ("On every point the RTL-measured speedups equal the model's prediction on the `rtl` interconnect."
+               if equal else "On some point the RTL-measured speedup differs from the model's prediction "
+               "(see the last two columns).")
+    syn_rows = []
+    for d in rtl["points"]:
+        syn = rtl["synthesis"].get(d["verilog_sha256_16"])
+        if syn:
+            syn_rows.append([d["variant"], syn.get("luts", "-"), syn.get("ffs", "-"), syn.get("brams", "-"),
+                             syn.get("multipliers", "-")])
+    area = ""
+    if syn_rows:
+        area = (f"\nArea of the first point (`{points[0].label()}`), yosys `synth_ice40`:\n\n"
+                + _md_table(["schedule", "iCE40 LUTs", "FFs", "BRAMs", "multipliers"], syn_rows))
+    first = points[0]
+    return ("LayerPipe (its placement may split a layer's F, E, G and U over PEs: weight versions and gradients "
+            "cross the links), LayerPipe with each layer's tasks on its weights' PE, and PipeDream, each on the "
+            "same generated hardware: Q8.8 fixed point, "
+            + ("per-sample SGD" if first.batch == 1 else f"micro-batches of {first.batch}")
+            + f", {first.samples} " + ("samples" if first.batch == 1 else "iterations")
+            + "; Icarus through cocotb against the integer PyTorch reference (`layerpipe verify`), watched op by "
+            "op. RTL cycles include the pipeline's fill and drain; the "
+            "steady-state cycles per sample are measured in the run (the bench's command monitor: the cycles "
+            "between an op's issues in the run's two middle iterations, the slowest PE's, over the micro-batch). "
+            "The model column is the schedule's prediction under the `rtl` cost "
+            "model on the `rtl` interconnect with the options the hardware runs (whole layers, one iteration per "
+            "period).\n\n" + table + "\n" + "\n".join(notes) + f"\n\n{verdict} Reproduce a row with "
+            f"`layerpipe verify {first.network} --policy layerpipe --no-keep-weights-together -n {first.num_pes} "
+            f"--lanes {first.lanes} --samples {first.samples}` (`--keep-weights-together` for the second "
+            f"schedule) and its model figure with `layerpipe compare {first.network} -n {first.num_pes} "
+            f"--policies layerpipe,pipedream --cost-model rtl --lanes {first.lanes} --interconnect rtl "
+            "--no-split-layers --no-replication`.\n" + area + _fpga_table(rtl))
 
 
 def assumptions(cfg: ReportConfig) -> str:

@@ -19,11 +19,14 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from layerpipe._files import write_atomic
 from layerpipe.costs import PEModel
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
+from layerpipe.schedule._dataparallel import DPOOOOptions
+from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule.policies import make_schedule, policy_options
 
 #: Networks of the data-parallel part: one with large fully connected weights (alexnet: 61 M words, most of
@@ -44,9 +47,24 @@ COLUMNS = ("part", "network", "batch", "num_procs", "where", "policy", "options"
            "utilization_pct", "speedup_vs_baseline")
 
 
-def ooo_rows(model: PEModel, tick: Callable[[], None] = lambda: None) -> list[dict[str, object]]:
+class OOORow(TypedDict):
+    """A row of the section (and of `ooo.csv`): the keys of COLUMNS."""
+
+    part: str
+    network: str
+    batch: int
+    num_procs: int
+    where: str
+    policy: str
+    options: str
+    cycles_per_sample: float
+    utilization_pct: float
+    speedup_vs_baseline: float
+
+
+def ooo_rows(model: PEModel, tick: Callable[[], object] = lambda: None) -> list[OOORow]:
     """Every row of the section: baseline and OOO order per point, speedups against the baseline."""
-    rows: list[dict[str, object]] = []
+    rows: list[OOORow] = []
     for name in DP_NETWORKS:
         net = load_network(name, BATCH)
         for spec in DP_INTERCONNECTS:
@@ -54,7 +72,8 @@ def ooo_rows(model: PEModel, tick: Callable[[], None] = lambda: None) -> list[di
             for n in DP_PROCS:
                 base = make_schedule("dp", net, n, model, None, ic)
                 ooo = make_schedule("dp-ooo", net, n, model, None, ic)
-                k = ooo.options.reverse_first_k  # type: ignore[attr-defined]
+                assert isinstance(ooo.options, DPOOOOptions)  # make_schedule gives dp-ooo its own options
+                k = ooo.options.reverse_first_k
                 for result, options in ((base, ""), (ooo, f"reverse_first_k={k}")):
                     rows.append(_row("data-parallel", name, n, spec, result, options,
                                      base.metrics.cycles_per_sample))
@@ -73,7 +92,7 @@ def ooo_rows(model: PEModel, tick: Callable[[], None] = lambda: None) -> list[di
     return rows
 
 
-def _row(part: str, network: str, n: int, where: str, result, options: str, base: float) -> dict[str, object]:
+def _row(part: str, network: str, n: int, where: str, result: ScheduleResult, options: str, base: float) -> OOORow:
     m = result.metrics
     return {"part": part, "network": network, "batch": BATCH, "num_procs": n, "where": where,
             "policy": result.policy, "options": options, "cycles_per_sample": round(m.cycles_per_sample, 1),
@@ -87,14 +106,14 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _x(value: object) -> str:
-    return f"{float(value):.3f}×"  # type: ignore[arg-type]
+def _x(value: float) -> str:
+    return f"{value:.3f}×"
 
 
 PLOT = "ooo_speedup.png"
 
 
-def speedup_plot(rows: Sequence[dict[str, object]], path: Path) -> None:
+def speedup_plot(rows: Sequence[OOORow], path: Path) -> None:
     """Each OOO order's speedup over its baseline, one bar per point, the paper's range shaded behind."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -109,10 +128,10 @@ def speedup_plot(rows: Sequence[dict[str, object]], path: Path) -> None:
         labels = [f"{r['network']}\n{str(r['where']).split(':')[0]} N={r['num_procs']}" if part == "data-parallel"
                   else f"{r['network']}\n{str(r['where']).split(' lanes')[0]} lanes" for r in mine]
         ax.axhspan(*paper, color="tab:green", alpha=0.15, label=f"paper {paper[0]:.2f}–{paper[1]:.2f}×")
-        ax.bar(range(len(mine)), [float(r["speedup_vs_baseline"]) for r in mine], color="tab:blue",  # type: ignore[arg-type]
+        ax.bar(range(len(mine)), [float(r["speedup_vs_baseline"]) for r in mine], color="tab:blue",
                label="ours")
         ax.axhline(1.0, color="black", linewidth=0.8)
-        top = max([paper[1], *(float(r["speedup_vs_baseline"]) for r in mine)])  # type: ignore[arg-type]
+        top = max([paper[1], *(float(r["speedup_vs_baseline"]) for r in mine)])
         ax.set_ylim(0.9, top + 0.05)
         ax.set_xticks(range(len(mine)), labels, fontsize=5, rotation=90)
         ax.set_title(f"{policy} over {'dp' if part == 'data-parallel' else 'stream'}", fontsize=9)
@@ -126,7 +145,7 @@ def speedup_plot(rows: Sequence[dict[str, object]], path: Path) -> None:
 
 
 def ooo_section(model: PEModel, out: Path | None = None,
-                tick: Callable[[], None] = lambda: None) -> tuple[str, list[dict[str, object]]]:
+                tick: Callable[[], object] = lambda: None) -> tuple[str, list[OOORow]]:
     """Markdown of the OOO section and its rows; with `out`, the plot `ooo_speedup.png` is drawn there and
     the markdown shows it."""
     rows = ooo_rows(model, tick)
@@ -152,8 +171,8 @@ def ooo_section(model: PEModel, out: Path | None = None,
                                  f"{base['utilization_pct']:.1f}",
                                  _x(sb[(name, where, "streams=2")]["speedup_vs_baseline"]),
                                  _x(sb[(name, where, f"streams=2 defer={DEFER}")]["speedup_vs_baseline"])])
-    dp_speedups = [float(r["speedup_vs_baseline"]) for r in dp if r["policy"] == "dp-ooo"]  # type: ignore[arg-type]
-    sd_speedups = [float(r["speedup_vs_baseline"]) for r in single if r["policy"] == "stream-ooo"]  # type: ignore[arg-type]
+    dp_speedups = [r["speedup_vs_baseline"] for r in dp if r["policy"] == "dp-ooo"]
+    sd_speedups = [r["speedup_vs_baseline"] for r in single if r["policy"] == "stream-ooo"]
     text = f"""Out-Of-Order BackProp's other two schedules (Oh et al., EuroSys'22, §5 and §6; rows in `ooo.csv`),
 each against its baseline on our cost model: data-parallel reverse first-k (`dp-ooo`, K chosen by
 simulation) over the usual order (`dp`), and single-device multi-stream weight gradients (`stream-ooo`)
@@ -195,4 +214,4 @@ are on DenseNet and MobileNet, with many small kernels, which the zoo lacks).
     return text, rows
 
 
-__all__ = ["COLUMNS", "PLOT", "ooo_rows", "ooo_section", "speedup_plot"]
+__all__ = ["COLUMNS", "PLOT", "OOORow", "ooo_rows", "ooo_section", "speedup_plot"]

@@ -7,10 +7,12 @@ processor is free and all its inputs have arrived — a producer's output arrive
 
 Speed: the schedule is compiled once into integer arrays — ops numbered processor-major (the op after i
 on its processor is i + 1), task ids, durations, producer lists — and the hot loops touch only Python ints
-and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1):
-`dependencies()` for every schedule, except that asynchronous layer-level schedules — the long ones —
-instantiate that module's `layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t)
-needs src(t − delay)) with array indexing; a test checks both give the same producers.
+and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1), as
+arrays: `dependency_arrays` (the rules of `dependencies()` without an object per edge) for stage-level,
+synchronous and grouped schedules, and for simple asynchronous layer-level schedules that module's
+`layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t) needs src(t − delay)) with array
+indexing; `dependencies()` itself, op by op, only where neither applies and to raise its errors. Tests check
+all give the same producers in the same order.
 
 Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
 go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
@@ -26,7 +28,9 @@ Only a zero-duration producer can end in the same cycle as the op before it and 
 schedules with such a producer take the event-driven engine (`_run_links_events`): end events in time
 order from a heap of plain ints (end · n + op); all ops ending in a cycle (zero-duration ones started in
 that cycle included) are processed before that cycle's transfers are queued per link in consumer order.
-Tests check that both engines agree wherever both apply.
+Tests check that both engines agree wherever both apply. A bus always takes the event-driven engine; where
+the run has a plan to follow it is compiled (`bus_order`: a planned run's order and times, a synchronous
+run's step after step in step 0's order).
 
 When no processor can proceed and ops remain, the engine raises `DeadlockError` naming every blocked
 processor, its next op and the producers it waits for.
@@ -38,6 +42,7 @@ import gc
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,8 +52,9 @@ from functools import cached_property
 import numpy as np
 
 from layerpipe.errors import InputError
-from layerpipe.schedule._deps import MissingProducer, layer_task_edges
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.interconnect import compiled_bus_key
+from layerpipe.schedule._deps import MissingProducer, dependency_arrays, layer_task_edges
+from layerpipe.schedule._ir import Op, OpSchedule, RunPlan, tie_rank
 from layerpipe.sim._interconnect import SimConfig, link_hold_cycles
 from layerpipe.sim._workload import Workload
 
@@ -117,9 +123,13 @@ class CompiledSchedule:
         one transfer each when they sit on different processors."""
         n = self.num_ops
         key = self.prod_idx * n + self.consumer_of_edge
-        uniq, inverse = np.unique(key, return_inverse=True)
-        words = np.bincount(inverse, weights=self.prod_words, minlength=len(uniq)).astype(np.int64)
-        return uniq // n, uniq % n, words
+        if not len(key):
+            return key, key.copy(), np.zeros(0, dtype=np.int64)
+        order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
+        key = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        words = np.add.reduceat(self.prod_words[order], starts).astype(np.int64)  # exact integer sums
+        return key[starts] // n, key[starts] % n, words
 
     @cached_property
     def consumers(self) -> list[list[tuple[int, int]]]:
@@ -193,22 +203,32 @@ def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedu
         return _compile(schedule, workload)
 
 
+_PROC_OF = operator.attrgetter("proc")
+_TASK_OF = operator.attrgetter("kind", "unit")
+_ITERATION_OF = operator.attrgetter("iteration")
+
+
 def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     ops: list[Op] = []
     bounds = [0]
-    for p, row in enumerate(schedule.procs):
-        for op in row:
-            if op.proc != p:
-                raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
+    for row in schedule.procs:
         ops.extend(row)
         bounds.append(len(ops))
-    proc = np.repeat(np.arange(len(schedule.procs)), np.diff(bounds)).tolist()
-    task_ids: dict[tuple[str, int], int] = {}
-    task = np.fromiter((task_ids.setdefault((op.kind, op.unit), len(task_ids)) for op in ops), np.int64, len(ops))
-    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
+    n = len(ops)
+    # Per-op fields read by C-level loops (map over attrgetters): no Python bytecode per op.
+    listed_on = np.repeat(np.arange(len(schedule.procs), dtype=np.int64), np.diff(bounds))
+    wrong = np.flatnonzero(np.fromiter(map(_PROC_OF, ops), np.int64, n) != listed_on)
+    if len(wrong):
+        op, p = ops[int(wrong[0])], int(listed_on[wrong[0]])
+        raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
+    proc = listed_on.tolist()
+    keys = list(map(_TASK_OF, ops))
+    task_ids = {t: k for k, t in enumerate(dict.fromkeys(keys))}  # numbered in order of first appearance
+    task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
+    iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
     tasks = tuple(task_ids)
-    slot = task * (int(iteration.max()) + 1 if len(ops) else 1) + iteration
-    if len(np.unique(slot)) != len(ops):
+    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
+    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
         _raise_duplicate(ops)
     cost = [workload.durations.get(t, -1) for t in tasks]
     for k, c in enumerate(cost):
@@ -216,38 +236,30 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
             first = ops[int(np.flatnonzero(task == k)[0])]
             cost[k] = workload.duration(first)  # raises: the workload has no such task
     dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
-    csr = None
-    if workload.level == "layer" and not schedule.synchronous and schedule.simple:  # grouped: op by op
+    csr: Csr | None
+    if workload.level == "layer" and not schedule.synchronous and schedule.simple:
         csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
-    if csr is None:
+    else:  # stage-level, synchronous and grouped schedules
+        csr = _array_dependencies(schedule, tasks, task, iteration, workload)
+    if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, ops, workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
     return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr,
                             plan_time=plan_time)
 
 
-def _plan_times(plan: object, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
                 iteration: np.ndarray) -> list[int] | None:
-    """Planned start j·P + start of every op of a periodic plan; None without a plan.
-
-    In an unfolded plan (J iterations per period, updates grouped by g) op (kind, l, t) is the slot of phase
-    t mod J (updates: u mod J/g) and runs in period j = t div J + lag (updates: u div (J/g) + lag).
-    """
-    period = getattr(plan, "period", None)
-    if period is None:
+    """Planned start of every op (`RunPlan.planned_start`); None without a plan or when it misses an op."""
+    if plan is None:
         return None
-    unfold = max(getattr(plan, "unfold", 1), 1)
-    groups = dict(getattr(plan, "groups", ()))
-    slots = {(s.kind, s.layer, getattr(s, "phase", 0)): s for body in plan.bodies for s in body}  # type: ignore[attr-defined]
-    per = np.asarray([unfold // groups.get(layer, 1) if kind == "U" else unfold for kind, layer in tasks],
-                     dtype=np.int64)[task]
-    phase = iteration % per
     out = []
-    for k, t, q, n in zip(task.tolist(), iteration.tolist(), phase.tolist(), per.tolist(), strict=True):
-        slot = slots.get((*tasks[k], q))
-        if slot is None:
+    for k, t in zip(task.tolist(), iteration.tolist(), strict=True):
+        kind, unit = tasks[k]
+        start = plan.planned_start(kind, unit, t)
+        if start is None:
             return None
-        out.append((t // n + slot.lag) * period + slot.start)
+        out.append(start)
     return out
 
 
@@ -260,15 +272,34 @@ def _raise_duplicate(ops: list[Op]) -> None:
         seen[key] = op
 
 
+#: Producers as CSR: (pointer per consumer, producers, words, role codes, role names).
+Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+
 def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
-         roles: tuple[str, ...]):
+         roles: tuple[str, ...]) -> Csr:
     order = np.argsort(consumer, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
     return ptr, producer[order], words[order], role[order], roles
 
 
-def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload):
+def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                        iteration: np.ndarray, workload: Workload) -> Csr | None:
+    """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
+    the same order with the same role numbering; None where they do not apply."""
+    if schedule.level != workload.level:
+        return None  # `dependencies()` says why
+    if workload.level == "layer":
+        arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
+    else:
+        arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
+    if arrays is None:
+        return None
+    return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
+
+
+def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload) -> Csr:
     """CSR arrays from `dependencies()` (contract 1), op by op."""
     deps = workload.dependencies(schedule)
     # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
@@ -292,7 +323,7 @@ def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload
 
 
 def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                            iteration: np.ndarray, workload: Workload):
+                            iteration: np.ndarray, workload: Workload) -> Csr | None:
     """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
     assert workload.graph is not None
     n = len(ops)
@@ -428,9 +459,116 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
     return start, avail[:n]
 
 
+@dataclass(frozen=True)
+class BusOrder:
+    """A compiled bus: transfer (producer i, consumer j) leaves `rank[(i, j)]`-th (ranks 0, 1, 2, ...), when its
+    producer has ended, the transfer before it has left and, for a planned run, not before `floor[rank]`."""
+
+    rank: dict[tuple[int, int], int]
+    floor: list[int] | None = None
+
+
+def bus_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
+    """How a bus serves this run: a planned run's transfers in the plan's order and times, a synchronous
+    schedule's step after step in one step's order, anything else dynamically (None: producer-end order).
+
+    - Planned (`Workload.plan`): ranks by `layerpipe.interconnect.compiled_bus_key` of the planned times —
+      the order `layerpipe.schedule._comm.channel_timing` packs the bus in — and each transfer leaves no
+      earlier than the plan's bus replayed from cycle 0 on the planned releases, d_k = max(r_k, d_{k−1} +
+      h_{k−1}). The plan is one valid execution in that order, so no op ends later than planned, the bus is
+      exactly the replayed one, and a run that gets ahead of its plan in the fill (initial weights need no
+      transfer) cannot run the bus ahead and give the slack back over many periods.
+    - Synchronous (`OpSchedule.synchronous`): the transfers of step k go after all of step k − 1's, each
+      step in the order the bus serves step 0 run alone (producer-end order). A dynamic bus let processors
+      with zero-cycle work queue every later step's transfers ahead of the current step's, so steps never
+      settled and a step's time depended on the run's length (1f1b, 4 stages, bus:1:1/4: 144 cycles per
+      step over 4 steps, 272 over 16); in a fixed order the run is a max-plus linear system and its steps
+      repeat.
+    """
+    if c.plan_time is not None:
+        return _planned_order(c, words_per_cycle)
+    if c.schedule.synchronous and c.schedule.microbatches >= 1:
+        return _step_order(c, latency, words_per_cycle)
+    return None
+
+
+def _cross_transfers(c: CompiledSchedule) -> Iterator[tuple[int, int, int]]:
+    """(producer, consumer, words) of every pair on different processors, by producer then consumer."""
+    proc = c.proc
+    for i, out in enumerate(c.consumers):
+        for j, words in out:
+            if proc[j] != proc[i]:
+                yield i, j, words
+
+
+def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
+    plan, dur, proc = c.plan_time, c.dur, c.proc
+    assert plan is not None
+    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
+    task = c.task.tolist()
+    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
+                    j, i, words) for i, j, words in _cross_transfers(c))
+    rank: dict[tuple[int, int], int] = {}
+    floor: list[int] = []
+    free = 0
+    for k, (key, j, i, words) in enumerate(keyed):
+        rank[(i, j)] = k
+        depart = max(key[0], free)
+        floor.append(depart)
+        free = depart + link_hold_cycles(words, words_per_cycle)
+    return BusOrder(rank, floor)
+
+
+def _step_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
+    """Step after step in step 0's own order (see `bus_order`); None when step 0 is not a prefix of every
+    processor's program or does not run alone (the dynamic bus then reports what happens)."""
+    m = c.schedule.microbatches
+    is_update = [kind == "U" for kind, _ in c.tasks]
+    task, iteration = c.task.tolist(), c.iteration.tolist()
+    # Layer-level updates are numbered by step; every other op by micro-batch.
+    step = [t if is_update[k] else t // m for k, t in zip(task, iteration, strict=True)]
+    last = []
+    for p in range(c.num_procs):
+        lo, hi = c.bounds[p], c.bounds[p + 1]
+        k = lo
+        while k < hi and step[k] == 0:
+            k += 1
+        if any(step[x] == 0 for x in range(k, hi)):
+            return None
+        last.append(k)
+    served: list[tuple[int, int]] = []
+    try:
+        _events(c, latency, words_per_cycle, True, None, last, served)
+    except DeadlockError:
+        return None
+
+    def local(x: int, base: int) -> int:  # op x's number within the step `base` (its own or its producer's)
+        return iteration[x] - base * (1 if is_update[task[x]] else m)
+
+    first = {(task[i], local(i, 0), task[j], local(j, 0)): r for r, (i, j) in enumerate(served)}
+    keyed = []
+    for i, j, _ in _cross_transfers(c):
+        r = first.get((task[i], local(i, step[i]), task[j], local(j, step[i])))
+        if r is None:
+            return None
+        keyed.append((step[i], r, i, j))
+    keyed.sort()
+    return BusOrder({(i, j): k for k, (_, _, i, j) in enumerate(keyed)})
+
+
 def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction,
                       bus: bool = False) -> tuple[list[int], list[int]]:
-    """Event-driven timing; `bus` puts every transfer on one channel (link number 0)."""
+    """Event-driven timing; `bus` puts every transfer on one channel (link number 0), served as `bus_order`
+    says."""
+    order = bus_order(c, latency, words_per_cycle) if bus else None
+    return _events(c, latency, words_per_cycle, bus, order)
+
+
+def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction, bus: bool, order: BusOrder | None,
+            last: list[int] | None = None, served: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+    """The event-driven engine. `order` compiles the bus (ranks, and floors for planned runs); `last[p]` ends
+    processor p's program early (ops from it on, and what they consume, are left out); `served` collects the
+    transfers (producer, consumer) in the order the channel served them."""
     n, procs = c.num_ops, c.num_procs
     dur, proc, consumers = c.dur, c.proc, c.consumers
     pending = [len(set(row)) for row in c.prods]  # distinct producers: one transfer per pair
@@ -439,20 +577,15 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float 
     end = [0] * n
     done = [False] * n
     nxt = c.bounds[:-1].copy()
-    last = c.bounds[1:]
+    last = c.bounds[1:] if last is None else last
     free = [0] * procs
     running = [False] * procs
     link_free: dict[int, int] = {}
     hold_of: dict[int, int] = {}  # words → link cycles, memoised
     heap: list[int] = []
-    # A compiled bus: transfers leave in the plan's order (planned producer end, then consumer, then producer),
-    # each when its producer has ended and the one before it has left.
-    rank: dict[tuple[int, int], int] = {}
-    if bus and c.plan_time is not None:
-        plan = c.plan_time
-        order = sorted(((plan[i] + dur[i], j, i) for i in range(n) for j, _ in consumers[i] if proc[j] != proc[i]))
-        rank = {(i, j): k for k, (_, j, i) in enumerate(order)}
-    released: dict[int, tuple[int, int, int]] = {}  # rank → (release time, consumer, words)
+    rank = order.rank if order is not None else {}
+    floor = order.floor if order is not None else None
+    released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
     head = 0
 
     def try_start(p: int) -> None:
@@ -482,6 +615,8 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float 
             free[p] = t
             for j, words in consumers[i]:
                 q = proc[j]
+                if j >= last[q]:
+                    continue  # beyond the programs run
                 if q == p:
                     if ready[j] < t:
                         ready[j] = t
@@ -492,29 +627,35 @@ def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float 
                     transfers.append((0 if bus else p * procs + q, j, i, words))
             try_start(p)
         transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
         if rank:
             for _, j, i, words in transfers:
-                released[rank[(i, j)]] = (t, j, words)
-            transfers = []
+                released[rank[(i, j)]] = (i, j, words)
+            queue = []
             while head in released:
-                release, j, words = released.pop(head)
+                i, j, words = released.pop(head)
+                queue.append((0, j, i, words, floor[head] if floor is not None else 0))
                 head += 1
-                transfers.append((0, j, release, words))
-        for link, j, _, words in transfers:
+        for link, j, i, words, not_before in queue:
             depart = link_free.get(link, 0)
             if depart < t:
                 depart = t
+            if depart < not_before:
+                depart = not_before
             hold = hold_of.get(words)
             if hold is None:
                 hold = hold_of[words] = link_hold_cycles(words, words_per_cycle)
             link_free[link] = depart + hold
             arrival = depart + hold + latency
+            if served is not None:
+                served.append((i, j))
             if ready[j] < arrival:
                 ready[j] = arrival
             pending[j] -= 1
             if not pending[j]:
                 try_start(proc[j])
-    _check_finished(c, nxt, done, c.prods, [])
+    if any(nxt[p] < last[p] for p in range(procs)):
+        _check_finished(c, nxt, done, c.prods, [])
     return start, end
 
 

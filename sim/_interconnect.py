@@ -20,8 +20,10 @@ Two models, chosen by `SimConfig.interconnect`:
   pipeline, not an occupancy.
 
 - ``bus``: one medium for every transfer (`layerpipe.interconnect`); the same timing as ``links`` with a
-  single channel: transfers queue on it in order of producer end time across all processors (ties in
-  consumer order), so the event-driven engine times it.
+  single channel, timed by the event-driven engine. It is compiled where the run has a plan to follow
+  (`layerpipe.sim._engine.bus_order`): a planned run's transfers leave in the plan's order and no earlier than
+  the plan's bus sends them; a synchronous run's step after step in step 0's order. Otherwise transfers
+  queue in order of producer end time across all processors (ties in consumer order).
 
 The three kinds are `layerpipe.interconnect.Interconnect`'s (the one model the schedulers, the reports and
 the RTL's cost model share); `SimConfig.of(interconnect)` builds a configuration from one and

@@ -153,6 +153,24 @@ class SimResult:
     def cycles_per_sample(self) -> float:
         return self.cycles_per_iteration / self.batch
 
+    def steady_cycles_per_iteration(self, shorter: SimResult) -> float:
+        """The self-timed steady state per iteration (per micro-batch for synchronous schedules), measured with
+        a shorter run of the same schedule: the larger of this run's own middle-half slope
+        (`cycles_per_iteration`) and the cycles its extra iterations take, (total − shorter's total) ÷ extra
+        iterations (same fill, same drain).
+
+        No finite run shows the steady state exactly: a processor may run ahead of its plan during the fill
+        and give the slack back a cycle at a time for many periods (it had less to wait for: initial weights
+        need no transfer), and the drain runs early. Both only make a run look *faster*, never slower, so the
+        larger estimate is the closer one; the difference is exact once the fill has settled within the
+        shorter run. Use whole periods (whole steps) for both runs.
+        """
+        extra = self.num_iterations - shorter.num_iterations
+        if extra <= 0:
+            raise ValueError(f"the shorter run has {shorter.num_iterations} iterations, this one "
+                             f"{self.num_iterations}: it must have more")
+        return max(self.cycles_per_iteration, (self.total_cycles - shorter.total_cycles) / extra)
+
     # --- output -----------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, object]:
         """JSON-ready summary (metrics.json); names carry units."""

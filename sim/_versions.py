@@ -87,10 +87,10 @@ def _remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:
         if "U" in kind and len(ops):
             owner[unit] = proc[ops[0]]
     for (kind, unit), stale in pinned.items():
-        k = task_ids.get((kind, unit))
-        if k is None or unit not in owner:
+        reader = task_ids.get((kind, unit))
+        if reader is None or unit not in owner:
             continue
-        ops = np.flatnonzero((c.task == k) & (proc != owner[unit]))
+        ops = np.flatnonzero((c.task == reader) & (proc != owner[unit]))
         versions[ops] = np.maximum(0, c.iteration[ops] - stale)
 
 

@@ -21,7 +21,7 @@ from layerpipe.costs import CostModel
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.schedule._deps import Dependency, StageInfo, dependencies
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._ir import Op, OpSchedule, RunPlan
 
 #: Stage-level kinds that read the stage's weights (I and B contain E; W is the weight gradient only).
 STAGE_WEIGHT_READERS = ("F", "B", "I")
@@ -43,9 +43,10 @@ class Workload:
     weight_words: Mapping[int, int] = field(default_factory=dict)
     activation_words: Mapping[int, int] = field(default_factory=dict)
     memory_unit: str = "words"  #: "activations" when stage activations are counted, not sized
-    #: The periodic plan the ops were unrolled from, if any: a `bus` serves transfers in its planned order
-    #: (a compiled bus), so self-timed runs keep the scheduler's order on the one shared medium.
-    plan: object | None = None
+    #: The plan the ops were made from, if any (the periodic schedule they were unrolled from): a `bus` serves
+    #: its transfers in the planned order, no earlier than planned (a compiled bus, `layerpipe.sim._engine`),
+    #: so self-timed runs keep the scheduler's bus on the one shared medium.
+    plan: RunPlan | None = None
 
     @staticmethod
     def of_graph(graph: TrainingGraph, model: CostModel) -> Workload:

@@ -120,7 +120,7 @@ class FunctionalResult:
         return float(np.mean(self.ema_error)) if self.ema_error else 0.0
 
 
-def order_by_start(starts: Iterable[tuple[Op, int]] | Iterable[tuple[Op, int, int]]) -> list[Op]:
+def order_by_start(starts: Iterable[tuple[Op, int] | tuple[Op, int, int]]) -> list[Op]:
     """The simulated order: ops by start time; ties by end time, then dataflow rank, processor, order given.
 
     Takes (op, start) or (op, start, end) pairs. Ties matter only behind zero-cycle ops (a flatten costs
@@ -131,7 +131,7 @@ def order_by_start(starts: Iterable[tuple[Op, int]] | Iterable[tuple[Op, int, in
     keyed = []
     for index, item in enumerate(starts):
         op, start = item[0], item[1]
-        end = item[2] if len(item) > 2 else start  # type: ignore[misc]
+        end = item[2] if len(item) == 3 else start
         keyed.append(((start, end, op.iteration, _dataflow_rank(op), op.proc, index), op))
     keyed.sort(key=lambda pair: pair[0])
     return [op for _, op in keyed]

@@ -16,9 +16,10 @@ from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._flow import DEFAULT_LR_SHIFT, Design
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import mlp
+from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._layerpipe import LayerPipeOptions, _time
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import TaskTable, asap_times
+from layerpipe.schedule._task_table import TaskTable
 
 __all__ = ["placed_design", "placed_schedule", "placements"]
 

@@ -140,3 +140,21 @@ def test_out_folder_of_other_files_is_refused_untouched(tmp_path, capsys):
     code, _, err = run_cli(capsys, "simulate", "--schedule", csv, "--stage-costs", "1,2,0", "--out", out)
     assert code == 2 and "holds files but no layerpipe simulate output" in err and err.count("\n") == 1
     assert [p.name for p in out.iterdir()] == ["precious.txt"]
+
+
+def test_a_periodic_schedule_file_is_refused_in_one_line(tmp_path, capsys):
+    """A periodic schedule has no iteration count: it is refused (unroll it) before the run-size check that
+    reads one (that check ran first and a periodic JSON file ended in an AttributeError traceback)."""
+    from layerpipe.costs import MacsModel
+    from layerpipe.network import load_network
+    from layerpipe.schedule._formats import to_json
+    from layerpipe.schedule.policies import make_schedule
+
+    periodic = make_schedule("layerpipe", load_network("mlp:4-3-2"), 2, MacsModel()).periodic
+    assert periodic is not None
+    path = tmp_path / "periodic.json"
+    path.write_text(to_json(periodic))
+    code, _, err = run_cli(capsys, "simulate", "mlp:4-3-2", "--schedule", path, "--out", tmp_path / "out")
+    assert code == 2
+    assert err.count("\n") == 1 and "a periodic schedule; unroll it" in err, err
+    assert not (tmp_path / "out").exists()

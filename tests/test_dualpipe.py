@@ -36,7 +36,7 @@ from layerpipe.schedule import (
     v_stage_map,
     validate,
 )
-from layerpipe.schedule._synchronous import SyncOptions, schedule_stages
+from layerpipe.schedule._sync_policies import SyncOptions, schedule_stages
 from layerpipe.schedule.policies import make_schedule
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")

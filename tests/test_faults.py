@@ -173,9 +173,9 @@ def _memoized(real: Callable, cache: dict[str, object]) -> Callable:
 
 @pytest.mark.slow
 def test_report_survives_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Even a one-network report schedules every policy (data-parallel ones on the stream engine): ~15 s of CPU
-    a run. The schedules are computed for real once, in this process, and memoized; each forked child then runs
-    the real `generate` — tables, plots, Gantt simulations, the staged folder — with them, so the kills land
+    """Even a one-network report schedules every policy (data-parallel ones on the stream engine). The
+    schedules are computed for real once, in this process, and memoized; each forked child then runs the real
+    `generate` — tables, plots, Gantt simulations, the staged folder — with them, so the kills land
     across the whole of a run that takes about a second, the part where files are written and swapped."""
     import layerpipe.report as report
     import layerpipe.report_ooo as report_ooo
@@ -183,6 +183,14 @@ def test_report_survives_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     cache: dict[str, object] = {}
     monkeypatch.setattr(report, "make_schedule", _memoized(report.make_schedule, cache))
     monkeypatch.setattr(report_ooo, "make_schedule", _memoized(report_ooo.make_schedule, cache))
+    # The sections with fixed inputs of their own (the Gantt charts' network, the OOO section's points) cut to
+    # the same tiny network: what is under test is how the folder is written, not the figures (test_report
+    # checks those). The full OOO section alone is ~30 s of CPU to memoize, a lenet5 Gantt ~1 s per child.
+    monkeypatch.setattr(report, "GANTT_NETWORK", "mlp:8-6-4")
+    monkeypatch.setattr(report, "GANTT_PROCS", 2)
+    monkeypatch.setattr(report_ooo, "DP_NETWORKS", ("mlp:8-6-4",))
+    monkeypatch.setattr(report_ooo, "DP_PROCS", (2,))
+    monkeypatch.setattr(report_ooo, "STREAM_NETWORKS", ("mlp:8-6-4",))
     out = tmp_path / "report"
 
     def run(procs: tuple[int, ...]) -> Callable[[], int]:

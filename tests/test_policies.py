@@ -16,7 +16,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule import POLICIES, make_schedule, validate
 from layerpipe.schedule._optimal import MAX_VARIABLES, OptimalOptions
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._synchronous import SHAPES
+from layerpipe.schedule._sync_policies import SHAPES
 from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES
 from tests.strategies import networks
 

@@ -11,19 +11,15 @@ from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.retiming import solve_delays
 from layerpipe.schedule import make_schedule, policy_options, validate
+from layerpipe.schedule._balance import partition_contiguous
+from layerpipe.schedule._bodies import order_bodies, pack_circular, time_bodies
 from layerpipe.schedule._deps import expand_stages
+from layerpipe.schedule._lags import loop_lengths
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._ooo import OOOOptions
 from layerpipe.schedule._pipedream import PipeDream2BWOptions, PipeDreamOptions, block_key, stage_layers
-from layerpipe.schedule._shared import (
-    TaskTable,
-    loop_lengths,
-    order_bodies,
-    pack_circular,
-    partition_contiguous,
-    time_bodies,
-)
-from layerpipe.schedule._synchronous import SHAPES, SyncOptions, schedule_stages
+from layerpipe.schedule._sync_policies import SHAPES, SyncOptions, schedule_stages
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.sim import SimConfig, Workload, simulate
 from tests.strategies import networks
 

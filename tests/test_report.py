@@ -1,23 +1,39 @@
 """`layerpipe report`: the committed reports/ are current.
 
-The committed folder came from one run of `layerpipe report` and the fixture here is another, so the
-staleness check is also the check that two runs give the same bytes.
+The committed folder came from one run of `layerpipe report` and these tests are another, so the staleness
+check is also the check that two runs give the same bytes.
+
+One regeneration is minutes of CPU in one place, so it is checked in pieces that xdist spreads over its
+workers, each piece against the committed file it writes, computed the way `generate` computes it:
+- the headline's rows, one interconnect per test; compare.csv with speedup.png; ablation.csv; the OOO section
+  (ooo.csv, ooo_speedup.png); rtl.json (Icarus verification, synthesis reused by Verilog hash);
+- then the whole folder: the real `generate` — staged folder, Gantt simulations, every plot, README.md — fed
+  the committed rows in place of the section computations above (each checked by its own test; the fakes
+  also check that `generate` asks for exactly what those tests computed). The tree it writes must equal the
+  committed one byte for byte, which also proves that the rows read back from the CSVs are the rows written.
+So a stale section fails its own test, a stale README or Gantt chart fails the folder test.
 """
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import filecmp
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import layerpipe.report as report
+import layerpipe.report_ooo as report_ooo
+from layerpipe.dse._store import write_csv
 from layerpipe.report import ReportConfig, generate
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# One regeneration of the whole report (every policy, the simulations, the RTL section): minutes, not seconds.
-pytestmark = pytest.mark.slow
+COMMITTED = ROOT / "reports"
+CFG = ReportConfig()
+STALE = "reports/ is stale ({}): run `layerpipe report --out reports/`"
 
 
 def _same_tree(a: Path, b: Path) -> list[str]:
@@ -26,31 +42,133 @@ def _same_tree(a: Path, b: Path) -> list[str]:
                                      and filecmp.cmp(a / n, b / n, shallow=False))]
 
 
-@pytest.fixture(scope="module")
-def fresh_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("report") / "reports"
-    generate(out, ReportConfig(), progress=False, synthesis_cache=ROOT / "reports" / "rtl.json")
-    return out
+def _columns(rows: list[dict]) -> list[str]:
+    """The CSV columns `generate` writes (from the comparison's first row; every table shares them)."""
+    return ["network", "num_procs", "policy", *[k for k in rows[0] if k not in ("network", "num_procs", "policy")]]
 
 
-def test_committed_reports_are_current(fresh_report: Path) -> None:
-    differing = _same_tree(fresh_report, ROOT / "reports")
-    assert not differing, f"reports/ is stale ({', '.join(differing)}): run `layerpipe report --out reports/`"
+def _csv_lines(tmp: Path, columns: list[str], rows: list[dict]) -> list[str]:
+    write_csv(tmp / "rows.csv", columns, rows)
+    return (tmp / "rows.csv").read_text().splitlines()
 
 
-def test_report_contents(fresh_report: Path) -> None:
-    readme = (fresh_report / "README.md").read_text()
+def _value(text: str) -> object:
+    """A CSV cell as `write_csv` wrote it: an int, a float (shortest round-trip repr), or text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _committed_rows(name: str) -> list[dict]:
+    with open(COMMITTED / name, newline="") as f:
+        return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _interconnect(line: str) -> str:
+    return next(csv.reader([line]))[4]
+
+
+NO_TICK: Callable[[], None] = lambda: None  # noqa: E731
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CFG.paper_interconnects)
+def test_headline_rows_of_one_interconnect_are_current(spec: str, tmp_path: Path) -> None:
+    rows = report.headline_rows(dataclasses.replace(CFG, paper_interconnects=(spec,)), NO_TICK)
+    fresh = _csv_lines(tmp_path, _columns(rows), rows)
+    committed = (COMMITTED / "headline.csv").read_text().splitlines()
+    ic = rows[0]["interconnect"]
+    assert fresh[0] == committed[0], STALE.format("headline.csv header")
+    assert fresh[1:] == [line for line in committed[1:] if _interconnect(line) == ic], \
+        STALE.format(f"headline.csv, {ic} rows")
+
+
+def test_headline_holds_the_interconnects_in_order_and_nothing_else() -> None:
+    """With the test above: the committed headline.csv is exactly the concatenation of the fresh blocks."""
+    lines = (COMMITTED / "headline.csv").read_text().splitlines()[1:]
+    variants = 3 if report._has_replication_switch() else 2
+    block = variants * len(CFG.paper_batches) * len(CFG.networks) * len(CFG.procs)
+    expected = [CFG.link(spec).spec for spec in CFG.paper_interconnects for _ in range(block)]
+    assert [_interconnect(line) for line in lines] == expected, STALE.format("headline.csv rows")
+
+
+@pytest.mark.slow
+def test_comparison_and_its_plot_are_current(tmp_path: Path) -> None:
+    rows = report.comparison_rows(CFG, NO_TICK)
+    write_csv(tmp_path / "compare.csv", _columns(rows), rows)
+    report.speedup_plot(rows, tmp_path / "speedup.png")
+    for name in ("compare.csv", "speedup.png"):
+        assert filecmp.cmp(tmp_path / name, COMMITTED / name, shallow=False), STALE.format(name)
+    header = (tmp_path / "compare.csv").read_text().splitlines()[0].split(",")
+    assert header[:6] == ["network", "num_procs", "policy", "batch", "interconnect", "cycles_per_sample"]
+    assert {row["interconnect"] for row in rows} == {"rtl"}
+
+
+@pytest.mark.slow
+def test_ablation_is_current(tmp_path: Path) -> None:
+    rows = report.ablation_rows(CFG, NO_TICK)
+    columns = _columns([{k: v for k, v in rows[0].items() if k != "variant"}])  # a schedule row's keys
+    write_csv(tmp_path / "ablation.csv", ["variant", *columns], rows)
+    assert filecmp.cmp(tmp_path / "ablation.csv", COMMITTED / "ablation.csv", shallow=False), STALE.format(
+        "ablation.csv")
+
+
+@pytest.mark.slow
+def test_ooo_section_is_current(tmp_path: Path) -> None:
+    _, rows = report_ooo.ooo_section(CFG.model, tmp_path)
+    write_csv(tmp_path / "ooo.csv", list(report_ooo.COLUMNS), rows)
+    for name in ("ooo.csv", report_ooo.PLOT):
+        assert filecmp.cmp(tmp_path / name, COMMITTED / name, shallow=False), STALE.format(name)
+
+
+@pytest.mark.slow
+def test_rtl_results_are_current() -> None:
+    """Verification on Icarus for real; synthesis and place-and-route figures reused from the committed
+    rtl.json when the Verilog hashes the same (as `generate` is called here and by the folder test)."""
+    committed = (COMMITTED / "rtl.json").read_text()
+    doc = report.rtl_results(json.loads(committed))
+    assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == committed, STALE.format("rtl.json")
+    assert [p["policy"] for p in doc["points"]] == ["layerpipe", "pipedream"]
+    assert all(p["bit_exact"] and p["cycle_exact"] for p in doc["points"])
+
+
+@pytest.mark.slow
+def test_the_whole_folder_is_current(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rtl = json.loads((COMMITTED / "rtl.json").read_text())
+
+    def committed(name: str) -> Callable[..., list[dict]]:
+        def rows(cfg: ReportConfig, tick: Callable[[], object]) -> list[dict]:
+            assert cfg == CFG, "generate asked for other rows than the section tests check"
+            return _committed_rows(name)
+        return rows
+
+    def ooo_rows(model: object, tick: Callable[[], object] = NO_TICK) -> list[dict]:
+        assert model == CFG.model, "generate asked for other OOO rows than test_ooo_section_is_current checks"
+        return _committed_rows("ooo.csv")
+
+    def rtl_results(previous: dict | None, *args: object, **kwargs: object) -> dict:
+        assert previous == rtl and not args and not kwargs, "generate asked for other RTL results"
+        return rtl
+
+    monkeypatch.setattr(report, "headline_rows", committed("headline.csv"))
+    monkeypatch.setattr(report, "comparison_rows", committed("compare.csv"))
+    monkeypatch.setattr(report, "ablation_rows", committed("ablation.csv"))
+    monkeypatch.setattr(report_ooo, "ooo_rows", ooo_rows)
+    monkeypatch.setattr(report, "rtl_results", rtl_results)
+    out = tmp_path / "reports"
+    generate(out, CFG, progress=False, synthesis_cache=COMMITTED / "rtl.json")
+    differing = _same_tree(out, COMMITTED)
+    assert not differing, STALE.format(", ".join(differing))
+
+    readme = (out / "README.md").read_text()
     for heading in ("LayerPipe vs PipeDream at N = 7, 8, 9", "Every policy", "Ablation", "Gantt charts",
                     "RTL: verification and synthesis", "Cost model and assumptions"):
         assert heading in readme
     for name in ("compare.csv", "ablation.csv", "rtl.json", "speedup.png", "gantt_layerpipe.png",
                  "gantt_pipedream.png"):
-        assert (fresh_report / name).stat().st_size > 0
-    rtl = json.loads((fresh_report / "rtl.json").read_text())
-    assert [p["policy"] for p in rtl["points"]] == ["layerpipe", "pipedream"]
-    assert all(p["bit_exact"] and p["cycle_exact"] for p in rtl["points"])
-    header = (fresh_report / "compare.csv").read_text().splitlines()[0].split(",")
-    assert header[:6] == ["network", "num_procs", "policy", "batch", "interconnect", "cycles_per_sample"]
-    assert {row.split(",")[4] for row in (fresh_report / "compare.csv").read_text().splitlines()[1:]} == {"rtl"}
-    headline = (fresh_report / "headline.csv").read_text().splitlines()
+        assert (out / name).stat().st_size > 0
+    headline = (out / "headline.csv").read_text().splitlines()
     assert {row.split(",")[4] for row in headline[1:]} == {"shared", "rtl", "links:2:1/16"}

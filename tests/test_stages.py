@@ -90,10 +90,10 @@ def test_even_split_is_contiguous_valid_and_optimal(data: st.DataObject) -> None
 def test_one_partitioner_for_stage_maps_and_policies() -> None:
     # even:M and the pipeline policies cut with the same function (issue 13: two partitioners disagreed on
     # the cuts in 18 of 47 zoo cases); zero-weight items (flatten) and too many parts behave the same.
-    from layerpipe.schedule import _shared
+    from layerpipe.schedule import _balance
     from layerpipe.stages import partition_contiguous
 
-    assert _shared.partition_contiguous is partition_contiguous
+    assert _balance.partition_contiguous is partition_contiguous
     assert partition_contiguous([5, 0, 0, 5], 2) == [[0, 1, 2], [3]]
     with pytest.raises(ValueError, match="cannot split 2 items into 3"):
         partition_contiguous([1, 1], 3)

@@ -16,7 +16,7 @@ from layerpipe.schedule._deps import layer_task_edges
 from layerpipe.schedule._formats import dump_schedule, from_csv, from_json, to_json
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule, Slot
 from layerpipe.schedule._pipedream import PipeDream2BWOptions
-from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import copies, unfold_table, unfolded_edges
 from layerpipe.schedule.policies import make_schedule
 from tests.strategies import networks

@@ -332,8 +332,10 @@ def test_zero_cost_producer_at_its_consumers_start_unrolls_producer_first() -> N
     same cycle. Sorting ties by (layer, kind) ran A1 first — the explicit validator then rejected the
     unrolled schedule the periodic validator had accepted. `tie_rank` runs E2 first."""
     from layerpipe.network import Flatten, Linear, NetworkBuilder
+    from layerpipe.schedule._bodies import contiguous_starts
+    from layerpipe.schedule._comm_timing import minimal_lags
     from layerpipe.schedule._ir import tie_rank
-    from layerpipe.schedule._shared import TaskTable, contiguous_starts, minimal_lags
+    from layerpipe.schedule._task_table import TaskTable
     from layerpipe.schedule._unfold import periodic_of
 
     builder = NetworkBuilder("flat", (4,), 1)

@@ -26,10 +26,14 @@ MAPPED = {"sim": "sim", "hdl": "hdl"}
 
 
 def build_tree() -> Path:
-    """build/typecheck/layerpipe: a symlink per entry of layerpipe/, plus sim and hdl."""
+    """build/typecheck/layerpipe: a symlink per entry of layerpipe/, plus sim and hdl.
+
+    Only the package folder is rebuilt: mypy's cache (build/typecheck/.mypy_cache, mypy runs with
+    cwd=TREE) is kept, so a second run re-checks only the modules that changed.
+    """
     package = TREE / "layerpipe"
-    if TREE.exists():
-        shutil.rmtree(TREE)
+    if package.exists():
+        shutil.rmtree(package)
     package.mkdir(parents=True)
     for entry in sorted((ROOT / "layerpipe").iterdir()):
         if entry.name != "__pycache__":

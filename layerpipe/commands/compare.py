@@ -64,9 +64,9 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
     go to every compared policy that has them; one that no compared policy has is an error."""
     interconnect = interconnect or SHARED
     given = dict(options or {})
-    for key in given:
-        if not any(key in get_policy(name).option_names for name in (policies or POLICIES)):
-            raise InputError(f"option {key} does not apply to any compared policy")
+    for option in given:
+        if not any(option in get_policy(name).option_names for name in (policies or POLICIES)):
+            raise InputError(f"option {option} does not apply to any compared policy")
 
     def chosen(name: str) -> object:
         own = get_policy(name).option_names
@@ -101,7 +101,11 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
                               else make_schedule(baseline, net, n, model, chosen(baseline), interconnect=interconnect)
                               .metrics.cycles_per_sample)
         m = result.metrics
-        unfolded = result.periodic is not None and result.periodic.unfold > 1 and m.lower_bound_unfolded_cycles
+        unfolded_bound = m.lower_bound_unfolded_cycles
+        # the bound of the schedule's own form: with several iterations per period (replicated stages) the
+        # unfolded bound, which such a schedule can reach; otherwise the one-iteration-per-period bound
+        own_bound = (unfolded_bound if result.periodic is not None and result.periodic.unfold > 1 and unfolded_bound
+                     else m.lower_bound_cycles)
         rows.append({
             "network": net.name,
             "batch": net.batch,
@@ -109,9 +113,7 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
             "num_procs": n,
             "policy": name,
             "cycles_per_sample": round(m.cycles_per_sample, 1),
-            # the bound of the schedule's own form: with several iterations per period (replicated stages) the
-            # unfolded bound, which such a schedule can reach; otherwise the one-iteration-per-period bound
-            "lower_bound_cycles": round(m.lower_bound_unfolded_cycles if unfolded else m.lower_bound_cycles, 1),
+            "lower_bound_cycles": round(own_bound, 1),
             "utilization_pct": round(m.utilization_pct, 1),
             "speedup_vs_baseline": round(baselines[key] / m.cycles_per_sample, 3),
             "traffic_words_per_sample": round(m.traffic_words_per_sample, 1),
@@ -228,15 +230,15 @@ def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = 
                                                                                                  strict=True)))
 
         batch = next(r["batch"] for r in rows if r["network"] == network)
-        out = [f"{network} (batch {batch}, interconnect {interconnect})", line(headers),
-               line(["-" * w for w in widths])]
+        text = [f"{network} (batch {batch}, interconnect {interconnect})", line(headers),
+                line(["-" * w for w in widths])]
         previous = None
         for c in cells:
             if previous is not None and c[0] != previous:
-                out.append("")
-            out.append(line(c))
+                text.append("")
+            text.append(line(c))
             previous = c[0]
-        blocks.append("\n".join(out) + "\n")
+        blocks.append("\n".join(text) + "\n")
     legend = (f"{model}; cycles/sample: steady state per training sample, bound: the policy's lower bound,\n"
               f"x vs {baseline}: speedup, versions: weight versions held at once, staleness: updates a read lags\n")
     return "\n".join(blocks) + "\n" + legend

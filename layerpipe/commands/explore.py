@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from layerpipe.commands._common import int_list, output_file, positive_int
 from layerpipe.schedule.policies import MAX_PROCS
+
+if TYPE_CHECKING:
+    from layerpipe.dse import SweepSpec
 
 #: Most local worker processes: each holds a Python with numpy and scipy (~100 MB); 10^5 of them was a fork bomb.
 MAX_JOBS = 64
@@ -45,7 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _spec(args: argparse.Namespace):
+class _Axes(TypedDict, total=False):
+    """The sweep axes the command line may set (`SweepSpec`'s defaults for the others)."""
+
+    lanes: tuple[int, ...]
+    interconnects: tuple[str, ...]
+    max_traffic: tuple[float | None, ...]
+    reverse_first_k: tuple[str, ...]
+    max_staleness: tuple[int | None, ...]
+
+
+def _spec(args: argparse.Namespace) -> SweepSpec:
     from layerpipe.dse import SweepSpec, load_sweep_yaml
     from layerpipe.errors import InputError
 
@@ -57,7 +71,7 @@ def _spec(args: argparse.Namespace):
         raise InputError("explore needs at least one NETWORK or --sweep FILE.yaml")
     if not args.num_procs:
         raise InputError("explore needs -n (processor counts), e.g. -n 2,4,8")
-    kw = {}
+    kw: _Axes = {}
     if args.lanes:
         kw["lanes"] = tuple(args.lanes)
     if args.interconnects is not None:

@@ -29,7 +29,7 @@ from layerpipe.commands._common import (
 from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.schedule import ScheduleResult, dump_schedule
-from layerpipe.schedule._synchronous import schedule_stages
+from layerpipe.schedule._sync_policies import schedule_stages
 from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
 
 #: Most iterations `--format csv` unrolls a periodic schedule for.
@@ -87,7 +87,7 @@ def stage_costs(text: str) -> tuple[int, int, int]:
     if len(values) != 3 or min(values[:2]) < 1 or values[2] < 0:
         raise argparse.ArgumentTypeError(f"--stage-costs must be three integers F,B,W like 2,2,1 (cycles; F, B >= 1, "
                                          f"W >= 0), got '{text}'")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def add_policy_option_args(p: argparse.ArgumentParser) -> None:
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--stages takes a synchronous policy ({sync}); '{args.policy}' needs a NETWORK")
         if args.num_procs is not None and args.num_procs != args.stages:
             raise InputError("--stages counts the processors; -n must be left out or equal to it")
-        result = schedule_stages(args.policy, args.stages, options, args.stage_costs or (1, 1, 1))  # type: ignore[arg-type]
+        result = schedule_stages(args.policy, args.stages, options, args.stage_costs or (1, 1, 1))
     else:
         if args.network is None:
             raise InputError("NETWORK is required (or --stages for a synchronous policy with uniform stage costs)")
@@ -217,17 +217,15 @@ def describe(result: ScheduleResult) -> dict[str, object]:
 def render(result: ScheduleResult, fmt: str, iterations: int | None = None) -> str:
     if fmt == "json":
         doc = describe(result)
-        schedule = result.periodic if result.periodic is not None else result.explicit
-        doc["schedule"] = json.loads(dump_schedule(schedule, "json"))  # type: ignore[arg-type]
+        doc["schedule"] = json.loads(dump_schedule(result.schedule, "json"))
         return to_json(doc)
-    if fmt == "torch-csv" and result.explicit is None:
-        raise InputError(f"--format torch-csv is for stage-level (synchronous) schedules; '{result.policy}' is "
-                         "layer-level: use text, csv or json")
+    if fmt == "torch-csv":
+        if result.explicit is None:
+            raise InputError(f"--format torch-csv is for stage-level (synchronous) schedules; '{result.policy}' is "
+                             "layer-level: use text, csv or json")
+        return dump_schedule(result.explicit, "torch-csv")
     if fmt == "csv":
         return dump_schedule(result.ops(iterations), "csv")
-    if fmt == "torch-csv":
-        return dump_schedule(result.explicit, "torch-csv")  # type: ignore[arg-type]
-    schedule = result.periodic if result.periodic is not None else result.explicit
     m = result.metrics
     where = result.network.name if result.network is not None else "uniform stages"
     head = (f"# {result.policy} on {where}, {result.num_procs} processors, interconnect {result.interconnect}: "
@@ -236,4 +234,4 @@ def render(result: ScheduleResult, fmt: str, iterations: int | None = None) -> s
             f"traffic_words_per_sample={m.traffic_words_per_sample:g} weight_versions={m.weight_versions} "
             f"max_staleness={m.max_staleness}\n")
     notes = "".join(f"# {note}\n" for note in result.notes)
-    return head + notes + dump_schedule(schedule, "text")  # type: ignore[arg-type]
+    return head + notes + dump_schedule(result.schedule, "text")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,10 @@ from layerpipe.sim import (
     simulate_compiled,
     simulated_network,
 )
+
+#: What a run simulates: the schedule, its workload (or, for the policies the stream engine times, the timed
+#: result itself), the network (None for a stage-level schedule file) and the fields metrics.json starts with.
+SimInputs = tuple[OpSchedule, Workload | SimResult, Network | None, dict[str, object]]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 class _Gone(argparse.Action):
     """The interconnect flags before `--interconnect`: one line naming the spelling that replaced them."""
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
         raise InputError(f"{option_string} is gone; give --interconnect shared, links:LATENCY:WORDS_PER_CYCLE, "
                          "bus:LATENCY:WORDS_PER_CYCLE or rtl")
 
@@ -156,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------- inputs
 
 
-def _from_policy(args: argparse.Namespace, config: SimConfig):
+def _from_policy(args: argparse.Namespace, config: SimConfig) -> SimInputs:
     from layerpipe.commands.schedule import OPTION_FLAGS, given_options
     from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES, make_schedule, policy_options
     from layerpipe.sim import simulate_policy_result
@@ -177,35 +183,36 @@ def _from_policy(args: argparse.Namespace, config: SimConfig):
     check_run_size(iterations, iterations * tasks, "--samples")
     if args.functional is not None:
         check_functional_size(network, samples)
+    workload: Workload | SimResult
     if result.policy in STREAM_ENGINE_POLICIES:  # overlapping kernels: the stream engine times them here
         timed = simulate_policy_result(result, network, model, iterations, config)
         schedule, workload = timed.schedule, timed
     else:
         schedule, workload = policy_ops(result, network, model, iterations, config.mode)
         network = simulated_network(result, network)  # the split variant the policy scheduled, if it split a layer
-    info = {"network": network.name, "policy": result.policy, "cost_model": model.name, "time_unit": _unit(model),
-            "samples": samples,
-            "interconnect": result.interconnect.spec,
-            "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
+    info: dict[str, object] = {"network": network.name, "policy": result.policy, "cost_model": model.name,
+                               "time_unit": _unit(model), "samples": samples,
+                               "interconnect": result.interconnect.spec,
+                               "scheduler_cycles_per_sample": result.metrics.cycles_per_sample}
     return schedule, workload, network, info
 
 
-def _from_file(args: argparse.Namespace, config: SimConfig):
+def _from_file(args: argparse.Namespace, config: SimConfig) -> SimInputs:
     if args.num_procs is not None or args.samples is not None:
         raise InputError("-n and --samples go with --policy; a --schedule file fixes processors and iterations")
     path = Path(args.schedule)
     text = read_text_limited(path, "--schedule")
     parsed = load_schedule(text, _schedule_format(path, text, args.schedule_format))
-    check_run_size(parsed.num_iterations, sum(len(row) for row in parsed.procs), f"--schedule {path}")
-    if isinstance(parsed, PeriodicSchedule):
+    if isinstance(parsed, PeriodicSchedule):  # before the size check: a periodic schedule has no iteration count
         raise InputError(f"--schedule {path}: a periodic schedule; unroll it (`layerpipe schedule --format csv`)")
+    check_run_size(parsed.num_iterations, sum(len(row) for row in parsed.procs), f"--schedule {path}")
     if parsed.level == "stage":
         if args.stage_costs is None:
             raise InputError("a stage-level --schedule needs --stage-costs F,B,W")
         if args.network is not None:
             raise InputError("a stage-level --schedule is timed from --stage-costs; leave out NETWORK")
         stages = 1 + max((op.unit for op in parsed.ops()), default=0)
-        info = {"schedule": path.name, "stage_costs": list(args.stage_costs)}
+        info: dict[str, object] = {"schedule": path.name, "stage_costs": list(args.stage_costs)}
         workload = Workload.of_stages([args.stage_costs] * stages, StageInfo(stages))
         check_complete(parsed, workload, f"--schedule {path}")
         return parsed, workload, None, info
@@ -280,8 +287,8 @@ def check_complete(schedule: OpSchedule, workload: Workload, field: str) -> None
         expected = {key for key in expected if key[0] != "U"}
         for step in range(schedule.num_steps):
             if steps[step] != updates:
-                missing = sorted(updates - steps[step])
-                raise InputError(f"{field}: step {step} has no update U{missing[0] if missing else '?'}; "
+                lost = sorted(updates - steps[step])
+                raise InputError(f"{field}: step {step} has no update U{lost[0] if lost else '?'}; "
                                  "a synchronous schedule updates every weight layer once per step")
     for t in range(schedule.num_iterations):
         missing = sorted(expected - seen[t], key=lambda key: (key[1], key[0]))
@@ -360,7 +367,8 @@ def _functional(args: argparse.Namespace, network: Network, schedule: OpSchedule
 
 def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
     def write(path: Path) -> None:
-        np.savez(path, **{k: arrays[k] for k in sorted(arrays)})
+        # allow_pickle is savez's default, named so no array name can be matched to it (mypy checks that)
+        np.savez(path, allow_pickle=True, **{k: arrays[k] for k in sorted(arrays)})
 
     return write
 

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         print(to_json(doc), end="")
     else:
         rows = [[k, doc[k]] for k in ("bit_exact", "cycle_exact", "cycles_rtl", "cycles_sim",
-                                      "max_abs_weight_error", "commands_rtl")]
+                                      "max_abs_weight_error", "commands_rtl", "period_rtl", "period_sim")]
         print(f"{doc['network']} {doc['policy']} N={doc['num_pes']} lanes={doc['lanes']} T={doc['samples']} "
               f"on {doc['sim']}: {'PASS' if ok else 'FAIL'}")
         print(format_table(["check", "value"], rows), end="")

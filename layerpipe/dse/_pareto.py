@@ -158,7 +158,7 @@ def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str 
                              squeeze=False)
     for ax, net in zip(axes[0], networks, strict=False):
         net_rows = [r for r in rows if r["network"] == net]
-        base = {}
+        base: dict[int, float] = {}
         for r in net_rows:
             if r["policy"] == baseline:
                 base.setdefault(int(r["num_procs"]), float(r["cycles_per_sample"]))

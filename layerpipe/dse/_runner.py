@@ -1,8 +1,10 @@
 """Run a sweep: points are evaluated in worker processes (local) or on a Dask cluster, and each finished
 point is appended to the results file by this (the only writing) process, with a progress bar.
 
-The two executors share one loop: submit every pending point, and as each future completes append its
-row. A worker that raises fails the run with its one-line message; rows already written stay.
+Both executors run the same loop: submit every pending point, and as each future completes append its
+row (local futures through concurrent.futures.wait, Dask's through distributed.as_completed: a Dask
+future is not a concurrent.futures.Future). A worker that raises fails the run with its one-line
+message; rows already written stay.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -20,6 +23,9 @@ from layerpipe.dse._evaluate import evaluate_point
 from layerpipe.dse._store import ResultsFile
 from layerpipe.dse._sweep import DesignPoint, SweepSpec
 from layerpipe.errors import InputError
+
+if TYPE_CHECKING:
+    from distributed import Future as DaskFuture
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 @contextmanager
-def _local_executor(jobs: int) -> Iterator[Callable[..., Future]]:
+def _local_executor(jobs: int) -> Iterator[Callable[..., Future[Any]]]:
     import os
 
     if jobs == 1:
@@ -80,8 +86,8 @@ def _local_executor(jobs: int) -> Iterator[Callable[..., Future]]:
         yield pool.submit
 
 
-def _inline_submit(fn: Callable, *args: object) -> Future:
-    fut: Future = Future()
+def _inline_submit(fn: Callable[..., Any], *args: object) -> Future[Any]:
+    fut: Future[Any] = Future()
     try:
         fut.set_result(fn(*args))
     except BaseException as exc:  # surfaced by the loop like a worker's failure
@@ -90,7 +96,7 @@ def _inline_submit(fn: Callable, *args: object) -> Future:
 
 
 @contextmanager
-def _dask_executor(address: str) -> Iterator[Callable[..., Future]]:
+def _dask_executor(address: str) -> Iterator[Callable[..., DaskFuture[Any]]]:
     try:
         from distributed import Client
     except ImportError:
@@ -100,7 +106,6 @@ def _dask_executor(address: str) -> Iterator[Callable[..., Future]]:
     except (OSError, TimeoutError) as exc:
         raise InputError(f"--scheduler {address}: cannot connect ({exc})") from None
     try:
-        # distributed futures are concurrent.futures-compatible enough for `wait` via as_completed below.
         yield lambda fn, *args: client.submit(fn, *args, pure=False)
     finally:
         client.close()
@@ -117,11 +122,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     pending = [(i, p) for i, p in enumerate(points) if i not in done]
     bar = tqdm(total=len(points), initial=len(points) - len(pending), unit="pt", file=sys.stderr,
                disable=None if progress else True, desc="explore", dynamic_ncols=True)  # None: terminals only
-    executor = _dask_executor(scheduler) if scheduler else _local_executor(jobs)
-    with executor as submit, bar:
-        if scheduler:
-            _drain_dask([submit(_row, spec, i, p) for i, p in pending], store, bar)
-        else:
+    if scheduler:
+        with _dask_executor(scheduler) as dask_submit, bar:
+            _drain_dask([dask_submit(_row, spec, i, p) for i, p in pending], store, bar)
+    else:
+        with _local_executor(jobs) as submit, bar:
             futures = {submit(_row, spec, i, p) for i, p in pending}
             while futures:
                 finished, futures = wait(futures, return_when=FIRST_COMPLETED)
@@ -132,7 +137,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     return RunSummary(len(points), len(points) - len(pending), len(pending), time.perf_counter() - t0)
 
 
-def _drain_dask(futures: list, store: ResultsFile, bar: tqdm) -> None:
+def _drain_dask(futures: list[DaskFuture[Any]], store: ResultsFile, bar: tqdm[Any]) -> None:
     from distributed import as_completed
 
     for fut in as_completed(futures):

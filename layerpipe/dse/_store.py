@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from layerpipe._files import read_bytes_limited, write_atomic
@@ -52,7 +52,7 @@ COLUMNS: tuple[str, ...] = (
 MAX_RESULTS_BYTES = 1 << 30
 
 
-def _line(row: dict[str, object]) -> str:
+def _line(row: Mapping[str, object]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow([_cell(row.get(c)) for c in COLUMNS])
     return buf.getvalue()
@@ -141,7 +141,7 @@ class ResultsFile:
         write_atomic(self.path, header() + body)
 
 
-def write_csv(path: str | Path, columns: Iterable[str], rows: Iterable[dict[str, object]]) -> None:
+def write_csv(path: str | Path, columns: Iterable[str], rows: Iterable[Mapping[str, object]]) -> None:
     cols = list(columns)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

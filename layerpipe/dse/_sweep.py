@@ -154,7 +154,7 @@ SWEEP_KEYS: dict[str, str] = {
 }
 
 
-def _as_tuple(value: Any, key: str, kind: type) -> tuple:
+def _as_tuple(value: Any, key: str, kind: type | tuple[type, ...]) -> tuple[Any, ...]:
     items = value if isinstance(value, list) else [value]
     for item in items:
         if not (item is None and key in ("max_staleness", "max_traffic")) and not isinstance(item, kind):

@@ -60,7 +60,11 @@ def part_rows(rows: int, parts: int) -> list[tuple[int, int]]:
 
 def _rows_of(network: Network, index: int) -> int:
     op = network.layer(index).op
-    return op.out_features if isinstance(op, Linear) else op.out_channels  # type: ignore[union-attr]
+    if isinstance(op, Linear):
+        return op.out_features
+    if isinstance(op, Conv2d):
+        return op.out_channels
+    raise TypeError(f"layer {index} is {type(op).__name__}: only linear and conv2d layers have rows to split")
 
 
 def split_refusal(network: Network, layer: str | int, parts: int) -> str | None:

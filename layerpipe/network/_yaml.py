@@ -63,25 +63,26 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 200_000
 
 
-class _LimitedComposer:
+class _LimitedComposer(yaml.SafeLoader):
     """Composer hooks of `_StrictLoader`: depth while composing, expanded size once a document is composed."""
 
     _depth = 0
+    source = "<yaml>"  #: what errors name (the file)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
-                line = self.peek_event().start_mark.line + 1  # type: ignore[attr-defined]
-                source = self.source  # type: ignore[attr-defined]
-                raise InputError(f"{source}: line {line}: nested deeper than {MAX_YAML_DEPTH} levels")
-            return super().compose_node(parent, index)  # type: ignore[misc]
+                line = self.peek_event().start_mark.line + 1
+                raise InputError(f"{self.source}: line {line}: nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
     def compose_document(self) -> Any:
-        node = super().compose_document()  # type: ignore[misc]
-        _check_expanded_size(node, self.source)  # type: ignore[attr-defined]
+        node = super().compose_document()
+        if node is not None:
+            _check_expanded_size(node, self.source)
         return node
 
 
@@ -125,10 +126,9 @@ class _Mapping(dict):
     line: int = 0
 
 
-class _StrictLoader(_LimitedComposer, yaml.SafeLoader):
-    """A SafeLoader that rejects duplicate mapping keys and records the line of every mapping."""
-
-    source = "<yaml>"
+class _StrictLoader(_LimitedComposer):
+    """A SafeLoader (with `_LimitedComposer`'s limits) that rejects duplicate mapping keys and records the line
+    of every mapping."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, str] = {}

@@ -219,7 +219,10 @@ class DelaySolution:
         return max(self.stage_of_task.values()) + 1 if self.stage_of_task else 0
 
     def stage_of_layer(self, layer: int) -> int:
-        return self.stage_of_task[self.graph.task_of(layer, "F")]  # type: ignore[index]
+        forward = self.graph.task_of(layer, "F")
+        if forward is None:
+            raise KeyError(layer)
+        return self.stage_of_task[forward]
 
     def stages_after(self, layer: int) -> int:
         """S(l): pipeline stages after the stage of layer l's forward task."""

@@ -20,7 +20,8 @@ What this module computes on such graphs:
   which is the same as checking the delay count of every fundamental cycle.
 - `solve_difference_constraints` (alias `least_retiming`): the solver every pass shares — the pointwise
   least r ≥ 0 with r(dst) ≥ r(src) + b for given (src, dst, b) constraints, by networkx's Bellman–Ford
-  from a virtual source, or None if a positive cycle makes it infeasible.
+  from a virtual source, or None if a positive cycle makes it infeasible; given a topological order of an
+  acyclic system (the schedulers' lags, start times and loop lengths), one relaxation per constraint.
 
 Graph algorithms are networkx's (topological order, DAG longest path, Floyd–Warshall, Bellman–Ford,
 spanning forest); Howard's maximum cycle ratio is our own (`_cycle_ratio`: networkx has none). Training
@@ -183,24 +184,34 @@ def clock_period(graph: TimedGraph) -> int:
 
 
 def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: np.ndarray | Sequence[int],
-                                 bound: np.ndarray | Sequence[int]) -> np.ndarray | None:
+                                 bound: np.ndarray | Sequence[int],
+                                 order: Sequence[int] | None = None) -> np.ndarray | None:
     """The least integer vector r ≥ 0 with r[dst[i]] ≥ r[src[i]] + bound[i] for every i, or None.
 
     Feasible difference constraints form a lattice, so a least solution exists; it is the longest path
     from a virtual source joined to every node by a 0 edge, i.e. minus the shortest path over weights
     −bound (Bellman–Ford, networkx; a negative cycle there is a positive cycle of bounds: no solution).
     Of parallel constraints only the largest bound matters.
+
+    `order`, a permutation of 0..n−1, is a hint for acyclic systems (the schedulers' lags and start times
+    over one iteration's delay-0 precedence, solved thousands of times per schedule): when every
+    constraint runs forward in it, the constraints taken by the position of their `dst` need one
+    relaxation each — Bellman–Ford's round in topological order, which is exact on a DAG — with the same
+    least solution. A constraint against the order falls back to the networkx Bellman–Ford.
     """
-    r = np.zeros(n, dtype=np.int64)
     if len(src) == 0:
-        return r
+        return np.zeros(n, dtype=np.int64)
+    us, vs, bs = _as_list(src), _as_list(dst), _as_list(bound)
+    if order is not None:
+        least = _least_in_order(n, us, vs, bs, order)
+        if least is not None:
+            return None if least is _INFEASIBLE else np.array(least, dtype=np.int64)
+    elif any(u == v and b > 0 for u, v, b in zip(us, vs, bs, strict=True)):
+        return None  # r[v] ≥ r[v] + b
     weight: dict[tuple[int, int], int] = {}
-    for u, v, b in zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), np.asarray(bound).tolist(), strict=True):
-        if u == v:
-            if b > 0:
-                return None  # r[v] ≥ r[v] + b
-            continue
-        weight[(u, v)] = max(weight.get((u, v), b), b)
+    for u, v, b in zip(us, vs, bs, strict=True):
+        if u != v:
+            weight[(u, v)] = max(weight.get((u, v), b), b)
     graph: nx.DiGraph[int] = nx.DiGraph()  # the source's edges bring in every node
     graph.add_weighted_edges_from((n, v, 0) for v in range(n))
     graph.add_weighted_edges_from((u, v, -b) for (u, v), b in weight.items())
@@ -208,8 +219,52 @@ def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: n
         dist = nx.single_source_bellman_ford_path_length(graph, n)
     except nx.NetworkXUnbounded:
         return None
+    r = np.zeros(n, dtype=np.int64)
     for v in range(n):
         r[v] = -dist[v]
+    return r
+
+
+def _as_list(values: np.ndarray | Sequence[int]) -> list[int] | Sequence[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else values  # read only, never copied
+
+
+#: `_least_in_order`'s answer for a positive self-loop (r[v] ≥ r[v] + b, b > 0): no solution.
+_INFEASIBLE: list[int] = []
+
+
+def _least_in_order(n: int, us: Sequence[int], vs: Sequence[int], bs: Sequence[int],
+                    order: Sequence[int]) -> list[int] | None:
+    """The least r ≥ 0 when every constraint u→v has u before v in `order` (or u = v), `_INFEASIBLE` for a
+    positive self-loop, None when some constraint runs against the order. Constraints are relaxed by the
+    position of their head (kept as given when already in that order), so each tail is final when read."""
+    pos = [-1] * n
+    for i, v in enumerate(order):
+        pos[v] = i
+    if len(order) != n or -1 in pos:
+        raise ValueError(f"order must be a permutation of 0..{n - 1}")
+    head = [pos[v] for v in vs]
+    last, in_order = -1, True
+    for u, p, b in zip(us, head, bs, strict=True):
+        tail = pos[u]
+        if tail >= p:
+            if tail > p:
+                return None
+            if b > 0:
+                return _INFEASIBLE
+        if p < last:
+            in_order = False
+        last = p
+    r = [0] * n
+    if in_order:
+        for u, v, b in zip(us, vs, bs, strict=True):
+            if r[u] + b > r[v]:
+                r[v] = r[u] + b
+        return r
+    for i in sorted(range(len(us)), key=head.__getitem__):
+        need = r[us[i]] + bs[i]
+        if need > r[vs[i]]:
+            r[vs[i]] = need
     return r
 
 

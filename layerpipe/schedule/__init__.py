@@ -28,7 +28,7 @@ from layerpipe.schedule._ooo import OOOOptions
 from layerpipe.schedule._optimal import OptimalOptions
 from layerpipe.schedule._pipedream import PipeDream2BWOptions, PipeDreamOptions
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._sync import (
+from layerpipe.schedule._stage_programs import (
     dualpipev,
     gpipe,
     interleaved_1f1b,
@@ -40,7 +40,7 @@ from layerpipe.schedule._sync import (
     zb_h2,
     zbv,
 )
-from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options
+from layerpipe.schedule._sync_policies import InterleavedOptions, SyncOptions, ZBH1Options
 from layerpipe.schedule._validate import dry_run, format_grid, periodic_staleness, validate
 from layerpipe.schedule.metrics import ScheduleMetrics, period_lower_bound
 from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options

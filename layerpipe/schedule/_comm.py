@@ -20,20 +20,24 @@ P = max(busiest processor, busiest channel) the simulated period equals the sche
 
 On a `bus` every transfer shares channel 0. Its order across processors is not fixed by any one program, so
 a self-timed run that gets ahead of the plan would reorder it (and, with unequal transfers, lose the period);
-the simulator therefore serves a planned run's bus in the plan's order — a compiled bus, as an accelerator
-whose microcode issues its bus transfers would — and schedules without a plan in producer-end order.
+a planned run's bus is therefore compiled — as an accelerator whose microcode issues its bus transfers would:
+`channel_timing` packs it in the order `layerpipe.interconnect.compiled_bus_key` defines and the simulator
+serves it in that order, no transfer before the plan's bus sends it (`layerpipe.sim._engine.bus_order`).
+Weight reads of an unfolded table come from the update copy the timing pins them to, so the planned
+transfers are the simulated ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
+from layerpipe.schedule._ir import tie_rank
 
 if TYPE_CHECKING:
-    from layerpipe.schedule._shared import TaskTable
+    from layerpipe.schedule._task_table import TaskTable
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,13 @@ class Transfer:
     channel: int
     hold: int
     weight: bool = False
+    #: For a weight read, the update copy `table.weight_reads` names (`src` is the copy really read from).
+    listed: int = -1
 
 
-def transfers(table: TaskTable, comm: Comm) -> list[Transfer]:
-    """Every transfer of one iteration under `comm`'s placement (none on `shared`)."""
+def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None = None) -> list[Transfer]:
+    """Every transfer of one iteration under `comm`'s placement (none on `shared`); `sources[(u, x)]` replaces
+    the update copy a weight read (u, x) of the table comes from (`channel_timing`)."""
     if comm.free:
         return []
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
@@ -73,8 +80,9 @@ def transfers(table: TaskTable, comm: Comm) -> list[Transfer]:
             if place[u] != place[v]:
                 out.append(Transfer(u, v, w, ic.channel(place[u], place[v], n), ic.hold(w)))
     for u, x, w in table.weight_reads:
-        if place[u] != place[x]:
-            out.append(Transfer(u, x, w, ic.channel(place[u], place[x], n), ic.hold(w), weight=True))
+        src = sources.get((u, x), u) if sources else u
+        if place[src] != place[x]:
+            out.append(Transfer(src, x, w, ic.channel(place[src], place[x], n), ic.hold(w), weight=True, listed=u))
     return out
 
 
@@ -92,16 +100,55 @@ def busiest_channel(table: TaskTable, comm: Comm) -> int:
     return max(channel_loads(table, comm).values(), default=0)
 
 
+#: Rounds of re-planning an unfolded table's weight reads from the copies the timing pins them to.
+SOURCE_ROUNDS = 4
+
+
 def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
                    consumer_time: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
     """Arrival of every transfer (u, v), in cycles from the start of u's period (u's start is start[u]).
 
     `consumer_time[v]` orders the consumers of one producer on one channel (their program order: absolute
     start in the plan, lag·P + start); without it they go by start offset. Channels must fit in the period.
+
+    Weight reads of an unfolded table with several update copies per layer are planned from the copy the
+    timing makes each reader read (`_unfold.pinned_weight_sources`: the rule the unrolled schedule pins
+    reads with, which needs the lags, so only with `consumer_time`), re-planned until the copies stop
+    changing; each is reported under the read `table.weight_reads` lists, as its arrival after the listed
+    copy's end plus the delay after the read copy's end — so `read_delays` (arrival − end of the listed copy)
+    is the delay of the transfer the simulator makes.
     """
     found = transfers(table, comm)
     if not found:
         return {}
+    arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+    if consumer_time is None or not any(t.weight for t in found):
+        return arrival
+    from layerpipe.schedule._unfold import UnfoldedTable, pinned_weight_sources  # _unfold imports this module
+
+    if not isinstance(table, UnfoldedTable):
+        return arrival
+    lag = [(at - s) // period for at, s in zip(consumer_time, start, strict=True)]
+    sources = {(u, x): u for u, x, _ in table.weight_reads}
+    for _ in range(SOURCE_ROUNDS):
+        delay = {t.dst: arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src] for t in found if t.weight}
+        again = pinned_weight_sources(table, comm.placement, start, lag, period, delay)
+        if again == sources:
+            break
+        sources = again
+        found = transfers(table, comm, sources)
+        arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+    out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
+    for t in found:
+        if t.weight:
+            out[(t.listed, t.dst)] = (arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src]
+                                      + start[t.listed] + table.cost[t.listed])
+    return out
+
+
+def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
+                   consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
     by_channel: dict[int, list[Transfer]] = {}
@@ -113,15 +160,24 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
         # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
         # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
         # releases in the consumer's program order — its processor, then its plan time in the same frame (a
-        # weight read is consumed at least one iteration later) — as the simulator's engine queues them (a
-        # bus in this planned order: `layerpipe.sim._engine`, compiled bus).
+        # weight read is consumed at least one iteration later) — as the simulator's engine queues them.
         def order(t: Transfer) -> tuple[int, ...]:
             r = start[t.src] + table.cost[t.src]
             frame = (key_of[t.src] // period if consumer_time is not None else 0) + r // period
             when = key_of[t.dst] - frame * period + (period if t.weight else 0)
             return (r % period, -(r // period), place[t.dst], when, t.dst, t.src)
 
-        queue.sort(key=order)
+        def bus_order(t: Transfer) -> tuple[object, ...]:
+            # A bus is compiled: the one order `compiled_bus_key` defines, on plan times taken in the window
+            # of the release (the simulator applies it to the absolute planned times).
+            release = key_of[t.src] + table.cost[t.src]
+            window = release - release % period
+            consumer = table.tasks[t.dst]
+            return (compiled_bus_key(release - window, key_of[t.src] - window, place[t.dst],
+                                     key_of[t.dst] + (period if t.weight else 0) - window,
+                                     tie_rank(consumer.kind, consumer.layer), place[t.src]), t.dst, t.src)
+
+        queue.sort(key=bus_order if comm.interconnect.kind == "bus" else order)
         ends = [start[t.src] + table.cost[t.src] for t in queue]
         depart = _fifo_departures([r % period for r in ends], [t.hold for t in queue], period)
         for t, r, d in zip(queue, ends, depart, strict=True):

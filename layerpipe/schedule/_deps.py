@@ -36,12 +36,18 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError
+
+if TYPE_CHECKING:  # numpy loads when arrays are built, not at import (the CLI's parser imports this package)
+    import numpy as np
 
 #: Roles of dependencies that are not DFG edges.
 ROLE_ORDER = "order"  # U_l(t−1) → U_l(t)
@@ -370,21 +376,293 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
                     raise InputError(f"stage op {op.kind} needs G as its own task, but layer {layer} fuses '{kind}'")
         return out
 
-    remaining = {}  # (stage, step) → gradient ops still to run before the update
+    remaining: dict[tuple[int, int], int] = {}  # (stage, step) → gradient ops still to run before the update
     for op in schedule.ops():
         if op.kind in STAGE_GRADIENT_KINDS:
             key = (op.unit, op.iteration // m)
             remaining[key] = remaining.get(key, 0) + 1
+    known: dict[tuple[str, int], list[tuple[str, int]]] = {}  # a stage op's layer tasks, by (kind, stage)
     rows = []
-    for p, row in enumerate(schedule.procs):
-        ops: list[Op] = []
-        for op in row:
-            ops += [Op(p, kind, layer, op.iteration) for kind, layer in tasks_of(op)]
-            if op.kind in STAGE_GRADIENT_KINDS:
-                key = (op.unit, op.iteration // m)
-                remaining[key] -= 1
-                if remaining[key] == 0:
-                    j = op.iteration // m
-                    ops += [Op(p, "U", layer, j) for layer in stages.layers[op.unit] if layer in weighted]
-        rows.append(tuple(ops))
+    with _gc_paused():  # many small acyclic objects: collections would walk every Op built so far, again and again
+        for p, row in enumerate(schedule.procs):
+            ops: list[Op] = []
+            for op in row:
+                tasks = known.get((op.kind, op.unit))
+                if tasks is None:
+                    tasks = known[(op.kind, op.unit)] = tasks_of(op)
+                it = op.iteration
+                ops += [Op(p, kind, layer, it) for kind, layer in tasks]
+                if op.kind in STAGE_GRADIENT_KINDS:
+                    key = (op.unit, it // m)
+                    remaining[key] -= 1
+                    if remaining[key] == 0:
+                        ops += [Op(p, "U", layer, it // m) for layer in stages.layers[op.unit] if layer in weighted]
+            rows.append(tuple(ops))
     return OpSchedule("layer", tuple(rows), synchronous=True, microbatches=m)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused (and restored as it was) while building many acyclic objects."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# --- the same rules as arrays -------------------------------------------------------------------------------
+#
+# `dependency_arrays` lists exactly what `dependencies()` lists — the same producers with the same words and
+# roles, in the same order per consumer — as numpy arrays over the ops numbered in `schedule.ops()` order, with
+# no object per edge (issue 14: one `Dependency` per edge was 76–82 % of a stage-level `simulate()`). Each
+# task's rules become rows of a rule table, a task's rows in dependency order. Row r turns a consumer op of its
+# task at iteration `it` into producers src(base + k), k = 0 … count − 1, where base = (it // div) · mul − off
+# and count = 1, or min(cap, total − base) when cap > 0 (a step's or an update group's micro-batches), and only
+# when base ≥ 0 and it mod `mod` = `phase` (a read pin of one phase). Where src has no op at that iteration the
+# row's `alt` task is tried (stage level: B or I). The stage rules' step edges (a stage's gradient ops of the
+# previous step) are lists, not rows: they are built apart and merged in after the rows' dependencies.
+# Where a producer is missing, or the schedule is outside what the arrays cover, the result is None and the
+# caller asks `dependencies()`, which raises the error it always raised.
+
+#: Largest (tasks × iterations) lookup table `dependency_arrays` builds (beyond it: None, op by op instead).
+MAX_INDEX_CELLS = 50_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class DependencyArrays:
+    """Producers per consumer as CSR: consumer i's are `producer[ptr[i]:ptr[i+1]]`, each sending `words` with
+    role `roles[role]`. Roles are numbered in order of first appearance (consumer order, then dependency
+    order), as a walk over `dependencies()`'s map in op order numbers them."""
+
+    ptr: np.ndarray
+    producer: np.ndarray
+    words: np.ndarray
+    role: np.ndarray  #: int8 codes into `roles`
+    roles: tuple[str, ...]
+
+
+#: The columns of a rule row (see above); `task` is the consumer task, `src`/`alt` producer tasks (−1: none).
+_RULE_COLUMNS = ("task", "src", "alt", "div", "mul", "off", "cap", "mod", "phase", "words", "role")
+
+
+class _Rules:
+    """The rule table under construction, over the tasks of the schedule (`task_id`)."""
+
+    def __init__(self, tasks: Sequence[tuple[str, int]]) -> None:
+        self.task_id = {t: k for k, t in enumerate(tasks)}
+        self.rows: list[tuple[int, ...]] = []
+        self.role_names: list[str] = []
+
+    def add(self, task: int, src: tuple[str, int], words: int, role: str, *, div: int = 1, mul: int = 1,
+            off: int = 0, cap: int = 0, mod: int = 1, phase: int = 0, alt: tuple[str, int] | None = None) -> None:
+        if role not in self.role_names:
+            self.role_names.append(role)
+        alt_id = self.task_id.get(alt, -1) if alt is not None else -1
+        self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words,
+                          self.role_names.index(role)))
+
+
+def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], task: np.ndarray,
+                      iteration: np.ndarray, graph: TrainingGraph | None = None,
+                      stages: StageInfo | None = None) -> DependencyArrays | None:
+    """`dependencies(schedule, graph, stages)` as arrays (see above), for stage-level, synchronous layer-level
+    and grouped (unfolded) asynchronous layer-level schedules. Op i of `schedule.ops()` is task
+    `tasks[task[i]]` at iteration `iteration[i]`; no two ops may share a (task, iteration). None when the
+    arrays do not apply: a missing producer, a kind the rules do not know, a negative iteration, a lookup table
+    over `MAX_INDEX_CELLS`, a simple asynchronous schedule (it has its own array path)."""
+    import numpy as np
+
+    n = len(task)
+    if n and int(iteration.min()) < 0:
+        return None
+    span = int(iteration.max()) + 1 if n else 0
+    if len(tasks) * span > MAX_INDEX_CELLS:
+        return None
+    rules = _Rules(tasks)
+    steps: tuple[np.ndarray, np.ndarray] | None = None
+    if schedule.level == "stage":
+        made = _stage_rules(schedule, rules, tasks, task, iteration, stages)
+        if made is None:
+            return None
+        total, steps = made
+    elif graph is None:
+        return None
+    elif schedule.synchronous:
+        m = _microbatches(schedule)
+        updates = np.asarray([kind == "U" for kind, _ in tasks], dtype=bool)[task] if n else np.zeros(0, bool)
+        total = int(iteration[~updates].max()) + 1 if (~updates).any() else 0
+        _sync_rules(rules, graph, m)
+    elif schedule.simple or schedule.unfold < 1 or any(g < 1 for _, g in schedule.groups):
+        return None
+    else:
+        total = span
+        _grouped_rules(schedule, rules, graph)
+    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    index[task, iteration] = np.arange(n, dtype=np.int64)
+    consumer, producer, words, role = _apply(rules, len(tasks), task, iteration, index, total)
+    if steps is not None and len(steps[0]):
+        consumer = np.concatenate([consumer, steps[0]])
+        producer = np.concatenate([producer, steps[1]])
+        words = np.concatenate([words, np.zeros(len(steps[0]), dtype=np.int64)])
+        step_role = len(rules.role_names)
+        rules.role_names.append(ROLE_STEP)
+        role = np.concatenate([role, np.full(len(steps[0]), step_role, dtype=np.int64)])
+        order = np.argsort(consumer, kind="stable")  # a forward's activation, then its step edges
+        consumer, producer, words, role = consumer[order], producer[order], words[order], role[order]
+    if (producer < 0).any():
+        return None
+    # Number the roles by first appearance, as the op-by-op walk does.
+    present, first = np.unique(role, return_index=True)
+    ranked = present[np.argsort(first, kind="stable")]
+    code = np.zeros(len(rules.role_names), dtype=np.int64)
+    code[ranked] = np.arange(len(ranked))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
+    return DependencyArrays(ptr, producer, words, code[role].astype(np.int8),
+                            tuple(rules.role_names[int(r)] for r in ranked))
+
+
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For counts c_0, c_1, …: the owner j and the offset k < c_j of every one of the Σc items, in order."""
+    import numpy as np
+
+    owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    return owner, np.arange(len(owner), dtype=np.int64) - starts[owner]
+
+
+def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarray, index: np.ndarray,
+           total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(consumer, producer, words, role code) of every dependency the rule rows give, consumer-major, each
+    consumer's in row order; producer −1 where it is missing."""
+    import numpy as np
+
+    table = np.asarray(rules.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
+    col = {name: table[:, k] for k, name in enumerate(_RULE_COLUMNS)}
+    per_task = np.bincount(col["task"], minlength=num_tasks)
+    first_row = np.cumsum(per_task) - per_task  # rows are added task by task
+    cons, local = _expand(per_task[task])
+    row = first_row[task[cons]] + local
+    it = iteration[cons]
+    base = (it // col["div"][row]) * col["mul"][row] - col["off"][row]
+    cap = col["cap"][row]
+    count = np.where(cap > 0, np.minimum(cap, total - base), 1)
+    live = (base >= 0) & (it % col["mod"][row] == col["phase"][row])
+    pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
+    row, t = row[pair], base[pair] + k
+    span = index.shape[1]
+    producer = np.full(len(t), -1, dtype=np.int64)
+    for which in ("src", "alt"):
+        src = col[which][row]
+        todo = (producer < 0) & (src >= 0) & (t < span)
+        producer[todo] = index[src[todo], t[todo]]
+    return cons[pair], producer, col["words"][row], col["role"][row]
+
+
+def _sync_rules(rules: _Rules, graph: TrainingGraph, m: int) -> None:
+    """`_sync_layer_dependencies` as rows."""
+    incoming: dict[tuple[str, int], list] = {}
+    readers: dict[tuple[str, int], list] = {}
+    for e in graph.edges:
+        incoming.setdefault((e.dst.kind, e.dst.layer), []).append(e)
+        if e.role == "weights":
+            readers.setdefault((e.src.kind, e.src.layer), []).append(e)
+    for k, (kind, unit) in enumerate(rules.task_id):
+        if kind == "U":
+            for e in incoming.get((kind, unit), ()):
+                if e.role == "gradient":  # every micro-batch of step j: j·m … j·m + m − 1 (< total)
+                    rules.add(k, (e.src.kind, e.src.layer), e.words, e.role, mul=m, cap=m)
+            for e in readers.get((kind, unit), ()):
+                rules.add(k, (e.dst.kind, e.dst.layer), 0, ROLE_VERSION, mul=m, cap=m)
+            rules.add(k, (kind, unit), 0, ROLE_ORDER, off=1)
+        else:
+            for e in incoming.get((kind, unit), ()):
+                if e.role == "weights":  # U_l(step − 1)
+                    rules.add(k, (e.src.kind, e.src.layer), e.words, e.role, div=m, off=1)
+                else:
+                    rules.add(k, (e.src.kind, e.src.layer), e.words, e.role, off=e.delay)
+
+
+def _grouped_rules(schedule: OpSchedule, rules: _Rules, graph: TrainingGraph) -> None:
+    """`_grouped_layer_dependencies` as rows: a read pin of phase q is a row of `mod` J and `phase` q."""
+    groups, unfold, pins = schedule.groups_map(), schedule.unfold, schedule.read_pins()
+    incoming: dict[tuple[str, int], list[TaskEdge]] = {}
+    for e in layer_task_edges(graph):
+        incoming.setdefault(e.dst, []).append(e)
+    weight_in: dict[tuple[str, int], list] = {}
+    for edge in graph.edges:
+        if edge.role == "weights":
+            weight_in.setdefault((edge.dst.kind, edge.dst.layer), []).append(edge)
+    for k, (kind, unit) in enumerate(rules.task_id):
+        g = groups.get(unit, 1)
+        for e in incoming.get((kind, unit), ()):
+            if e.role == ROLE_ORDER:
+                rules.add(k, e.src, 0, e.role, off=1)
+            elif e.role == "gradient":  # the group's iterations u·g … u·g + g − 1 (< total)
+                rules.add(k, e.src, e.words, e.role, mul=g, cap=g)
+            else:
+                rules.add(k, e.src, e.words, e.role, off=e.delay)
+        for edge in weight_in.get((kind, unit), ()):
+            for q in range(unfold):
+                stale = pins.get((kind, unit, q))
+                if stale is not None:  # X(t) of phase q reads version ⌊t/g⌋ − s: U(⌊t/g⌋ − s − 1) writes it
+                    rules.add(k, (edge.src.kind, edge.src.layer), edge.words, edge.role, div=g, off=stale + 1,
+                              mod=unfold, phase=q)
+
+
+def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str, int]], task: np.ndarray,
+                 iteration: np.ndarray, stages: StageInfo | None
+                 ) -> tuple[int, tuple[np.ndarray, np.ndarray]] | None:
+    """`_stage_dependencies` as rows, and its step edges as (consumer, producer) arrays; None where the
+    op-by-op rules would raise (a kind that is not F, B, I, W; a stage without word counts)."""
+    import numpy as np
+
+    units = [unit for _, unit in tasks]
+    if any(kind not in ("F", "B", "I", "W") for kind, _ in tasks) or min(units, default=0) < 0:
+        return None
+    num_stages = stages.num_stages if stages else 1 + max(units, default=-1)
+    info = stages or StageInfo(num_stages)
+    for kind, s in tasks:
+        if kind == "F" and s > 0 and info.forward_words and s >= len(info.forward_words):
+            return None
+        if kind in ("B", "I") and s < num_stages - 1 and info.backward_words and s >= len(info.backward_words):
+            return None
+    m = _microbatches(schedule) if schedule.synchronous else 0
+    for k, (kind, s) in enumerate(tasks):
+        if kind == "F":
+            if s > 0:
+                rules.add(k, ("F", s - 1), info.words_into_forward(s), "activation")
+        elif kind in ("B", "I"):
+            if s < num_stages - 1:
+                rules.add(k, ("B", s + 1), info.words_into_backward(s), "error", alt=("I", s + 1))
+            rules.add(k, ("F", s), 0, "kept")
+        else:
+            rules.add(k, ("I", s), 0, "kept")
+    empty = np.zeros(0, dtype=np.int64)
+    n = len(task)
+    if not m or not n:
+        return 0, (empty, empty)
+    # Step edges: the first forward of (stage, step j ≥ 1) on each processor needs every gradient op (B, W) of
+    # the stage in step j − 1, in op order.
+    kind_of = np.asarray([kind for kind, _ in tasks])[task]
+    unit = np.asarray(units, dtype=np.int64)[task]
+    step = iteration // m
+    num_steps = int(step.max()) + 1
+    proc = np.repeat(np.arange(len(schedule.procs), dtype=np.int64), [len(row) for row in schedule.procs])
+    gradient = np.flatnonzero((kind_of == "B") | (kind_of == "W"))
+    g_key = unit[gradient] * num_steps + step[gradient]
+    by_key = np.argsort(g_key, kind="stable")
+    g_sorted, g_ops = g_key[by_key], gradient[by_key]
+    forwards = np.flatnonzero(kind_of == "F")
+    f_key = (unit[forwards] * num_steps + step[forwards]) * len(schedule.procs) + proc[forwards]
+    _, first = np.unique(f_key, return_index=True)
+    heads = np.sort(forwards[first])
+    heads = heads[iteration[heads] >= m]
+    want = unit[heads] * num_steps + step[heads] - 1
+    lo = np.searchsorted(g_sorted, want, side="left")
+    hi = np.searchsorted(g_sorted, want, side="right")
+    owner, offset = _expand(hi - lo)
+    return 0, (heads[owner], g_ops[lo[owner] + offset])

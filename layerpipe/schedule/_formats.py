@@ -130,10 +130,10 @@ def from_csv(text: str) -> OpSchedule:
         check_unfolding(unfold, groups)
         first_row = 2
     kinds = KINDS_STAGE if level == "stage" else KINDS_LAYER
-    procs = []
+    procs: list[tuple[Op, ...]] = []
     for r, cells in enumerate(csv.reader(lines[first_row - 1 :]), start=first_row):
         p = len(procs)
-        row = []
+        row: list[Op] = []
         for c, cell in enumerate(cells, start=1):
             if cell == "":
                 continue

@@ -17,10 +17,12 @@ Two schedule forms:
   coalesces m micro-batches, ICML'21 §3), and a U slot of phase k runs update (J/g)·(j − lag) + k. A period
   then trains J·batch samples. J = 1 and g = 1 are today's schedules, unchanged.
 
-Ties: ops that start at the same cycle on one processor (behind zero-cycle tasks such as a flatten) run in
-`tie_rank` order — one iteration's dataflow order, then the iteration. `unroll`, the explicit validator (which
-dry-runs the order `unroll` emits) and the periodic validator (which checks equal-start precedences against
-`tie_rank`) all use that one rule, so a periodic schedule the validator accepts unrolls into one that runs.
+Ties: ops that start at the same cycle on one processor (behind zero-cycle tasks such as a flatten) run
+zero-cycle ops first, then in `tie_rank` order — one iteration's dataflow order — then by iteration
+(`op_order_key`). `unroll`, the explicit validator (which dry-runs the order `unroll` emits) and the periodic
+validator (which checks equal-start precedences against `tie_rank`, a precedence of one start being always out
+of a zero-cycle producer) use that one rule, so a periodic schedule the validator accepts unrolls into one that
+runs, in the order its timing assumed.
 
 Text form of an op: `KIND UNIT . ITERATION`, e.g. `F3.7`, `AEG2.0`; a schedule is one line per processor:
 `p0: F1.0 F2.0 A2.0`. Slots print as `F3.7` style with the lag in place of the iteration and the start
@@ -32,8 +34,10 @@ iteration per period print as they always did.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
 from layerpipe.errors import InputError
 
@@ -328,9 +332,18 @@ def tie_rank(kind: str, unit: int) -> tuple[int, int, int]:
     return (1, -unit, "AEGU".index(kind[0]))
 
 
-def op_order_key(start: int, op: Op) -> tuple[int, tuple[int, int, int], int]:
-    """Program order of ops on one processor: start time, then `tie_rank`, then iteration."""
-    return (start, tie_rank(op.kind, op.unit), op.iteration)
+def op_order_key(start: int, op: Op, busy: bool = True) -> tuple[int, bool, tuple[int, int, int], int]:
+    """Program order of ops on one processor: start time, then zero-cycle ops (`busy` False) before ops that
+    take time, then `tie_rank`, then iteration.
+
+    A plan that starts an op of c > 0 cycles at s on a processor has every zero-cycle op it starts at s done
+    by then (they end at s), so they run first: a zero-cycle task packed at the end of a full body (offset P)
+    shares its cycle with the next period's first task and must not wait behind it (it did: its transfer then
+    left c cycles late and, on a bus, pushed the next one past its consumer). A precedence between ops of one
+    start is always out of a zero-cycle producer (a valid plan never starts a consumer before a producer of
+    c > 0 cycles ends), so this order keeps every producer first, as `tie_rank` alone did.
+    """
+    return (start, busy, tie_rank(op.kind, op.unit), op.iteration)
 
 
 @dataclass(frozen=True, order=True)
@@ -348,6 +361,43 @@ class Slot:
     def __str__(self) -> str:
         phase = f".{self.phase}" if self.phase else ""
         return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
+
+
+def read_offset(update_cost: int, reader_cost: int, same_proc: bool) -> int:
+    """Cycles from an update copy's start to its weights being readable, before any transfer: its cost, and
+    one more for a zero-cycle update on a zero-cycle reader's processor — it ends in the cycle the reader
+    starts but comes after it in program order (`op_order_key`: `tie_rank` puts U after F and E), so the
+    reader does not see it (a reader that takes time runs after every zero-cycle op of its cycle)."""
+    return update_cost + (update_cost == 0 and reader_cost == 0 and same_proc)
+
+
+def latest_update(reader_start: int, reader_lag: int, copies: Sequence[tuple[int, int, int, int]], per: int,
+                  period: int, delay: int) -> tuple[int, int]:
+    """The newest update a periodic reader sees, and which update copy writes it — the one rule of pinned
+    weight reads (`PeriodicSchedule.read_pins`, and the weight transfers `_comm.channel_timing` plans).
+
+    `copies[q]` = (start, lag, phase, `read_offset`) of the layer's update slots; their weights reach the
+    reader `delay` cycles after that offset. The reader of period j sees update (J/g)·(j + f_q − lag_q) + phase_q
+    of copy q, f_q = ⌊(reader_start − start_q − offset_q − delay)/P⌋; returns best = max_q ((J/g)·(f_q − lag_q +
+    reader_lag) + phase_q) (relative to the reader's lag) and the first copy attaining it.
+    """
+    best, which = None, 0
+    for q, (start, lag, phase, offset) in enumerate(copies):
+        seen = per * ((reader_start - start - offset - delay) // period - lag + reader_lag) + phase
+        if best is None or seen > best:
+            best, which = seen, q
+    assert best is not None, "a reader needs an update copy"
+    return best, which
+
+
+class RunPlan(Protocol):
+    """The timing a run's ops were made from (`layerpipe.sim.Workload.plan`): a planned start per op. A bus
+    serves a planned run's transfers in the plan's order, no earlier than the plan's bus does (a compiled bus,
+    `layerpipe.sim._engine`); `PeriodicSchedule` is one."""
+
+    def planned_start(self, kind: str, unit: int, iteration: int) -> int | None:
+        """Planned start cycle of op (kind, unit, iteration), or None when the plan does not hold it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -410,6 +460,10 @@ class PeriodicSchedule:
         max_lag = max((s.lag for body in self.bodies for s in body), default=0)
         periods = -(-iterations // self.unfold) + max_lag + 1
         limit = {layer: -(-iterations // g) for layer, g in self.groups}
+
+        def busy(s: Slot) -> bool:  # without costs (a schedule read from text) every task counts as busy
+            return self.costs.get((s.kind, s.layer), 1) > 0
+
         for p, body in enumerate(self.bodies):
             timed = []
             for j in range(periods):
@@ -417,7 +471,7 @@ class PeriodicSchedule:
                     t = self.iteration(s, j)
                     if 0 <= t < (limit.get(s.layer, iterations) if s.kind == "U" else iterations):
                         op = Op(p, s.kind, s.layer, t)
-                        timed.append((op_order_key(j * self.period + s.start, op), op))
+                        timed.append((op_order_key(j * self.period + s.start, op, busy(s)), op))
             timed.sort(key=lambda x: x[0])
             rows.append(tuple(x[1] for x in timed))
         pins = self.read_pins()
@@ -464,22 +518,33 @@ class PeriodicSchedule:
             key = (x.kind, x.layer, x.phase) if x.phase else (x.kind, x.layer)
             delay = self.read_delays.get(key, 0)
             c_u = self.costs[("U", x.layer)]
-            # A zero-cycle update on the reader's processor that ends in the cycle the reader starts comes
-            # after it in program order (`tie_rank`: U after F and E), so the reader does not see it.
-            best = max(per * ((x.start - u.start - c_u - delay - (c_u == 0 and where[u] == where[x])) // self.period
-                              - u.lag + x.lag) + u.phase for u in us)
+            c_x = self.costs.get((x.kind, x.layer), 1)
+            copies = [(u.start, u.lag, u.phase, read_offset(c_u, c_x, where[u] == where[x])) for u in us]
+            best, _ = latest_update(x.start, x.lag, copies, per, self.period, delay)
             stale = x.phase // g - 1 - best
             out[(x.kind, x.layer, x.phase)] = max(stale, floor.get((x.kind, x.layer, x.phase), stale))
         return out
 
     def start_time(self, kind: str, layer: int, iteration: int) -> int:
         """Start of the op of `iteration` (update number for U) of task kind/layer."""
-        per = self.phases(kind, layer)
-        for body in self.bodies:
-            for s in body:
-                if (s.kind, s.layer, s.phase) == (kind, layer, iteration % per):
-                    return (iteration // per + s.lag) * self.period + s.start
-        raise KeyError((kind, layer))
+        start = self.planned_start(kind, layer, iteration)
+        if start is None:
+            raise KeyError((kind, layer))
+        return start
+
+    @cached_property
+    def _slots(self) -> dict[tuple[str, int, int], Slot]:
+        return {(s.kind, s.layer, s.phase): s for body in self.bodies for s in body}
+
+    def planned_start(self, kind: str, unit: int, iteration: int) -> int | None:
+        """`RunPlan`: the planned start j·P + start of the op of `iteration` (update number for U), None for a
+        task the bodies do not hold. Op (kind, l, t) is the slot of phase t mod J (updates: mod J/g) and runs in
+        period j = t div J + lag (updates: div J/g)."""
+        per = self.phases(kind, unit)
+        slot = self._slots.get((kind, unit, iteration % per))
+        if slot is None:
+            return None
+        return (iteration // per + slot.lag) * self.period + slot.start
 
     def to_text(self) -> str:
         head = f"# layerpipe periodic schedule v1 period={self.period} procs={self.num_procs}"

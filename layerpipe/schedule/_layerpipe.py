@@ -26,26 +26,17 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network, split_layer, split_refusal
+from layerpipe.schedule._balance import balance, timeline_partition
+from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets, modulo_list_schedule
 from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._comm_timing import Timing, timing_of
+from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
+from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_keys,
-    asap_times,
-    balance,
-    best_ordering,
-    default_targets,
-    loop_lengths,
-    modulo_list_schedule,
-    timeline,
-    timeline_partition,
-    timing_of,
-)
-from layerpipe.schedule._shared import timed as timed_starts
-from layerpipe.schedule._unfold import balanced_unfolded
+from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 
 #: Period probes under a staleness bound grow by this factor until one is feasible.
@@ -226,8 +217,8 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         best = min(timed, key=lambda t: (t.period, t.cost.words, t.timing.score()))
         replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
         if replicated is not None and (Fraction(replicated.period, replicated.table.unfold),
-                                       Fraction(replicated.words, replicated.table.unfold)) < (best.period,
-                                                                                               best.cost.words):
+                                       Fraction(replicated.words, replicated.table.unfold)) < (Fraction(best.period),
+                                                                                               Fraction(best.cost.words)):
             laid = replicated
             return periodic_result("layerpipe", options, laid.table, num_procs, laid.placement, laid.timing.start,
                                    laid.timing.lag, laid.period, laid.table.cost, interconnect=interconnect,
@@ -268,7 +259,7 @@ def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence
 
 
 def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
-                 interconnect: Interconnect, max_words: int | None) -> list[list[int]]:
+                 interconnect: Interconnect, max_words: float | None) -> list[list[int]]:
     """The placements LayerPipe times (design notes §11, issue 9's search space):
 
     - load-balanced placements of single tasks (LPT + repair, the timeline cut + repair, the cut as is);
@@ -304,7 +295,7 @@ class ReplicatedCandidate:
     """PipeDream's replicated plan laid out on LayerPipe's tasks (an unfolded timing), with its words moved
     per period."""
 
-    table: TaskTable
+    table: UnfoldedTable
     placement: list[int]
     period: int
     timing: Timing
@@ -313,7 +304,7 @@ class ReplicatedCandidate:
 
 
 def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
-                          options: LayerPipeOptions, max_words: int | None) -> ReplicatedCandidate | None:
+                          options: LayerPipeOptions, max_words: float | None) -> ReplicatedCandidate | None:
     """PipeDream's own plan — contiguous stages *and* replicas, 1F1B-RR, on this interconnect (`_planner`) —
     with LayerPipe's finer tasks on the same processors: its loads and channels are PipeDream's, so its
     period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
@@ -358,7 +349,7 @@ def _keeps_weights(table: TaskTable, placement: Sequence[int]) -> bool:
 
 def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs: Sequence[int],
              asap: Sequence[int], k: int, known: int | None, interconnect: Interconnect = SHARED,
-             max_words: int | None = None) -> Candidate | None:
+             max_words: float | None = None) -> Candidate | None:
     """The smallest period below `known` (a period already achieved with staleness ≤ k, or None) at which
     the modulo list scheduler meets staleness ≤ k on the interconnect (its placement's channels must fit the
     period, its transfers are planned); None if it finds none below `known`."""

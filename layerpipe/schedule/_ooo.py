@@ -29,7 +29,7 @@ the cost model and the uncontended transfer time of the activation or error word
 interconnect (`Interconnect.transfer_cycles`); at each decision the processor takes, among its ready ops,
 first an I (or the W that gates a ready I), then an F (earliest stage, then micro-batch), then the oldest W;
 idle when nothing is ready. The order is then timed like every synchronous policy, by the simulator on the
-interconnect (`_synchronous.synchronous_result`). `allocation="auto"` (the default) orders modulo allocation
+interconnect (`_sync_policies.synchronous_result`). `allocation="auto"` (the default) orders modulo allocation
 with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the simulator time the
 MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one, and keeps the
 fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults to 1. The
@@ -49,12 +49,12 @@ from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
-from layerpipe.schedule import _sync
+from layerpipe.schedule import _stage_programs
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._sync import StageOp
-from layerpipe.schedule._synchronous import (
+from layerpipe.schedule._stage_programs import StageOp
+from layerpipe.schedule._sync_policies import (
     StageCost,
     _check_step_size,
     contiguous_stages,
@@ -146,9 +146,10 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
                     needs.append(end.get(("W", s, t - 1)))
         else:
             needs.append(end.get(("I", s, t) if s < last else ("I", s, m - 1)))
-        if any(n is None for n in needs):
+        known = [n for n in needs if n is not None]
+        if len(known) < len(needs):
             return None
-        return max([0, *needs])  # type: ignore[type-var]
+        return max([0, *known])
 
     def duration(op: StageOp) -> int:
         kind, s, t = op
@@ -191,9 +192,8 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
     for p in range(num_procs):
         refresh(p)
     for _ in range(3 * m * count):
-        here = min((p for p in range(num_procs) if best_of[p] is not None),
-                   key=lambda p: (best_of[p][0], best_of[p][1], p))  # type: ignore[index]
-        start, _, op = best_of[here]  # type: ignore[misc]
+        (start, _, op), here = min(((best, p) for p, best in enumerate(best_of) if best is not None),
+                                   key=lambda pair: (pair[0][0], pair[0][1], pair[1]))
         kind, s, _ = op
         end[op] = start + duration(op)
         free[here] = end[op]
@@ -271,7 +271,7 @@ def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: 
     procs = min(num_procs, len(stage_layers))
 
     def build(steps: int) -> OpSchedule:
-        return _sync._schedule(rows, m, steps)
+        return _stage_programs._schedule(rows, m, steps)
 
     if g is None:
         layout = f"contiguous allocation: {len(stage_layers)} balanced stages"

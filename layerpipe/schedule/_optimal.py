@@ -29,10 +29,12 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._layerpipe import candidate_placements, group_items, loads_of, place_items, weight_groups
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import TaskTable, asap_keys, asap_times, best_ordering, default_targets
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule.metrics import period_lower_bound
 
 #: Largest graph the policy accepts, in placement items and items × processors: beyond it HiGHS may need

@@ -38,19 +38,15 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._balance import partition_contiguous
+from layerpipe.schedule._bodies import best_ordering, order_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._comm_timing import Timing, timed
 from layerpipe.schedule._ir import MAX_UNFOLD
+from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._planner import Plan, PlanCosts, Stage, plan, replicated_timing
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_times,
-    best_ordering,
-    order_bodies,
-    partition_contiguous,
-    timed,
-)
+from layerpipe.schedule._task_table import TaskTable
 
 
 @dataclass(frozen=True)

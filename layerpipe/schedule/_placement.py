@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, transfers
-from layerpipe.schedule._shared import TaskTable
+from layerpipe.schedule._task_table import TaskTable
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
 LIGHT_TARGETS = 3
@@ -201,7 +201,7 @@ class _State:
 
 
 def improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
-            members: Sequence[Sequence[int]], max_words: int | None = None) -> list[int]:
+            members: Sequence[Sequence[int]], max_words: float | None = None) -> list[int]:
     """A placement no single move of an item off a bottleneck improves, by (period, resources at the period,
     words per iteration), never exceeding `max_words` words per iteration when given."""
     state = _State(table, placement, num_procs, interconnect, members)

@@ -47,19 +47,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_times,
-    best_ordering,
-    default_targets,
-    modulo_list_schedule,
-    order_bodies,
-    pack_bodies,
-    timed,
-    timing_of,
-)
+from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
@@ -339,7 +331,7 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     comm = Comm(placement, interconnect, num_procs)
     trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
-        bodies = order_bodies(placement, num_procs, lambda v, tg=target: (tg[v] % period, tg[v], v))
+        bodies = order_bodies(placement, num_procs, _by_target(target, period))
         trials.append(pack_bodies(unfolded, bodies, period, target, comm))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
@@ -352,7 +344,7 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     else:
         trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
                             comm))
-    candidates = []
+    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
     for found in trials:
         lags = update_chain_lags(unfolded, found.start, found.lag, period)
         if lags is not None:
@@ -365,6 +357,11 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert candidates, "no body order keeps the update copies in order"
     return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
+    """Body order by target offset modulo the period, then target, then task."""
+    return lambda v: (target[v] % period, target[v], v)
 
 
 def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,
@@ -380,8 +377,8 @@ def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int
     for v, (t, k, c) in enumerate(zip(table.tasks, table.phase, table.cost, strict=True)):
         if k == 0 and t.kind != "U":
             (f if t.kind == "F" else b)[stage_of[t.layer]] += c
-            for u, w in zip(table.preds[v], table.pred_words[v], strict=True):
-                su = stage_of[table.tasks[u].layer]
+            for src, w in zip(table.preds[v], table.pred_words[v], strict=True):
+                su = stage_of[table.tasks[src].layer]
                 if su != stage_of[t.layer]:
                     (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
     u = [0] * count

@@ -8,10 +8,12 @@ from dataclasses import asdict, dataclass, is_dataclass
 from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._bodies import periodic_from
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
-from layerpipe.schedule._shared import TaskTable, loop_lengths, periodic_from
+from layerpipe.schedule._lags import loop_lengths
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 from layerpipe.schedule.metrics import (
@@ -48,6 +50,14 @@ class ScheduleResult:
     def synchronous(self) -> bool:
         return self.explicit is not None and self.explicit.synchronous
 
+    @property
+    def schedule(self) -> PeriodicSchedule | OpSchedule:
+        """The policy's own schedule: `periodic` when it has one, else `explicit` (a result holds one of them)."""
+        if self.periodic is not None:
+            return self.periodic
+        assert self.explicit is not None
+        return self.explicit
+
     def ops(self, iterations: int | None = None) -> OpSchedule:
         """Explicit ops: the periodic body unrolled for `iterations` (default 2·max lag + 2), or the explicit
         schedule as is."""
@@ -59,7 +69,8 @@ class ScheduleResult:
         return self.explicit
 
     def options_dict(self) -> dict[str, object]:
-        return asdict(self.options) if is_dataclass(self.options) else {}  # type: ignore[arg-type]
+        options = self.options
+        return asdict(options) if is_dataclass(options) and not isinstance(options, type) else {}
 
 
 def periodic_result(

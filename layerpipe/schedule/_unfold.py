@@ -17,7 +17,8 @@ may be grouped (layer → g, g | J: update u applies the summed gradients of ite
 With g = 1 for every layer and J = 1 this is the plain graph, edge for edge.
 
 `unfold_table` turns a `TaskTable` into one over the copies, so every placement, ordering and lag pass of
-`_shared.py` runs unchanged on it; `periodic_from` then emits the phases and groups into the IR.
+`_balance`, `_bodies`, `_lags` and `_comm_timing` runs unchanged on it; `periodic_from` then emits the phases
+and groups into the IR.
 """
 
 from __future__ import annotations
@@ -28,19 +29,14 @@ from dataclasses import dataclass
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._balance import balance
+from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding
-from layerpipe.schedule._shared import (
-    TaskTable,
-    Timing,
-    asap_keys,
-    asap_times,
-    balance,
-    best_ordering,
-    default_targets,
-    timing_of,
-)
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, latest_update, read_offset
+from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._task_table import TaskTable
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
 PhaseTask = tuple[str, int, int]
@@ -94,7 +90,7 @@ class UnfoldedTable(TaskTable):
 
     def weight_loops(self) -> list[tuple[int, int, int]]:
         """(layer, F copy, U copy applying its group) per F phase. Callers keyed by layer keep the last phase's
-        loop: the staleness scores of `_shared` are then a heuristic of one phase, which is all they steer."""
+        loop: the staleness scores of `_comm_timing` are then a heuristic of one phase, which is all they steer."""
         where = {(t.layer, a, self.phase[i]): i for i, t in enumerate(self.tasks) for a in t.kind}
         groups = dict(self.groups)
         out = []
@@ -153,6 +149,29 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
     )
 
 
+def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
+                          period: int, delay: Mapping[int, int]) -> dict[tuple[int, int], int]:
+    """The update copy each weight read (u, x) of `table.weight_reads` really reads from under a timing: the
+    copy `layerpipe.schedule._ir.latest_update` picks — the rule `PeriodicSchedule.read_pins` pins the
+    unrolled reads with, so the planned transfer is the one the simulator makes. `delay[x]` is the cycles from
+    that copy's end to its weights reaching reader x (its planned transfer; 0 when local or unknown)."""
+    groups = dict(table.groups)
+    copies: dict[int, list[int]] = {}
+    for v, t in enumerate(table.tasks):
+        if t.kind == "U":
+            copies.setdefault(t.layer, []).append(v)
+    out = {}
+    for u, x, _ in table.weight_reads:
+        layer = table.tasks[x].layer
+        us = copies[layer]
+        found = [(start[q], lag[q], table.phase[q],
+                  read_offset(table.cost[q], table.cost[x], placement[q] == placement[x])) for q in us]
+        _, which = latest_update(start[x], lag[x], found, table.unfold // groups.get(layer, 1), period,
+                                 delay.get(x, 0))
+        out[(u, x)] = us[which]
+    return out
+
+
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
                 num_procs: int, arrival: Mapping[tuple[int, int], int] | None = None,
                 floor: Sequence[tuple[str, int, int, int]] = ()) -> PeriodicSchedule:
@@ -179,7 +198,7 @@ def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int]
 def update_chain_lags(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int) -> list[int] | None:
     """`lag` raised until the update order holds around the period: U phase q − 1 before phase q (delay 0)
     and the last phase before phase 0 of the next period (delay 1) — the one cycle of the unfolded graph the
-    passes of `_shared` (a longest path over delay-0 edges) do not see. Only update lags change (no delay-0
+    passes of `_lags` (a longest path over delay-0 edges) do not see. Only update lags change (no delay-0
     edge leaves an update except to the next one; weight reads are versions, not precedence). None when the
     body order of a layer's update copies admits no lags (they are out of cyclic order in the period)."""
     if not isinstance(table, UnfoldedTable):

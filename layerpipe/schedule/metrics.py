@@ -95,9 +95,10 @@ def stash_versions(graph: TrainingGraph, timing: Mapping[Task, tuple[int, int]],
             out[layer.index] = 1
             continue
         f, e, u = (graph.task_of(layer.index, k) for k in "FEU")
-        f_start = timing[f][0]  # type: ignore[index]
-        e_end = sum(timing[e])  # type: ignore[index]
-        u_end = sum(timing[u])  # type: ignore[index]
+        assert f is not None and e is not None and u is not None, "a stashed weight layer has F, E and U"
+        f_start = timing[f][0]
+        e_end = sum(timing[e])
+        u_end = sum(timing[u])
         # integers k with f_start < u_end + kP < e_end
         lo = (f_start - u_end) // period + 1
         hi = -(-(e_end - u_end) // period) - 1

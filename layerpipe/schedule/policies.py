@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from layerpipe.costs import CostModel, network_costs
 from layerpipe.errors import InputError
@@ -38,7 +39,7 @@ from layerpipe.schedule._pipedream import (
 )
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._streams import StreamOOOOptions, StreamOptions, schedule_stream, schedule_stream_ooo
-from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
+from layerpipe.schedule._sync_policies import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
 #: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design
@@ -46,11 +47,22 @@ from layerpipe.schedule._synchronous import InterleavedOptions, SyncOptions, ZBH
 MAX_PROCS = 4096
 
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: A policy's options dataclass.
+O = TypeVar("O", bound="DataclassInstance")
+
+
 @dataclass(frozen=True)
-class Policy:
+class Policy(Generic[O]):
+    """A policy by name: its options dataclass `options` and `run`, which takes an instance of exactly that
+    class (the registry holds policies of different option types: `Policy[Any]`; `make_schedule` checks the
+    type before it calls `run`)."""
+
     name: str
-    options: type
-    run: Callable[[Network, int, CostModel, object, Interconnect], ScheduleResult]
+    options: type[O]
+    run: Callable[[Network, int, CostModel, O, Interconnect], ScheduleResult]
     synchronous: bool
     summary: str
 
@@ -59,16 +71,17 @@ class Policy:
         return tuple(f.name for f in fields(self.options))
 
 
-def _sync(name: str, options: type, summary: str) -> Policy:
-    return Policy(name, options, partial(schedule_synchronous, name), True, summary)  # type: ignore[arg-type]
+def _sync(name: str, options: type[SyncOptions | InterleavedOptions],
+          summary: str) -> Policy[SyncOptions | InterleavedOptions]:
+    return Policy(name, options, partial(schedule_synchronous, name), True, summary)
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("layerpipe", LayerPipeOptions, schedule_layerpipe, False,  # type: ignore[arg-type]
+POLICIES: dict[str, Policy[Any]] = {p.name: p for p in (
+    Policy("layerpipe", LayerPipeOptions, schedule_layerpipe, False,
            "fine-grained tasks balanced over N processors, periodic, lags by retiming"),
-    Policy("pipedream", PipeDreamOptions, schedule_pipedream, False,  # type: ignore[arg-type]
+    Policy("pipedream", PipeDreamOptions, schedule_pipedream, False,
            "PipeDream's planner: contiguous stages x replicas by DP, async 1F1B(-RR), weight stashing"),
-    Policy("pipedream-2bw", PipeDream2BWOptions, schedule_pipedream_2bw, False,  # type: ignore[arg-type]
+    Policy("pipedream-2bw", PipeDream2BWOptions, schedule_pipedream_2bw, False,
            "PipeDream stages, double-buffered weights, gradients coalesced over m micro-batches"),
     _sync("gpipe", SyncOptions, "synchronous fill-drain"),
     _sync("1f1b", SyncOptions, "synchronous 1F1B (PipeDream-Flush)"),
@@ -78,18 +91,18 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     _sync("zbv", SyncOptions, "Zero Bubble V: two chunks per processor in a V"),
     _sync("dualpipev", SyncOptions, "DualPipeV: two chunks in a V, overlapped F&B pairs run back to back"),
     _sync("looped-bfs", InterleavedOptions, "breadth-first looped stages, virtual_stages chunks each"),
-    Policy("ooo", OOOOptions, schedule_ooo, True,  # type: ignore[arg-type]
+    Policy("ooo", OOOOptions, schedule_ooo, True,
            "OOO BackProp pipeline: synchronous, gradient fast-forwarding, modulo layer allocation"),
-    Policy("optimal", OptimalOptions, schedule_optimal, False,  # type: ignore[arg-type]
+    Policy("optimal", OptimalOptions, schedule_optimal, False,
            "exact minimum period by MILP (HiGHS), small graphs only"),
     # OOO BackProp's other two schemes (issue 15): N replicas with a ring all-reduce, and one device's streams.
-    Policy("dp", DPOptions, schedule_dp, True,  # type: ignore[arg-type]
+    Policy("dp", DPOptions, schedule_dp, True,
            "data parallel: N replicas, per-layer ring all-reduce, updates at the end of the step"),
-    Policy("dp-ooo", DPOOOOptions, schedule_dp_ooo, True,  # type: ignore[arg-type]
+    Policy("dp-ooo", DPOOOOptions, schedule_dp_ooo, True,
            "OOO BackProp data parallel: reverse first-k weight gradients, updates gated before each forward"),
-    Policy("stream", StreamOptions, schedule_stream, True,  # type: ignore[arg-type]
+    Policy("stream", StreamOptions, schedule_stream, True,
            "one device, one stream, backprop order (-n 1)"),
-    Policy("stream-ooo", StreamOOOOptions, schedule_stream_ooo, True,  # type: ignore[arg-type]
+    Policy("stream-ooo", StreamOOOOptions, schedule_stream_ooo, True,
            "OOO BackProp single device: weight gradients on other streams beside output gradients (-n 1)"),
 )}
 
@@ -100,7 +113,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
 STREAM_ENGINE_POLICIES: tuple[str, ...] = ("dp", "dp-ooo", "stream", "stream-ooo")
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str) -> Policy[Any]:
     try:
         return POLICIES[name]
     except KeyError:

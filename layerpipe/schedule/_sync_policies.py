@@ -1,4 +1,4 @@
-"""Synchronous policies on a network: the stage-level generators (`_sync`) applied to contiguous stages,
+"""Synchronous policies on a network: the stage-level generators (`_stage_programs`) applied to contiguous stages,
 timed on the interconnect the policy is given.
 
 A network's layers are cut into S contiguous stages by dynamic programming (min-max per-step stage work
@@ -12,11 +12,13 @@ layer-level expansion (`expand_stages`: every layer's F, A, E, G and its per-ste
 `layerpipe.sim` on the policy's interconnect (`SimConfig.of(interconnect)`: activations and errors between
 stages are transfers on links or the bus). Step k's completion C(k) is its ops' latest end; the step time is
 C(k) − C(k−1) once that difference has settled: the same value for the last SETTLED steps. On shared and links
-no op or transfer waits for a later step (a link carries its transfers in its sender's program order), so
-every step's difference is final; on the bus transfers queue in time order across steps, so the final step,
-whose drain has no next step competing, is left out. K starts at MIN_TIMED_STEPS and doubles up to
-MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over the last
-half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler asks the
+no op or transfer waits for a later step (a link carries its transfers in its sender's program order), and a
+bus serves a synchronous run step after step, each in step 0's order (a compiled bus, `layerpipe.sim._engine.
+bus_order`; a dynamic bus let stages with zero-cycle work queue later steps' transfers first, so steps never
+settled), so every step's difference is final; on a bus the final step is still left out, which keeps a run
+the engine serves dynamically (step 0 not a prefix of every program) honest. K starts at MIN_TIMED_STEPS and
+doubles up to MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over
+the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler asks the
 simulator, `simulate` of the result gives the scheduled step by construction, on shared, links and bus
 (tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
 
@@ -29,26 +31,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
-from layerpipe.schedule import _sync
+from layerpipe.schedule import _stage_programs
+from layerpipe.schedule._balance import partition_contiguous
 from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._shared import partition_contiguous
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
+
+if TYPE_CHECKING:
+    from layerpipe.schedule._ooo import OOOOptions  # _ooo imports this module: annotations only
 
 #: Steps `SyncShape.generate` returns (tests train and simulate two steps).
 TIMED_STEPS = 2
 #: Steps first simulated to find the steady state, and the most ever simulated. Over the zoo and random chains
 #: on shared, links and bus the difference is constant from the first one on (792 of 792 cases checked over
 #: 14 steps), so two equal differences are taken as settled; tests/test_sync_interconnect.py checks the
-#: figure against the simulator's slope over the middle of 8 steps on generated networks.
+#: figure against the simulator's steady state over 8 and 16 steps on generated networks, buses included.
 MIN_TIMED_STEPS = 3
 MAX_TIMED_STEPS = 48
 #: Consecutive equal step differences that count as the steady state.
@@ -105,19 +110,22 @@ class SyncShape:
 
 
 def _virtual(o: object) -> int:
-    return o.virtual_stages  # type: ignore[attr-defined,no-any-return]
+    """Chunks per processor of an interleaved shape: its policies take InterleavedOptions (ZBH1Options is one)."""
+    if not isinstance(o, InterleavedOptions):
+        raise TypeError(f"an interleaved shape takes InterleavedOptions, got {type(o).__name__}")
+    return o.virtual_stages
 
 
 SHAPES: dict[str, SyncShape] = {
-    "gpipe": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.gpipe(p, m, k)),
-    "1f1b": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.one_f_one_b(p, m, k)),
-    "interleaved-1f1b": SyncShape(_virtual, lambda p, m, o, k: _sync.interleaved_1f1b(p, m, _virtual(o), k)),
-    "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _sync.zb_h1(p, m, _virtual(o), k)),
-    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _sync.zb_h2(p, m, k)),
-    "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.zbv(p, m, k)),
+    "gpipe": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.gpipe(p, m, k)),
+    "1f1b": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.one_f_one_b(p, m, k)),
+    "interleaved-1f1b": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.interleaved_1f1b(p, m, _virtual(o), k)),
+    "zb-h1": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.zb_h1(p, m, _virtual(o), k)),
+    "zb-h2": SyncShape(lambda o: 1, lambda p, m, o, k: _stage_programs.zb_h2(p, m, k)),
+    "zbv": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.zbv(p, m, k)),
     # DualPipeV needs one micro-batch per stage at least (torch refuses fewer): the default 2p is that minimum.
-    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _sync.dualpipev(p, m, k)),
-    "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _sync.looped_bfs(p, m, _virtual(o), k)),
+    "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.dualpipev(p, m, k)),
+    "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.looped_bfs(p, m, _virtual(o), k)),
 }
 
 
@@ -212,7 +220,8 @@ def layer_step_work(graph: TrainingGraph, model: CostModel, microbatches: int) -
     return per_layer
 
 
-def synchronous_result(policy: str, options: object, network: Network, graph: TrainingGraph, num_procs: int,
+def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | OOOOptions, network: Network,
+                       graph: TrainingGraph, num_procs: int,
                        model: CostModel, interconnect: Interconnect, stage_layers: Sequence[Sequence[int]],
                        build: Callable[[int], OpSchedule], microbatches: int, notes: Sequence[str]
                        ) -> ScheduleResult:
@@ -247,7 +256,7 @@ def synchronous_result(policy: str, options: object, network: Network, graph: Tr
     said = [*notes, f"step timed by the simulator on {interconnect}"]
     if not settled:
         said.append(f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half")
-    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,  # type: ignore[type-var]
+    return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,
                           graph, explicit=one_step, stages=stages, notes=tuple(said), interconnect=interconnect)
 
 
@@ -263,7 +272,7 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     m = options.microbatches or shape.default_microbatches(procs)
     _check_step_size(policy, procs * chunks, m)
     if policy == "dualpipev" and m < 2 * procs:  # fail before timing, with the generator's message
-        _sync.dualpipev(procs, m)
+        _stage_programs.dualpipev(procs, m)
     graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
     stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
@@ -277,7 +286,7 @@ def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
     return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
 
 
-def schedule_stages(policy: str, num_procs: int, options: SyncOptions | InterleavedOptions,
+def schedule_stages(policy: str, num_procs: int, options: object,
                     stage_cost: tuple[int, int, int], interconnect: Interconnect = SHARED) -> ScheduleResult:
     """A synchronous policy on `num_procs` processors with uniform stage costs (F, I, W) and no network:
     the torch.distributed.pipelining view (`--stages P --stage-costs F,B,W`, B the input-gradient part),
@@ -285,6 +294,8 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
     if policy not in SHAPES:
         sync = ", ".join(SHAPES)
         raise InputError(f"--stages takes one of {sync}; '{policy}' needs a NETWORK")
+    if not isinstance(options, (SyncOptions, InterleavedOptions)):  # as make_schedule checks a policy's options
+        raise InputError(f"policy '{policy}' takes SyncOptions or InterleavedOptions, got {type(options).__name__}")
     shape = SHAPES[policy]
     chunks = shape.chunks(options)
     m = options.microbatches or shape.default_microbatches(num_procs)
@@ -307,8 +318,9 @@ def schedule_stages(policy: str, num_procs: int, options: SyncOptions | Interlea
         period_cycles=step,
         samples_per_period=m,
     )
-    notes = (f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",
-             f"step timed by the simulator on {interconnect}")
+    notes: tuple[str, ...] = (
+        f"{stages.num_stages} stages with uniform costs F={f} I={i} W={w}, {m} micro-batches per step",
+        f"step timed by the simulator on {interconnect}")
     if not settled:
         notes += (f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half",)
     return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, explicit=one_step,

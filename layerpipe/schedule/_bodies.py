@@ -1,0 +1,239 @@
+"""Processor bodies (design notes §5): where in the period each task of a placement starts, and the body
+orders and packings worth trying for it.
+
+A periodic schedule is fixed by three choices: which processor runs each task (placement), where in the
+period each task starts (start offsets; a processor's body), and the iteration lag of each task. The
+policies differ only in how they make the first two; the lags always come from `_comm_timing.minimal_lags`.
+
+- `order_bodies` / `contiguous_starts` — a processor's tasks in a chosen order, packed from offset 0.
+- `pack_circular` — a body packed around the period at or after target offsets (a task may wrap past P).
+- `best_ordering` — the body orders and packings worth trying for a placement, best by staleness
+                    (`asap_keys`, `default_targets`: `list_targets`, `prefix_targets`).
+- `modulo_list_schedule` — placement and starts together, each task at its earliest fit after its
+                    producers in a per-processor modulo reservation table (used under a staleness bound,
+                    where how early the backward of a layer comes back matters, not only the load).
+- `periodic_from` — the IR form of a timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._comm_timing import Timing, timed
+from layerpipe.schedule._ir import PeriodicSchedule, Slot
+from layerpipe.schedule._lags import timeline
+from layerpipe.schedule._task_table import TaskTable
+
+
+def order_bodies(placement: Sequence[int], num_procs: int, key: Callable[[int], tuple]) -> list[list[int]]:
+    """Each processor's tasks sorted by `key`."""
+    bodies: list[list[int]] = [[] for _ in range(num_procs)]
+    for v, p in enumerate(placement):
+        bodies[p].append(v)
+    return [sorted(body, key=key) for body in bodies]
+
+
+def contiguous_starts(bodies: Sequence[Sequence[int]], cost: Sequence[int]) -> list[int]:
+    """Pack every body from offset 0 in its order, without gaps."""
+    start = [0] * len(cost)
+    for body in bodies:
+        at = 0
+        for v in body:
+            start[v] = at
+            at += cost[v]
+    return start
+
+
+def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
+                  period: int, num_procs: int, arrival: dict[tuple[int, int], int] | None = None) -> PeriodicSchedule:
+    """The IR form of a timing; `arrival` (planned transfers) sets how late each remote weight read sees a
+    new version (`PeriodicSchedule.read_delays`)."""
+    bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
+    for v, t in enumerate(table.tasks):
+        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v]))
+    costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
+    delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}  # PeriodicSchedule.read_delays' keys
+    for u, x, _ in table.weight_reads:
+        if arrival and (u, x) in arrival:
+            delays[(table.tasks[x].kind, table.tasks[x].layer)] = arrival[(u, x)] - start[u] - table.cost[u]
+    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs, delays)
+
+
+def modulo_list_schedule(
+    table: TaskTable,
+    period: int,
+    num_procs: int,
+    priority: Sequence[int],
+    group: Sequence[int] | None = None,
+    fixed: Sequence[int] | None = None,
+) -> tuple[list[int], list[int]] | None:
+    """Place and time tasks one by one in `priority` (a topological order): each goes to the processor
+    where it can start earliest after its producers, in a free interval of that processor's period.
+
+    `group[v]` ties tasks to one processor (the first placed picks it, with room for the whole group);
+    `fixed[v]` pins a task to a processor. Returns (placement, absolute start of iteration 0) or None
+    when some task finds no free interval (fragmentation or load above the period).
+    """
+    n = len(table)
+    free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
+    room = [period] * num_procs  # free cycles not yet promised to a started group
+    group_cost: dict[int, int] = {}
+    group_proc: dict[int, int] = {}
+    if group is not None:
+        for v in range(n):
+            group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
+    proc = [-1] * n
+    sigma = [0] * n
+    for v in priority:
+        c = table.cost[v]
+        ready = max((sigma[u] + table.cost[u] for u in table.preds[v]), default=0)
+        g = group[v] if group is not None else None
+        if fixed is not None:
+            candidates: Sequence[int] = (fixed[v],)
+        elif g is not None and g in group_proc:
+            candidates = (group_proc[g],)
+        else:
+            candidates = range(num_procs)
+        best: tuple[int, int] | None = None
+        for p in candidates:
+            if g is not None and g not in group_proc and room[p] < group_cost[g]:
+                continue
+            at = _earliest_fit(free[p], ready, c, period)
+            if at is not None and (best is None or at < best[0]):
+                best = (at, p)
+        if best is None:
+            return None
+        at, p = best
+        _occupy(free[p], at % period, c)
+        if g is None:
+            room[p] -= c
+        elif g not in group_proc:
+            group_proc[g] = p
+            room[p] -= group_cost[g]
+        proc[v], sigma[v] = p, at
+    return proc, sigma
+
+
+def _earliest_fit(free: list[tuple[int, int]], ready: int, cost: int, period: int) -> int | None:
+    if cost == 0:
+        return ready
+    offset = ready % period
+    base = ready - offset
+    for a, b in free:
+        s = max(a, offset)
+        if s + cost <= b:
+            return base + s
+    for a, b in free:
+        if b - a >= cost:
+            return base + period + a
+    return None
+
+
+def _occupy(free: list[tuple[int, int]], start: int, cost: int) -> None:
+    if cost == 0:
+        return
+    for k, (a, b) in enumerate(free):
+        if a <= start and start + cost <= b:
+            pieces = [(x, y) for x, y in ((a, start), (start + cost, b)) if y > x]
+            free[k : k + 1] = pieces
+            return
+    raise AssertionError("occupy outside a free interval")
+
+
+def time_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, comm: Comm | None = None) -> Timing:
+    """Gap-free starts in the given body orders and the minimal lags for them."""
+    return timed(table, contiguous_starts(bodies, table.cost), period, comm)
+
+
+def best_ordering(
+    table: TaskTable, placement: Sequence[int], num_procs: int, period: int, keys: Sequence[Callable[[int], tuple]],
+    targets: Sequence[Sequence[int]] = (), interconnect: Interconnect = SHARED,
+) -> Timing:
+    """The best (by `Timing.score`) of: gap-free bodies in each order of `keys`, and, for each target
+    timing in `targets`, bodies ordered by target offset and packed around the period (`pack_circular`).
+    Transfers between processors are planned on `interconnect` (the period must fit its busiest channel)."""
+    comm = Comm(placement, interconnect, num_procs)
+    candidates = [time_bodies(table, order_bodies(placement, num_procs, key), period, comm) for key in keys]
+    candidates += [_pack_to(table, placement, num_procs, period, target, comm) for target in targets]
+    return min(candidates, key=Timing.score)
+
+
+def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
+             target: Sequence[int], comm: Comm | None = None) -> Timing:
+    """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
+    bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
+    return pack_bodies(table, bodies, period, target, comm)
+
+
+def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int],
+                comm: Comm | None = None) -> Timing:
+    """Bodies in the given orders packed around the period, each task at or after its target offset
+    (`pack_circular`), with the minimal lags for those starts."""
+    start = [0] * len(table)
+    for body in bodies:
+        for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
+                                             period), strict=True):
+            start[v] = at
+    return timed(table, start, period, comm)
+
+
+def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:
+    """Starts (mod P) for tasks in the given order, each at or after its release offset, without overlap
+    around the period (a task may wrap past P). The load must be ≤ P.
+
+    Tasks go one after another from `carry`, the cycle the previous period's last task ends (relative to
+    this period); the carry is raised to its fixpoint, which exists because the body fits in P.
+    """
+    if not release:
+        return []
+    if sum(cost) > period:
+        raise ValueError(f"body of {sum(cost)} cycles does not fit the period {period}")
+    # The last end is max(an end fixed by some release, carry + load − P); with load ≤ P the second pass,
+    # started from the first pass's overflow, never overflows past its own first start.
+    carry = -period
+    while True:
+        at, starts = carry, []
+        for r, c in zip(release, cost, strict=True):
+            at = max(r, at)
+            starts.append(at)
+            at += c
+        overflow = at - period
+        if overflow <= starts[0]:
+            return [s % period for s in starts]
+        carry = overflow
+
+
+def list_targets(table: TaskTable, placement: Sequence[int], num_procs: int, priority: Sequence[int]) -> list[int]:
+    """Start times of one iteration run alone on the placement (each processor serial, tasks in
+    `priority`, a topological order): where each task would like to sit in the period."""
+    free = [0] * num_procs
+    at = [0] * len(table)
+    for v in priority:
+        p = placement[v]
+        at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
+        free[p] = at[v] + table.cost[v]
+    return at
+
+
+def asap_keys(asap: Sequence[int], period: int) -> list[Callable[[int], tuple]]:
+    """The two gap-free body orders worth trying for a placement: by earliest start in one iteration, and
+    by that start modulo the period (which interleaves forward and backward work like 1F1B)."""
+    return [lambda v: (asap[v], v), lambda v: (asap[v] % period, asap[v], v)]
+
+
+def prefix_targets(table: TaskTable, order: Sequence[int]) -> list[int]:
+    """Start of each task if the iteration ran serially in `order`."""
+    at, out = 0, [0] * len(table)
+    for v in order:
+        out[v] = at
+        at += table.cost[v]
+    return out
+
+
+def default_targets(table: TaskTable, placement: Sequence[int], num_procs: int, asap: Sequence[int]) -> list[list[int]]:
+    """Target timings for `best_ordering`: ASAP with unlimited processors, one iteration on the placement,
+    and the iteration run serially along its timeline."""
+    order = timeline(table, asap)
+    return [list(asap), list_targets(table, placement, num_procs, order), prefix_targets(table, order)]

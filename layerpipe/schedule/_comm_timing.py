@@ -1,0 +1,80 @@
+"""Lags and transfer arrivals of a timing, and the `Timing` record the policies compare (design notes §5).
+
+- `comm_timing`  — minimal lags with the transfers planned on the interconnect (`_comm.channel_timing`),
+                   re-planned with the consumers' plan times until the lags stop changing.
+- `minimal_lags` — the lags alone; `timed` / `timing_of` — a `Timing` (starts, lags, staleness, arrivals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from layerpipe.schedule._comm import Comm, channel_timing
+from layerpipe.schedule._lags import _longest_lags, loop_spans, staleness_from_span
+from layerpipe.schedule._task_table import TaskTable
+
+
+def minimal_lags(table: TaskTable, start: Sequence[int], period: int, comm: Comm | None = None) -> list[int]:
+    """The smallest non-negative lags under which every delay-0 edge u→v is met:
+    (lag_v − lag_u)·P + start_v ≥ ready_uv, i.e. lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉, where ready_uv is
+    start_u + c_u, or the planned arrival of the transfer when `comm` puts u and v on different processors.
+
+    A longest path in topological order; the order edges U_l(t−1) → U_l(t) hold for any lags (one slot
+    per period), and weight edges are version reads, not precedence.
+    """
+    return comm_timing(table, start, period, comm)[0]
+
+
+#: Rounds of re-planning the channels with the consumers' plan times (their program order) as the tie order.
+COMM_ROUNDS = 4
+
+
+def comm_timing(table: TaskTable, start: Sequence[int], period: int,
+                comm: Comm | None = None) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """Minimal lags and the planned arrival offset of every transfer (`_comm.channel_timing`).
+
+    The queue order of one producer's consumers on a channel is their program order, which depends on the
+    lags; the channels are planned with the start offsets first, then with the resulting plan times, until
+    the lags stop changing.
+    """
+    if comm is None or comm.free:
+        return _longest_lags(table, start, period, {}), {}
+    arrival = channel_timing(table, comm, start, period)
+    lag = _longest_lags(table, start, period, arrival)
+    for _ in range(COMM_ROUNDS):
+        plan = [lag[v] * period + start[v] for v in range(len(table))]
+        arrival = channel_timing(table, comm, start, period, plan)
+        again = _longest_lags(table, start, period, arrival)
+        if again == lag:
+            break
+        lag = again
+    return lag, arrival
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Starts and lags of a placement, with the per-layer staleness they give."""
+
+    start: list[int]
+    lag: list[int]
+    staleness: dict[int, int]
+    #: Planned arrival of every transfer (u, v), from the start of u's period (empty on `shared`).
+    arrival: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def score(self) -> tuple[int, int, int]:
+        """Smaller is better: worst staleness, total staleness, deepest lag (activation memory)."""
+        return (max(self.staleness.values(), default=0), sum(self.staleness.values()), max(self.lag, default=0))
+
+
+def timed(table: TaskTable, start: list[int], period: int, comm: Comm | None = None) -> Timing:
+    """The minimal lags for these starts (transfers planned on `comm`) and the staleness they give."""
+    lag, arrival = comm_timing(table, start, period, comm)
+    return timing_of(table, start, lag, period, arrival)
+
+
+def timing_of(table: TaskTable, start: list[int], lag: list[int], period: int,
+              arrival: dict[tuple[int, int], int] | None = None) -> Timing:
+    spans = loop_spans(table, start, lag, period, arrival)
+    return Timing(start, lag, {layer: staleness_from_span(s, period) for layer, s in spans.items()},
+                  dict(arrival or {}))

@@ -1,0 +1,105 @@
+"""Longest paths over one iteration's delay-0 precedence (design notes §5): the critical-path shape, the
+weight-loop lengths, and the lags a placement and its start offsets need. Every one is a system of difference
+constraints solved by the retiming package's one solver (`solve_difference_constraints`, in topological order:
+retiming is the scheduler's core — the lags of a periodic schedule are a retiming of its training graph).
+
+- `asap_times`    — start times of one iteration on unlimited processors (the critical-path shape).
+- `timeline`      — one iteration's tasks in critical-path order (ASAP start, then longer remaining path).
+- `loop_lengths`  — T_loop(l), the longest chain of work from the start of F_l to the end of U_l.
+- `_longest_lags` — the smallest legal lags for starts and transfer arrivals: a longest path over the delay-0
+                    edges, lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ (`_comm_timing.minimal_lags` wraps it).
+- `loop_spans` / `staleness_from_span` — per weight layer, the cycles from F_l to U_l's weights being readable,
+                    and the staleness that span gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+
+from layerpipe.retiming import solve_difference_constraints
+from layerpipe.schedule._task_table import TaskTable
+
+
+def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:
+    """The least r ≥ 0 with r[dst] ≥ r[src] + bound (the retiming package's solver; `order` a topological
+    order of the constraints). One iteration's delay-0 precedence is acyclic, so there is always one."""
+    r = solve_difference_constraints(len(table), src, dst, bound, order=order)
+    if r is None:
+        raise AssertionError("difference constraints over delay-0 precedence have no solution")
+    return r.tolist()
+
+
+def asap_times(table: TaskTable) -> list[int]:
+    """Earliest start of every task of one iteration with unlimited processors: the least start ≥ 0 with
+    start_v ≥ start_u + c_u on every delay-0 edge u→v."""
+    src, dst = table.precedence
+    return _solve(table, src, dst, [table.cost[u] for u in src], table.topo)
+
+
+def loop_lengths(table: TaskTable) -> dict[int, int]:
+    """T_loop(l): the longest chain of work from the start of F_l to the end of U_l (one weight loop).
+
+    Over the tasks reachable from F_l (networkx's descendants), the least r with r_w ≥ r_v + c_w on the edges
+    among them is the work after F_l's own; U_l out of reach leaves F_l alone (c_F)."""
+    dag: nx.DiGraph[int] = nx.DiGraph()
+    dag.add_nodes_from(range(len(table)))
+    dag.add_edges_from((u, v) for v, ps in enumerate(table.preds) for u in ps)
+    out: dict[int, int] = {}
+    for layer, f, u in table.weight_loops():
+        reach = nx.descendants(dag, f)
+        if u not in reach:
+            out[layer] = table.cost[f]
+            continue
+        reach.add(f)
+        src, dst, bound = [], [], []
+        for w in reach:
+            for v in table.preds[w]:
+                if v in reach:
+                    src.append(v)
+                    dst.append(w)
+                    bound.append(table.cost[w])
+        out[layer] = table.cost[f] + _solve(table, src, dst, bound, table.topo)[u]
+    return out
+
+
+def timeline(table: TaskTable, asap: Sequence[int]) -> list[int]:
+    """A topological order that follows one iteration's critical shape: by ASAP start, then the task with the
+    longer remaining path first (so E_l comes before the G_l nothing waits on).
+
+    The remaining path of v is c_v + r_v for the least r ≥ 0 with r_u ≥ r_w + c_w on every edge u→w (the
+    constraints run against the edges: the reversed topological order is theirs)."""
+    dst, src = table.precedence
+    rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
+    tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
+    return sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v))
+
+
+def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
+                  arrival: dict[tuple[int, int], int]) -> list[int]:
+    """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
+    the end of u or the planned arrival of its transfer (the retiming package's solver)."""
+    src, dst = table.precedence
+    end = [s + c for s, c in zip(start, table.cost, strict=True)]
+    if arrival:
+        bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
+    else:  # ⌈(end_u − start_v) / P⌉
+        bound = [-((start[v] - end[u]) // period) for u, v in zip(src, dst, strict=True)]
+    return _solve(table, src, dst, bound, table.topo)
+
+
+def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int,
+               arrival: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
+    """Per weight layer: cycles from the start of F_l(t) to U_l(t)'s weights being readable by F_l — the end
+    of U_l(t), or the arrival of its transfer when F_l runs elsewhere — in the periodic timing.
+
+    F_l(t + k) reads g_l(t) only if those weights are there, so a span ≤ (k+1)·P means staleness ≤ k.
+    """
+    arrival = arrival or {}
+    return {layer: (lag[u] - lag[f]) * period + arrival.get((u, f), start[u] + table.cost[u]) - start[f]
+            for layer, f, u in table.weight_loops()}
+
+
+def staleness_from_span(span: int, period: int) -> int:
+    return max(0, -(-span // period) - 1)

@@ -1,0 +1,62 @@
+"""The training graph in index form for the scheduling passes (design notes §5).
+
+- `TaskTable` — costs, delay-0 precedence (the dependency rules of `_deps`), a topological order, the words
+                each precedence edge carries and the weight reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from layerpipe.costs import CostModel
+from layerpipe.dfg import Task, TrainingGraph
+from layerpipe.schedule._deps import layer_task_edges
+
+
+@dataclass(frozen=True)
+class TaskTable:
+    """A training graph in index form for the scheduling passes."""
+
+    graph: TrainingGraph
+    tasks: tuple[Task, ...]
+    cost: tuple[int, ...]
+    preds: tuple[tuple[int, ...], ...]  # delay-0 precedence predecessors (the dependency rules of `_deps`)
+    topo: tuple[int, ...]
+    #: Words each precedence edge carries, aligned with `preds` (what crosses when the ends are apart).
+    pred_words: tuple[tuple[int, ...], ...] = ()
+    #: Weight reads (U task, reader task, |W| words): the reader gets every new version from U.
+    weight_reads: tuple[tuple[int, int, int], ...] = ()
+
+    @staticmethod
+    def of(graph: TrainingGraph, model: CostModel) -> TaskTable:
+        costs = graph.costs(model)
+        order = graph.intra_iteration_order()
+        index = {t: i for i, t in enumerate(order)}
+        words: list[dict[int, int]] = [{} for _ in order]
+        for e in layer_task_edges(graph):
+            if e.delay == 0:
+                u, v = index[Task(e.src[1], e.src[0])], index[Task(e.dst[1], e.dst[0])]
+                words[v][u] = words[v].get(u, 0) + e.words
+        preds = tuple(tuple(sorted(w)) for w in words)
+        reads = tuple(sorted((index[e.src], index[e.dst], e.words) for e in graph.edges if e.role == "weights"))
+        return TaskTable(graph, tuple(order), tuple(costs[t] for t in order), preds, tuple(range(len(order))),
+                         tuple(tuple(words[v][u] for u in ps) for v, ps in enumerate(preds)), reads)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def total(self) -> int:
+        return sum(self.cost)
+
+    @cached_property
+    def precedence(self) -> tuple[list[int], list[int]]:
+        """The delay-0 precedence edges as aligned (sources, heads) lists, by head in index order then source:
+        the constraint rows of the difference-constraint passes (`_lags`)."""
+        return ([u for ps in self.preds for u in ps], [v for v, ps in enumerate(self.preds) for _ in ps])
+
+    def weight_loops(self) -> list[tuple[int, int, int]]:
+        """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer."""
+        where = {(t.layer, a): i for i, t in enumerate(self.tasks) for a in t.kind}
+        return [(t.layer, where[(t.layer, "F")], i) for i, t in enumerate(self.tasks) if t.has("U")]
