@@ -280,11 +280,12 @@ class LinkReceiver(wiring.Component):
         # The write is registered (the word comes straight from the sender's memory, across the chip): it lands
         # the cycle after the beat is taken, still before any reader can see the arrival (the destination
         # sequencer sees the counter a cycle later and its PE reads at least two cycles after accepting).
-        m.d.sync += [
-            self.wr_en.eq(taken & (beat.mem == MEM_BANK)),
-            self.ww_en.eq(taken & (beat.mem == MEM_WEIGHTS)),
-            self.wg_en.eq(taken & (beat.mem == MEM_GRADS)),
-            self.wr_addr.eq(beat.addr),
-            self.wr_data.eq(beat.data),
+        written = Signal()
+        mem = Signal.like(beat.mem)
+        m.d.sync += [written.eq(taken), mem.eq(beat.mem), self.wr_addr.eq(beat.addr), self.wr_data.eq(beat.data)]
+        m.d.comb += [
+            self.wr_en.eq(written & (mem == MEM_BANK)),
+            self.ww_en.eq(written & (mem == MEM_WEIGHTS)),
+            self.wg_en.eq(written & (mem == MEM_GRADS)),
         ]
         return m

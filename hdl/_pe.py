@@ -513,10 +513,11 @@ class ProcessingElement(wiring.Component):
                            Mux(is_err, last_row, Mux(is_grad, last_sample, 1)))),
             s1.x_bank.eq(cmd.x.bank), s1.y_bank.eq(cmd.y.bank), s1.dst.eq(dst_addr), s1.final.eq(final),
         ]
-        x_addr_r = Signal(cfg.vector_addr_bits)
-        y_addr_r = Signal(cfg.vector_addr_bits)
-        w_addr_r = Signal(cfg.weight_addr_bits)
-        g_addr_r = Signal(cfg.grad_addr_bits)
+        # As wide as the memories' address ports (a one-word memory has none).
+        x_addr_r = Signal(max((d - 1).bit_length() for d in cfg.bank_depths))
+        y_addr_r = Signal(len(x_addr_r))
+        w_addr_r = Signal((cfg.weight_depth - 1).bit_length())
+        g_addr_r = Signal((cfg.grad_depth - 1).bit_length())
         m.d.sync += [x_addr_r.eq(x_addr), y_addr_r.eq(y_addr), w_addr_r.eq(w_addr), g_addr_r.eq(g_addr)]
 
         # ---- S1: the memories read at the registered addresses; S2: their words are registered ----------
