@@ -111,21 +111,26 @@ class Sequencer(wiring.Component):
         started = Signal()
         first_row = min(range(n), key=lambda i: (rows[i].lag, i)) if rows else 0
 
-        # ---- next row after (period, pc): per-row candidates (registered), then a min tree --------------
+        # ---- next row after (period, pc): per-row candidates (two registered stages), then a min tree -------
         j_next = period + 1
+        period_r = Signal(pbits)  # stage A's copy of the period
+        m.d.sync += period_r.eq(period)
         keys = []
         for i, row in enumerate(rows):
             lag = Const(row.lag, pbits)
             # Terms that are constant for this row are left out (Verilator's lint flags constant comparisons).
             after = (Const(i, row_bits + 1) > pc) if i > 0 else Const(0, 1)
             started_lag = (period >= lag) if row.lag > 0 else Const(1, 1)
-            in_now = after & started_lag & (period < self.samples + lag)
+            # Stage A: the row runs in this period (in_now), else the earliest later period it could (later).
+            in_now = Signal(name=f"in_now{i}")
             later = Signal(pbits, name=f"later{i}")
-            m.d.comb += later.eq(Mux(j_next > lag, j_next, lag))
+            m.d.sync += [in_now.eq(after & started_lag & (period < self.samples + lag)),
+                         later.eq(Mux(j_next > lag, j_next, lag))]
+            # Stage B: whether that later period is still in range; the candidate's (period, row) key.
             ok_later = later < self.samples + lag
             key = Signal(pbits + row_bits, name=f"key{i}")
             valid = Signal(name=f"cand{i}")
-            m.d.sync += [key.eq(Mux(in_now, period, later) << row_bits | i), valid.eq(in_now | ok_later)]
+            m.d.sync += [key.eq(Mux(in_now, period_r, later) << row_bits | i), valid.eq(in_now | ok_later)]
             keys.append((valid, key))
         next_valid, next_key = _min_tree(m, keys, levels_per_stage=self.tree_levels_per_stage)
         settle = self.settle_cycles
@@ -225,14 +230,14 @@ class Sequencer(wiring.Component):
         """Comparator levels of the next-row min tree per registered stage: one (the FPGA's clock) while the
         search still settles within the shortest op, else two."""
         levels = max(0, (len(self.rows) - 1).bit_length())
-        return 1 if 1 + levels + 2 < op_overhead(self.config.lanes) + 1 else 2
+        return 1 if 2 + levels + 2 < op_overhead(self.config.lanes) + 1 else 2
 
     @property
     def settle_cycles(self) -> int:
-        """Cycles after the current row changes until its successor is registered: the candidates, then the
-        min tree's stages (`tree_levels_per_stage` levels each, the root registered)."""
+        """Cycles after the current row changes until its successor is registered: the candidates (two
+        stages), then the min tree's stages (`tree_levels_per_stage` levels each, the root registered)."""
         levels = max(0, (len(self.rows) - 1).bit_length())
-        return 1 + -(-levels // self.tree_levels_per_stage)
+        return 2 + -(-levels // self.tree_levels_per_stage)
 
     def _lag_of(self, m: Module, pc: Value) -> Value:
         lag = Signal(max(1, self.pe.max_lag).bit_length() + 1, name="lag")
