@@ -131,7 +131,7 @@ def test_rtl_results_are_current() -> None:
     committed = (COMMITTED / "rtl.json").read_text()
     doc = report.rtl_results(json.loads(committed))
     assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == committed, STALE.format("rtl.json")
-    assert [p["policy"] for p in doc["points"]] == ["layerpipe", "pipedream"]
+    assert {"layerpipe", "pipedream"} <= {p["policy"] for p in doc["points"]}
     assert all(p["bit_exact"] and p["cycle_exact"] for p in doc["points"])
 
 
