@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from layerpipe.errors import InputError
-from layerpipe.hdl import LINT_WAIVERS, PEConfig, ProcessingElement, export_verilog, lint_verilog, synthesize
+from layerpipe.hdl import LINT_WAIVERS, PEConfig, ProcessingElement, component_verilog, lint_verilog, synthesize
 from layerpipe.hdl._cocotb import verilator_environment
 
 TINY = PEConfig(lanes=2, weight_depth=8, grad_depth=8, local_depth=4, recv_depths=(4,), max_dim=4)
@@ -18,12 +18,12 @@ TINY_MEMORY_BITS = (8 + 8 + 4 + 4) * 2 * 16  # words × lanes × bits over weigh
 @pytest.fixture(scope="module")
 def tiny_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("synth") / "pe.v"
-    path.write_text(export_verilog(ProcessingElement(TINY), "pe"))
+    path.write_text(component_verilog(ProcessingElement(TINY), "pe"))
     return path
 
 
 def test_export_is_deterministic_and_has_no_paths(tiny_verilog: Path) -> None:
-    again = export_verilog(ProcessingElement(TINY), "pe")
+    again = component_verilog(ProcessingElement(TINY), "pe")
     assert again == tiny_verilog.read_text()
     assert str(Path.cwd()) not in again and "src =" not in again
 
