@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("cocotb_tools.runner")
 pytest.importorskip("torch")
 
+from layerpipe.hdl._flow import steady_design
 from layerpipe.report import (
     RTL_PART,
     RTL_POINTS,
@@ -40,7 +41,11 @@ def test_rtl_section_measures_the_models_speedup() -> None:
     """Two small points, no synthesis: every run bit-exact and cycle-exact, the steady state measured in RTL
     (the slowest PE's gap between issues) equals the schedule's period, and the RTL speedups (split vs
     PipeDream, together vs PipeDream) equal the model's; the section names both columns."""
-    points = (RTLPoint("mlp:24-16-8", 2, 4, 12), RTLPoint("mlp:8-8-8-4", 3, 2, 12))
+    # Each point runs the fewest iterations at which all three schedules have a steady middle (the measured
+    # period needs one; an RTL run is seconds of cocotb per thousand cycles).
+    points = tuple(RTLPoint(net, n, lanes, max(steady_design(net, policy, n, lanes, keep_weights_together=keep).samples
+                                               for _, policy, keep in RTL_VARIANTS))
+                   for net, n, lanes in (("mlp:24-16-8", 2, 4), ("mlp:8-8-8-4", 3, 2)))
     doc = rtl_results(None, points, area=False)
     assert len(doc["points"]) == len(points) * len(RTL_VARIANTS)
     for d in doc["points"]:
