@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -112,7 +112,7 @@ def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
     tasks = graph.tasks
     index = {t: i for i, t in enumerate(tasks)}
     cost = [int(costs[t]) for t in tasks]
-    dag: nx.DiGraph[int] = nx.DiGraph()
+    dag: nx.DiGraph[Any] = nx.DiGraph()  # Any: the stubs type descendants() over object nodes
     dag.add_nodes_from(range(len(tasks)))
     dag.add_edges_from((index[e.src], index[e.dst]) for e in graph.edges if e.delay == 0)
     preds = dag.reverse(copy=True)

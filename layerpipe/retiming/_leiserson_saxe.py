@@ -23,9 +23,10 @@ What this module computes on such graphs:
   from a virtual source, or None if a positive cycle makes it infeasible; given a topological order of an
   acyclic system (the schedulers' lags, start times and loop lengths), one relaxation per constraint.
 
-Graph algorithms are networkx's (topological order, DAG longest path, Floyd–Warshall, Bellman–Ford,
-spanning forest); Howard's maximum cycle ratio is our own (`_cycle_ratio`: networkx has none). Training
-graphs come in through `layerpipe.retiming._delays` (`timed_graph`, `loop_bounds`, `solve_delays`).
+Graph algorithms are networkx's (topological order, Floyd–Warshall, Goldberg–Radzik's Bellman–Ford,
+spanning forest; DAG longest paths are the difference-constraint solver in topological order); Howard's
+maximum cycle ratio is our own (`_cycle_ratio`: networkx has none). Training graphs come in through
+`layerpipe.retiming._delays` (`timed_graph`, `loop_bounds`, `solve_delays`).
 """
 
 from __future__ import annotations
