@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from layerpipe import __version__
 from layerpipe._files import owns_names, staged_folder, write_atomic
@@ -334,14 +335,17 @@ def _rtl_verify(point: RTLPoint, k: int, label: str, policy: str, keep: bool) ->
     return doc, verilog, float(design.sim.cycles_per_sample)
 
 
-def _run_jobs(jobs: Sequence[tuple[Callable, tuple]], workers: int) -> list:
+def _run_jobs(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], workers: int) -> list[Any]:
     """The jobs' results in the jobs' order (so the output does not depend on which worker finished first);
-    in this process when there is at most one job or one worker."""
+    in this process when there is at most one job or one worker. Workers are spawned, not forked: a forked
+    child of a process that has run torch's thread pool can hang in its first parallel region."""
     if workers <= 1 or len(jobs) <= 1:
         return [fn(*args) for fn, args in jobs]
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(fn, *args) for fn, args in jobs]
         return [f.result() for f in futures]
 
