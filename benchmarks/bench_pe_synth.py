@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from layerpipe.hdl import PEConfig, ProcessingElement, export_verilog, synthesize
+from layerpipe.hdl import PEConfig, ProcessingElement, component_verilog, synthesize
 
 
 def figures(lanes: int, dsp: bool) -> dict[str, float]:
@@ -24,7 +24,7 @@ def figures(lanes: int, dsp: bool) -> dict[str, float]:
                       send_ports=2, max_dim=256)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "pe.v")
-        path.write_text(export_verilog(ProcessingElement(config), "pe"))
+        path.write_text(component_verilog(ProcessingElement(config), "pe"))
         start = time.perf_counter()
         out: dict[str, float] = dict(synthesize(path, "pe", ("ice40",), dsp=dsp)["ice40"])
         out["yosys_s"] = round(time.perf_counter() - start, 1)

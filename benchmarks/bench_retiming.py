@@ -1,6 +1,11 @@
 """Time the retiming pipeline on ResNet-50: build the DFG, its iteration bound, delays for even:8 / even:16,
 and the networkx graph layer: the DFG as a networkx graph and as GraphML, Leiserson–Saxe W/D on LeNet-5.
 
+Then the networkx graph layer against the hand-written code it replaced (issue 13: no slower by more than
+10 %): every step that has an old counterpart, timed now and before side by side in one run (the old code is
+read from git at 4c404fd^ by benchmarks/_retiming_before.py; `--before ''` skips it), CPU ms (min of
+interleaved rounds), the ratio and whether both gave the same answer.
+
 Then issue 14's depth sweep: the delay solver (`solve_delays` with the bounds before/after, and the
 iteration bound alone) on `mlp:` chains of 100..2000 layers, today's Howard against the one before issue 14
 (benchmarks/_howard_before.py: Fraction comparisons, no in-round propagation), side by side in one run,
@@ -8,6 +13,7 @@ CPU time (min of interleaved rounds), the log-log slope, and the targets (< 0.3 
 from 100 to 2000).
 
 Run: .venv/bin/python benchmarks/bench_retiming.py [--network resnet50] [--repeat 3] [--sweep 100,...]
+     [--before REV] [--chain 1000]
 Prints the best of `repeat` wall-clock times per step (milliseconds) and the results they produced.
 """
 
@@ -17,14 +23,18 @@ import argparse
 import math
 import os
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import _howard_before  # benchmarks/: the solver as it was, for the side-by-side sweep
+import _retiming_before  # benchmarks/: the pre-networkx retiming, read from git
+import numpy as np
 
+import layerpipe.retiming._delays as delays_now
 import layerpipe.retiming._leiserson_saxe as leiserson_saxe
-from layerpipe.costs import make_cost_model
-from layerpipe.dfg import build_training_graph
+from layerpipe.costs import CostModel, make_cost_model
+from layerpipe.dfg import TrainingGraph, build_training_graph
 from layerpipe.network import load_network, to_graphml
 from layerpipe.retiming import iteration_bound, solve_delays, timed_graph, wd_matrices
 from layerpipe.stages import parse_stage_map
@@ -118,6 +128,78 @@ def depth_sweep(depths: list[int], repeat: int, before_up_to: int) -> None:
                                if len(solve_before) >= 2 else ""))
 
 
+#: The networkx rows may cost at most this much more than the hand-written code (issue 13).
+TARGET_NETWORKX_RATIO = 1.10
+
+
+def _steps(mod: types.ModuleType, graph: TrainingGraph, stages: Sequence[int], model: CostModel,
+           small: TrainingGraph) -> dict[str, Callable[[], object]]:
+    """One retiming module's steps, each returning something comparable across the two versions."""
+    costs = graph.costs(model)
+    timed = mod.timed_graph(graph, costs)
+    solution = mod.solve_delays(graph, stages)
+    problem = delays_now._problem(graph, delays_now._stage_of_task(graph, stages), True)
+    need = np.asarray(problem.required, dtype=np.int64) - problem.timed.delays
+    bounds = delays_now._bounds(problem.timed, need, problem.group_of_edge,
+                                [solution.delays[layer] for layer in problem.layers])
+    delayed = mod.timed_graph(graph, costs, solution.delays)
+    retimed = mod.retimed_delays(timed, dict(solution.lags))
+    small_timed = mod.timed_graph(small, small.costs(model))
+    n = len(graph.tasks)
+
+    def lags(r: object) -> object:
+        return None if r is None else np.asarray(r).tolist()
+
+    return {
+        "iteration bound": lambda: mod.iteration_bound(timed).bound,
+        "solve delays (+bounds)": lambda: dict(mod.solve_delays(graph, stages, model).delays),
+        "solve delays": lambda: dict(mod.solve_delays(graph, stages).lags),
+        "delays feasible": lambda: mod.delays_feasible(graph, stages, solution.delays),
+        "difference constraints": lambda: lags(mod.least_retiming(n, problem.timed.src, problem.timed.dst,
+                                                                  bounds)),
+        "clock period": lambda: mod.clock_period(delayed),
+        "legality check": lambda: mod.retiming_violations(timed, retimed),
+        "loop bounds": lambda: [(b.layer, b.time, b.delays) for b in mod.loop_bounds(graph, costs)],
+        "W/D matrices (lenet5)": lambda: [m.tolist() for m in mod.wd_matrices(small_timed)],
+        "min-period retiming (lenet5)": lambda: mod.min_period_retiming(small_timed)[0],
+    }
+
+
+def networkx_side_by_side(spec: str, stage_spec: str, repeat: int, rev: str) -> None:
+    """Each step now and with the hand-written code at `rev`, interleaved per round, CPU ms."""
+    try:
+        before = _retiming_before.load(rev)
+    except _retiming_before.BeforeUnavailable as exc:
+        print(f"\nnetworkx vs hand-written: no 'before' column ({exc})")
+        return
+    import layerpipe.retiming as now
+
+    model = make_cost_model("pe")
+    net = load_network(spec)
+    graph = build_training_graph(net)
+    stages = parse_stage_map(stage_spec, net, model)
+    small = build_training_graph(load_network("lenet5"))
+    rows = {"now": _steps(now, graph, stages, model, small), "before": _steps(before, graph, stages, model, small)}
+    best = {(key, name): math.inf for key in rows for name in rows[key]}
+    for _ in range(repeat):
+        for name in rows["now"]:
+            for key in ("now", "before"):
+                best[(key, name)] = min(best[(key, name)], cpu_seconds(rows[key][name]))
+    label = spec if len(spec) <= 24 else f"{spec[:spec.index(':') + 1]}{len(net)} layers"
+    print(f"\nnetworkx graph layer vs the hand-written code at {rev}: {label}, {stage_spec}; CPU ms, min of "
+          f"{repeat} interleaved rounds; load average {os.getloadavg()[0]:.2f}")
+    print(f"  {'step':30s} {'now':>10} {'before':>10} {'now/before':>10}  same answer")
+    over = []
+    for name in rows["now"]:
+        a, b = best[("now", name)] * 1e3, best[("before", name)] * 1e3
+        same = rows["now"][name]() == rows["before"][name]()
+        ratio = a / b if b > 0 else math.inf
+        if ratio > TARGET_NETWORKX_RATIO:
+            over.append(f"{name} {ratio:.2f}x")
+        print(f"  {name:30s} {a:10.2f} {b:10.2f} {ratio:9.2f}x  {'yes' if same else 'NO'}")
+    print(f"  over {TARGET_NETWORKX_RATIO:.2f}x: " + (", ".join(over) if over else "none"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", default="resnet50")
@@ -126,6 +208,10 @@ def main() -> None:
                         help="chain depths for the delay-solver sweep ('' to skip it)")
     parser.add_argument("--before-up-to", type=int, default=1000,
                         help="time the old solver only up to this depth (it takes ~17 s at 2000 layers)")
+    parser.add_argument("--before", default=_retiming_before.BEFORE_NETWORKX,
+                        help="git revision of the hand-written retiming to time side by side ('' to skip)")
+    parser.add_argument("--chain", type=int, default=300,
+                        help="also side by side on an mlp chain of this many layers (0 to skip)")
     args = parser.parse_args()
     model = make_cost_model("pe")
     net = load_network(args.network)
@@ -154,6 +240,10 @@ def main() -> None:
     timed = timed_graph(small, small.costs(model))
     ms, (w_mat, _) = best_of(args.repeat, lambda: wd_matrices(timed))
     print(f"  W/D matrices (lenet5)     {ms:9.1f} ms   {w_mat.shape[0]}x{w_mat.shape[1]} (Floyd-Warshall)")
+    if args.before:
+        networkx_side_by_side(args.network, "even:8", max(args.repeat, 5), args.before)
+        if args.chain:
+            networkx_side_by_side("mlp:" + "-".join(["8"] * args.chain), "even:8", args.repeat, args.before)
     if args.sweep:
         depth_sweep([int(d) for d in args.sweep.split(",")], args.repeat, args.before_up_to)
 

@@ -5,9 +5,9 @@ wide words (`lanes` fixed-point elements each), an op engine running one F/A/E/G
 `lanes` multipliers, with a closed cycle formula (`op_cycles`, the `rtl` cost model `RTLCostModel`).
 See `hdl/_pe.py` for the memory layout, the command table and the timing contract.
 
-Tooling: `export_verilog` (deterministic), `lint_verilog` (Verilator, documented waivers), `synthesize`
-(yosys generic / iCE40 figures), `run_cocotb` (cocotb benches on Icarus or Verilator, toolchain facts in
-one place).
+Tooling: `component_verilog` (one component's Verilog, deterministic; a whole design's is
+`layerpipe.export_verilog`), `lint_verilog` (Verilator, documented waivers), `synthesize` (yosys generic /
+iCE40 figures), `run_cocotb` (cocotb benches on Icarus or Verilator, toolchain facts in one place).
 
 Whole accelerator (see hdl/README.md): `make_design` schedules an MLP with a policy under the `rtl` cost model
 and compiles it (`compile_schedule` → `Program`: per-PE microcode and memory maps); `Accelerator` is the top
@@ -43,7 +43,7 @@ from layerpipe.hdl._synth import (
     LINT_WAIVERS,
     SYNTH_TARGETS,
     LintResult,
-    export_verilog,
+    component_verilog,
     lint_verilog,
     synthesize,
     synthesize_design,
@@ -74,7 +74,7 @@ __all__ = [
     "available_simulators",
     "command_layout",
     "compile_schedule",
-    "export_verilog",
+    "component_verilog",
     "lint_verilog",
     "make_design",
     "op_cycles",

@@ -33,7 +33,7 @@ from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
 
-__all__ = ["Design", "make_design", "write_vectors"]
+__all__ = ["Design", "make_design", "steady_design", "write_vectors"]
 
 DEFAULT_LR_SHIFT = 4
 
@@ -148,6 +148,33 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
                 lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1) -> Design:
     """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
     is T, the iterations (micro-batches of `batch` samples) the sample memories hold."""
+    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
+    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+
+
+def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int, *, lr_shift: int = DEFAULT_LR_SHIFT,
+                  keep_weights_together: bool = True, batch: int = 1, fewest: int = 4, most: int = 64) -> Design:
+    """`make_design` with the fewest iterations T (at least `fewest`) whose run has a steady middle, so that the
+    RTL's steady-state period is measurable (`cocotb_accel.measured_period`): measured on the simulator's op
+    trace, which a cycle-exact RTL run reproduces issue for issue, it must equal the schedule's period. The
+    network is scheduled once; each T only recompiles and resimulates. InputError when no T up to `most` is."""
+    from layerpipe.hdl.cocotb_accel import measured_period
+
+    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
+    for samples in range(max(fewest, 4), most + 1):
+        program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+        design = Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+        measured = measured_period(design.expected_trace())
+        if measured is not None and measured["period_rtl"] == program.period:
+            return design
+    raise InputError(f"{net.name} on {num_pes} PEs, {lanes} lanes: no run of {fewest}..{most} iterations has a "
+                     "steady middle")
+
+
+def _schedule(network: Network | str, policy: str, num_pes: int, lanes: int, keep_weights_together: bool,
+              batch: int) -> tuple[Network, Any]:
+    """The network and the policy's schedule of it as the hardware runs it (see `make_design`)."""
     from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
 
     if policy not in SUPPORTED_POLICIES:
@@ -172,8 +199,7 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
     check_runnable(net, result, policy)
-    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
-    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+    return net, result
 
 
 def check_runnable(net: Network, result: Any, policy: str) -> None:

@@ -1,6 +1,6 @@
 """Synthesis flow: deterministic Verilog export, Verilator lint, yosys `synth` / `synth_ice40` figures.
 
-- `export_verilog(component, name)`: `amaranth.back.verilog.convert(..., emit_src=False)` — no source
+- `component_verilog(component, name)`: `amaranth.back.verilog.convert(..., emit_src=False)` — no source
   paths in the text, so the same design gives the same bytes on any machine.
 - `lint_verilog(path, top)`: `verilator --lint-only -Wall` with the waivers of `LINT_WAIVERS` (each is a
   property of the code generator, not of the design; every other warning fails the lint).
@@ -30,8 +30,8 @@ from amaranth.lib import wiring
 from layerpipe.errors import InputError
 from layerpipe.hdl._cocotb import verilator_environment
 
-__all__ = ["AREA_PART", "LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "export_verilog", "lint_verilog", "synthesize",
-           "synthesize_design"]
+__all__ = ["AREA_PART", "LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "component_verilog", "lint_verilog",
+           "synthesize", "synthesize_design"]
 
 #: Verilator warnings waived for Amaranth-generated Verilog, and why each is not a design problem.
 LINT_WAIVERS: Mapping[str, str] = {
@@ -53,7 +53,7 @@ LINT_WAIVERS: Mapping[str, str] = {
 SYNTH_TARGETS = ("generic", "ice40")
 
 
-def export_verilog(component: wiring.Component, name: str) -> str:
+def component_verilog(component: wiring.Component, name: str) -> str:
     """The component's Verilog, deterministic (no `src` attributes); needs AMARANTH_USE_YOSYS=builtin."""
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
     return verilog.convert(component, name=name, emit_src=False)

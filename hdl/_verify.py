@@ -60,11 +60,12 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
     with tempfile.TemporaryDirectory(prefix="layerpipe-verify-") as tmp:
         build = Path(build_dir) if build_dir else Path(tmp)
         build.mkdir(parents=True, exist_ok=True)
-        (build / "layerpipe_accel.v").write_text(export_verilog(design))
+        verilog = export_verilog(design)  # seconds of amaranth for a small design: once
+        (build / "layerpipe_accel.v").write_text(verilog)
         if sim == "harness":  # the Verilator C++ harness (hdl/_harness.py): same observation, no cocotb
             from layerpipe.hdl._harness import run_harness
 
-            observed = run_harness(export_verilog(design), vectors, build / "harness")
+            observed = run_harness(verilog, vectors, build / "harness")
             doc = compare_run(vectors, observed, design.fmt.frac_bits)
             doc.update({"network": design.network.name, "policy": design.policy, "num_pes": design.num_pes,
                         "lanes": design.lanes, "samples": design.samples, "sim": sim, "seed": seed,

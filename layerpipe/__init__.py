@@ -44,7 +44,7 @@ _LAZY: dict[str, str] = {
     "TrainingGraph": "layerpipe.dfg",
     "build_training_graph": "layerpipe.dfg",
     "Design": "layerpipe.hdl",
-    "export_verilog": "layerpipe.hdl._flow",  # the design exporter; layerpipe.hdl.export_verilog takes a component
+    "export_verilog": "layerpipe.hdl._flow",  # the design exporter (one component: hdl.component_verilog)
     "make_design": "layerpipe.hdl",
     "SHARED": "layerpipe.interconnect",
     "Interconnect": "layerpipe.interconnect",

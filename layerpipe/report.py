@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import io
 import json
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from layerpipe import __version__
 from layerpipe._files import owns_names, staged_folder, write_atomic
@@ -273,8 +273,8 @@ class RTLPoint:
 #: The RTL section's design points (issue 11, Build 5): small MLPs (cheap to simulate in Icarus) where
 #: LayerPipe's split placement (a layer's F, E, G, U on different PEs: weight versions and gradients on the links)
 #: beats both its weights-together placement and PipeDream under the `rtl` cost model on the `rtl` interconnect.
-#: The first point is the one earlier reports measured (then with weights together only); area and place and
-#: route are of the first point (minutes per design).
+#: The first point is the one earlier reports measured (then with weights together only); area (ECP5 place and
+#: route) is of the first point (minutes per design).
 RTL_POINTS: tuple[RTLPoint, ...] = (
     RTLPoint("mlp:32-24-16-8", 3, 4, 24),
     RTLPoint("mlp:24-16-8", 2, 4, 24),
@@ -289,16 +289,6 @@ RTL_VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("pipedream", "pipedream", True),
 )
 RTL_BASELINE = "pipedream"
-
-
-def _yosys_version() -> str | None:
-    import shutil
-    import subprocess
-
-    exe = shutil.which("yosys")
-    if exe is None:
-        return None
-    return subprocess.run([exe, "-V"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_together: bool) -> float:
@@ -317,54 +307,75 @@ def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_toget
     return float(result.metrics.cycles_per_sample)
 
 
-def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, area: bool = True) -> dict:
-    """Verify every `RTL_VARIANTS` schedule at each point (Icarus, monitored op by op) next to the model's
-    prediction; with `area`, synthesise (yosys iCE40) and place and route the first point's designs.
+#: Worker processes of the RTL section: its Icarus runs and place-and-route runs are independent (CI has 2 cores).
+RTL_WORKERS = 2
 
-    The RTL's steady state is measured in the run: the cycles between the issues of every op in the last two
-    iterations (`period_rtl`, from the bench's command monitor). Synthesis and place and route are pure
-    functions of the Verilog text and the tools, and take minutes, so their figures are reused from `previous`
-    (the committed `rtl.json`) when both hash the same; anything else reruns.
-    """
+
+def _rtl_verify(point: RTLPoint, k: int, label: str, policy: str, keep: bool) -> tuple[dict, str, float]:
+    """One schedule at one point, verified (a worker's job): its row, its Verilog, the simulator's steady
+    cycles per sample."""
     import hashlib
 
-    from layerpipe.hdl import make_design, synthesize
+    from layerpipe.hdl import make_design
     from layerpipe.hdl._flow import export_verilog
     from layerpipe.hdl._verify import verify_design
 
-    yosys = _yosys_version()
-    cached = (previous or {}).get("synthesis", {})
-    docs, synthesis, fpga = [], {}, {}
-    for k, point in enumerate(points):
-        for label, policy, keep in RTL_VARIANTS:
-            design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
-                                 keep_weights_together=keep, batch=point.batch)
-            verilog = export_verilog(design)
-            key = hashlib.sha256((verilog + (yosys or "")).encode()).hexdigest()[:16]
-            doc = verify_design(design)
-            batch = design.network.batch
-            doc.update(point=k, variant=label, keep_weights_together=keep, verilog_sha256_16=key)
-            doc["cycles_per_sample_rtl"] = round(doc["cycles_rtl"] / (design.samples * batch), 2)
-            doc["steady_cycles_per_sample_rtl"] = (round(doc["period_rtl"] / batch, 2)
-                                                   if doc["period_rtl"] is not None else None)
-            doc["steady_cycles_per_sample_sim"] = round(float(design.sim.cycles_per_sample), 2)
-            doc["model_cycles_per_sample"] = round(rtl_model_cycles_per_sample(point, policy, keep), 2)
-            docs.append(doc)
-            if not area or k != 0 or yosys is None:
-                continue
-            if key in cached:
-                synthesis[key] = cached[key]
-            else:
-                with tempfile.TemporaryDirectory(prefix="layerpipe-report-synth-") as tmp:
-                    path = Path(tmp, "design.v")
-                    path.write_text(verilog)
-                    synthesis[key] = {"target": "ice40", "yosys": yosys,
-                                      **synthesize(path, targets=("ice40",))["ice40"]}
-            figures = _fpga_point(verilog, float(design.sim.cycles_per_sample),
-                                  (previous or {}).get("fpga", {}).get(key))
-            if figures is not None:
-                fpga[key] = figures
-    return {"design_points": [vars(p) for p in points], "points": docs, "synthesis": synthesis, "fpga": fpga}
+    design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
+                         keep_weights_together=keep, batch=point.batch)
+    verilog = export_verilog(design)
+    doc = verify_design(design)
+    batch = design.network.batch
+    doc.update(point=k, variant=label, keep_weights_together=keep,
+               verilog_sha256_16=hashlib.sha256(verilog.encode()).hexdigest()[:16])
+    doc["cycles_per_sample_rtl"] = round(doc["cycles_rtl"] / (design.samples * batch), 2)
+    doc["steady_cycles_per_sample_rtl"] = (round(doc["period_rtl"] / batch, 2)
+                                           if doc["period_rtl"] is not None else None)
+    doc["steady_cycles_per_sample_sim"] = round(float(design.sim.cycles_per_sample), 2)
+    doc["model_cycles_per_sample"] = round(rtl_model_cycles_per_sample(point, policy, keep), 2)
+    return doc, verilog, float(design.sim.cycles_per_sample)
+
+
+def _run_jobs(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], workers: int) -> list[Any]:
+    """The jobs' results in the jobs' order (so the output does not depend on which worker finished first);
+    in this process when there is at most one job or one worker. Workers are spawned, not forked: a forked
+    child of a process that has run torch's thread pool can hang in its first parallel region."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(*args) for fn, args in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, *args) for fn, args in jobs]
+        return [f.result() for f in futures]
+
+
+def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, area: bool = True,
+                workers: int = RTL_WORKERS) -> dict:
+    """Verify every `RTL_VARIANTS` schedule at each point (Icarus, monitored op by op) next to the model's
+    prediction; with `area`, place and route the first point's designs on `RTL_PART` (ECP5, the PyPI yowasp
+    tools). The independent runs go to `workers` processes; results are kept in the points' order.
+
+    The RTL's steady state is measured in the run: the cycles between the issues of every op in the run's two
+    middle iterations (`period_rtl`, from the bench's command monitor). Place and route is a pure function of
+    the Verilog text and the tools, and takes minutes, so its figures are reused from `previous` (the committed
+    `rtl.json`) when the Verilog hashes the same; anything else reruns.
+    """
+    import hashlib
+
+    jobs = [(_rtl_verify, (point, k, label, policy, keep)) for k, point in enumerate(points)
+            for label, policy, keep in RTL_VARIANTS]
+    verified = _run_jobs(jobs, workers)
+    docs = [doc for doc, _, _ in verified]
+    fpga: dict[str, dict] = {}
+    if area:
+        # The previous figures by the full hash of the Verilog they are of (whatever key they were filed under).
+        prior = {f.get("verilog_sha256"): f for f in (previous or {}).get("fpga", {}).values()}
+        first = [(doc["verilog_sha256_16"], verilog, rate) for doc, verilog, rate in verified if doc["point"] == 0]
+        figures = _run_jobs([(_fpga_point, (verilog, rate, prior.get(hashlib.sha256(verilog.encode()).hexdigest())))
+                             for _, verilog, rate in first], workers)
+        fpga = {key: f for (key, _, _), f in zip(first, figures, strict=True) if f is not None}
+    return {"design_points": [vars(p) for p in points], "points": docs, "fpga": fpga}
 
 
 #: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
@@ -406,9 +417,9 @@ def _fpga_table(rtl: dict) -> str:
     if not rows:
         return ""
     table = _md_table(["schedule", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
-    return (f"\nPlace and route of the first point on {title}, the flow of `layerpipe rtl --part {RTL_PART}`: "
-            "utilization of the part, Fmax after routing (register to register), samples/s = Fmax / steady-state "
-            "cycles per sample.\n\n" + table)
+    return (f"\nArea and speed of the first point on {title}: the flow of `layerpipe rtl --part {RTL_PART}` "
+            "(yosys `synth_ecp5`, then nextpnr-ecp5 place and route): utilization of the part per resource, Fmax "
+            "after routing (register to register), samples/s = Fmax / steady-state cycles per sample.\n\n" + table)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -461,16 +472,6 @@ def rtl_section(rtl: dict) -> str:
     verdict = ("On every point the RTL-measured speedups equal the model's prediction on the `rtl` interconnect."
                if equal else "On some point the RTL-measured speedup differs from the model's prediction "
                "(see the last two columns).")
-    syn_rows = []
-    for d in rtl["points"]:
-        syn = rtl["synthesis"].get(d["verilog_sha256_16"])
-        if syn:
-            syn_rows.append([d["variant"], syn.get("luts", "-"), syn.get("ffs", "-"), syn.get("brams", "-"),
-                             syn.get("multipliers", "-")])
-    area = ""
-    if syn_rows:
-        area = (f"\nArea of the first point (`{points[0].label()}`), yosys `synth_ice40`:\n\n"
-                + _md_table(["schedule", "iCE40 LUTs", "FFs", "BRAMs", "multipliers"], syn_rows))
     first = points[0]
     return ("LayerPipe (its placement may split a layer's F, E, G and U over PEs: weight versions and gradients "
             "cross the links), LayerPipe with each layer's tasks on its weights' PE, and PipeDream, each on the "
@@ -488,7 +489,7 @@ def rtl_section(rtl: dict) -> str:
             f"--lanes {first.lanes} --samples {first.samples}` (`--keep-weights-together` for the second "
             f"schedule) and its model figure with `layerpipe compare {first.network} -n {first.num_pes} "
             f"--policies layerpipe,pipedream --cost-model rtl --lanes {first.lanes} --interconnect rtl "
-            "--no-split-layers --no-replication`.\n" + area + _fpga_table(rtl))
+            "--no-split-layers --no-replication`.\n" + _fpga_table(rtl))
 
 
 def assumptions(cfg: ReportConfig) -> str:
@@ -517,7 +518,7 @@ def generate(out: str | Path, cfg: ReportConfig | None = None, progress: bool = 
     """Regenerate the report folder `out` (built in a temporary sibling, then swapped into place by
     `layerpipe._files.staged_folder`: a crash leaves the old or the new folder, never a mix).
 
-    Synthesis figures are reused from `synthesis_cache` (default: `out/rtl.json`, the previous run) for
+    Place-and-route figures are reused from `synthesis_cache` (default: `out/rtl.json`, the previous run) for
     Verilog that hashes the same; see `rtl_results`.
     """
     from tqdm import tqdm

@@ -397,12 +397,12 @@ def _zero_duration_sender(c: CompiledSchedule) -> bool:
 
 
 def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None = None,
-           hold: list[int] | None = None, latency: int = 0) -> tuple[list[int], list[int]]:
+           hold: list[int] | tuple[()] = (), latency: int = 0) -> tuple[list[int], list[int]]:
     """Start and end of every op: processors walk their programs (see the module docstring).
 
     `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
-    only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles); −1 until
-    known.
+    only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles; no plan, no
+    holds); −1 until known.
     """
     n = c.num_ops
     dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
@@ -443,7 +443,7 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
                         depart = link_free[link]
                         if depart < t:
                             depart = t
-                        depart += hold[x]  # type: ignore[index]
+                        depart += hold[x]
                         link_free[link] = depart
                         avail[x] = depart + latency
                         woken = waiters[x]

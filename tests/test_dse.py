@@ -95,6 +95,7 @@ def test_torn_last_line_is_dropped_on_resume(tmp_path: Path) -> None:
     assert out.read_bytes() == full
 
 
+@pytest.mark.slow  # a two-process dask cluster: ~3.3 s of CPU and seconds of start-up
 def test_dask_cluster_gives_the_same_rows(tmp_path: Path) -> None:
     distributed = pytest.importorskip("distributed")
     spec = _small_spec(networks=("mlp:16-12-8-4",))

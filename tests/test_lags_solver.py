@@ -134,3 +134,31 @@ def test_scheduler_passes_are_the_least_solutions(net: Network, model: str, seed
 @pytest.mark.parametrize("spec", ["lenet5", "resnet18"])
 def test_scheduler_passes_on_the_zoo(spec: str) -> None:
     _check_passes(TaskTable.of(build_training_graph(load_network(spec)), make_cost_model("pe")), random.Random(13))
+
+
+@settings(max_examples=60, deadline=None)
+@given(networks(max_layers=10), st.sampled_from(["macs", "pe"]))
+def test_loop_bounds_are_longest_paths_of_the_loop(net: Network, model: str) -> None:
+    # retiming's loop bounds by the same solver: a real F_l ⇝ U_l path over delay-0 edges, as long as
+    # networkx's DAG longest path between the two.
+    from layerpipe.dfg import iter_loops
+    from layerpipe.retiming import loop_bounds
+
+    graph = build_training_graph(net)
+    costs = graph.costs(make_cost_model(model))
+    dag: nx.DiGraph[object] = nx.DiGraph((e.src, e.dst) for e in graph.edges if e.delay == 0)
+    dag.add_nodes_from(graph.tasks)
+    loops = dict(iter_loops(graph))
+    bounds = loop_bounds(graph, costs, {layer: 2 for layer in loops})
+    assert [b.layer for b in bounds] == list(loops)
+    for b in bounds:
+        weight_edge = loops[b.layer]
+        assert b.path[0] == weight_edge.dst and b.path[-1] == weight_edge.src
+        assert all(dag.has_edge(u, v) for u, v in zip(b.path, b.path[1:], strict=False))
+        assert b.time == sum(costs[t] for t in b.path)
+        assert b.delays == weight_edge.delay + 2
+        between = (nx.descendants(dag, b.path[0]) & nx.ancestors(dag, b.path[-1])) | {b.path[0], b.path[-1]}
+        sub = dag.subgraph(between).copy()
+        for u, v in sub.edges:
+            sub.edges[u, v]["w"] = costs[v]
+        assert b.time == costs[b.path[0]] + nx.dag_longest_path_length(sub, weight="w")

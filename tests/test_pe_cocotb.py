@@ -21,7 +21,7 @@ from layerpipe.hdl import (
     pack_vector,
 )
 from layerpipe.hdl._cocotb import available_simulators, run_cocotb
-from layerpipe.hdl._synth import export_verilog
+from layerpipe.hdl._synth import component_verilog
 
 LANES, BITS, LR_SHIFT = 2, FMT.total_bits, 3
 CONFIG = PEConfig(lanes=LANES, lr_shift=LR_SHIFT, weight_depth=64, grad_depth=64, local_depth=16,
@@ -59,7 +59,7 @@ def vectors(seed: int) -> dict:
 @pytest.fixture(scope="module")
 def pe_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("pe_rtl") / "pe.v"
-    path.write_text(export_verilog(ProcessingElement(CONFIG), "pe"))
+    path.write_text(component_verilog(ProcessingElement(CONFIG), "pe"))
     return path
 
 

@@ -75,6 +75,7 @@ def test_policies_validate_on_random_networks(net, n: int, name: str) -> None:
     check(result)
 
 
+@pytest.mark.slow  # the zoo × N = 2..16: ~15 s of CPU
 def test_layerpipe_meets_the_lower_bound_closely_on_the_zoo() -> None:
     """The aim of the balancing passes: median period / bound ≤ 1.02 (the benchmark reports the figures)."""
     ratios = []

@@ -6,7 +6,7 @@ check is also the check that two runs give the same bytes.
 One regeneration is minutes of CPU in one place, so it is checked in pieces that xdist spreads over its
 workers, each piece against the committed file it writes, computed the way `generate` computes it:
 - the headline's rows, one interconnect per test; compare.csv with speedup.png; ablation.csv; the OOO section
-  (ooo.csv, ooo_speedup.png); rtl.json (Icarus verification, synthesis reused by Verilog hash);
+  (ooo.csv, ooo_speedup.png); rtl.json (Icarus verification, ECP5 place and route reused by Verilog hash);
 - then the whole folder: the real `generate` — staged folder, Gantt simulations, every plot, README.md — fed
   the committed rows in place of the section computations above (each checked by its own test; the fakes
   also check that `generate` asks for exactly what those tests computed). The tree it writes must equal the
@@ -126,12 +126,12 @@ def test_ooo_section_is_current(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_rtl_results_are_current() -> None:
-    """Verification on Icarus for real; synthesis and place-and-route figures reused from the committed
+    """Verification on Icarus for real; place-and-route figures reused from the committed
     rtl.json when the Verilog hashes the same (as `generate` is called here and by the folder test)."""
     committed = (COMMITTED / "rtl.json").read_text()
     doc = report.rtl_results(json.loads(committed))
     assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == committed, STALE.format("rtl.json")
-    assert [p["policy"] for p in doc["points"]] == ["layerpipe", "pipedream"]
+    assert {"layerpipe", "pipedream"} <= {p["policy"] for p in doc["points"]}
     assert all(p["bit_exact"] and p["cycle_exact"] for p in doc["points"])
 
 

