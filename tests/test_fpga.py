@@ -240,8 +240,8 @@ def test_report_names_the_part_and_shows_fmax_or_misfit() -> None:
     fits = FpgaResult(part=RTL_PART, fits=True, overflow=[], fmax_mhz=45.76, **common).to_dict()
     over = FpgaResult(part=RTL_PART, fits=False, overflow=["ios 400 of 365 (+35)"], fmax_mhz=None,
                       **common).to_dict()
-    rtl = {"points": [{"policy": "layerpipe", "verilog_sha256_16": "a"}, {"policy": "pipedream",
-                                                                          "verilog_sha256_16": "b"}],
+    rtl = {"points": [{"policy": "layerpipe", "variant": "layerpipe", "verilog_sha256_16": "a"},
+                      {"policy": "pipedream", "variant": "pipedream", "verilog_sha256_16": "b"}],
            "fpga": {"a": {**fits, "samples_per_second": 77823.1}, "b": {**over, "samples_per_second": None}}}
     text = _fpga_table(rtl)
     assert f"{RTL_PART} ({part.device}, {part.package}" in text
