@@ -38,19 +38,18 @@ processor, its next op and the producers it waits for.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import math
 import operator
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
 
+from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
 from layerpipe.interconnect import compiled_bus_key
 from layerpipe.schedule._deps import MissingProducer, dependency_arrays, layer_task_edges
@@ -161,7 +160,7 @@ class CompiledSchedule:
         links = (proc[i] * procs + proc[j]).tolist()
         sends_flat = list(zip(transfer.tolist(), links, strict=True))
         cuts = send_ptr.tolist()
-        with _gc_paused():
+        with gc_paused():
             sends = [sends_flat[a:b] for a, b in itertools.pairwise(cuts)]
         return LinkPlan(_split(src[by_dst], ptr), sends, w.tolist(), i.tolist())
 
@@ -178,28 +177,16 @@ class LinkPlan:
     producer: list[int]
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building many small lists: they hold only ints, but each
-    allocation burst would trigger collections that walk every live object (all the Ops) again."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
 
 def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
     values, cuts = flat.tolist(), ptr.tolist()
-    with _gc_paused():
+    with gc_paused():
         return [values[a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     """Number the ops (processor-major), look up durations, and turn the dependencies into arrays."""
-    with _gc_paused():
+    with gc_paused():
         return _compile(schedule, workload)
 
 
@@ -364,7 +351,7 @@ def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tu
 
 def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
     """Start and end cycle of every op (compiled numbering)."""
-    with _gc_paused():
+    with gc_paused():
         return _run(compiled, config)
 
 

@@ -36,12 +36,11 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from layerpipe._gc import gc_paused
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError
@@ -383,7 +382,7 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
             remaining[key] = remaining.get(key, 0) + 1
     known: dict[tuple[str, int], list[tuple[str, int]]] = {}  # a stage op's layer tasks, by (kind, stage)
     rows = []
-    with _gc_paused():  # many small acyclic objects: collections would walk every Op built so far, again and again
+    with gc_paused():  # many small acyclic objects: collections would walk every Op built so far, again and again
         for p, row in enumerate(schedule.procs):
             ops: list[Op] = []
             for op in row:
@@ -400,17 +399,6 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
             rows.append(tuple(ops))
     return OpSchedule("layer", tuple(rows), synchronous=True, microbatches=m)
 
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused (and restored as it was) while building many acyclic objects."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # --- the same rules as arrays -------------------------------------------------------------------------------

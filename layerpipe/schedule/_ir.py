@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
+from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
 
 KINDS_LAYER = ("F", "A", "E", "G", "U", "AE", "EG", "AG", "AEG")
@@ -464,16 +465,17 @@ class PeriodicSchedule:
         def busy(s: Slot) -> bool:  # without costs (a schedule read from text) every task counts as busy
             return self.costs.get((s.kind, s.layer), 1) > 0
 
-        for p, body in enumerate(self.bodies):
-            timed = []
-            for j in range(periods):
-                for s in body:
-                    t = self.iteration(s, j)
-                    if 0 <= t < (limit.get(s.layer, iterations) if s.kind == "U" else iterations):
-                        op = Op(p, s.kind, s.layer, t)
-                        timed.append((op_order_key(j * self.period + s.start, op, busy(s)), op))
-            timed.sort(key=lambda x: x[0])
-            rows.append(tuple(x[1] for x in timed))
+        with gc_paused():  # one Op per (slot, period): collections would walk every Op built so far, again
+            for p, body in enumerate(self.bodies):
+                timed = []
+                for j in range(periods):
+                    for s in body:
+                        t = self.iteration(s, j)
+                        if 0 <= t < (limit.get(s.layer, iterations) if s.kind == "U" else iterations):
+                            op = Op(p, s.kind, s.layer, t)
+                            timed.append((op_order_key(j * self.period + s.start, op, busy(s)), op))
+                timed.sort(key=lambda x: x[0])
+                rows.append(tuple(x[1] for x in timed))
         pins = self.read_pins()
         phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
         phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
