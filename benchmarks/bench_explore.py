@@ -3,12 +3,14 @@
     .venv/bin/python benchmarks/bench_explore.py [--rounds 3] [--jobs]
 
 The sweep: lenet5, resnet18, alexnet × N = 2, 3, 4, 6, 8 × layerpipe (staleness unbounded and ≤ 4), pipedream,
-gpipe, 1f1b, zb-h1, ooo = 105 points. Each point schedules the network, simulates enough iterations for the
-steady state and appends one row. Printed, side by side in one run (min of `--rounds` interleaved rounds):
+gpipe, 1f1b, zb-h1, ooo = 105 points. Each point schedules the network, simulates it twice (K and 2K
+iterations, the steady state of `SimResult.steady_cycles_per_iteration`) and appends one row. Printed, side by
+side in one run (min of `--rounds` interleaved rounds):
 
 - in process: `run_sweep` alone (points per CPU-second of this process) and where its time goes (the
   scheduler, `make_schedule`, against the simulator, `simulate_policy_result`), the same sweep with the
-  simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge), then `save_pareto`
+  simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge), the same sweep with
+  one simulation of K iterations per point (what the second run costs), then `save_pareto`
   with both plots and with none (what `explore --plots none` saves);
 - the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child), with plots and without;
 - with `--jobs`: `run_sweep` with 1 and 2 local worker processes, wall clock (the figure that scales with
@@ -90,6 +92,25 @@ def op_by_op_dependencies() -> Iterator[None]:
         engine._array_dependencies = saved
 
 
+@contextlib.contextmanager
+def one_run_steady_state() -> Iterator[None]:
+    """`evaluate_point`'s steady state as before its second run: one run of K iterations, its own slope."""
+    import layerpipe.dse._evaluate as evaluate
+    import layerpipe.sim as sim
+
+    def one_run(result: object, network: object, model: object, config: object) -> tuple[object, float]:
+        run = sim.simulate_policy_result(result, network, model,  # type: ignore[arg-type]
+                                         evaluate.simulated_iterations(result), config)  # type: ignore[arg-type]
+        return run, run.cycles_per_iteration
+
+    saved = evaluate.steady_simulation
+    evaluate.steady_simulation = one_run  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        evaluate.steady_simulation = saved
+
+
 def in_process(tmp: Path) -> dict[str, float]:
     """CPU seconds of one sweep in this process (and inside its scheduler and simulator), of the sweep with
     dependencies op by op, and of saving its Pareto files with and without plots."""
@@ -103,6 +124,10 @@ def in_process(tmp: Path) -> dict[str, float]:
         t0 = time.process_time()
         run_sweep(SPEC, tmp / f"old-{time.monotonic_ns()}.csv", jobs=1, progress=False)
         old = time.process_time() - t0
+    with one_run_steady_state():
+        t0 = time.process_time()
+        run_sweep(SPEC, tmp / f"one-{time.monotonic_ns()}.csv", jobs=1, progress=False)
+        one_run = time.process_time() - t0
     rows = ResultsFile(out).read_rows()
     t0 = time.process_time()
     save_pareto(rows, tmp / "plots", COLUMNS)
@@ -111,6 +136,7 @@ def in_process(tmp: Path) -> dict[str, float]:
     save_pareto(rows, tmp / "noplots", COLUMNS, plots=())
     csv_only = time.process_time() - t0
     return {"sweep": sweep, "scheduler": spent["schedule"], "simulator": spent["simulate"], "op by op": old,
+            "one run": one_run,
             "pareto+plots": plots, "pareto only": csv_only}
 
 
@@ -153,6 +179,9 @@ def main() -> None:
         old = points / best["op by op"]
         print(f"  dependencies op by op:      {best['op by op']:6.2f} s CPU = {old:6.1f} points per CPU-second "
               f"(the arrays: {best['op by op'] / best['sweep']:.2f}x)")
+        one = points / best["one run"]
+        print(f"  one simulation per point:   {best['one run']:6.2f} s CPU = {one:6.1f} points per CPU-second "
+              f"(the steady state's second run, 2K iterations: {best['sweep'] / best['one run']:.2f}x)")
         print(f"save_pareto with both plots:  {best['pareto+plots']:6.2f} s CPU; pareto.csv only "
               f"{best['pareto only']:.3f} s ({best['pareto+plots'] / max(best['pareto only'], 1e-6):.0f}x)")
         cli = points / best["cli"]
