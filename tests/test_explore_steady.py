@@ -110,3 +110,18 @@ def test_explore_measures_the_scheduled_period(policy: str) -> None:
             f"explore {row['cycles_per_sample']} cycles/sample, scheduled {scheduled}")
 
     run()
+
+
+@pytest.mark.xfail(strict=True, reason="open: layerpipe's period under max_staleness 1 has slack the self-timed "
+                   "simulator does not keep (it runs at 89 and 178 cycles/sample, staleness still <= 1); a "
+                   "scheduler/simulator disagreement, not a finite-run artefact (the same to 256 iterations)")
+@pytest.mark.parametrize(("interconnect", "scheduled"), [("shared", 90.0), ("links:1:1", 219.0)])
+def test_layerpipe_staleness_one_period_with_slack(interconnect: str, scheduled: float) -> None:
+    point = DesignPoint(network="mlp:16-12-8-4", num_procs=3, policy="layerpipe", max_staleness=1,
+                        interconnect=interconnect)
+    model = PEModel(64)
+    network = _evaluate.load_network(point.network)
+    result = make_schedule("layerpipe", network, 3, model, policy_options("layerpipe", {"max_staleness": 1}),
+                           parse_interconnect(interconnect, lanes=64))
+    assert result.metrics.cycles_per_sample == scheduled
+    assert _evaluate.evaluate_point(point)["cycles_per_sample"] == scheduled
