@@ -10,7 +10,7 @@ Tooling: `component_verilog` (one component's Verilog, deterministic; a whole de
 iCE40 figures), `run_cocotb` (cocotb benches on Icarus or Verilator, toolchain facts in one place).
 
 Whole accelerator (see hdl/README.md): `make_design` schedules an MLP with a policy under the `rtl` cost model
-and compiles it (`compile_schedule` → `Program`: per-PE microcode and memory maps); `Accelerator` is the top
+and compiles it (`compile_program` → `Program`: per-PE microcode and memory maps); `Accelerator` is the top
 level (N PEs, sequencers, ready/valid links, host ports, trace taps) and runs any placement of a layer's
 tasks over the PEs, in micro-batches; `rtl_sim_config(lanes)` is the simulator configuration (the `rtl`
 interconnect) under which `layerpipe.sim` is cycle-exact with it. `_model.run_program` executes a compiled
@@ -18,7 +18,7 @@ program in Python op by op; `cocotb_accel` is the whole-accelerator bench.
 """
 
 from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
-from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_schedule
+from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_program
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._datapath import Opcode
 from layerpipe.hdl._flow import Design, make_design
@@ -73,7 +73,7 @@ __all__ = [
     "VectorAddr",
     "available_simulators",
     "command_layout",
-    "compile_schedule",
+    "compile_program",
     "component_verilog",
     "lint_verilog",
     "make_design",

@@ -390,7 +390,7 @@ class _Transfer:
     kind: str  #: vector, gradient (g_l to U_l's PE), weights (a version from U_l), stash (F_l's version to E_l)
 
 
-def compile_schedule(network: Network, graph: TrainingGraph, schedule: PeriodicSchedule, lanes: int,
+def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSchedule, lanes: int,
                      max_samples: int, *, policy: str = "the schedule", fmt: FixedFormat = DEFAULT_FORMAT,
                      limits: HardwareLimits = DEFAULT_LIMITS) -> Program:
     """Compile a periodic schedule of `network` into per-PE microcode and memory maps.

@@ -1,7 +1,7 @@
 """From a network and a policy to a verified accelerator: schedule, compile, time, expect, and the host protocol.
 
 `make_design(network, policy, num_pes, lanes, samples)` schedules the network with the policy under the `rtl`
-cost model, compiles the periodic schedule (`compile_schedule`) and keeps everything a bench or the CLI needs.
+cost model, compiles the periodic schedule (`compile_program`) and keeps everything a bench or the CLI needs.
 `Design.simulate()` times the same ops with the Python simulator under `rtl_sim_config` — the cycle count the
 RTL must reproduce — and `Design.vectors(seed)` computes, with the integer PyTorch reference, the final
 weights the RTL must reproduce bit for bit, as a JSON-ready document (`write_vectors`). The benches read
@@ -26,7 +26,7 @@ from layerpipe.hdl._compiler import (
     Program,
     ceil_div,
     check_lanes,
-    compile_schedule,
+    compile_program,
     mlp_widths,
 )
 from layerpipe.hdl._costs import RTLCostModel
@@ -149,7 +149,7 @@ def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, s
     """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
     is T, the iterations (micro-batches of `batch` samples) the sample memories hold."""
     net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
-    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+    program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
     return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
 
 
@@ -163,7 +163,7 @@ def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int,
 
     net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
     for samples in range(max(fewest, 4), most + 1):
-        program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy=policy)
+        program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
         design = Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
         measured = measured_period(design.expected_trace())
         if measured is not None and measured["period_rtl"] == program.period:

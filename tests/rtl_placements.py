@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from layerpipe.dfg import GraphOptions, build_training_graph
-from layerpipe.hdl._compiler import compile_schedule
+from layerpipe.hdl._compiler import compile_program
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._flow import DEFAULT_LR_SHIFT, Design
 from layerpipe.interconnect import Interconnect
@@ -43,7 +43,7 @@ def placed_design(widths: list[int], where: dict[str, int], num_pes: int, lanes:
     result = placed_schedule(widths, where, num_pes, lanes, mode, batch)
     assert result.periodic is not None and result.graph is not None
     net = result.graph.network
-    program = compile_schedule(net, result.graph, result.periodic, lanes, samples, policy="layerpipe")
+    program = compile_program(net, result.graph, result.periodic, lanes, samples, policy="layerpipe")
     return Design(net, "layerpipe", num_pes, lanes, samples, DEFAULT_LR_SHIFT, result, program)
 
 
@@ -59,7 +59,7 @@ def placements(draw: st.DrawFn, max_layers: int = 3, max_pes: int = 4, max_width
                lanes: tuple[int, ...] = (1, 2, 4)) -> tuple[list[int], dict[str, int], int, int]:
     """(widths, task → PE, N, lanes): a random MLP and a random placement of its tasks on N ≤ `max_pes` PEs.
 
-    Matrix transfers need widths the lanes divide (`compile_schedule` refuses the others, tested apart), so
+    Matrix transfers need widths the lanes divide (`compile_program` refuses the others, tested apart), so
     for lanes > 1 the widths are drawn as multiples of the lanes.
     """
     v = draw(st.sampled_from(lanes))

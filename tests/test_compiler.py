@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
-from layerpipe.hdl._compiler import HardwareLimits, Program, compile_schedule
+from layerpipe.hdl._compiler import HardwareLimits, Program, compile_program
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._flow import Design, make_design
 from layerpipe.network import Linear, NetworkBuilder, load_network, mlp
@@ -30,7 +30,7 @@ def two_pe_schedule() -> PeriodicSchedule:
 
 def compile_two_pe(lanes: int = 2, **kwargs: object) -> Program:
     net = mlp([5, 3, 2])
-    return compile_schedule(net, build_training_graph(net), two_pe_schedule(), lanes, 8, **kwargs)  # type: ignore[arg-type]
+    return compile_program(net, build_training_graph(net), two_pe_schedule(), lanes, 8, **kwargs)  # type: ignore[arg-type]
 
 
 def test_memory_map_and_transfers_of_a_hand_made_schedule() -> None:
@@ -61,8 +61,8 @@ def test_stash_keeps_a_ring_of_versions_and_latest_does_not() -> None:
     body = (Slot(0, "F", 1, 0), Slot(5, "F", 2, 0), Slot(10, "A", 2, 2), Slot(15, "E", 2, 2), Slot(20, "G", 2, 2),
             Slot(25, "U", 2, 2), Slot(30, "A", 1, 2), Slot(35, "G", 1, 2), Slot(40, "U", 1, 2))
     sched = PeriodicSchedule(50, (body,))
-    stash = compile_schedule(net, build_training_graph(net), sched, 1, 4)
-    latest = compile_schedule(net, build_training_graph(net, GraphOptions(weight_mode="latest")), sched, 1, 4)
+    stash = compile_program(net, build_training_graph(net), sched, 1, 4)
+    latest = compile_program(net, build_training_graph(net, GraphOptions(weight_mode="latest")), sched, 1, 4)
     e_stash = next(e for e in stash.pes[0].entries if e.kind == "E")
     e_latest = next(e for e in latest.pes[0].entries if e.kind == "E")
     assert e_stash.steps[0].version == -2 and e_latest.steps[0].version == 0
@@ -97,16 +97,16 @@ def test_rejects_bias_activation_batch_and_widths() -> None:
         make_design(tanh.build(), "pipedream", 1, 1, 4)
     net = mlp([5, 3, 2], batch=300)
     with pytest.raises(InputError, match="--batch 300 is beyond the RTL's micro-batch limit of 256 samples"):
-        compile_schedule(net, build_training_graph(net), two_pe_schedule(), 2, 8)
+        compile_program(net, build_training_graph(net), two_pe_schedule(), 2, 8)
     # B beyond what the memories hold names the limit and the batch.
     with pytest.raises(InputError, match=r"PE 0 needs \d+ words of \w+ memory, beyond the RTL limit of 64 words; "
                                          r"use fewer --samples, a smaller --batch \(now 8\)"):
-        compile_schedule(mlp([5, 3, 2], batch=8), build_training_graph(mlp([5, 3, 2], batch=8)), two_pe_schedule(),
+        compile_program(mlp([5, 3, 2], batch=8), build_training_graph(mlp([5, 3, 2], batch=8)), two_pe_schedule(),
                          1, 8, limits=HardwareLimits(max_memory_words=64))
     # Vectors crossing PEs with B > 1 must fill whole words (each sample is padded to whole words).
     with pytest.raises(InputError, match=r"task F2 on PE 1 receives a vector of 3 elements per sample from F1 on PE 0: "
                                          r"with --batch 2"):
-        compile_schedule(mlp([5, 3, 2], batch=2), build_training_graph(mlp([5, 3, 2], batch=2)), two_pe_schedule(),
+        compile_program(mlp([5, 3, 2], batch=2), build_training_graph(mlp([5, 3, 2], batch=2)), two_pe_schedule(),
                          2, 8)
     with pytest.raises(InputError, match="layer width 5 exceeds the RTL limit of 4"):
         compile_two_pe(limits=HardwareLimits(max_width=4))
@@ -156,7 +156,7 @@ def test_rejects_placements_the_hardware_cannot_run() -> None:
     bare = PeriodicSchedule(result.periodic.period, result.periodic.bodies)
     with pytest.raises(InputError, match=r"task F2 runs on PE 0, away from W2's owner PE 1, but the schedule pins no "
                                          "version for it"):
-        compile_schedule(result.graph.network, result.graph, bare, 1, 8)
+        compile_program(result.graph.network, result.graph, bare, 1, 8)
     # A fused backward (PipeDream's AEG) away from its U.
     net = mlp([5, 3, 2])
     fused = build_training_graph(net, GraphOptions(intra=False, inter=False))
@@ -164,7 +164,7 @@ def test_rejects_placements_the_hardware_cannot_run() -> None:
     c1 = (Slot(0, "F", 2, 1), Slot(40, "U", 2, 1))
     with pytest.raises(InputError, match=r"places fused task AEG2 on PE 0, away from W2's owner \(PE 1, which runs "
                                          r"U2\)"):
-        compile_schedule(net, fused, PeriodicSchedule(50, (c0, c1)), 1, 8, policy="pipedream")
+        compile_program(net, fused, PeriodicSchedule(50, (c0, c1)), 1, 8, policy="pipedream")
 
 
 def test_rejects_unsupported_policies_and_weight_modes() -> None:
@@ -172,7 +172,7 @@ def test_rejects_unsupported_policies_and_weight_modes() -> None:
         make_design("mlp:5-3-2", "gpipe", 2, 2, 4)
     net = mlp([5, 3, 2])
     with pytest.raises(InputError, match="weight mode 'ema' is not supported by the RTL; supported: stash, latest"):
-        compile_schedule(net, build_training_graph(net, GraphOptions(weight_mode="ema")), two_pe_schedule(), 2, 8)
+        compile_program(net, build_training_graph(net, GraphOptions(weight_mode="ema")), two_pe_schedule(), 2, 8)
 
 
 # ---- against the simulator's timing and version map, on the policies' schedules -------------------------
