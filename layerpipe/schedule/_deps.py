@@ -215,12 +215,9 @@ def _async_layer_dependencies(
     return out
 
 
-def _grouped_layer_dependencies(
-    schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
-) -> dict[Op, tuple[Dependency, ...]]:
-    """The asynchronous rules with update groups and per-phase read pins (see the module docstring)."""
-    groups, unfold, pins = schedule.groups_map(), schedule.unfold, schedule.read_pins()
-    total = schedule.num_iterations
+def _incoming(graph: TrainingGraph) -> tuple[dict[tuple[str, int], list[TaskEdge]], dict[tuple[str, int], list]]:
+    """Per consumer task (kind, layer): its layer-level edges, and its weight edges (the grouped rules of both
+    the op-by-op and the array path read these)."""
     incoming: dict[tuple[str, int], list[TaskEdge]] = {}
     for e in layer_task_edges(graph):
         incoming.setdefault(e.dst, []).append(e)
@@ -228,6 +225,16 @@ def _grouped_layer_dependencies(
     for edge in graph.edges:
         if edge.role == "weights":
             weight_in.setdefault((edge.dst.kind, edge.dst.layer), []).append(edge)
+    return incoming, weight_in
+
+
+def _grouped_layer_dependencies(
+    schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
+) -> dict[Op, tuple[Dependency, ...]]:
+    """The asynchronous rules with update groups and per-phase read pins (see the module docstring)."""
+    groups, unfold, pins = schedule.groups_map(), schedule.unfold, schedule.read_pins()
+    total = schedule.num_iterations
+    incoming, weight_in = _incoming(graph)
     out: dict[Op, tuple[Dependency, ...]] = {}
     for op in schedule.ops():
         deps: list[Dependency] = []
@@ -577,13 +584,7 @@ def _sync_rules(rules: _Rules, graph: TrainingGraph, m: int) -> None:
 def _grouped_rules(schedule: OpSchedule, rules: _Rules, graph: TrainingGraph) -> None:
     """`_grouped_layer_dependencies` as rows: a read pin of phase q is a row of `mod` J and `phase` q."""
     groups, unfold, pins = schedule.groups_map(), schedule.unfold, schedule.read_pins()
-    incoming: dict[tuple[str, int], list[TaskEdge]] = {}
-    for e in layer_task_edges(graph):
-        incoming.setdefault(e.dst, []).append(e)
-    weight_in: dict[tuple[str, int], list] = {}
-    for edge in graph.edges:
-        if edge.role == "weights":
-            weight_in.setdefault((edge.dst.kind, edge.dst.layer), []).append(edge)
+    incoming, weight_in = _incoming(graph)
     for k, (kind, unit) in enumerate(rules.task_id):
         g = groups.get(unit, 1)
         for e in incoming.get((kind, unit), ()):

@@ -17,7 +17,7 @@ max(⌈Σc/N⌉, max c, ⌈T_loop(l)/(K+1)⌉) upward (geometric probe, then bis
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -374,17 +374,19 @@ def _tightened(table: TaskTable, best: Candidate, k: int, num_procs: int, interc
         return Candidate(best.placement, period, best.cost, timing) if timing.score()[0] <= k else None
 
     found = attempt(low)
-    if found is not None:
-        return found
-    failed, period, good = low, best.period, best
-    while period - failed > 1:  # bisection between the last failure and the best success
+    return found if found is not None else _bisect(attempt, low, best.period, best)
+
+
+def _bisect(attempt: Callable[[int], Candidate | None], failed: int, period: int, found: Candidate) -> Candidate:
+    """Bisection between a period that failed and one that succeeded (`found`): the best success seen."""
+    while period - failed > 1:
         mid = (failed + period) // 2
         trial = attempt(mid)
         if trial is None:
             failed = mid
         else:
-            period, good = mid, trial
-    return good
+            period, found = mid, trial
+    return found
 
 
 def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs: Sequence[int],
@@ -434,14 +436,7 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
             assert found is not None, "one processor running one iteration after another meets any bound"
             break
         failed, period = period, min(ceiling, max(period + 1, int(period * PROBE_GROWTH)))
-    while period - failed > 1:  # bisection between the last failure and the best success
-        mid = (failed + period) // 2
-        trial = attempt(mid)
-        if trial is None:
-            failed = mid
-        else:
-            period, found = mid, trial
-    return found
+    return _bisect(attempt, failed, period, found)
 
 
 def _schedule_unfolded(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
