@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -34,8 +35,8 @@ from typing import Any, TextIO
 
 from layerpipe.errors import InputError
 
-__all__ = ["DEFAULT_FREQ_MHZ", "PARTS", "RESOURCES", "FpgaResult", "Part", "cache_dir", "fpga_tools_missing",
-           "get_part", "parse_nextpnr_report", "parse_utilisation_log", "run_fpga_flow"]
+__all__ = ["DEFAULT_FREQ_MHZ", "PARTS", "RESOURCES", "FlowTimeout", "FpgaResult", "Part", "cache_dir",
+           "fpga_tools_missing", "get_part", "parse_nextpnr_report", "parse_utilisation_log", "run_fpga_flow"]
 
 #: The resources reported for every part, in this order.
 RESOURCES = ("luts", "ffs", "brams", "dsps", "ios")
@@ -305,25 +306,51 @@ def terminal_progress(stream: TextIO | None = None) -> Progress | None:
     return show
 
 
-def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Progress | None) -> int:
-    """Run a tool, its output to `log`; on a terminal show the elapsed time and the tool's current step."""
+class FlowTimeout(RuntimeError):
+    """The flow ran past its time limit (the tool was killed); nothing is cached for the design."""
+
+
+def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Progress | None,
+              deadline: float | None = None) -> int:
+    """Run a tool, its output to `log`; on a terminal show the elapsed time and the tool's current step.
+    `deadline` (time.monotonic()) kills the tool and raises `FlowTimeout` when it runs past it."""
     started = time.monotonic()
     with open(log, "w", encoding="utf-8") as sink:
         proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
         assert proc.stdout is not None
-        step = ""
-        for line in proc.stdout:
-            sink.write(line)
-            if progress is not None:
-                text = line.strip()
-                # yosys: "3.14. Executing ABC9 pass."; nextpnr: "Info: Placed 1000 cells ...", "Info: iter ..."
-                if re.match(r"^\d+(\.\d+)*\. Executing", text) or text.startswith(("Info: Running", "Info: Placed",
-                                                                                     "Info: Routing", "Info: Max freq",
-                                                                                     "Info:   iter", "Info: Packing")):
-                    step = text
-                progress(f"[{label} {time.monotonic() - started:5.0f} s] {step}")
-        return proc.wait()
+        timer = None
+        if deadline is not None:
+            # A tool can sit in one pass for an hour without printing (yosys's ABC9 techmap on a large mux
+            # tree), so the limit is a timer, not a check between output lines.
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), proc.kill)
+            timer.daemon = True
+            timer.start()
+        try:
+            rc = _follow(proc, sink, label, progress, started)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if deadline is not None and time.monotonic() >= deadline and rc != 0:
+            raise FlowTimeout(f"{label} ran past the flow's time limit and was stopped")
+        return rc
+
+
+def _follow(proc: subprocess.Popen[str], sink: TextIO, label: str, progress: Progress | None, started: float) -> int:
+    """Copy the tool's output to `sink` (and its current step to `progress`) until it exits."""
+    assert proc.stdout is not None
+    step = ""
+    for line in proc.stdout:
+        sink.write(line)
+        if progress is not None:
+            text = line.strip()
+            # yosys: "3.14. Executing ABC9 pass."; nextpnr: "Info: Placed 1000 cells ...", "Info: iter ..."
+            if re.match(r"^\d+(\.\d+)*\. Executing", text) or text.startswith(("Info: Running", "Info: Placed",
+                                                                                 "Info: Routing", "Info: Max freq",
+                                                                                 "Info:   iter", "Info: Packing")):
+                step = text
+            progress(f"[{label} {time.monotonic() - started:5.0f} s] {step}")
+    return proc.wait()
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -337,11 +364,12 @@ ARTIFACTS = ("coarse.json", "stat.json", "report.json", "nextpnr.log", "yosys.lo
 
 def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", freq_mhz: float = DEFAULT_FREQ_MHZ,
                   progress: Progress | None = None, use_cache: bool = True,
-                  keep_dir: Path | None = None) -> FpgaResult:
+                  keep_dir: Path | None = None, time_limit_s: float | None = None) -> FpgaResult:
     """Synthesize, place and route `verilog` (its top module `top`) on `part`; see the module docstring.
 
     Raises InputError when the tools are missing, RuntimeError (with the log's tail) when a tool fails for a
-    reason other than the design not fitting."""
+    reason other than the design not fitting, `FlowTimeout` when `time_limit_s` (wall seconds for the whole
+    flow) runs out."""
     reason = fpga_tools_missing(part)
     if reason is not None:
         raise InputError(reason)
@@ -363,7 +391,8 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
         (work / "design.v").write_text(verilog)
         seconds: dict[str, float] = {}
         try:
-            _synthesize_and_route(work, part, top, freq_mhz, progress, seconds)
+            deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+            _synthesize_and_route(work, part, top, freq_mhz, progress, seconds, deadline)
         finally:
             if progress is not None:
                 progress("")
@@ -394,12 +423,12 @@ def _yosys_script(part: Part, top: str) -> str:
 
 
 def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, progress: Progress | None,
-                          seconds: dict[str, float]) -> None:
+                          seconds: dict[str, float], deadline: float | None = None) -> None:
     """Run the tools in `work`; `status.json` says which ran and how they exited."""
     yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
     assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
     began = time.monotonic()
-    rc = _run_tool([yosys, "-p", _yosys_script(part, top)], work, work / "yosys.log", "yosys", progress)
+    rc = _run_tool([yosys, "-p", _yosys_script(part, top)], work, work / "yosys.log", "yosys", progress, deadline)
     seconds["synth"] = time.monotonic() - began
     if rc != 0 or not (work / "stat.json").is_file():
         raise RuntimeError(f"yosys failed (exit {rc}):\n{_log_tail(work / 'yosys.log')}")
@@ -410,7 +439,7 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
         command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
                    "--report", "report.json", "--seed", str(SEED), "--threads", "1", "--timing-allow-fail"]
         began = time.monotonic()
-        status["nextpnr"] = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress)
+        status["nextpnr"] = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress, deadline)
         seconds["place_and_route"] = time.monotonic() - began
     (work / "status.json").write_text(json.dumps(status) + "\n")
 

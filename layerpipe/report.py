@@ -380,6 +380,10 @@ def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, 
 
 #: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
 RTL_PART = "ecp5-85k"
+#: Wall seconds the report gives one design's synthesis, place and route. yosys's synth_ecp5 sat for over
+#: 30 minutes in one ABC9 techmap pass on the split-placement design of mlp:32-24-16-8 (N=3, 4 lanes); the
+#: table says when a design ran out of this time instead of waiting without end.
+RTL_PNR_LIMIT_S = 900
 
 
 def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -> dict | None:
@@ -387,14 +391,19 @@ def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -
     they are of the same Verilog (place and route takes minutes; the flow's own disk cache also has them)."""
     import hashlib
 
-    from layerpipe.hdl._fpga import fpga_tools_missing, get_part, run_fpga_flow
+    from layerpipe.hdl._fpga import FlowTimeout, fpga_tools_missing, get_part, run_fpga_flow
 
     part = get_part(RTL_PART)
     if fpga_tools_missing(part) is not None:
         return None
-    if previous and previous.get("verilog_sha256") == hashlib.sha256(verilog.encode()).hexdigest():
+    digest = hashlib.sha256(verilog.encode()).hexdigest()
+    if previous and previous.get("verilog_sha256") == digest:
         return previous
-    result = run_fpga_flow(verilog, part)
+    try:
+        result = run_fpga_flow(verilog, part, time_limit_s=RTL_PNR_LIMIT_S)
+    except FlowTimeout:
+        # Kept in rtl.json under the Verilog's hash like a result, so the next report does not wait again.
+        return {"part": part.name, "verilog_sha256": digest, "timed_out_after_s": RTL_PNR_LIMIT_S}
     doc = result.to_dict()
     rate = result.samples_per_second(cycles_per_sample)
     doc["samples_per_second"] = round(rate, 1) if rate is not None else None
@@ -407,6 +416,9 @@ def _fpga_table(rtl: dict) -> str:
     for d in rtl["points"]:
         f = rtl.get("fpga", {}).get(d["verilog_sha256_16"])
         if not f:
+            continue
+        if "timed_out_after_s" in f:
+            rows.append([d["variant"], f"did not finish in {f['timed_out_after_s'] // 60} min", *["-"] * 6])
             continue
         title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
         u = f["utilization"]

@@ -280,3 +280,32 @@ def test_progress_only_on_a_terminal_and_shows_the_tool_step(tmp_path: Path) -> 
     assert updates[0].startswith("[yosys") and updates[0].endswith("2.5. Executing ABC9 pass.")
     assert updates[1].endswith("2.5. Executing ABC9 pass.")  # a line that is not a step keeps the last step
     assert updates[2].endswith("Info: Placed 12 cells") and "\n" not in term.text
+
+
+def test_a_tool_past_the_flow_time_limit_is_stopped(tmp_path: Path) -> None:
+    """A tool silent in one pass (yosys's ABC9 techmap sat 30 min on a split design) is killed by the timer, not
+    by a check between output lines; the flow raises FlowTimeout and leaves no result."""
+    import time
+
+    from layerpipe.hdl._fpga import FlowTimeout, _run_tool
+
+    began = time.monotonic()
+    with pytest.raises(FlowTimeout, match="sleep ran past the flow's time limit"):
+        _run_tool(["sleep", "30"], tmp_path, tmp_path / "sleep.log", "sleep", None, deadline=began + 0.5)
+    assert time.monotonic() - began < 10
+    assert _run_tool(["true"], tmp_path, tmp_path / "true.log", "true", None, deadline=time.monotonic() + 30) == 0
+
+
+def test_the_report_table_says_which_design_ran_out_of_time() -> None:
+    from layerpipe.report import RTL_PNR_LIMIT_S, _fpga_table
+
+    done = {"part": "ecp5-85k", "device": "LFE5U-85F", "package": "CABGA756", "fmax_mhz": 99.8,
+            "tools": {"yosys": "y", "nextpnr": "n"}, "samples_per_second": 1.0,
+            "utilization": {r: {"used": 1, "percent": 1.0} for r in ("luts", "ffs", "brams", "dsps", "ios")}}
+    rtl = {"points": [{"verilog_sha256_16": "a", "variant": "layerpipe"},
+                      {"verilog_sha256_16": "b", "variant": "pipedream"}],
+           "fpga": {"a": {"part": "ecp5-85k", "verilog_sha256": "a" * 64, "timed_out_after_s": RTL_PNR_LIMIT_S},
+                    "b": done}}
+    table = _fpga_table(rtl)
+    assert f"| layerpipe | did not finish in {RTL_PNR_LIMIT_S // 60} min | - | - | - | - | - | - |" in table
+    assert "| pipedream | 1 (1.0%) |" in table
