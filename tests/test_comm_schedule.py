@@ -184,7 +184,8 @@ def test_weight_reads_are_planned_from_the_copy_they_read() -> None:
 
 
 def test_a_compiled_bus_does_not_run_ahead_of_its_plan() -> None:
-    """One linear layer, 6 replicas on 13 processors (rtl cost model, bus:1:2): the fill reads the initial
+    """One linear layer replicated on 13 processors (rtl cost model, bus:1:2; 6 replicas when found, 12 under the
+    pipelined datapath's op overhead): the fill reads the initial
     weights (no transfers), and a bus served in planned order only ran ahead of the plan and gave the slack
     back over many periods — `explore`'s run showed 7.95 cycles per sample against a scheduled 8.33. No
     transfer leaving before the plan's bus does, that run shows the period."""
@@ -195,7 +196,7 @@ def test_a_compiled_bus_does_not_run_ahead_of_its_plan() -> None:
     result = make_schedule("layerpipe", net, 13, model, interconnect=ic)
     sim = simulate_policy_result(result, net, model, simulated_iterations(result), SimConfig.of(ic))
     assert sim.cycles_per_sample == pytest.approx(result.metrics.cycles_per_sample, rel=1e-12)
-    assert result.periodic.unfold == 6
+    assert result.periodic.unfold > 1  # a replicated plan: the class under test
 
 
 def test_a_zero_cycle_task_at_the_end_of_a_full_body_runs_in_its_planned_cycle() -> None:
