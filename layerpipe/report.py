@@ -404,6 +404,8 @@ def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -
     except FlowTimeout:
         # Kept in rtl.json under the Verilog's hash like a result, so the next report does not wait again.
         return {"part": part.name, "verilog_sha256": digest, "timed_out_after_s": RTL_PNR_LIMIT_S}
+    except RuntimeError as failure:  # a tool failed on this design: the table says so, the report goes on
+        return {"part": part.name, "verilog_sha256": digest, "failed": str(failure).splitlines()[0]}
     doc = result.to_dict()
     rate = result.samples_per_second(cycles_per_sample)
     doc["samples_per_second"] = round(rate, 1) if rate is not None else None
@@ -419,6 +421,9 @@ def _fpga_table(rtl: dict) -> str:
             continue
         if "timed_out_after_s" in f:
             rows.append([d["variant"], f"did not finish in {f['timed_out_after_s'] // 60} min", *["-"] * 6])
+            continue
+        if "failed" in f:
+            rows.append([d["variant"], f["failed"].rstrip(":"), *["-"] * 6])
             continue
         title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
         u = f["utilization"]

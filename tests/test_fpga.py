@@ -303,9 +303,12 @@ def test_the_report_table_says_which_design_ran_out_of_time() -> None:
             "tools": {"yosys": "y", "nextpnr": "n"}, "samples_per_second": 1.0,
             "utilization": {r: {"used": 1, "percent": 1.0} for r in ("luts", "ffs", "brams", "dsps", "ios")}}
     rtl = {"points": [{"verilog_sha256_16": "a", "variant": "layerpipe"},
-                      {"verilog_sha256_16": "b", "variant": "pipedream"}],
+                      {"verilog_sha256_16": "b", "variant": "pipedream"},
+                      {"verilog_sha256_16": "c", "variant": "layerpipe, weights together"}],
            "fpga": {"a": {"part": "ecp5-85k", "verilog_sha256": "a" * 64, "timed_out_after_s": RTL_PNR_LIMIT_S},
-                    "b": done}}
+                    "b": done,
+                    "c": {"part": "ecp5-85k", "verilog_sha256": "c" * 64, "failed": "yosys failed (exit 1):"}}}
     table = _fpga_table(rtl)
+    assert "| layerpipe, weights together | yosys failed (exit 1) | - | - | - | - | - | - |" in table
     assert f"| layerpipe | did not finish in {RTL_PNR_LIMIT_S // 60} min | - | - | - | - | - | - |" in table
     assert "| pipedream | 1 (1.0%) |" in table
