@@ -82,7 +82,7 @@ def timing_calls(spent: dict[str, float]) -> Iterator[None]:
 @contextlib.contextmanager
 def op_by_op_dependencies() -> Iterator[None]:
     """The simulator's dependencies as before issue 14: `dependencies()`'s objects, op by op."""
-    import layerpipe.sim._engine as engine
+    import layerpipe.schedule._engine as engine
 
     saved = engine._array_dependencies
     engine._array_dependencies = lambda *args: None  # type: ignore[assignment]

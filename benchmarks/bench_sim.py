@@ -78,7 +78,7 @@ def timed(fn: Callable[[], object], loops: int = 1) -> float:
 def op_by_op_dependencies() -> Iterator[None]:
     """The engine's dependencies as before issue 14: `dependencies()`'s `Dependency` objects, op by op (the
     engine's fallback when the array rules do not apply), for stage-level and synchronous schedules."""
-    import layerpipe.sim._engine as engine
+    import layerpipe.schedule._engine as engine
 
     saved = engine._array_dependencies
     engine._array_dependencies = lambda *args: None

@@ -41,6 +41,9 @@ from fractions import Fraction
 
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect, as_fraction
+from layerpipe.schedule._engine import link_hold_cycles  # the engine's one rule of a transfer's hold
+
+__all__ = ["INTERCONNECTS", "MODES", "SimConfig", "link_hold_cycles"]
 
 INTERCONNECTS: tuple[str, ...] = ("shared", "links", "bus")
 MODES: tuple[str, ...] = ("stash", "latest", "ema")
@@ -112,14 +115,3 @@ class SimConfig:
             doc["link_words_per_cycle"] = ("inf" if wpc == math.inf else
                                            f"{wpc.numerator}/{wpc.denominator}" if isinstance(wpc, Fraction) else wpc)
         return doc
-
-
-def link_hold_cycles(words: int, words_per_cycle: float | Fraction) -> int:
-    """ceil(words / words_per_cycle), exact for integer and fractional bandwidths; 0 for infinite bandwidth."""
-    if words <= 0 or words_per_cycle == math.inf:
-        return 0
-    if isinstance(words_per_cycle, int):
-        return -(-words // words_per_cycle)
-    if isinstance(words_per_cycle, Fraction):
-        return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
-    return math.ceil(words / words_per_cycle)

@@ -26,6 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
+from layerpipe.schedule._engine import completion_times
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._interconnect import SimConfig
@@ -120,20 +121,15 @@ class SimResult:
 
     @cached_property
     def completion_times(self) -> np.ndarray:
-        """C(k): latest end of iteration k's ops (of step k's ops for synchronous schedules)."""
-        group = self.iterations.copy()
-        if self.schedule.synchronous:
-            m = max(self.schedule.microbatches, 1)
-            is_update = np.fromiter((op.kind == "U" for op in self.ops), bool, len(self.ops))
-            group = np.where(is_update, group, group // m)
-        elif self.schedule.groups:  # grouped updates (replicas, 2BW): U_l(u) completes its group's last iteration
-            sizes = self.schedule.groups_map()
-            g = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in self.ops), np.int64,
+        """C(k): latest end of iteration k's ops (of step k's ops for synchronous schedules); the engine's
+        `completion_times` rule."""
+        if self._compiled is not None and self._compiled.ops is self.ops:
+            return self._compiled.completion_times(self.end)
+        is_update = np.fromiter((op.kind == "U" for op in self.ops), bool, len(self.ops))
+        sizes = self.schedule.groups_map()
+        group = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in self.ops), np.int64,
                             len(self.ops))
-            group = np.minimum((group + 1) * g - 1, max(self.num_iterations - 1, 0))
-        out = np.full(int(group.max()) + 1 if len(group) else 0, 0, dtype=np.int64)
-        np.maximum.at(out, group, self.end)
-        return out
+        return completion_times(self.schedule, self.iterations, is_update, group, self.end)
 
     @cached_property
     def cycles_per_iteration(self) -> float:

@@ -8,19 +8,20 @@ dualpipev), with p = min(N, ⌊L/v⌋) so no stage is empty (the other processor
 out by modulo allocation instead (`_ooo.py`) and shares everything below.
 
 Timing (`timed_step`): the step is the steady-state step time of the schedule the simulator runs — the
-layer-level expansion (`expand_stages`: every layer's F, A, E, G and its per-step U) of K steps, timed by
-`layerpipe.sim` on the policy's interconnect (`SimConfig.of(interconnect)`: activations and errors between
-stages are transfers on links or the bus). Step k's completion C(k) is its ops' latest end; the step time is
+layer-level expansion (`expand_stages`: every layer's F, A, E, G and its per-step U) of K steps, timed on the
+policy's interconnect by the array engine of this layer (`layerpipe.schedule._engine`, the one `layerpipe.sim`
+times with: activations and errors between stages are transfers on links or the bus; the scheduler does not
+import the simulator, a layer above it). Step k's completion C(k) is its ops' latest end; the step time is
 C(k) − C(k−1) once that difference has settled: the same value for the last SETTLED steps. On shared and links
 no op or transfer waits for a later step (a link carries its transfers in its sender's program order), and a
-bus serves a synchronous run step after step, each in step 0's order (a compiled bus, `layerpipe.sim._engine.
+bus serves a synchronous run step after step, each in step 0's order (a compiled bus, `layerpipe.schedule._engine.
 bus_order`; a dynamic bus let stages with zero-cycle work queue later steps' transfers first, so steps never
 settled), so every step's difference is final; on a bus the final step is still left out, which keeps a run
 the engine serves dynamically (step 0 not a prefix of every program) honest. K starts at MIN_TIMED_STEPS and
 doubles up to MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over
-the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler asks the
-simulator, `simulate` of the result gives the scheduled step by construction, on shared, links and bus
-(tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
+the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler
+times on the simulator's engine, `simulate` of the result gives the scheduled step by construction, on shared,
+links and bus (tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
 
 Lower bound (`lower_bound_cycles`): no step of m micro-batches is shorter than its work spread evenly over
 the N processors, nor than the heaviest layer's work in the step (no policy here splits a layer) — exact
@@ -33,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
@@ -41,8 +44,10 @@ from layerpipe.network import Network
 from layerpipe.schedule import _stage_programs
 from layerpipe.schedule._balance import partition_contiguous
 from layerpipe.schedule._deps import StageInfo, expand_stages
+from layerpipe.schedule._engine import compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
 if TYPE_CHECKING:
@@ -167,19 +172,24 @@ def timed_step(run: Callable[[int], Sequence[int]], interconnect: Interconnect) 
         steps = min(2 * steps, MAX_TIMED_STEPS)
 
 
+def _completions(schedule: OpSchedule, workload: Workload, interconnect: Interconnect) -> list[int]:
+    """Completion time of each step of `schedule` on `interconnect`, timed by the array engine of this layer —
+    what `layerpipe.sim.simulate` of the schedule reports as `SimResult.completion_times`."""
+    compiled = compile_schedule(schedule, workload)
+    wpc = interconnect.words_per_cycle
+    _, end = run_timing(compiled, interconnect.kind, interconnect.latency,
+                        1 if wpc is None else int(wpc) if wpc.denominator == 1 else wpc)
+    return compiled.completion_times(np.asarray(end, dtype=np.int64)).tolist()
+
+
 def network_step(build: Callable[[int], OpSchedule], graph: TrainingGraph, stages: StageInfo, model: CostModel,
                  interconnect: Interconnect) -> tuple[int, bool]:
     """Steady-state step of the stage-level order `build(steps)` run on `graph`'s network: the simulator times
     the layer-level expansion on `interconnect`."""
-    from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate_compiled
-
     workload = Workload.of_graph(graph, model)
-    config = SimConfig.of(interconnect)
 
     def run(steps: int) -> Sequence[int]:
-        layer_level = expand_stages(build(steps), graph, stages)
-        sim = simulate_compiled(compile_schedule(layer_level, workload), workload, config, reports=False)
-        return [int(c) for c in sim.completion_times]
+        return _completions(expand_stages(build(steps), graph, stages), workload, interconnect)
 
     return timed_step(run, interconnect)
 
@@ -188,14 +198,10 @@ def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, in
                interconnect: Interconnect) -> tuple[int, bool]:
     """Steady-state step of a stage-level order with given stage costs (F, I, W) and no network: transfers
     carry no words, so on links and the bus they cost the latency only."""
-    from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate_compiled
-
     workload = Workload.of_stages(costs)
-    config = SimConfig.of(interconnect)
 
     def run(steps: int) -> Sequence[int]:
-        sim = simulate_compiled(compile_schedule(build(steps), workload), workload, config, reports=False)
-        return [int(c) for c in sim.completion_times]
+        return _completions(build(steps), workload, interconnect)
 
     return timed_step(run, interconnect)
 

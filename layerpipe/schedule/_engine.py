@@ -1,0 +1,707 @@
+"""The array timing engine: explicit per-processor op lists in, start and end cycle of every op out.
+
+It sits in the schedule layer, below the simulator (issue 13's layering: nothing imports a layer above it), so
+the synchronous schedulers time their step on it (`_sync_policies`) and `layerpipe.sim` builds its reports on
+it (`layerpipe.sim._engine.run` adds the `SimConfig` front end).
+
+Rules (design notes §7, contract 2): each processor runs its ops in program order; an op starts when its
+processor is free and all its inputs have arrived — a producer's output arrives when the producer ends
+(same processor, or the `shared` interconnect) or when its transfer arrives (`links`, see
+`layerpipe.sim._interconnect`; the hold of a transfer is `link_hold_cycles`, defined here).
+
+Speed: the schedule is compiled once into integer arrays — ops numbered processor-major (the op after i
+on its processor is i + 1), task ids, durations, producer lists — and the hot loops touch only Python ints
+and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1), as
+arrays: `dependency_arrays` (the rules of `dependencies()` without an object per edge) for stage-level,
+synchronous and grouped schedules, and for simple asynchronous layer-level schedules that module's
+`layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t) needs src(t − delay)) with array
+indexing; `dependencies()` itself, op by op, only where neither applies and to raise its errors. Tests check
+all give the same producers in the same order.
+
+Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
+go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
+another, so when every such producer takes at least one cycle their end times increase along p's program
+and the link order is simply (producer position, consumer position) — known before timing. The engine
+therefore queues an op's transfers on their links the moment it finishes, while walking its processor's
+program: departure = max(producer end, link free), the link stays busy ceil(w / words_per_cycle) cycles,
+and the data is available `latency` cycles later. Start times then do not depend on the order the
+processors are visited in, so a work-list sweep computes them without a heap: run each processor as far as
+its inputs allow, park it on the first input that is not available yet, wake it when that input is.
+
+Only a zero-duration producer can end in the same cycle as the op before it and so tie with it on a link;
+schedules with such a producer take the event-driven engine (`_run_links_events`): end events in time
+order from a heap of plain ints (end · n + op); all ops ending in a cycle (zero-duration ones started in
+that cycle included) are processed before that cycle's transfers are queued per link in consumer order.
+Tests check that both engines agree wherever both apply. A bus always takes the event-driven engine; where
+the run has a plan to follow it is compiled (`bus_order`: a planned run's order and times, a synchronous
+run's step after step in step 0's order).
+
+When no processor can proceed and ops remain, the engine raises `DeadlockError` naming every blocked
+processor, its next op and the producers it waits for.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+
+import numpy as np
+
+from layerpipe._gc import gc_paused
+from layerpipe.errors import InputError
+from layerpipe.interconnect import compiled_bus_key
+from layerpipe.schedule._deps import MissingProducer, dependency_arrays, layer_task_edges
+from layerpipe.schedule._ir import Op, OpSchedule, RunPlan, tie_rank
+from layerpipe.schedule._workload import Workload
+
+#: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
+MAX_INDEX_CELLS = 50_000_000
+
+#: The interconnect kinds the engine times (`layerpipe.interconnect`; `SimConfig.interconnect`).
+KINDS = ("shared", "links", "bus")
+
+
+def link_hold_cycles(words: int, words_per_cycle: float | Fraction) -> int:
+    """ceil(words / words_per_cycle), exact for integer and fractional bandwidths; 0 for infinite bandwidth."""
+    if words <= 0 or words_per_cycle == math.inf:
+        return 0
+    if isinstance(words_per_cycle, int):
+        return -(-words // words_per_cycle)
+    if isinstance(words_per_cycle, Fraction):
+        return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
+    return math.ceil(words / words_per_cycle)
+
+
+class DeadlockError(InputError):
+    """No processor can start its next op. `blocked[p] = (next op, producers it still waits for)`."""
+
+    def __init__(self, blocked: dict[int, tuple[Op, tuple[Op, ...]]]) -> None:
+        self.blocked = blocked
+        parts = []
+        for p, (op, waits) in sorted(blocked.items()):
+            inputs = ", ".join(f"{w} (p{w.proc})" for w in waits) or "nothing (unreachable)"
+            parts.append(f"p{p} blocked at {op} waiting for {inputs}")
+        super().__init__("deadlock: " + "; ".join(parts))
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledSchedule:
+    """A schedule as arrays. Op i runs on `proc[i]`; processor p owns ops bounds[p]..bounds[p+1]−1.
+
+    Op i is task `tasks[task[i]]` = (kind, unit) of iteration `iteration[i]`. Its producers are
+    prod_idx[prod_ptr[i]:prod_ptr[i+1]] (CSR), with the words each sends and the dependency role
+    (`roles[prod_role[k]]`).
+    """
+
+    schedule: OpSchedule
+    ops: tuple[Op, ...]
+    proc: list[int]
+    bounds: list[int]
+    dur: list[int]
+    tasks: tuple[tuple[str, int], ...]
+    task: np.ndarray
+    iteration: np.ndarray
+    prod_ptr: np.ndarray
+    prod_idx: np.ndarray
+    prod_words: np.ndarray
+    prod_role: np.ndarray
+    roles: tuple[str, ...]
+    #: Planned start of every op (from `Workload.plan`), or None: the order a compiled bus serves transfers in.
+    plan_time: list[int] | None = None
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def num_procs(self) -> int:
+        return len(self.bounds) - 1
+
+    def completion_times(self, end: np.ndarray) -> np.ndarray:
+        """`completion_times` of this schedule's ops given their ends (compiled numbering)."""
+        is_update = np.asarray([kind == "U" for kind, _ in self.tasks], dtype=bool)
+        sizes = self.schedule.groups_map()
+        group = np.asarray([sizes.get(unit, 1) if kind == "U" else 1 for kind, unit in self.tasks], dtype=np.int64)
+        task = self.task
+        return completion_times(self.schedule, self.iteration, is_update[task] if len(task) else np.zeros(0, bool),
+                                group[task] if len(task) else np.zeros(0, np.int64), end)
+
+    @cached_property
+    def consumer_of_edge(self) -> np.ndarray:
+        """The consumer op of every CSR entry."""
+        return np.repeat(np.arange(self.num_ops, dtype=np.int64), np.diff(self.prod_ptr))
+
+    @cached_property
+    def prods(self) -> list[list[int]]:
+        """Per op, its producer ops (a list per op: what the sweep loop reads)."""
+        return _split(self.prod_idx, self.prod_ptr)
+
+    @cached_property
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
+        one transfer each when they sit on different processors."""
+        n = self.num_ops
+        key = self.prod_idx * n + self.consumer_of_edge
+        if not len(key):
+            return key, key.copy(), np.zeros(0, dtype=np.int64)
+        order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
+        key = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        words = np.add.reduceat(self.prod_words[order], starts).astype(np.int64)  # exact integer sums
+        return key[starts] // n, key[starts] % n, words
+
+    @cached_property
+    def consumers(self) -> list[list[tuple[int, int]]]:
+        """Per op, its (consumer, words) pairs in consumer order (the event-driven engine's view)."""
+        producer, consumer, words = self.pairs
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.num_ops)]
+        for i, j, w in zip(producer.tolist(), consumer.tolist(), words.tolist(), strict=True):
+            out[i].append((j, w))
+        return out
+
+    @cached_property
+    def link_plan(self) -> LinkPlan:
+        """The transfers of the `links` model: inputs n, n+1, ... (see the module docstring)."""
+        n, procs = self.num_ops, self.num_procs
+        proc = np.asarray(self.proc, dtype=np.int64)
+        producer, consumer, words = self.pairs  # sorted by producer, then consumer: each op's send order
+        cross = proc[producer] != proc[consumer]
+        i, j, w = producer[cross], consumer[cross], words[cross]
+        transfer = n + np.arange(len(i), dtype=np.int64)
+        local = ~cross
+        # Inputs of each op: its same-processor producers and its incoming transfers.
+        dst = np.concatenate([consumer[local], j])
+        src = np.concatenate([producer[local], transfer])
+        by_dst = np.argsort(dst, kind="stable")
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+        send_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(i, minlength=n), out=send_ptr[1:])
+        links = (proc[i] * procs + proc[j]).tolist()
+        sends_flat = list(zip(transfer.tolist(), links, strict=True))
+        cuts = send_ptr.tolist()
+        with gc_paused():
+            sends = [sends_flat[a:b] for a, b in itertools.pairwise(cuts)]
+        return LinkPlan(_split(src[by_dst], ptr), sends, w.tolist(), i.tolist())
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """Transfer k is input n + k: `words[k]` from op `producer[k]`. `inputs[j]` lists op j's inputs (its
+    same-processor producers' op numbers and its transfers' input numbers); `sends[i]` lists op i's
+    transfers as (input number, link p·N + q) in the order they queue."""
+
+    inputs: list[list[int]]
+    sends: list[list[tuple[int, int]]]
+    words: list[int]
+    producer: list[int]
+
+
+
+def completion_times(schedule: OpSchedule, iteration: np.ndarray, is_update: np.ndarray, group: np.ndarray,
+                     end: np.ndarray) -> np.ndarray:
+    """C(k), the latest end of iteration k's ops — of step k's ops for synchronous schedules (an update op's
+    iteration is its step; the others' is their micro-batch, step t // m) — of every op, given per op its
+    iteration, whether it is an update and its update group size g (grouped updates complete their group's
+    last iteration). The one definition `SimResult.completion_times` and the synchronous schedulers share."""
+    key = iteration.astype(np.int64, copy=True)
+    if schedule.synchronous:
+        key = np.where(is_update, key, key // max(schedule.microbatches, 1))
+    elif schedule.groups:
+        key = np.minimum((key + 1) * group - 1, max(schedule.num_iterations - 1, 0))
+    out = np.zeros(int(key.max()) + 1 if len(key) else 0, dtype=np.int64)
+    np.maximum.at(out, key, end)
+    return out
+
+
+def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
+    values, cuts = flat.tolist(), ptr.tolist()
+    with gc_paused():
+        return [values[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def compile_schedule(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
+    """Number the ops (processor-major), look up durations, and turn the dependencies into arrays."""
+    with gc_paused():
+        return _compile(schedule, workload)
+
+
+_PROC_OF = operator.attrgetter("proc")
+_TASK_OF = operator.attrgetter("kind", "unit")
+_ITERATION_OF = operator.attrgetter("iteration")
+
+
+def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
+    ops: list[Op] = []
+    bounds = [0]
+    for row in schedule.procs:
+        ops.extend(row)
+        bounds.append(len(ops))
+    n = len(ops)
+    # Per-op fields read by C-level loops (map over attrgetters): no Python bytecode per op.
+    listed_on = np.repeat(np.arange(len(schedule.procs), dtype=np.int64), np.diff(bounds))
+    wrong = np.flatnonzero(np.fromiter(map(_PROC_OF, ops), np.int64, n) != listed_on)
+    if len(wrong):
+        op, p = ops[int(wrong[0])], int(listed_on[wrong[0]])
+        raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
+    proc = listed_on.tolist()
+    keys = list(map(_TASK_OF, ops))
+    task_ids = {t: k for k, t in enumerate(dict.fromkeys(keys))}  # numbered in order of first appearance
+    task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
+    iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
+    tasks = tuple(task_ids)
+    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
+    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
+        _raise_duplicate(ops)
+    cost = [workload.durations.get(t, -1) for t in tasks]
+    for k, c in enumerate(cost):
+        if c < 0:
+            first = ops[int(np.flatnonzero(task == k)[0])]
+            cost[k] = workload.duration(first)  # raises: the workload has no such task
+    dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
+    csr: Csr | None
+    if workload.level == "layer" and not schedule.synchronous and schedule.simple:
+        csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
+    else:  # stage-level, synchronous and grouped schedules
+        csr = _array_dependencies(schedule, tasks, task, iteration, workload)
+    if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
+        csr = _listed_dependencies(schedule, ops, workload)
+    plan_time = _plan_times(workload.plan, tasks, task, iteration)
+    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr,
+                            plan_time=plan_time)
+
+
+def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                iteration: np.ndarray) -> list[int] | None:
+    """Planned start of every op (`RunPlan.planned_start`); None without a plan or when it misses an op."""
+    if plan is None:
+        return None
+    out = []
+    for k, t in zip(task.tolist(), iteration.tolist(), strict=True):
+        kind, unit = tasks[k]
+        start = plan.planned_start(kind, unit, t)
+        if start is None:
+            return None
+        out.append(start)
+    return out
+
+
+def _raise_duplicate(ops: list[Op]) -> None:
+    seen: dict[tuple[str, int, int], Op] = {}
+    for op in ops:
+        key = (op.kind, op.unit, op.iteration)
+        if key in seen:
+            raise InputError(f"op {op} appears twice (p{seen[key].proc} and p{op.proc})")
+        seen[key] = op
+
+
+#: Producers as CSR: (pointer per consumer, producers, words, role codes, role names).
+Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+
+def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
+         roles: tuple[str, ...]) -> Csr:
+    order = np.argsort(consumer, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
+    return ptr, producer[order], words[order], role[order], roles
+
+
+def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                        iteration: np.ndarray, workload: Workload) -> Csr | None:
+    """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
+    the same order with the same role numbering; None where they do not apply."""
+    if schedule.level != workload.level:
+        return None  # `dependencies()` says why
+    if workload.level == "layer":
+        arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
+    else:
+        arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
+    if arrays is None:
+        return None
+    return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
+
+
+def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload) -> Csr:
+    """CSR arrays from `dependencies()` (contract 1), op by op."""
+    deps = workload.dependencies(schedule)
+    # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
+    listed = list(deps.items())
+    if len(listed) == len(ops) and all(a is b for (a, _), b in zip(listed, ops, strict=True)):
+        per_op = [d for _, d in listed]
+    else:
+        per_op = [deps[op] for op in ops]
+    flat = [(i, dep) for i, dep_list in enumerate(per_op) for dep in dep_list]
+    index_of = {id(op): i for i, op in enumerate(ops)}
+    try:
+        producer = [index_of[id(dep.producer)] for _, dep in flat]
+    except KeyError:  # an equal but distinct Op object: look producers up by key
+        by_key = {op.key: i for i, op in enumerate(ops)}
+        producer = [by_key[dep.producer.key] for _, dep in flat]
+    role_ids: dict[str, int] = {}
+    role = [role_ids.setdefault(dep.role, len(role_ids)) for _, dep in flat]
+    return _csr(np.fromiter((i for i, _ in flat), np.int64, len(flat)), np.asarray(producer, np.int64),
+                np.fromiter((dep.words for _, dep in flat), np.int64, len(flat)), np.asarray(role, np.int8),
+                len(ops), tuple(role_ids))
+
+
+def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                            iteration: np.ndarray, workload: Workload) -> Csr | None:
+    """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
+    assert workload.graph is not None
+    n = len(ops)
+    span = int(iteration.max()) + 1 if n else 0
+    if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
+        return None
+    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    index[task, iteration] = np.arange(n)
+    task_id = {t: k for k, t in enumerate(tasks)}
+    members = np.argsort(task, kind="stable")
+    cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
+    role_ids: dict[str, int] = {}
+    parts: list[tuple[np.ndarray, np.ndarray, int, int]] = []
+    for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
+        dst = task_id.get(e.dst)
+        if dst is None:
+            continue  # no op of this task: nothing consumes the edge
+        consumers = members[cuts[dst]:cuts[dst + 1]]
+        t = iteration[consumers] - e.delay
+        needed = t >= 0
+        consumers, t = consumers[needed], t[needed]
+        src = task_id.get(e.src)
+        producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
+        missing = np.flatnonzero(producers < 0)
+        if len(missing):
+            k = int(missing[0])
+            raise MissingProducer(ops[int(consumers[k])], (*e.src, int(t[k])))
+        parts.append((consumers, producers, e.words, role_ids.setdefault(e.role, len(role_ids))))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return _csr(empty, empty, empty, empty.astype(np.int8), n, tuple(role_ids))
+    consumer = np.concatenate([c for c, _, _, _ in parts])
+    producer = np.concatenate([p for _, p, _, _ in parts])
+    words = np.concatenate([np.full(len(c), w, dtype=np.int64) for c, _, w, _ in parts])
+    role = np.concatenate([np.full(len(c), r, dtype=np.int8) for c, _, _, r in parts])
+    return _csr(consumer, producer, words, role, n, tuple(role_ids))
+
+
+def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 0,
+               words_per_cycle: float | Fraction = 1) -> tuple[list[int], list[int]]:
+    """Start and end cycle of every op (compiled numbering) on interconnect `kind` (one of `KINDS`) with the
+    given link latency and bandwidth (ignored on `shared`)."""
+    if kind not in KINDS:
+        raise InputError(f"interconnect '{kind}' is not one of {', '.join(KINDS)}")
+    with gc_paused():
+        return _run(compiled, kind, latency, words_per_cycle)
+
+
+def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | Fraction
+         ) -> tuple[list[int], list[int]]:
+    if kind == "shared":
+        return _sweep(c, c.prods)
+    if kind == "bus":  # one channel for every processor, served in planned order when planned
+        return _run_links_events(c, latency, words_per_cycle, bus=True)
+    if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
+        return _run_links_events(c, latency, words_per_cycle)
+    plan = c.link_plan
+    hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle).tolist()
+    return _sweep(c, plan.inputs, plan, [0] * c.num_ops + hold, latency)
+
+
+def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.ndarray:
+    """`link_hold_cycles` of many transfers at once (exact integer ceil for integer and fractional bandwidths)."""
+    if words_per_cycle == math.inf:
+        return np.zeros_like(words)
+    if isinstance(words_per_cycle, int):
+        return -(-words // words_per_cycle)
+    if isinstance(words_per_cycle, Fraction):
+        return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
+    return np.ceil(words / words_per_cycle).astype(np.int64)
+
+
+def _zero_duration_sender(c: CompiledSchedule) -> bool:
+    proc = c.proc
+    return any(c.dur[i] == 0 and any(proc[j] != proc[i] for j, _ in c.consumers[i]) for i in range(c.num_ops))
+
+
+def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None = None,
+           hold: list[int] | tuple[()] = (), latency: int = 0) -> tuple[list[int], list[int]]:
+    """Start and end of every op: processors walk their programs (see the module docstring).
+
+    `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
+    only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles; no plan, no
+    holds); −1 until known.
+    """
+    n = c.num_ops
+    dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
+    sends = plan.sends if plan is not None else None
+    total = n + (len(plan.words) if plan is not None else 0)
+    start = [0] * n
+    avail = [-1] * total
+    link_free = [0] * (c.num_procs * c.num_procs)  # link p→q is p·N + q
+    nxt = lo.copy()
+    free = [0] * len(lo)
+    waiters: list[list[int] | None] = [None] * total  # input → processors parked on it
+    work = list(range(len(lo) - 1, -1, -1))
+    while work:
+        p = work.pop()
+        i, last, t = nxt[p], hi[p], free[p]
+        while i < last:
+            s = t
+            for x in inputs[i]:
+                e = avail[x]
+                if e < 0:
+                    parked = waiters[x]
+                    if parked is None:
+                        waiters[x] = [p]
+                    else:
+                        parked.append(p)
+                    break
+                if e > s:
+                    s = e
+            else:
+                start[i] = s
+                t = avail[i] = s + dur[i]
+                woken = waiters[i]
+                if woken is not None:
+                    work.extend(woken)
+                    waiters[i] = None
+                if sends is not None:
+                    for x, link in sends[i]:
+                        depart = link_free[link]
+                        if depart < t:
+                            depart = t
+                        depart += hold[x]
+                        link_free[link] = depart
+                        avail[x] = depart + latency
+                        woken = waiters[x]
+                        if woken is not None:
+                            work.extend(woken)
+                            waiters[x] = None
+                i += 1
+                continue
+            break
+        nxt[p], free[p] = i, t
+    if any(nxt[p] < hi[p] for p in range(c.num_procs)):
+        _check_finished(c, nxt, [e >= 0 for e in avail], inputs, plan.producer if plan is not None else [])
+    return start, avail[:n]
+
+
+@dataclass(frozen=True)
+class BusOrder:
+    """A compiled bus: transfer (producer i, consumer j) leaves `rank[(i, j)]`-th (ranks 0, 1, 2, ...), when its
+    producer has ended, the transfer before it has left and, for a planned run, not before `floor[rank]`."""
+
+    rank: dict[tuple[int, int], int]
+    floor: list[int] | None = None
+
+
+def bus_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
+    """How a bus serves this run: a planned run's transfers in the plan's order and times, a synchronous
+    schedule's step after step in one step's order, anything else dynamically (None: producer-end order).
+
+    - Planned (`Workload.plan`): ranks by `layerpipe.interconnect.compiled_bus_key` of the planned times —
+      the order `layerpipe.schedule._comm.channel_timing` packs the bus in — and each transfer leaves no
+      earlier than the plan's bus replayed from cycle 0 on the planned releases, d_k = max(r_k, d_{k−1} +
+      h_{k−1}). The plan is one valid execution in that order, so no op ends later than planned, the bus is
+      exactly the replayed one, and a run that gets ahead of its plan in the fill (initial weights need no
+      transfer) cannot run the bus ahead and give the slack back over many periods.
+    - Synchronous (`OpSchedule.synchronous`): the transfers of step k go after all of step k − 1's, each
+      step in the order the bus serves step 0 run alone (producer-end order). A dynamic bus let processors
+      with zero-cycle work queue every later step's transfers ahead of the current step's, so steps never
+      settled and a step's time depended on the run's length (1f1b, 4 stages, bus:1:1/4: 144 cycles per
+      step over 4 steps, 272 over 16); in a fixed order the run is a max-plus linear system and its steps
+      repeat.
+    """
+    if c.plan_time is not None:
+        return _planned_order(c, words_per_cycle)
+    if c.schedule.synchronous and c.schedule.microbatches >= 1:
+        return _step_order(c, latency, words_per_cycle)
+    return None
+
+
+def _cross_transfers(c: CompiledSchedule) -> Iterator[tuple[int, int, int]]:
+    """(producer, consumer, words) of every pair on different processors, by producer then consumer."""
+    proc = c.proc
+    for i, out in enumerate(c.consumers):
+        for j, words in out:
+            if proc[j] != proc[i]:
+                yield i, j, words
+
+
+def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
+    plan, dur, proc = c.plan_time, c.dur, c.proc
+    assert plan is not None
+    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
+    task = c.task.tolist()
+    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
+                    j, i, words) for i, j, words in _cross_transfers(c))
+    rank: dict[tuple[int, int], int] = {}
+    floor: list[int] = []
+    free = 0
+    for k, (key, j, i, words) in enumerate(keyed):
+        rank[(i, j)] = k
+        depart = max(key[0], free)
+        floor.append(depart)
+        free = depart + link_hold_cycles(words, words_per_cycle)
+    return BusOrder(rank, floor)
+
+
+def _step_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
+    """Step after step in step 0's own order (see `bus_order`); None when step 0 is not a prefix of every
+    processor's program or does not run alone (the dynamic bus then reports what happens)."""
+    m = c.schedule.microbatches
+    is_update = [kind == "U" for kind, _ in c.tasks]
+    task, iteration = c.task.tolist(), c.iteration.tolist()
+    # Layer-level updates are numbered by step; every other op by micro-batch.
+    step = [t if is_update[k] else t // m for k, t in zip(task, iteration, strict=True)]
+    last = []
+    for p in range(c.num_procs):
+        lo, hi = c.bounds[p], c.bounds[p + 1]
+        k = lo
+        while k < hi and step[k] == 0:
+            k += 1
+        if any(step[x] == 0 for x in range(k, hi)):
+            return None
+        last.append(k)
+    served: list[tuple[int, int]] = []
+    try:
+        _events(c, latency, words_per_cycle, True, None, last, served)
+    except DeadlockError:
+        return None
+
+    def local(x: int, base: int) -> int:  # op x's number within the step `base` (its own or its producer's)
+        return iteration[x] - base * (1 if is_update[task[x]] else m)
+
+    first = {(task[i], local(i, 0), task[j], local(j, 0)): r for r, (i, j) in enumerate(served)}
+    keyed = []
+    for i, j, _ in _cross_transfers(c):
+        r = first.get((task[i], local(i, step[i]), task[j], local(j, step[i])))
+        if r is None:
+            return None
+        keyed.append((step[i], r, i, j))
+    keyed.sort()
+    return BusOrder({(i, j): k for k, (_, _, i, j) in enumerate(keyed)})
+
+
+def _run_links_events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction,
+                      bus: bool = False) -> tuple[list[int], list[int]]:
+    """Event-driven timing; `bus` puts every transfer on one channel (link number 0), served as `bus_order`
+    says."""
+    order = bus_order(c, latency, words_per_cycle) if bus else None
+    return _events(c, latency, words_per_cycle, bus, order)
+
+
+def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction, bus: bool, order: BusOrder | None,
+            last: list[int] | None = None, served: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+    """The event-driven engine. `order` compiles the bus (ranks, and floors for planned runs); `last[p]` ends
+    processor p's program early (ops from it on, and what they consume, are left out); `served` collects the
+    transfers (producer, consumer) in the order the channel served them."""
+    n, procs = c.num_ops, c.num_procs
+    dur, proc, consumers = c.dur, c.proc, c.consumers
+    pending = [len(set(row)) for row in c.prods]  # distinct producers: one transfer per pair
+    ready = [0] * n  # latest input arrival seen so far
+    start = [0] * n
+    end = [0] * n
+    done = [False] * n
+    nxt = c.bounds[:-1].copy()
+    last = c.bounds[1:] if last is None else last
+    free = [0] * procs
+    running = [False] * procs
+    link_free: dict[int, int] = {}
+    hold_of: dict[int, int] = {}  # words → link cycles, memoised
+    heap: list[int] = []
+    rank = order.rank if order is not None else {}
+    floor = order.floor if order is not None else None
+    released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
+    head = 0
+
+    def try_start(p: int) -> None:
+        i = nxt[p]
+        if running[p] or i >= last[p] or pending[i]:
+            return
+        s = free[p] if free[p] > ready[i] else ready[i]
+        start[i] = s
+        end[i] = s + dur[i]
+        running[p] = True
+        nxt[p] = i + 1
+        heapq.heappush(heap, end[i] * n + i)
+
+    for p in range(procs):
+        try_start(p)
+    while heap:
+        t = heap[0] // n
+        bound = (t + 1) * n
+        transfers: list[tuple[int, int, int, int]] = []
+        # Every op ending at t, including zero-duration ops that start and end at t on the way, before
+        # any transfer of cycle t is queued: transfers of one cycle go in consumer order.
+        while heap and heap[0] < bound:
+            i = heapq.heappop(heap) - t * n
+            p = proc[i]
+            done[i] = True
+            running[p] = False
+            free[p] = t
+            for j, words in consumers[i]:
+                q = proc[j]
+                if j >= last[q]:
+                    continue  # beyond the programs run
+                if q == p:
+                    if ready[j] < t:
+                        ready[j] = t
+                    pending[j] -= 1
+                    if not pending[j]:
+                        try_start(q)
+                else:
+                    transfers.append((0 if bus else p * procs + q, j, i, words))
+            try_start(p)
+        transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
+        if rank:
+            for _, j, i, words in transfers:
+                released[rank[(i, j)]] = (i, j, words)
+            queue = []
+            while head in released:
+                i, j, words = released.pop(head)
+                queue.append((0, j, i, words, floor[head] if floor is not None else 0))
+                head += 1
+        for link, j, i, words, not_before in queue:
+            depart = link_free.get(link, 0)
+            if depart < t:
+                depart = t
+            if depart < not_before:
+                depart = not_before
+            hold = hold_of.get(words)
+            if hold is None:
+                hold = hold_of[words] = link_hold_cycles(words, words_per_cycle)
+            link_free[link] = depart + hold
+            arrival = depart + hold + latency
+            if served is not None:
+                served.append((i, j))
+            if ready[j] < arrival:
+                ready[j] = arrival
+            pending[j] -= 1
+            if not pending[j]:
+                try_start(proc[j])
+    if any(nxt[p] < last[p] for p in range(procs)):
+        _check_finished(c, nxt, done, c.prods, [])
+    return start, end
+
+
+def _check_finished(c: CompiledSchedule, nxt: list[int], finished: list[bool], prods: list[list[int]],
+                    transfer_producer: list[int]) -> None:
+    """Raise `DeadlockError` if a processor has ops left; node n + k stands for transfer k's producer."""
+    n = c.num_ops
+    blocked: dict[int, tuple[Op, tuple[Op, ...]]] = {}
+    for p in range(c.num_procs):
+        i = nxt[p]
+        if i < c.bounds[p + 1]:
+            waits = sorted({j if j < n else transfer_producer[j - n] for j in prods[i] if not finished[j]})
+            blocked[p] = (c.ops[i], tuple(c.ops[j] for j in waits))
+    if blocked:
+        raise DeadlockError(blocked)
