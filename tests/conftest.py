@@ -12,6 +12,12 @@
   (nodeid, slow mark, CPU seconds of setup+call+teardown in this process *and* its waited-for children —
   so a CLI test's subprocess counts —, wall seconds, xdist worker). `tools/test_times.py PATH` sums it
   per tier and lists the top N. CPU, not wall: the machine is shared, wall times are load.
+- Longest first under xdist: workers take tests in collection order, one at a time, so a long test collected
+  last runs alone at the end while the other worker idles. In an xdist worker the items are reordered by the
+  CPU seconds recorded in `tests/cpu_times.json` (`tools/test_times.py PATH --write-order tests/cpu_times.json`
+  rewrites it), longest first; a slow test not in the file counts as `UNRECORDED_SLOW_S`, any other unrecorded
+  test as 0 (it keeps its collection order). An `xdist_group` moves as one block (its tests stay together, in
+  order). A single process (no `-n`) keeps the collection order.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from collections.abc import Generator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
@@ -73,3 +81,39 @@ if _CPU_LOG:
         """The process's CPU up to here (interpreter start, imports, collection): per worker, not per test."""
         _write_record({"nodeid": "<startup+collection>", "slow": False, "cpu": round(_cpu_seconds(), 3),
                        "wall": None, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+
+
+#: The order key of a slow test with no recorded CPU (a new one): early, but after the recorded heavy ones.
+UNRECORDED_SLOW_S = 10.0
+CPU_TIMES = os.path.join(_HERE, "cpu_times.json")
+
+
+def _recorded_cpu() -> dict[str, float]:
+    try:
+        with open(CPU_TIMES, encoding="utf-8") as f:
+            return {str(k): float(v) for k, v in json.load(f)["cpu_seconds"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # no file or an unreadable one: the collection order, as without this hook
+
+
+def longest_first(items: list[pytest.Item], recorded: dict[str, float]) -> list[pytest.Item]:
+    """`items` with the most expensive blocks first; a block is one test, or one xdist_group's tests."""
+    def cost(item: pytest.Item) -> float:
+        if item.nodeid in recorded:
+            return recorded[item.nodeid]
+        return UNRECORDED_SLOW_S if item.get_closest_marker("slow") is not None else 0.0
+
+    blocks: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        group = item.get_closest_marker("xdist_group")
+        key = f"group:{group.args[0] if group.args else group.kwargs.get('name')}" if group else f"item:{index}"
+        blocks.setdefault(key, []).append(index)
+    order = sorted(blocks.values(), key=lambda members: (-max(cost(items[i]) for i in members), members[0]))
+    return [items[i] for members in order for i in members]
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only in an xdist worker: every worker reorders the same collection the same way (xdist checks that the
+    # collections agree), and the controller hands the tests out in this order.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = longest_first(items, _recorded_cpu())

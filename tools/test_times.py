@@ -1,7 +1,7 @@
 """Per-test CPU times recorded by tests/conftest.py (`LAYERPIPE_TEST_CPU=PATH pytest ...`).
 
     .venv/bin/python tools/test_times.py PATH [PATH...] [--top N] [--tier all|fast|slow] [--by-file] [--workers 2]
-                                         [--fast-ids FILE]
+                                         [--fast-ids FILE] [--write-order FILE [--min-cpu S]]
 
 Prints, per tier (fast = not marked slow, slow = marked slow): the number of tests, their CPU sum, the
 longest test, and an estimate of the wall time on W workers (max of sum/W and the longest test: a lower
@@ -11,6 +11,9 @@ The `<startup+collection>` lines (per process: interpreter start, imports, colle
 Several PATHs are read in order (a later record of a test wins). `--fast-ids FILE` re-tiers the records by
 today's marks without rerunning anything: FILE lists the fast tier's node ids, one a line, as
 `pytest --collect-only -q -m "not slow" > FILE` prints them; recorded tests not in it count as slow.
+`--write-order FILE` writes the recorded CPU of every test of at least `--min-cpu` seconds (default 0.5) as
+JSON, sorted by node id: tests/conftest.py hands tests to xdist workers longest first by that file
+(tests/cpu_times.json), so the suite does not end on one long test while the other worker idles.
 """
 
 from __future__ import annotations
@@ -66,6 +69,16 @@ def summary(name: str, recs: list[Record], workers: int) -> str:
             f"longest {longest:6.1f} s  est. wall on {workers} workers >= {estimate:6.1f} s")
 
 
+def write_order(tests: list[Record], path: str, min_cpu: float) -> None:
+    """The order file tests/conftest.py reads: {"cpu_seconds": {nodeid: seconds}}, one test a line."""
+    kept = {r.nodeid: r.cpu for r in sorted(tests, key=lambda r: r.nodeid) if r.cpu >= min_cpu}
+    lines = [f"  {json.dumps(nodeid)}: {cpu}" for nodeid, cpu in kept.items()]
+    text = '{"cpu_seconds": {\n' + ",\n".join(lines) + "\n}}\n"
+    json.loads(text)  # what the reader will parse
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", metavar="PATH")
@@ -74,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by-file", action="store_true", help="also the CPU per test file")
     ap.add_argument("--workers", type=int, default=2, help="xdist workers for the wall estimate (default 2)")
     ap.add_argument("--fast-ids", metavar="FILE", help="node ids of today's fast tier (re-tiers the records)")
+    ap.add_argument("--write-order", metavar="FILE", help="write the CPU seconds xdist orders by")
+    ap.add_argument("--min-cpu", type=float, default=0.5, help="--write-order keeps tests of at least S CPU seconds")
     args = ap.parse_args(argv)
-    if args.top < 0 or args.workers < 1:
-        print("test_times: --top must be >= 0 and --workers >= 1", file=sys.stderr)
+    if args.top < 0 or args.workers < 1 or args.min_cpu < 0:
+        print("test_times: --top and --min-cpu must be >= 0 and --workers >= 1", file=sys.stderr)
         return 2
     try:
         tests, startup = load(args.paths)
@@ -87,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"test_times: {exc}", file=sys.stderr)
         return 2
+    if args.write_order:
+        try:
+            write_order(tests, args.write_order, args.min_cpu)
+        except OSError as exc:
+            print(f"test_times: {exc}", file=sys.stderr)
+            return 2
     fast = [r for r in tests if not r.slow]
     slow = [r for r in tests if r.slow]
     print(summary("fast", fast, args.workers))

@@ -1,0 +1,82 @@
+"""The suite's own machinery: xdist hands tests out longest first (tests/conftest.py), by the CPU seconds
+`tools/test_times.py --write-order` records in tests/cpu_times.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from tests import conftest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class _Mark:
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    """What `longest_first` reads of a pytest.Item: its node id and its marks."""
+    nodeid: str
+    marks: dict[str, _Mark] = field(default_factory=dict)
+
+    def get_closest_marker(self, name: str) -> _Mark | None:
+        return self.marks.get(name)
+
+
+def _order(items: list[_Item], recorded: dict[str, float]) -> list[str]:
+    return [i.nodeid for i in conftest.longest_first(cast(list[pytest.Item], items), recorded)]
+
+
+def test_recorded_longest_first_then_collection_order() -> None:
+    items = [_Item("a"), _Item("b"), _Item("c"), _Item("d"), _Item("e")]
+    assert _order(items, {"c": 3.0, "e": 40.0, "a": 0.1}) == ["e", "c", "a", "b", "d"]
+    assert _order(items, {}) == ["a", "b", "c", "d", "e"]  # nothing recorded: the collection order
+
+
+def test_an_unrecorded_slow_test_goes_before_the_fast_ones_and_after_heavier_recorded_ones() -> None:
+    slow = {"slow": _Mark()}
+    items = [_Item("fast"), _Item("new_slow", dict(slow)), _Item("heavy"), _Item("light")]
+    recorded = {"heavy": conftest.UNRECORDED_SLOW_S + 1, "light": 1.0}
+    assert _order(items, recorded) == ["heavy", "new_slow", "light", "fast"]
+
+
+def test_an_xdist_group_moves_as_one_block_in_its_own_order() -> None:
+    group = {"xdist_group": _Mark(("wheel",))}
+    items = [_Item("w1", dict(group)), _Item("x"), _Item("w2", dict(group)), _Item("y"),
+             _Item("w3", {"xdist_group": _Mark((), {"name": "wheel"})})]
+    # the group's cost is its dearest member's; its members keep their collection order, adjacent
+    assert _order(items, {"w2": 9.0, "y": 5.0, "x": 1.0}) == ["w1", "w2", "w3", "y", "x"]
+
+
+def test_written_order_file_is_what_the_conftest_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = tmp_path / "cpu.jsonl"
+    lines = [{"nodeid": "<startup+collection>", "slow": False, "cpu": 7.0, "wall": None, "worker": "gw0"},
+             {"nodeid": "tests/test_x.py::test_a[1-\"q\"]", "slow": True, "cpu": 12.5, "wall": 30.0, "worker": "gw0"},
+             {"nodeid": "tests/test_x.py::test_b", "slow": False, "cpu": 0.2, "wall": 0.3, "worker": "gw1"},
+             {"nodeid": "tests/test_x.py::test_b", "slow": False, "cpu": 0.7, "wall": 0.9, "worker": "gw1"}]
+    records.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    out = tmp_path / "cpu_times.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "test_times.py"), str(records), "--write-order",
+                           str(out), "--min-cpu", "0.5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.setattr(conftest, "CPU_TIMES", str(out))
+    # the startup line is no test; the later record of test_b wins and clears the threshold
+    assert conftest._recorded_cpu() == {"tests/test_x.py::test_a[1-\"q\"]": 12.5, "tests/test_x.py::test_b": 0.7}
+    monkeypatch.setattr(conftest, "CPU_TIMES", str(tmp_path / "missing.json"))
+    assert conftest._recorded_cpu() == {}  # no file: no reordering
+
+
+def test_the_committed_order_file_is_readable_and_names_this_suites_tests() -> None:
+    recorded = conftest._recorded_cpu()
+    assert recorded, "tests/cpu_times.json is missing or unreadable"
+    assert all(nodeid.startswith("tests/test_") and "::" in nodeid and cpu >= 0 for nodeid, cpu in recorded.items())
