@@ -18,20 +18,36 @@
   rewrites it), longest first; a slow test not in the file counts as `UNRECORDED_SLOW_S`, any other unrecorded
   test as 0 (it keeps its collection order). An `xdist_group` moves as one block (its tests stay together, in
   order). A single process (no `-n`) keeps the collection order.
+- `cached_schedule(...)`: `make_schedule` computed once per test run and shared by every test and every xdist
+  worker of the run (a pickle per call in a folder the run creates and removes; no cache outlives the run, so
+  a code change is always seen). The zoo sweeps of test_comm_schedule, test_policies and test_report schedule
+  the same (policy, network, N, cost model, interconnect) many times over. Use it only where the schedule is
+  an input of the check, not the thing whose computation is under test (determinism, speed, errors).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from layerpipe.costs import CostModel
+    from layerpipe.interconnect import Interconnect
+    from layerpipe.network import Network
+    from layerpipe.schedule import ScheduleResult
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -117,3 +133,45 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     # collections agree), and the controller hands the tests out in this order.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items[:] = longest_first(items, _recorded_cpu())
+
+
+#: The run's schedule folder: made by the controller (or the single process) and inherited by xdist's workers,
+#: which are started after pytest_configure.
+SCHEDULE_CACHE_ENV = "LAYERPIPE_TEST_SCHEDULE_CACHE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a worker uses its controller's folder
+    folder = tempfile.mkdtemp(prefix="layerpipe-test-schedules-")
+    os.environ[SCHEDULE_CACHE_ENV] = folder  # replaces any inherited value: one folder per run
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def cached_schedule(name: str, network: Network, num_procs: int, model: CostModel, options: object | None = None,
+                    interconnect: Interconnect | None = None) -> ScheduleResult:
+    """`make_schedule(...)`, computed once per test run (see the module docstring). Each call returns its own
+    copy (unpickled), so a test cannot change another's result."""
+    from layerpipe.interconnect import SHARED
+    from layerpipe.schedule.policies import POLICIES, make_schedule
+
+    folder = os.environ.get(SCHEDULE_CACHE_ENV)
+    if not folder or not os.path.isdir(folder) or name not in POLICIES:
+        return make_schedule(name, network, num_procs, model, options, interconnect)
+    # The defaults spelled out, so `options=None` and the default options object (and no interconnect and
+    # `shared`) are one entry. Equal pickles are equal arguments; unequal ones at worst a second computation.
+    args = (name, network, num_procs, model, POLICIES[name].options() if options is None else options,
+            SHARED if interconnect is None else interconnect)
+    path = os.path.join(folder, hashlib.sha256(pickle.dumps(args, protocol=5)).hexdigest() + ".pickle")
+    try:
+        with open(path, "rb") as f:
+            cached: ScheduleResult = pickle.load(f)
+        return cached
+    except FileNotFoundError:
+        pass
+    result = make_schedule(*args)  # an InputError propagates and is not cached
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "wb") as f:
+        pickle.dump(result, f, protocol=5)
+    os.replace(partial, path)  # whole or absent: a worker reading it never sees a partial pickle
+    return result

@@ -6,6 +6,8 @@ import csv
 import io
 import json
 
+import pytest
+
 from layerpipe.cli import main
 from layerpipe.commands.compare import COLUMNS
 from layerpipe.costs import make_cost_model
@@ -48,6 +50,7 @@ def test_default_policies_are_those_that_run(capsys) -> None:
     assert "optimal" not in [r["policy"] for r in json.loads(capsys.readouterr().out)["rows"]]
 
 
+@pytest.mark.slow  # two fresh processes scheduling resnet18 with every policy at N = 7, 8, 9: ~8 s of CPU
 def test_the_readme_command_is_byte_identical_and_readable() -> None:
     first = run_cli("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")
     second = run_cli("compare", "mlp:784-256-128-10", "resnet18", "-n", "7,8,9")

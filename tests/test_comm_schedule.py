@@ -19,6 +19,7 @@ from layerpipe.schedule import POLICIES, make_schedule, validate
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._pipedream import PipeDreamOptions
 from layerpipe.sim import SimConfig, simulate_policy_result
+from tests.conftest import cached_schedule
 from tests.strategies import networks
 
 ZOO = ("mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50")
@@ -52,7 +53,7 @@ def test_simulated_period_equals_scheduled_period_on_every_interconnect(network,
     ic = parse_interconnect(spec, lanes=model.lanes)
     for policy in PERIODIC:
         for n in (2, 4, 8):
-            result = make_schedule(policy, net, n, model, interconnect=ic)
+            result = cached_schedule(policy, net, n, model, interconnect=ic)  # shared with the sweeps below
             assert result.interconnect == ic
             # unfolded schedules run `unfold` iterations per period
             per_iteration = result.metrics.period_cycles / result.periodic.unfold
@@ -75,15 +76,16 @@ def test_simulated_period_equals_scheduled_period_small() -> None:
 
 
 def _never_slower(network: str, batch: int, spec: str, procs) -> None:
+    # Cached for the run: test_report's headline and test_policies' zoo sweeps schedule many of the same points.
     net, model = load_network(network, batch), PEModel()
     ic = parse_interconnect(spec, lanes=model.lanes)
     for n in procs:
-        lp = make_schedule("layerpipe", net, n, model, interconnect=ic).metrics
-        pd = make_schedule("pipedream", net, n, model, interconnect=ic).metrics
+        lp = cached_schedule("layerpipe", net, n, model, interconnect=ic).metrics
+        pd = cached_schedule("pipedream", net, n, model, interconnect=ic).metrics
         assert lp.cycles_per_sample <= pd.cycles_per_sample, (network, batch, spec, n)
         # Bounded to PipeDream's own words per sample, PipeDream's placement is still in the space.
-        bounded = make_schedule("layerpipe", net, n, model,
-                                LayerPipeOptions(max_traffic=pd.traffic_words_per_sample), ic).metrics
+        bounded = cached_schedule("layerpipe", net, n, model,
+                                  LayerPipeOptions(max_traffic=pd.traffic_words_per_sample), ic).metrics
         assert bounded.traffic_words_per_sample <= pd.traffic_words_per_sample
         assert bounded.cycles_per_sample <= pd.cycles_per_sample, (network, batch, spec, n, "max-traffic")
 

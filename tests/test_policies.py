@@ -18,6 +18,7 @@ from layerpipe.schedule._optimal import MAX_VARIABLES, OptimalOptions
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._sync_policies import SHAPES
 from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES
+from tests.conftest import cached_schedule
 from tests.strategies import networks
 
 ZOO = ["mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50"]
@@ -55,7 +56,8 @@ def test_every_policy_validates_on_the_zoo_for_n_1_to_16(spec: str) -> None:
             # validity is the point here; test_optimal.py checks that optimal proves its periods
             options = OptimalOptions(time_limit_s=2.0) if name == "optimal" else None
             try:
-                result = make_schedule(name, net, n, MODEL, options)
+                # cached for the run: test_comm_schedule's zoo sweeps schedule layerpipe and pipedream here too
+                result = cached_schedule(name, net, n, MODEL, options)
             except InputError as exc:
                 # only the exact policy may refuse, and only because the graph is too large for it
                 assert name == "optimal" and "limit is" in str(exc), (name, n, exc)
@@ -82,7 +84,7 @@ def test_layerpipe_meets_the_lower_bound_closely_on_the_zoo() -> None:
     for spec in ZOO:
         net = load_network(spec)
         for n in range(2, 17):
-            m = make_schedule("layerpipe", net, n, MODEL).metrics
+            m = cached_schedule("layerpipe", net, n, MODEL).metrics  # the validation sweep above's schedule
             ratios.append(m.cycles_per_sample / m.lower_bound_cycles)
     ratios.sort()
     assert ratios[len(ratios) // 2] <= 1.02

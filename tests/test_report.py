@@ -12,6 +12,10 @@ workers, each piece against the committed file it writes, computed the way `gene
   also check that `generate` asks for exactly what those tests computed). The tree it writes must equal the
   committed one byte for byte, which also proves that the rows read back from the CSVs are the rows written.
 So a stale section fails its own test, a stale README or Gantt chart fails the folder test.
+
+The schedule sections' `make_schedule` calls go through `tests.conftest.cached_schedule` (`_cached` below): the
+same function on the same arguments, computed once per test run, since test_comm_schedule's and
+test_policies' zoo sweeps schedule most of the headline's and the comparison's points too.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import layerpipe.report as report
 import layerpipe.report_ooo as report_ooo
 from layerpipe.dse._store import write_csv
 from layerpipe.report import ReportConfig, generate
+from tests.conftest import cached_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "reports"
@@ -74,9 +79,14 @@ def _interconnect(line: str) -> str:
 NO_TICK: Callable[[], None] = lambda: None  # noqa: E731
 
 
+@pytest.fixture
+def _cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "make_schedule", cached_schedule)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CFG.paper_interconnects)
-def test_headline_rows_of_one_interconnect_are_current(spec: str, tmp_path: Path) -> None:
+def test_headline_rows_of_one_interconnect_are_current(spec: str, tmp_path: Path, _cached: None) -> None:
     rows = report.headline_rows(dataclasses.replace(CFG, paper_interconnects=(spec,)), NO_TICK)
     fresh = _csv_lines(tmp_path, _columns(rows), rows)
     committed = (COMMITTED / "headline.csv").read_text().splitlines()
@@ -96,7 +106,7 @@ def test_headline_holds_the_interconnects_in_order_and_nothing_else() -> None:
 
 
 @pytest.mark.slow
-def test_comparison_and_its_plot_are_current(tmp_path: Path) -> None:
+def test_comparison_and_its_plot_are_current(tmp_path: Path, _cached: None) -> None:
     rows = report.comparison_rows(CFG, NO_TICK)
     write_csv(tmp_path / "compare.csv", _columns(rows), rows)
     report.speedup_plot(rows, tmp_path / "speedup.png")
@@ -108,7 +118,7 @@ def test_comparison_and_its_plot_are_current(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ablation_is_current(tmp_path: Path) -> None:
+def test_ablation_is_current(tmp_path: Path, _cached: None) -> None:
     rows = report.ablation_rows(CFG, NO_TICK)
     columns = _columns([{k: v for k, v in rows[0].items() if k != "variant"}])  # a schedule row's keys
     write_csv(tmp_path / "ablation.csv", ["variant", *columns], rows)

@@ -1,9 +1,11 @@
-"""The suite's own machinery: xdist hands tests out longest first (tests/conftest.py), by the CPU seconds
-`tools/test_times.py --write-order` records in tests/cpu_times.json."""
+"""The suite's own machinery (tests/conftest.py): xdist hands tests out longest first, by the CPU seconds
+`tools/test_times.py --write-order` records in tests/cpu_times.json; `cached_schedule` is `make_schedule`
+computed once per run."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -80,3 +82,53 @@ def test_the_committed_order_file_is_readable_and_names_this_suites_tests() -> N
     recorded = conftest._recorded_cpu()
     assert recorded, "tests/cpu_times.json is missing or unreadable"
     assert all(nodeid.startswith("tests/test_") and "::" in nodeid and cpu >= 0 for nodeid, cpu in recorded.items())
+
+
+def test_cached_schedule_is_make_schedule_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import layerpipe.schedule.policies as policies
+    from layerpipe.costs import PEModel
+    from layerpipe.interconnect import SHARED, parse_interconnect
+    from layerpipe.network import load_network
+
+    monkeypatch.setenv(conftest.SCHEDULE_CACHE_ENV, str(tmp_path))
+    net, model, ic = load_network("lenet5"), PEModel(), parse_interconnect("links:2:1")
+    fresh = policies.make_schedule("layerpipe", net, 4, model, interconnect=ic)
+    first = conftest.cached_schedule("layerpipe", net, 4, model, interconnect=ic)
+    assert first.metrics == fresh.metrics and first.periodic == fresh.periodic and first.interconnect == ic
+    assert len(list(tmp_path.glob("*.pickle"))) == 1 and not list(tmp_path.glob("*.tmp"))
+
+    calls: list[tuple[object, ...]] = []
+    real = policies.make_schedule
+
+    def counting(*args: object) -> object:
+        calls.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(policies, "make_schedule", counting)
+    again = conftest.cached_schedule("layerpipe", load_network("lenet5"), 4, PEModel(), None, ic)
+    assert calls == [] and again.metrics == fresh.metrics and again is not first  # read back: its own copy
+    # the defaults spelled out or left out are one entry; another N, option or interconnect is another
+    conftest.cached_schedule("pipedream", net, 4, model)
+    conftest.cached_schedule("pipedream", net, 4, model, policies.POLICIES["pipedream"].options(), SHARED)
+    conftest.cached_schedule("layerpipe", net, 5, model, interconnect=ic)
+    assert len(calls) == 2 and len(list(tmp_path.glob("*.pickle"))) == 3
+
+
+def test_cached_schedule_does_not_cache_errors_or_run_without_its_folder(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerpipe.costs import PEModel
+    from layerpipe.errors import InputError
+    from layerpipe.network import load_network
+
+    monkeypatch.setenv(conftest.SCHEDULE_CACHE_ENV, str(tmp_path))
+    with pytest.raises(InputError):
+        conftest.cached_schedule("layerpipe", load_network("lenet5"), 0, PEModel())
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv(conftest.SCHEDULE_CACHE_ENV)
+    result = conftest.cached_schedule("layerpipe", load_network("mlp:8-6-4"), 2, PEModel())
+    assert result.metrics.cycles_per_sample > 0 and list(tmp_path.iterdir()) == []
+
+
+def test_this_run_has_one_schedule_folder_of_its_own() -> None:
+    folder = os.environ.get(conftest.SCHEDULE_CACHE_ENV)
+    assert folder and Path(folder).is_dir() and Path(folder).name.startswith("layerpipe-test-schedules-")
