@@ -71,6 +71,7 @@ class Case:
     num_procs: int
     model: object
     interconnect: str
+    options: object = None
 
 
 @st.composite
@@ -108,6 +109,17 @@ def _validate(result, iterations: int) -> None:
         validate_explicit(result.explicit, stages=result.stages)
 
 
+@st.composite
+def bounded_cases(draw: st.DrawFn) -> Case:
+    """`layerpipe` under a staleness bound (its bounded search, `_layerpipe._bounded`, and the re-timings
+    after it), weights together or free."""
+    from layerpipe.schedule import LayerPipeOptions
+
+    case = draw(cases("layerpipe"))
+    options = LayerPipeOptions(max_staleness=draw(st.integers(0, 3)), keep_weights_together=draw(st.booleans()))
+    return Case(case.network, case.num_procs, case.model, case.interconnect, options)
+
+
 def check_case(policy: str, case: Case) -> None:
     """The property for one case; raises AssertionError (or the simulator's error) when it does not hold."""
     from layerpipe.dse._evaluate import simulated_iterations
@@ -115,10 +127,12 @@ def check_case(policy: str, case: Case) -> None:
 
     lanes = getattr(case.model, "lanes", None) or 1
     interconnect = parse_interconnect(case.interconnect, lanes=lanes)
-    note(f"{policy} N={case.num_procs} model={case.model!r} interconnect={case.interconnect}\n"
+    note(f"{policy} N={case.num_procs} model={case.model!r} interconnect={case.interconnect} "
+         f"options={case.options}\n"
          f"network layers: {[(layer.name, type(layer.op).__name__) for layer in case.network.layers]}")
     try:
-        result = make_schedule(policy, case.network, case.num_procs, case.model, None, interconnect=interconnect)
+        result = make_schedule(policy, case.network, case.num_procs, case.model, case.options,
+                               interconnect=interconnect)
     except InputError:
         return  # a documented refusal: no schedule, nothing to hold it to
     iterations = simulated_iterations(result)
@@ -152,6 +166,19 @@ def test_schedule_validate_simulate(policy: str) -> None:
     @given(case=cases(policy))
     def run(case: Case) -> None:
         check_case(policy, case)
+
+    run()
+
+
+@pytest.mark.slow
+def test_layerpipe_staleness_bound_schedule_validate_simulate() -> None:
+    """The same property for `layerpipe --max-staleness K` (K 0..3): a bounded schedule's period is the
+    self-timed run's (`_self_timed.settled` takes out the slack the search leaves)."""
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, phases=_PHASES,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=bounded_cases())
+    def run(case: Case) -> None:
+        check_case("layerpipe", case)
 
     run()
 

@@ -138,7 +138,7 @@ def cases() -> dict[str, Callable[[], str]]:
 
 
 RECORDED: dict[str, str] = {
-    "explore:rows": "42d718e7f785fc82f31805c4",
+    "explore:rows": "bcb3f961e0fc9287f00e14fa",
     "policy:lenet5:2:1f1b": "16a98144a8b909c2659ae161",
     "policy:lenet5:2:dualpipev": "2b544acc8004fb22ee6dd434",
     "policy:lenet5:2:gpipe": "9a701d3a70dead641c4f76be",

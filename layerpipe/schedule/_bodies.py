@@ -117,10 +117,15 @@ def modulo_list_schedule(
 
 
 def _earliest_fit(free: list[tuple[int, int]], ready: int, cost: int, period: int) -> int | None:
-    if cost == 0:
-        return ready
     offset = ready % period
     base = ready - offset
+    if cost == 0:
+        # no cycles, but a place in the program: not inside a busy interval (it would wait for that op to end);
+        # the end of the interval it falls in, the next free cycle, is the earliest point between ops (no op
+        # here wraps past the period, so its boundary is one too)
+        if offset == 0 or any(a <= offset <= b for a, b in free):
+            return ready
+        return base + next((a for a, _ in free if a > offset), period)
     for a, b in free:
         s = max(a, offset)
         if s + cost <= b:

@@ -410,6 +410,14 @@ def validate_periodic(
                 ca, cb = cost[(a.kind, a.layer)], cost[(b.kind, b.layer)]
                 if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
                     fail(f"overlap: on p{p}, {b} overlaps {a} modulo the period {period}", p, b.start)
+        # A zero-cycle op occupies no cycles but keeps its place in the program: one that starts inside another
+        # op's cycles waits for it (the unrolled program runs in start order), so the plan would not hold.
+        for z in body:
+            if cost[(z.kind, z.layer)] == 0:
+                for a in busy:
+                    if 0 < (z.start - a.start) % period < cost[(a.kind, a.layer)]:
+                        fail(f"overlap: on p{p}, {z} (0 cycles) starts inside {a}'s cycles modulo the period "
+                             f"{period}; it would wait for {a} to end", p, z.start)
 
     for e in unfolded_edges(graph, unfold, groups):
         (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
