@@ -91,6 +91,7 @@ def test_py_typed_ships_with_the_package() -> None:
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["layerpipe"]
 
 
+@pytest.mark.slow  # the example in a fresh process and again here: ~2.7 s of CPU
 def test_api_tour_example_runs_and_its_figures_agree(tmp_path) -> None:
     import subprocess
     import sys

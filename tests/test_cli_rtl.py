@@ -11,6 +11,7 @@ from layerpipe.cli import main
 from tests.conftest import run_cli
 
 
+@pytest.mark.slow  # two RTL exports: ~3 s of CPU
 def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, capsys) -> None:
     args = ["rtl", "mlp:6-5-3", "--policy", "pipedream", "-n", "2", "--lanes", "4", "--samples", "8", "--no-synth"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
@@ -41,6 +42,7 @@ def test_rtl_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], me
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.slow  # two fresh processes: ~1.6 s of CPU
 def test_rtl_width_beyond_the_limit_exits_2(tmp_path: Path) -> None:
     proc = run_cli("rtl", "mlp:4-70000-2", "--policy", "pipedream", "-n", "1", "--lanes", "4", "--out", str(tmp_path))
     assert proc.returncode == 2 and "exceeds the RTL limit of 65535" in proc.stderr

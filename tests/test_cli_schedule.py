@@ -55,6 +55,7 @@ def test_sync_policy_on_a_network_prints_its_step(capsys) -> None:
     assert OpSchedule.from_text(out).microbatches == 8
 
 
+@pytest.mark.slow  # fresh processes: ~2 s of CPU
 def test_output_is_byte_identical_across_runs() -> None:
     args = ("schedule", "resnet18", "--policy", "layerpipe", "-n", "7", "--format", "json")
     first, second = run_cli(*args, timeout=120), run_cli(*args, timeout=120)

@@ -59,6 +59,7 @@ GPIPE_CSV = "# layerpipe schedule v1 level=stage procs=2 synchronous microbatche
             ",F1.0,F1.1,B1.0,B1.1\n"
 
 
+@pytest.mark.slow  # ~1 s of CPU
 def test_stage_level_csv_with_stage_costs(tmp_path, capsys):
     csv = tmp_path / "gpipe.csv"
     csv.write_text(GPIPE_CSV)

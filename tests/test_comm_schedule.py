@@ -98,6 +98,7 @@ def test_layerpipe_is_never_slower_than_pipedream(network, batch, spec) -> None:
     _never_slower(network, batch, spec, range(2, 17))
 
 
+@pytest.mark.slow  # 12 points, three schedules each: ~2.5 s of CPU
 def test_layerpipe_is_never_slower_than_pipedream_small() -> None:
     for network in ("mlp:784-256-128-10", "lenet5"):
         for spec in ("links:2:1", "links:2:1/16"):
@@ -131,6 +132,7 @@ def test_max_traffic_bounds_words_and_trades_cycles() -> None:
             assert m.cycles_per_sample == serial
 
 
+@pytest.mark.slow  # 60 generated cases, each simulated twice: ~2.6 s of CPU
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(net=networks(max_layers=6, dag=True, max_width=12, max_batch=3), n=st.integers(1, 6),
        spec=st.sampled_from(("shared", "links:0:1", "links:3:2", "links:1:1/8", "bus:2:3", "bus:0:1/2")),
@@ -148,6 +150,7 @@ def test_every_schedule_on_every_interconnect_validates_and_runs_at_its_period(n
 # ------------------------------------------------------------------------------------ a bus is compiled
 
 
+@pytest.mark.slow  # 40 generated cases, each simulated twice: ~2.3 s of CPU
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(net=networks(max_layers=8, max_width=16), n=st.integers(2, 16),
        policy=st.sampled_from(("pipedream", "layerpipe")), lanes=st.sampled_from((1, 4, 16, 64)),

@@ -38,6 +38,7 @@ def test_points_expand_only_applicable_options() -> None:
     assert len({p.point_id for p in points}) == len(points)
 
 
+@pytest.mark.slow  # two worker processes: ~1.3 s of CPU
 def test_jobs_2_gives_one_row_per_point(tmp_path: Path) -> None:
     spec = _small_spec()
     out = tmp_path / "r.csv"

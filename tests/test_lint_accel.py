@@ -44,6 +44,7 @@ def _planted(verilog: str) -> str:
     return verilog[:end] + probe + verilog[end:]
 
 
+@pytest.mark.slow  # two Verilator lints: ~4.7 s of CPU
 @needs_verilator
 def test_split_accelerator_lints_clean_and_a_real_bug_is_not_waived() -> None:
     """A split placement with micro-batches (weight versions and gradients on the links): zero warnings left

@@ -334,6 +334,7 @@ def test_reset_in_the_middle_of_an_op() -> None:
     np.testing.assert_array_equal(observed["result"], reference(Opcode.ERR, config.fmt, 0, after.operands))
 
 
+@pytest.mark.slow  # an Amaranth simulation per micro-batch: ~1.1 s of CPU
 @settings(max_examples=12, deadline=None)
 @given(op=st.sampled_from([Opcode.FWD_RELU, Opcode.FWD_LINEAR, Opcode.ACT_RELU, Opcode.OUT_ERR, Opcode.ERR,
                            Opcode.GRAD]),

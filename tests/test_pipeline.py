@@ -70,6 +70,7 @@ def test_saturate_clamps_like_the_spec(width: int) -> None:
     assert not wrong
 
 
+@pytest.mark.slow  # three accelerators elaborated: ~2 s of CPU each
 @pytest.mark.parametrize(("network", "policy", "n", "lanes"), [
     ("mlp:9-8-4-6-2", "pipedream", 2, 4), ("mlp:9-8-4-6-2", "layerpipe", 3, 1), ("mlp:7-6-5-3", "layerpipe", 2, 3)])
 def test_the_only_multipliers_are_the_lanes(network: str, policy: str, n: int, lanes: int) -> None:

@@ -136,6 +136,7 @@ def test_self_loop_and_parallel_edges() -> None:
     assert iteration_bound(graph).bound == 9
 
 
+@pytest.mark.slow  # generated graphs against brute force: ~1.3 s of CPU
 @settings(max_examples=300, deadline=None)
 @given(timed_graphs())
 def test_iteration_bound_matches_brute_force(graph: TimedGraph) -> None:
@@ -205,6 +206,7 @@ def test_three_loops_retime_to_the_slowest_node() -> None:
     assert retime_to_period(graph, 4) is None  # C alone takes 5
 
 
+@pytest.mark.slow  # generated graphs: ~1.2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(timed_graphs(max_nodes=5, max_delay=2))
 def test_min_period_retiming_is_legal_and_tight(graph: TimedGraph) -> None:

@@ -169,6 +169,7 @@ def test_bad_stage_arguments() -> None:
 # --- properties --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=250, deadline=None)
 @given(st.data(), graph_options)
 def test_chains_get_twice_the_stages_after(data: st.DataObject, options: GraphOptions) -> None:
@@ -184,6 +185,7 @@ def test_chains_get_twice_the_stages_after(data: st.DataObject, options: GraphOp
     assert_minimal(graph, solution, stages)
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(st.data(), graph_options)
 def test_dropping_the_weight_register_saves_one_delay(data: st.DataObject, options: GraphOptions) -> None:
@@ -197,6 +199,7 @@ def test_dropping_the_weight_register_saves_one_delay(data: st.DataObject, optio
     assert_minimal(graph, solution, stages)
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(st.data(), graph_options)
 def test_residual_dags_with_tight_stage_maps(data: st.DataObject, options: GraphOptions) -> None:
@@ -218,6 +221,7 @@ def test_residual_dags_with_tight_stage_maps(data: st.DataObject, options: Graph
     assert_minimal(graph, solution, stages)
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(st.data(), graph_options)
 def test_residual_dags_with_jumping_stage_maps(data: st.DataObject, options: GraphOptions) -> None:
@@ -237,6 +241,7 @@ def test_residual_dags_with_jumping_stage_maps(data: st.DataObject, options: Gra
     assert_minimal(graph, solution, stages)
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(st.data(), graph_options)
 def test_any_task_assignment_is_solved_legally_and_minimally(data: st.DataObject, options: GraphOptions) -> None:
@@ -248,6 +253,7 @@ def test_any_task_assignment_is_solved_legally_and_minimally(data: st.DataObject
     assert_minimal(graph, solution, stages)
 
 
+@pytest.mark.slow  # 200+ generated cases (issue 2: >= 200 in CI): ~2 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(st.data(), graph_options)
 def test_training_graph_bounds_match_brute_force(data: st.DataObject, options: GraphOptions) -> None:

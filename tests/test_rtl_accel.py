@@ -128,8 +128,9 @@ def test_constrained_random_icarus(tmp_path: Path) -> None:
     _regression(tmp_path, _seeds("2"), "icarus")
 
 
+@pytest.mark.slow  # an Icarus build and two bench runs: ~4 s of CPU
 def test_split_placement_icarus(tmp_path: Path) -> None:
-    """The fast representative of split placements, micro-batches of 2: F1 reads copies of W1 streamed from U1's
+    """The small representative of split placements, micro-batches of 2: F1 reads copies of W1 streamed from U1's
     PE, E2 gets F2's version (stash) and G2 sends g2 to U2's PE over the links."""
     where = {"F1": 1, "A1": 0, "G1": 0, "U1": 0, "F2": 1, "A2": 1, "E2": 0, "G2": 0, "U2": 1}
     design = placed_design([4, 4, 2], where, 2, 2, 3, batch=2)

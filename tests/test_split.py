@@ -323,6 +323,7 @@ def test_policy_ops_refuse_a_result_for_another_network() -> None:
     assert max(op.unit for row in schedule.procs for op in row) == len(result.network)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # ~1.1 s of CPU
 def test_cli_simulates_split_results_and_no_split_layers_turns_splitting_off(tmp_path) -> None:
     import json
 

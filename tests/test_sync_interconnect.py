@@ -60,7 +60,7 @@ def check_step(name: str, network: Network, n: int, model, interconnect: Interco
 
 
 ZOO_CASES = [(spec, n, ic) for spec, n in [("lenet5", 3), ("mlp:32-26-31-26", 3)] for ic in INTERCONNECTS]
-ZOO_CASES += [("alexnet", 5, "bus:2:4")]
+ZOO_CASES += [pytest.param("alexnet", 5, "bus:2:4", marks=pytest.mark.slow)]  # ~1.7 s of CPU
 # A DAG: skip activations cross stages as their own transfers (generated DAGs below cover the class fast).
 ZOO_CASES += [pytest.param("resnet18", 4, "links:3:2", marks=pytest.mark.slow)]
 
@@ -115,6 +115,7 @@ def _check_generated(network: Network, n: int, name: str, model, ic: str) -> Non
     check_step(name, network, n, model, parse_interconnect(ic))
 
 
+@pytest.mark.slow  # 80 generated cases: ~3 s of CPU
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(network=chains_with_weightless_starts(), n=st.integers(1, 16), name=st.sampled_from(SYNC),
        model=st.sampled_from(COST_MODELS), ic=st.sampled_from(INTERCONNECTS))
@@ -127,6 +128,7 @@ def test_generated_networks_scheduled_step_is_the_simulated_step(network: Networ
 BUSES = ["bus:2:4", "bus:1:1/4", "bus:0:1"]
 
 
+@pytest.mark.slow  # 60 generated cases: ~5 s of CPU
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(network=chains_with_weightless_starts(), n=st.integers(2, 16), name=st.sampled_from(SYNC),
        model=st.sampled_from(COST_MODELS), ic=st.sampled_from(BUSES))
