@@ -89,6 +89,7 @@ def models(draw: st.DrawFn, network: Network) -> CostModel:
     return ProfiledModel(network.name, network.batch, times)
 
 
+@pytest.mark.slow  # a sweep simulated twice per point: 1.2-1.8 s of CPU per policy
 @pytest.mark.parametrize("policy", PERIODIC_POLICIES)
 def test_explore_measures_the_scheduled_period(policy: str) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, phases=_PHASES,

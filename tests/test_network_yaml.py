@@ -77,6 +77,7 @@ def test_zoo_networks_round_trip_exactly(name: str) -> None:
     assert dump_yaml(again) == text
 
 
+@pytest.mark.slow  # 200 generated networks written and read back: ~1 s of CPU
 @settings(max_examples=200, deadline=None)
 @given(networks(max_layers=10, dag=True, max_batch=4, activations=("relu", "identity", "sigmoid", "tanh")))
 def test_random_networks_round_trip_exactly(net) -> None:

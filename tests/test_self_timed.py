@@ -55,6 +55,7 @@ def _simulated(result, network: Network, model: CostModel, interconnect) -> floa
     return steady
 
 
+@pytest.mark.slow  # generated cases, each simulated: ~1.5 s of CPU
 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(net=networks(max_layers=5, max_width=12), num_procs=st.integers(1, 5),
