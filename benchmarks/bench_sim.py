@@ -1,6 +1,6 @@
 """Speed of the timing simulator (`layerpipe.sim`).
 
-    .venv/bin/python benchmarks/bench_sim.py [--iterations 1000] [--repeats 15]
+    .venv/bin/python benchmarks/bench_sim.py [--iterations 1000] [--repeats 15] [--sections 1,2,3]
 
 1. Against torch.distributed.pipelining's `_simulate_comms_compute` (torch 2.13), on the same schedules:
    1F1B and ZB-H1 with p = 8 stages and m = 64 micro-batches, and p = 32, m = 256 (SIR's generators, handed to
@@ -231,11 +231,17 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--memory-iterations", type=int, default=200)
+    parser.add_argument("--sections", default="1,2,3", help="which sections to run (1: vs torch, 2: resnet50, "
+                                                             "3: memory per op)")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
-    versus_torch(args.repeats)
-    resnet50(args.iterations)
-    memory_per_op(args.memory_iterations)
+    if "1" in sections:
+        versus_torch(args.repeats)
+    if "2" in sections:
+        resnet50(args.iterations)
+    if "3" in sections:
+        memory_per_op(args.memory_iterations)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerpipe.schedule._engine import run_timing
 from layerpipe.schedule._ir import OpSchedule
-from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_schedule, run
+from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_schedule, run  # noqa: F401 - run: as before
 from layerpipe.sim._interconnect import INTERCONNECTS, MODES, SimConfig, link_hold_cycles
 from layerpipe.sim._memory import peak_memory
 from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result, simulated_network
-from layerpipe.sim._report import SimResult, link_traffic
+from layerpipe.sim._report import SimResult
 from layerpipe.sim._versions import version_array
 from layerpipe.sim._workload import Workload
 
@@ -51,18 +52,17 @@ def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: Si
     """Time an already compiled schedule (compile once, simulate under several configs).
 
     `reports=False` skips the version map and the memory sweep (they stay −1 / 0): for callers that
-    need only cycle counts, such as schedulers timing candidates.
+    need only cycle counts, such as schedulers timing candidates. Either way the result computes its version
+    map, peaks, traffic and `ops` when they are first read.
     """
-    start_l, end_l = run(compiled, config)
-    start = np.asarray(start_l, dtype=np.int64)
-    end = np.asarray(end_l, dtype=np.int64)
-    if reports:
-        versions = version_array(compiled, start, end, workload, config.mode,
-                                 remote_copies=config.interconnect != "shared")
-        peaks = tuple(peak_memory(compiled, start, end, versions, workload, config.mode,
-                                  distributed=config.interconnect != "shared"))
-    else:
-        versions = np.full(compiled.num_ops, -1, dtype=np.int64)
-        peaks = (0,) * compiled.num_procs
-    return SimResult(compiled.schedule, config, compiled.ops, start, end, versions, peaks,
-                     link_traffic(compiled), workload.batch, workload.memory_unit, compiled)
+    start, end = run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
+    distributed = config.interconnect != "shared"
+
+    def figures(c: CompiledSchedule, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+        if not reports:
+            return np.full(c.num_ops, -1, dtype=np.int64), (0,) * c.num_procs
+        versions = version_array(c, start, end, workload, config.mode, remote_copies=distributed)
+        return versions, tuple(peak_memory(c, start, end, versions, workload, config.mode, distributed=distributed))
+
+    # The version map, the peaks, the traffic and the ops are computed when first read (the same values).
+    return SimResult.deferred(compiled, config, start, end, figures, workload.batch, workload.memory_unit)

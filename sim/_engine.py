@@ -43,5 +43,7 @@ __all__ = [
 
 
 def run(compiled: CompiledSchedule, config: SimConfig) -> tuple[list[int], list[int]]:
-    """Start and end cycle of every op (compiled numbering) under `config`'s interconnect."""
-    return run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
+    """Start and end cycle of every op (compiled numbering) under `config`'s interconnect, as lists (the
+    engine's `run_timing` gives arrays)."""
+    start, end = run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
+    return start.tolist(), end.tolist()

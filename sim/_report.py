@@ -21,8 +21,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +50,47 @@ class SimResult:
     memory_unit: str = "words"
     _compiled: CompiledSchedule | None = field(default=None, repr=False)
 
+    # A result of `deferred` computes `ops`, `versions`, `peak_memory_words` and `link_traffic_words` when one
+    # is first read (issue 14: summary figures computed when read; a scheduler timing candidates reads only
+    # the cycle counts, and the `Op`s of a schedule of columns need never exist).
+    def __getattr__(self, name: str) -> Any:
+        pending = self.__dict__.get("_pending")
+        if pending is None or name not in _DEFERRED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        compiled = self.__dict__["_compiled"]
+        if name == "ops":
+            value: Any = compiled.ops
+        elif name == "link_traffic_words":
+            value = link_traffic(compiled)
+        else:
+            versions, peaks = pending(compiled, self.__dict__["start"], self.__dict__["end"])
+            object.__setattr__(self, "versions", versions)
+            object.__setattr__(self, "peak_memory_words", peaks)
+            return versions if name == "versions" else peaks
+        object.__setattr__(self, name, value)
+        return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with every figure computed (the pending computation is a closure)."""
+        for name in _DEFERRED:
+            getattr(self, name)
+        state = dict(self.__dict__)
+        state.pop("_pending", None)
+        return state
+
+    @classmethod
+    def deferred(cls, compiled: CompiledSchedule, config: SimConfig, start: np.ndarray, end: np.ndarray,
+                 reports: Callable[[CompiledSchedule, np.ndarray, np.ndarray], tuple[np.ndarray, tuple[int, ...]]],
+                 batch: int = 1, memory_unit: str = "words") -> SimResult:
+        """A result of `compiled`'s timing whose ops, version map and peaks (`reports(compiled, start, end)`)
+        and traffic are computed when first read: the same values as building them at once."""
+        made = cls.__new__(cls)
+        given = {"schedule": compiled.schedule, "config": config, "start": start, "end": end, "batch": batch,
+                 "memory_unit": memory_unit, "_compiled": compiled, "_pending": reports}
+        for name, value in given.items():
+            object.__setattr__(made, name, value)
+        return made
+
     @property
     def num_procs(self) -> int:
         return self.schedule.num_procs
@@ -58,11 +101,25 @@ class SimResult:
 
     @cached_property
     def proc(self) -> np.ndarray:
+        if self._from_compiled:
+            return np.asarray(self._compiled.proc, dtype=np.int64)  # type: ignore[union-attr]
         return np.fromiter((op.proc for op in self.ops), np.int64, len(self.ops))
 
     @cached_property
     def iterations(self) -> np.ndarray:
+        if self._from_compiled:
+            return self._compiled.iteration.astype(np.int64)  # type: ignore[union-attr]
         return np.fromiter((op.iteration for op in self.ops), np.int64, len(self.ops))
+
+    @property
+    def _from_compiled(self) -> bool:
+        """Are this result's ops its compiled schedule's, in its numbering (every result of the engine)?"""
+        compiled = self._compiled
+        return compiled is not None and ("_pending" in self.__dict__ or self.__dict__.get("ops") is compiled.ops)
+
+    @property
+    def num_ops(self) -> int:
+        return self._compiled.num_ops if self._from_compiled else len(self.ops)  # type: ignore[union-attr]
 
     @cached_property
     def index(self) -> dict[tuple[str, int, int], int]:
@@ -94,11 +151,12 @@ class SimResult:
     def bubbles(self) -> tuple[np.ndarray, ...]:
         """Per processor, an (k, 2) array of idle intervals [from, to) between its first and last op."""
         out = []
-        for p, row in enumerate(self.schedule.procs):
-            lo = sum(len(r) for r in self.schedule.procs[:p])
-            s, e = self.start[lo:lo + len(row)], self.end[lo:lo + len(row)]
+        lo = 0
+        for count in self.schedule.row_lengths():
+            s, e = self.start[lo:lo + count], self.end[lo:lo + count]
             gap = s[1:] > e[:-1]
-            out.append(np.stack([e[:-1][gap], s[1:][gap]], axis=1) if len(row) > 1 else np.zeros((0, 2), np.int64))
+            out.append(np.stack([e[:-1][gap], s[1:][gap]], axis=1) if count > 1 else np.zeros((0, 2), np.int64))
+            lo += count
         return tuple(out)
 
     @property
@@ -123,8 +181,8 @@ class SimResult:
     def completion_times(self) -> np.ndarray:
         """C(k): latest end of iteration k's ops (of step k's ops for synchronous schedules); the engine's
         `completion_times` rule."""
-        if self._compiled is not None and self._compiled.ops is self.ops:
-            return self._compiled.completion_times(self.end)
+        if self._from_compiled:
+            return self._compiled.completion_times(self.end)  # type: ignore[union-attr]
         is_update = np.fromiter((op.kind == "U" for op in self.ops), bool, len(self.ops))
         sizes = self.schedule.groups_map()
         group = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in self.ops), np.int64,
@@ -173,7 +231,7 @@ class SimResult:
         links = {f"p{p}->p{q}": w for (p, q), w in sorted(self.link_traffic_words.items())}
         return {
             "num_procs": self.num_procs,
-            "num_ops": len(self.ops),
+            "num_ops": self.num_ops,
             "iterations": self.num_iterations,
             "batch": self.batch,
             **self.config.describe(),
@@ -196,6 +254,10 @@ class SimResult:
         unit = "layer" if self.schedule.level == "layer" else "stage"
         return [{"proc": op.proc, "kind": op.kind, unit: op.unit, "iteration": op.iteration, "version": int(v)}
                 for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
+
+
+#: The fields a `SimResult.deferred` result computes when first read.
+_DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
 
 
 def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:

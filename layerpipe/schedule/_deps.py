@@ -36,14 +36,14 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from layerpipe._gc import gc_paused
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
-from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError
+from layerpipe.schedule._ir import Op, OpColumns, OpKey, OpSchedule, ScheduleError
 
 if TYPE_CHECKING:  # numpy loads when arrays are built, not at import (the CLI's parser imports this package)
     import numpy as np
@@ -353,59 +353,106 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
     tasks without G; W → the G tasks. The implicit per-step update becomes explicit U_l(j) ops (iteration =
     step j) right after the stage's last gradient op of step j. I/W schedules need a graph whose G is its
     own task (the `intra` split).
+
+    Built as columns (`OpColumns`, no `Op` per layer task): each stage task (kind, stage) has a template of
+    layer tasks, and a stage's last gradient op of a step the same template followed by the stage's updates.
     """
+    import numpy as np
+
     if schedule.level != "stage" or not schedule.synchronous:
         raise InputError("expand_stages takes a synchronous stage-level schedule")
     if len(stages.layers) != stages.num_stages:
         raise InputError("expand_stages needs the layers of every stage (StageInfo.of_network)")
     m = _microbatches(schedule)
-    owner: dict[int, int] = {}
-    for op in schedule.ops():
-        if owner.setdefault(op.unit, op.proc) != op.proc:
-            raise InputError(f"stage {op.unit} runs on p{owner[op.unit]} and p{op.proc}; expansion needs one")
+    columns = schedule.columns or _columns_of(schedule)
+    n = columns.num_ops
+    bounds = np.asarray(columns.bounds, dtype=np.int64)
+    if schedule.columns is not None:
+        proc = np.repeat(np.arange(columns.num_procs, dtype=np.int64), np.diff(bounds))
+    else:  # the processor each op names (the expansion puts its tasks on the row that lists it)
+        proc = np.fromiter((op.proc for op in schedule.ops()), np.int64, n)
+    units = np.asarray([unit for _, unit in columns.tasks], dtype=np.int64)
+    unit = units[columns.task] if n else np.zeros(0, dtype=np.int64)
+    iteration = np.asarray(columns.iteration, dtype=np.int64)
+    if n:  # every stage on one processor: the first op of a stage on another processor than its first
+        span = int(unit.max()) + 1
+        owner = np.full(span, -1, dtype=np.int64)
+        firsts = np.unique(unit, return_index=True)
+        owner[firsts[0]] = proc[firsts[1]]
+        moved = np.flatnonzero(owner[unit] != proc)
+        if len(moved):
+            i = int(moved[0])
+            raise InputError(f"stage {int(unit[i])} runs on p{int(owner[unit[i]])} and p{int(proc[i])}; "
+                             "expansion needs one")
     backward: dict[int, list[str]] = {}
     for t in graph.tasks:
         if not t.has("F") and not t.has("U"):
             backward.setdefault(t.layer, []).append(t.kind)
     weighted = {layer.index for layer in graph.network.layers if layer.has_weights}
 
-    def tasks_of(op: Op) -> list[tuple[str, int]]:
-        layers = stages.layers[op.unit]
-        if op.kind == "F":
+    def tasks_of(kind: str, stage: int) -> list[tuple[str, int]]:
+        layers = stages.layers[stage]
+        if kind == "F":
             return [("F", layer) for layer in layers]
         out = []
         for layer in reversed(layers):
-            for kind in backward.get(layer, ()):
-                if op.kind == "B" or (op.kind == "I" and "G" not in kind) or (op.kind == "W" and kind == "G"):
-                    out.append((kind, layer))
-                elif "G" in kind and kind != "G":
-                    raise InputError(f"stage op {op.kind} needs G as its own task, but layer {layer} fuses '{kind}'")
+            for task_kind in backward.get(layer, ()):
+                if kind == "B" or (kind == "I" and "G" not in task_kind) or (kind == "W" and task_kind == "G"):
+                    out.append((task_kind, layer))
+                elif "G" in task_kind and task_kind != "G":
+                    raise InputError(f"stage op {kind} needs G as its own task, but layer {layer} fuses '{task_kind}'")
         return out
 
-    remaining: dict[tuple[int, int], int] = {}  # (stage, step) → gradient ops still to run before the update
-    for op in schedule.ops():
-        if op.kind in STAGE_GRADIENT_KINDS:
-            key = (op.unit, op.iteration // m)
-            remaining[key] = remaining.get(key, 0) + 1
-    known: dict[tuple[str, int], list[tuple[str, int]]] = {}  # a stage op's layer tasks, by (kind, stage)
-    rows = []
-    with gc_paused():  # many small acyclic objects: collections would walk every Op built so far, again and again
-        for p, row in enumerate(schedule.procs):
-            ops: list[Op] = []
-            for op in row:
-                tasks = known.get((op.kind, op.unit))
-                if tasks is None:
-                    tasks = known[(op.kind, op.unit)] = tasks_of(op)
-                it = op.iteration
-                ops += [Op(p, kind, layer, it) for kind, layer in tasks]
-                if op.kind in STAGE_GRADIENT_KINDS:
-                    key = (op.unit, it // m)
-                    remaining[key] -= 1
-                    if remaining[key] == 0:
-                        ops += [Op(p, "U", layer, it // m) for layer in stages.layers[op.unit] if layer in weighted]
-            rows.append(tuple(ops))
-    return OpSchedule("layer", tuple(rows), synchronous=True, microbatches=m)
+    # The last gradient op (B, W) of each (stage, step), in op order: the stage's updates follow it.
+    gradient = np.asarray([kind in STAGE_GRADIENT_KINDS for kind, _ in columns.tasks], dtype=bool)
+    grads = np.flatnonzero(gradient[columns.task]) if n else np.zeros(0, dtype=np.int64)
+    last = np.zeros(n, dtype=bool)
+    if len(grads):
+        key = unit[grads] * (int(iteration.max()) // m + 1) + iteration[grads] // m
+        rev = np.unique(key[::-1], return_index=True)[1]
+        last[grads[len(grads) - 1 - rev]] = True
+    # Templates: (stage task, followed by the updates?) → layer tasks; numbered in order of first use, as the
+    # op-by-op expansion met them (so a fused-G error names the first such stage op).
+    template_of = columns.task * 2 + last
+    used, first_use = np.unique(template_of, return_index=True)
+    layer_task_id: dict[tuple[str, int], int] = {}
+    lengths = np.zeros(2 * len(columns.tasks), dtype=np.int64)
+    flat_task: list[int] = []
+    flat_update: list[bool] = []
+    starts = np.zeros(2 * len(columns.tasks), dtype=np.int64)
+    known: dict[int, list[tuple[str, int]]] = {}
+    for tmpl in used[np.argsort(first_use, kind="stable")].tolist():
+        kind, stage = columns.tasks[tmpl // 2]
+        tasks = known.get(tmpl // 2)
+        if tasks is None:
+            tasks = known[tmpl // 2] = tasks_of(kind, stage)
+        updates = [("U", layer) for layer in stages.layers[stage] if layer in weighted] if tmpl % 2 else []
+        starts[tmpl] = len(flat_task)
+        lengths[tmpl] = len(tasks) + len(updates)
+        flat_task += [layer_task_id.setdefault(t, len(layer_task_id)) for t in (*tasks, *updates)]
+        flat_update += [False] * len(tasks) + [True] * len(updates)
+    counts = lengths[template_of]
+    owner_op, offset = _expand(counts)
+    at = starts[template_of][owner_op] + offset
+    is_update = np.asarray(flat_update, dtype=bool)[at]
+    its = iteration[owner_op]
+    out_iteration = np.where(is_update, its // m, its)
+    out_bounds = np.concatenate(([0], np.cumsum(counts)))[bounds]  # layer ops before each processor's first
+    expanded = OpColumns(tuple(out_bounds.tolist()), tuple(layer_task_id),
+                         np.asarray(flat_task, dtype=np.int64)[at], out_iteration)
+    return OpSchedule.from_columns("layer", expanded, synchronous=True, microbatches=m)
 
+
+def _columns_of(schedule: OpSchedule) -> OpColumns:
+    """The columns of a schedule of `Op`s (tasks numbered in order of first appearance)."""
+    import numpy as np
+
+    task_id: dict[tuple[str, int], int] = {}
+    ops = list(schedule.ops())
+    task = np.fromiter((task_id.setdefault((op.kind, op.unit), len(task_id)) for op in ops), np.int64, len(ops))
+    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
+    bounds = tuple(itertools.accumulate(schedule.row_lengths(), initial=0))
+    return OpColumns(bounds, tuple(task_id), task, iteration)
 
 
 # --- the same rules as arrays -------------------------------------------------------------------------------
@@ -640,13 +687,13 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
     unit = np.asarray(units, dtype=np.int64)[task]
     step = iteration // m
     num_steps = int(step.max()) + 1
-    proc = np.repeat(np.arange(len(schedule.procs), dtype=np.int64), [len(row) for row in schedule.procs])
+    proc = np.repeat(np.arange(schedule.num_procs, dtype=np.int64), schedule.row_lengths())
     gradient = np.flatnonzero((kind_of == "B") | (kind_of == "W"))
     g_key = unit[gradient] * num_steps + step[gradient]
     by_key = np.argsort(g_key, kind="stable")
     g_sorted, g_ops = g_key[by_key], gradient[by_key]
     forwards = np.flatnonzero(kind_of == "F")
-    f_key = (unit[forwards] * num_steps + step[forwards]) * len(schedule.procs) + proc[forwards]
+    f_key = (unit[forwards] * num_steps + step[forwards]) * schedule.num_procs + proc[forwards]
     _, first = np.unique(f_key, return_index=True)
     heads = np.sort(forwards[first])
     heads = heads[iteration[heads] >= m]

@@ -42,11 +42,12 @@ processor, its next op and the producers it waits for.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -56,8 +57,9 @@ import numpy as np
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
 from layerpipe.interconnect import compiled_bus_key
-from layerpipe.schedule._deps import MissingProducer, dependency_arrays, layer_task_edges
-from layerpipe.schedule._ir import Op, OpSchedule, RunPlan, tie_rank
+from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
+from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
+from layerpipe.schedule._runs import Runs, make_runs, op_times, sweep_runs
 from layerpipe.schedule._workload import Workload
 
 #: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
@@ -100,7 +102,6 @@ class CompiledSchedule:
     """
 
     schedule: OpSchedule
-    ops: tuple[Op, ...]
     proc: list[int]
     bounds: list[int]
     dur: list[int]
@@ -117,7 +118,12 @@ class CompiledSchedule:
 
     @property
     def num_ops(self) -> int:
-        return len(self.ops)
+        return self.bounds[-1]
+
+    @cached_property
+    def ops(self) -> tuple[Op, ...]:
+        """The `Op`s in compiled numbering (the schedule's rows, built on first read for a schedule of columns)."""
+        return tuple(itertools.chain.from_iterable(self.schedule.procs))
 
     @property
     def num_procs(self) -> int:
@@ -157,6 +163,24 @@ class CompiledSchedule:
         return key[starts] // n, key[starts] % n, words
 
     @cached_property
+    def shared_runs(self) -> Runs | None:
+        """The runs of ops under the `shared` model's inputs (every producer); None where they do not pay: a
+        stage-level schedule (nearly every stage op waits for another processor), or too few ops merged."""
+        if self.schedule.level == "stage":
+            return None
+        return make_runs(self.bounds, self.dur, self.prod_ptr, self.prod_idx)
+
+    @cached_property
+    def link_runs(self) -> Runs | None:
+        """The runs of ops under the `links` model's inputs (same-processor producers and transfers), or None
+        as for `shared_runs`."""
+        if self.schedule.level == "stage":
+            return None
+        plan = self.link_plan
+        return make_runs(self.bounds, self.dur, plan.input_ptr, plan.input_src, plan.send_producer,
+                         plan.send_input, plan.send_link)
+
+    @cached_property
     def consumers(self) -> list[list[tuple[int, int]]]:
         """Per op, its (consumer, words) pairs in consumer order (the event-driven engine's view)."""
         producer, consumer, words = self.pairs
@@ -181,27 +205,38 @@ class CompiledSchedule:
         by_dst = np.argsort(dst, kind="stable")
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-        send_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(i, minlength=n), out=send_ptr[1:])
-        links = (proc[i] * procs + proc[j]).tolist()
-        sends_flat = list(zip(transfer.tolist(), links, strict=True))
-        cuts = send_ptr.tolist()
-        with gc_paused():
-            sends = [sends_flat[a:b] for a, b in itertools.pairwise(cuts)]
-        return LinkPlan(_split(src[by_dst], ptr), sends, w.tolist(), i.tolist())
+        links = proc[i] * procs + proc[j]
+        return LinkPlan(ptr, src[by_dst], i, transfer, links, w.tolist(), i.tolist())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LinkPlan:
-    """Transfer k is input n + k: `words[k]` from op `producer[k]`. `inputs[j]` lists op j's inputs (its
-    same-processor producers' op numbers and its transfers' input numbers); `sends[i]` lists op i's
-    transfers as (input number, link p·N + q) in the order they queue."""
+    """Transfer k is input n + k: `words[k]` from op `producer[k]`. Op j's inputs (its same-processor producers'
+    op numbers and its transfers' input numbers) are input_src[input_ptr[j]:input_ptr[j+1]]; transfer k, sent
+    by op send_producer[k], is input send_input[k] on link send_link[k] (p·N + q), in the order they queue."""
 
-    inputs: list[list[int]]
-    sends: list[list[tuple[int, int]]]
+    input_ptr: np.ndarray
+    input_src: np.ndarray
+    send_producer: np.ndarray
+    send_input: np.ndarray
+    send_link: np.ndarray
     words: list[int]
     producer: list[int]
 
+    @cached_property
+    def inputs(self) -> list[list[int]]:
+        """`inputs[j]`: op j's inputs, a list per op (the op-by-op sweep's view)."""
+        return _split(self.input_src, self.input_ptr)
+
+    @cached_property
+    def sends(self) -> list[list[tuple[int, int]]]:
+        """`sends[i]`: op i's transfers as (input number, link) in the order they queue."""
+        n = len(self.input_ptr) - 1
+        send_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(self.send_producer, minlength=n), out=send_ptr[1:])
+        flat = list(zip(self.send_input.tolist(), self.send_link.tolist(), strict=True))
+        with gc_paused():
+            return [flat[a:b] for a, b in itertools.pairwise(send_ptr.tolist())]
 
 
 def completion_times(schedule: OpSchedule, iteration: np.ndarray, is_update: np.ndarray, group: np.ndarray,
@@ -238,6 +273,62 @@ _ITERATION_OF = operator.attrgetter("iteration")
 
 
 def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
+    if schedule.columns is not None:
+        bounds, tasks, task, iteration = _from_columns(schedule.columns)
+        ops: list[Op] | None = None
+    else:
+        ops, bounds, tasks, task, iteration = _from_ops(schedule)
+    n = bounds[-1]
+
+    def op_at(i: int) -> Op:  # error messages name ops: a schedule of columns builds them only then
+        if ops is not None:
+            return ops[i]
+        p = _proc_of(bounds, i)
+        return schedule.procs[p][i - bounds[p]]
+
+    proc = np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds)).tolist()
+    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
+    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
+        _raise_duplicate(list(itertools.chain.from_iterable(schedule.procs)))
+    cost = [workload.durations.get(t, -1) for t in tasks]
+    for k, c in enumerate(cost):
+        if c < 0:
+            cost[k] = workload.duration(op_at(int(np.flatnonzero(task == k)[0])))  # raises: no such task
+    dur = list(map(cost.__getitem__, task.tolist()))  # every op of a task shares its duration's int object
+    csr: Csr | None
+    if workload.level == "layer" and not schedule.synchronous and schedule.simple:
+        csr = _task_edge_dependencies(schedule, op_at, tasks, task, iteration, workload)
+    else:  # stage-level, synchronous and grouped schedules
+        csr = _array_dependencies(schedule, tasks, task, iteration, workload)
+    if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
+        csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
+    plan_time = _plan_times(workload.plan, tasks, task, iteration)
+    compiled = CompiledSchedule(schedule, proc, bounds, dur, tasks, task, iteration, *csr, plan_time=plan_time)
+    if ops is not None:
+        compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
+    return compiled
+
+
+def _proc_of(bounds: list[int], i: int) -> int:
+    """The processor whose ops include op i."""
+    return bisect.bisect_right(bounds, i) - 1
+
+
+def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int], ...], np.ndarray, np.ndarray]:
+    """(bounds, tasks, task, iteration) of a schedule of columns, tasks numbered in order of first appearance
+    (as `_from_ops` numbers them)."""
+    task = np.asarray(columns.task, dtype=np.int64)
+    present, first = np.unique(task, return_index=True)
+    order = present[np.argsort(first, kind="stable")]
+    renumber = np.zeros(len(columns.tasks), dtype=np.int64)
+    renumber[order] = np.arange(len(order), dtype=np.int64)
+    tasks = tuple(columns.tasks[int(k)] for k in order)
+    return list(columns.bounds), tasks, renumber[task], np.asarray(columns.iteration, dtype=np.int64)
+
+
+def _from_ops(schedule: OpSchedule) -> tuple[list[Op], list[int], tuple[tuple[str, int], ...], np.ndarray,
+                                              np.ndarray]:
+    """(ops, bounds, tasks, task, iteration) of a schedule of `Op`s, checking every op's processor."""
     ops: list[Op] = []
     bounds = [0]
     for row in schedule.procs:
@@ -250,31 +341,11 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     if len(wrong):
         op, p = ops[int(wrong[0])], int(listed_on[wrong[0]])
         raise InputError(f"op {op} is listed on p{p} but says it runs on p{op.proc}")
-    proc = listed_on.tolist()
     keys = list(map(_TASK_OF, ops))
     task_ids = {t: k for k, t in enumerate(dict.fromkeys(keys))}  # numbered in order of first appearance
     task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
     iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
-    tasks = tuple(task_ids)
-    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
-    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
-        _raise_duplicate(ops)
-    cost = [workload.durations.get(t, -1) for t in tasks]
-    for k, c in enumerate(cost):
-        if c < 0:
-            first = ops[int(np.flatnonzero(task == k)[0])]
-            cost[k] = workload.duration(first)  # raises: the workload has no such task
-    dur = np.asarray(cost, dtype=np.int64)[task].tolist() if len(ops) else []
-    csr: Csr | None
-    if workload.level == "layer" and not schedule.synchronous and schedule.simple:
-        csr = _task_edge_dependencies(schedule, ops, tasks, task, iteration, workload)
-    else:  # stage-level, synchronous and grouped schedules
-        csr = _array_dependencies(schedule, tasks, task, iteration, workload)
-    if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
-        csr = _listed_dependencies(schedule, ops, workload)
-    plan_time = _plan_times(workload.plan, tasks, task, iteration)
-    return CompiledSchedule(schedule, tuple(ops), proc, bounds, dur, tasks, task, iteration, *csr,
-                            plan_time=plan_time)
+    return ops, bounds, tuple(task_ids), task, iteration
 
 
 def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
@@ -351,11 +422,11 @@ def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload
                 len(ops), tuple(role_ids))
 
 
-def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                            iteration: np.ndarray, workload: Workload) -> Csr | None:
+def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], tasks: tuple[tuple[str, int], ...],
+                            task: np.ndarray, iteration: np.ndarray, workload: Workload) -> Csr | None:
     """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
     assert workload.graph is not None
-    n = len(ops)
+    n = len(task)
     span = int(iteration.max()) + 1 if n else 0
     if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
         return None
@@ -365,53 +436,94 @@ def _task_edge_dependencies(schedule: OpSchedule, ops: list[Op], tasks: tuple[tu
     members = np.argsort(task, kind="stable")
     cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
     role_ids: dict[str, int] = {}
-    parts: list[tuple[np.ndarray, np.ndarray, int, int]] = []
+    # Two passes over the edges, so no array of every edge is built twice: count each consumer's producers (and
+    # find a missing one, first edge first), then write each edge's producers at their consumers' next free
+    # places — consumer-major and, per consumer, in edge order (what a stable sort of all edges by consumer
+    # gives).
+    edges = []
+    count = np.zeros(n, dtype=np.int64)
     for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
         dst = task_id.get(e.dst)
         if dst is None:
             continue  # no op of this task: nothing consumes the edge
-        consumers = members[cuts[dst]:cuts[dst + 1]]
-        t = iteration[consumers] - e.delay
-        needed = t >= 0
-        consumers, t = consumers[needed], t[needed]
-        src = task_id.get(e.src)
-        producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
+        role = role_ids.setdefault(e.role, len(role_ids))
+        consumers, producers, t = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
         missing = np.flatnonzero(producers < 0)
         if len(missing):
             k = int(missing[0])
-            raise MissingProducer(ops[int(consumers[k])], (*e.src, int(t[k])))
-        parts.append((consumers, producers, e.words, role_ids.setdefault(e.role, len(role_ids))))
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return _csr(empty, empty, empty, empty.astype(np.int8), n, tuple(role_ids))
-    consumer = np.concatenate([c for c, _, _, _ in parts])
-    producer = np.concatenate([p for _, p, _, _ in parts])
-    words = np.concatenate([np.full(len(c), w, dtype=np.int64) for c, _, w, _ in parts])
-    role = np.concatenate([np.full(len(c), r, dtype=np.int8) for c, _, _, r in parts])
-    return _csr(consumer, producer, words, role, n, tuple(role_ids))
+            raise MissingProducer(op_at(int(consumers[k])), (*e.src, int(t[k])))
+        if len(consumers):
+            count[consumers] += 1
+            edges.append((e, dst, role))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(count, out=ptr[1:])
+    producer = np.empty(int(ptr[-1]), dtype=np.int64)
+    words = np.empty(int(ptr[-1]), dtype=np.int64)
+    role_of = np.empty(int(ptr[-1]), dtype=np.int8)
+    cursor = ptr[:-1].copy()
+    for e, dst, role in edges:
+        consumers, producers, _ = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
+        at = cursor[consumers]
+        producer[at] = producers
+        words[at] = e.words
+        role_of[at] = role
+        cursor[consumers] += 1
+    return ptr, producer, words, role_of, tuple(role_ids)
+
+
+def _edge_producers(e: TaskEdge, dst: int, src: int | None, members: np.ndarray, cuts: np.ndarray,
+                    iteration: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(consumers, producers, producer iterations) of task edge `e` into task `dst`: every op dst(t) with
+    t − delay ≥ 0 needs src(t − delay); producer −1 where src has no such op."""
+    consumers = members[cuts[dst]:cuts[dst + 1]]
+    t = iteration[consumers] - e.delay
+    needed = t >= 0
+    consumers, t = consumers[needed], t[needed]
+    producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
+    return consumers, producers, t
 
 
 def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 0,
-               words_per_cycle: float | Fraction = 1) -> tuple[list[int], list[int]]:
-    """Start and end cycle of every op (compiled numbering) on interconnect `kind` (one of `KINDS`) with the
-    given link latency and bandwidth (ignored on `shared`)."""
+               words_per_cycle: float | Fraction = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end cycle of every op (compiled numbering, int64 arrays) on interconnect `kind` (one of
+    `KINDS`) with the given link latency and bandwidth (ignored on `shared`)."""
     if kind not in KINDS:
         raise InputError(f"interconnect '{kind}' is not one of {', '.join(KINDS)}")
     with gc_paused():
-        return _run(compiled, kind, latency, words_per_cycle)
+        start, end = _run(compiled, kind, latency, words_per_cycle)
+    return np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
 
 
 def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | Fraction
-         ) -> tuple[list[int], list[int]]:
+         ) -> tuple[list[int] | np.ndarray, list[int] | np.ndarray]:
     if kind == "shared":
-        return _sweep(c, c.prods)
+        runs = c.shared_runs
+        return _sweep(c, c.prods) if runs is None else _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, latency, words_per_cycle, bus=True)
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
         return _run_links_events(c, latency, words_per_cycle)
     plan = c.link_plan
     hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle).tolist()
-    return _sweep(c, plan.inputs, plan, [0] * c.num_ops + hold, latency)
+    hold = [0] * c.num_ops + hold
+    runs = c.link_runs
+    if runs is None:
+        return _sweep(c, plan.inputs, plan, hold, latency)
+    return _run_sweep(c, runs, c.num_ops + len(plan.words), hold, latency, plan)
+
+
+def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int] | tuple[()] = (),
+               latency: int = 0, plan: LinkPlan | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep over runs of ops (`layerpipe.schedule._runs`): the op-by-op `_sweep`'s times, its deadlocks."""
+    known, nxt, finished = sweep_runs(runs, num_inputs, c.num_procs * c.num_procs, hold, latency)
+    if not finished:
+        n = c.num_ops
+        head_of = runs.run_of.tolist()
+        done = [known[head_of[x]] >= 0 if x < n else known[x] >= 0 for x in range(num_inputs)]
+        at = [runs.head[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
+        _check_finished(c, at, done, plan.inputs if plan is not None else c.prods,
+                        plan.producer if plan is not None else [])
+    return op_times(runs, known, c.dur)
 
 
 def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.ndarray:

@@ -33,14 +33,18 @@ iteration per period print as they always did.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KINDS_LAYER = ("F", "A", "E", "G", "U", "AE", "EG", "AG", "AEG")
 KINDS_STAGE = ("F", "B", "I", "W")
@@ -100,9 +104,48 @@ def parse_op(text: str, proc: int) -> Op:
     return Op(proc, m.group(1), int(m.group(2)), int(m.group(3)))
 
 
+@dataclass(frozen=True, eq=False)
+class OpColumns:
+    """A schedule's ops as columns, no object per op (issue 14: generators, expansions and the timing engine
+    work on these; `OpSchedule.procs` materializes the `Op`s only when something reads them).
+
+    Processor p runs ops bounds[p] … bounds[p+1] − 1 in that order; op i is task `tasks[task[i]]` = (kind,
+    unit) of iteration `iteration[i]` (int64 arrays)."""
+
+    bounds: tuple[int, ...]
+    tasks: tuple[tuple[str, int], ...]
+    task: np.ndarray
+    iteration: np.ndarray
+
+    @property
+    def num_procs(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def num_ops(self) -> int:
+        return self.bounds[-1]
+
+    def rows(self) -> tuple[tuple[Op, ...], ...]:
+        """The `Op`s, processor by processor (Python ints, as `parse_op` and the generators make them)."""
+        kinds = [kind for kind, _ in self.tasks]
+        units = [unit for _, unit in self.tasks]
+        task, iteration = self.task.tolist(), self.iteration.tolist()
+        with gc_paused():  # one Op per op: collections would walk every Op built so far, again and again
+            return tuple(tuple(Op(p, kinds[k], units[k], t) for k, t in zip(task[lo:hi], iteration[lo:hi], strict=True))
+                         for p, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
+
+    def padded(self, num_procs: int) -> OpColumns:
+        """The same ops with idle processors appended up to `num_procs`."""
+        extra = (self.bounds[-1],) * max(0, num_procs - self.num_procs)
+        return OpColumns(self.bounds + extra, self.tasks, self.task, self.iteration)
+
+
 @dataclass(frozen=True)
 class OpSchedule:
-    """Explicit per-processor ordered op lists."""
+    """Explicit per-processor ordered op lists.
+
+    A schedule made by `from_columns` holds its ops as `OpColumns` and builds `procs` on first read (the same
+    `Op`s, equal and printed alike); code that can work on columns asks `columns` first."""
 
     level: str
     procs: tuple[tuple[Op, ...], ...]
@@ -123,10 +166,51 @@ class OpSchedule:
     #: Reads pinned by design (`PeriodicSchedule.read_floor`, PipeDream-2BW's double buffer), (kind, layer,
     #: phase, s): the op reads version ⌊t/g⌋ − s even when a newer one has been written by the time it starts.
     read_floor: tuple[tuple[str, int, int, int], ...] = ()
+    #: The ops as columns when the schedule was made from them (`from_columns`), else None. Not compared: a
+    #: schedule equals another with the same ops however either holds them. Not an argument either, so
+    #: `dataclasses.replace(schedule, procs=...)` makes a schedule of the new rows, without stale columns.
+    columns: OpColumns | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __getattr__(self, name: str) -> tuple[tuple[Op, ...], ...]:
+        # Only reached when normal lookup fails: `procs` of a schedule made from columns, never read before.
+        columns = self.__dict__.get("columns")
+        if name != "procs" or columns is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        rows = columns.rows()
+        object.__setattr__(self, "procs", rows)
+        return rows
+
+    @classmethod
+    def from_columns(cls, level: str, columns: OpColumns, **given: object) -> OpSchedule:
+        """A schedule of `columns`' ops; `given` are the other fields (defaults otherwise). `procs` is built
+        when first read."""
+        made = cls.__new__(cls)
+        for f in fields(cls):
+            if f.name not in ("procs", "level", "columns"):
+                object.__setattr__(made, f.name, given.pop(f.name, f.default))
+        if given:
+            raise TypeError(f"OpSchedule.from_columns: unknown fields {sorted(given)}")
+        object.__setattr__(made, "level", level)
+        object.__setattr__(made, "columns", columns)
+        return made
+
+    @property
+    def materialized(self) -> bool:
+        """Are the `Op`s of `procs` built (always, unless made by `from_columns` and never read)?"""
+        return "procs" in self.__dict__
 
     @property
     def num_procs(self) -> int:
+        if self.columns is not None:
+            return self.columns.num_procs
         return len(self.procs)
+
+    def row_lengths(self) -> list[int]:
+        """Ops per processor."""
+        if self.columns is not None:
+            b = self.columns.bounds
+            return [hi - lo for lo, hi in itertools.pairwise(b)]
+        return [len(row) for row in self.procs]
 
     def read_staleness_map(self) -> dict[tuple[str, int], int]:
         return {(kind, layer): s for kind, layer, s in self.read_staleness}
@@ -155,6 +239,16 @@ class OpSchedule:
 
         Update ops of synchronous layer-level schedules count steps, not micro-batches, so they are left out.
         """
+        c = self.columns
+        if c is not None:
+            counted = c.iteration
+            if self.synchronous:
+                updates = [k for k, (kind, _) in enumerate(c.tasks) if kind == "U"]
+                if updates:
+                    import numpy as np
+
+                    counted = counted[~np.isin(c.task, updates)]
+            return 1 + (int(counted.max()) if len(counted) else -1)
         return 1 + max((op.iteration for op in self.ops() if not (self.synchronous and op.kind == "U")), default=-1)
 
     @property
@@ -456,31 +550,54 @@ class PeriodicSchedule:
 
     def unroll(self, iterations: int) -> OpSchedule:
         """Explicit ops for iterations 0..T−1 (and updates 0..⌈T/g⌉−1), each processor's ops in `op_order_key`
-        order of their start times."""
-        rows = []
+        order of their start times.
+
+        Built as columns (`OpColumns`): per processor, the (period, slot) grid of iterations is sorted by the
+        key's parts with one stable lexsort — the order of sorting the keys as tuples, which is this one rule —
+        and the `Op`s are made only if something reads `procs`."""
+        import numpy as np
+
         max_lag = max((s.lag for body in self.bodies for s in body), default=0)
         periods = -(-iterations // self.unfold) + max_lag + 1
         limit = {layer: -(-iterations // g) for layer, g in self.groups}
-
-        def busy(s: Slot) -> bool:  # without costs (a schedule read from text) every task counts as busy
-            return self.costs.get((s.kind, s.layer), 1) > 0
-
-        with gc_paused():  # one Op per (slot, period): collections would walk every Op built so far, again
-            for p, body in enumerate(self.bodies):
-                timed = []
-                for j in range(periods):
-                    for s in body:
-                        t = self.iteration(s, j)
-                        if 0 <= t < (limit.get(s.layer, iterations) if s.kind == "U" else iterations):
-                            op = Op(p, s.kind, s.layer, t)
-                            timed.append((op_order_key(j * self.period + s.start, op, busy(s)), op))
-                timed.sort(key=lambda x: x[0])
-                rows.append(tuple(x[1] for x in timed))
+        task_id: dict[tuple[str, int], int] = {}
+        task_parts: list[np.ndarray] = []
+        iteration_parts: list[np.ndarray] = []
+        bounds = [0]
+        j = np.arange(periods, dtype=np.int64)
+        for body in self.bodies:
+            if not body:
+                bounds.append(bounds[-1])
+                continue
+            # Per slot: its task, start, lag, phase, copies per period, iteration limit, busy, tie rank.
+            ids = np.asarray([task_id.setdefault((s.kind, s.layer), len(task_id)) for s in body], dtype=np.int64)
+            start = np.asarray([s.start for s in body], dtype=np.int64)
+            lag = np.asarray([s.lag for s in body], dtype=np.int64)
+            phase = np.asarray([s.phase for s in body], dtype=np.int64)
+            per = np.asarray([self.phases(s.kind, s.layer) for s in body], dtype=np.int64)
+            cap = np.asarray([limit.get(s.layer, iterations) if s.kind == "U" else iterations for s in body],
+                             dtype=np.int64)
+            # Without costs (a schedule read from text) every task counts as busy.
+            busy = np.asarray([self.costs.get((s.kind, s.layer), 1) > 0 for s in body], dtype=np.int64)
+            rank = np.asarray([tie_rank(s.kind, s.layer) for s in body], dtype=np.int64).reshape(len(body), 3)
+            # The grid in the order the ops were listed before sorting: period by period, the body's slots.
+            t = per[None, :] * (j[:, None] - lag[None, :]) + phase[None, :]
+            live = (t >= 0) & (t < cap[None, :])
+            slot = np.broadcast_to(np.arange(len(body)), t.shape)[live]
+            t = t[live]
+            when = (j[:, None] * self.period + start[None, :])[live]
+            order = np.lexsort((t, rank[slot, 2], rank[slot, 1], rank[slot, 0], busy[slot], when))
+            task_parts.append(ids[slot[order]])
+            iteration_parts.append(t[order])
+            bounds.append(bounds[-1] + len(order))
+        empty = np.zeros(0, dtype=np.int64)
+        columns = OpColumns(tuple(bounds), tuple(task_id), np.concatenate(task_parts) if task_parts else empty,
+                            np.concatenate(iteration_parts) if iteration_parts else empty)
         pins = self.read_pins()
         phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
         phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
-        return OpSchedule("layer", tuple(rows), read_staleness=phase0, unfold=self.unfold, groups=self.groups,
-                          read_phases=phased, read_floor=self.read_floor)
+        return OpSchedule.from_columns("layer", columns, read_staleness=phase0, unfold=self.unfold,
+                                       groups=self.groups, read_phases=phased, read_floor=self.read_floor)
 
     def read_staleness(self) -> tuple[tuple[str, int, int], ...]:
         """(kind, layer, s) of the phase-0 reads `read_pins` pins (every read when J = 1)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from layerpipe.errors import InputError
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._ir import OpColumns, OpSchedule
 
 #: (kind, stage, micro-batch) of one step.
 StageOp = tuple[str, int, int]
@@ -42,11 +42,26 @@ def _check(procs: int, microbatches: int, steps: int, virtual_stages: int = 1) -
 
 
 def _schedule(rows: Sequence[Sequence[StageOp]], microbatches: int, steps: int) -> OpSchedule:
-    """Repeat one step's per-processor orders `steps` times, micro-batches offset by j·m."""
-    procs = []
-    for p, row in enumerate(rows):
-        procs.append(tuple(Op(p, k, s, j * microbatches + t) for j in range(steps) for k, s, t in row))
-    return OpSchedule("stage", tuple(procs), synchronous=True, microbatches=microbatches)
+    """Repeat one step's per-processor orders `steps` times, micro-batches offset by j·m: processor p runs
+    Op(p, k, s, j·m + t) for j = 0 … steps − 1, for each (k, s, t) of its row. Built as columns (`OpColumns`):
+    the `Op`s exist only when something reads `procs` (the timing engine does not)."""
+    import numpy as np
+
+    task_id: dict[tuple[str, int], int] = {}
+    tasks: list[np.ndarray] = []
+    iterations: list[np.ndarray] = []
+    bounds = [0]
+    offsets = np.arange(steps, dtype=np.int64)[:, None] * microbatches
+    for row in rows:
+        ids = np.fromiter((task_id.setdefault((k, s), len(task_id)) for k, s, _ in row), np.int64, len(row))
+        its = np.fromiter((t for _, _, t in row), np.int64, len(row))
+        tasks.append(np.tile(ids, steps))
+        iterations.append((offsets + its[None, :]).ravel())
+        bounds.append(bounds[-1] + len(row) * steps)
+    empty = np.zeros(0, dtype=np.int64)
+    columns = OpColumns(tuple(bounds), tuple(task_id), np.concatenate(tasks) if tasks else empty,
+                        np.concatenate(iterations) if iterations else empty)
+    return OpSchedule.from_columns("stage", columns, synchronous=True, microbatches=microbatches)
 
 
 def looping_stage_map(procs: int, virtual_stages: int) -> list[int]:

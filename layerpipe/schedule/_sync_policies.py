@@ -64,9 +64,11 @@ MAX_TIMED_STEPS = 48
 #: Consecutive equal step differences that count as the steady state.
 SETTLED = 2
 
-#: Largest step, in stage-level micro-batch slots (stages × micro-batches), that is generated and timed:
-#: K steps of 64 stages × 256 micro-batches expanded to layers are ~10^6 ops, seconds to time.
-MAX_STEP_SLOTS = 16384
+#: Largest step, in stage-level micro-batch slots (stages × micro-batches), that is generated and timed. The
+#: step is timed on columns (no object per op) by the run sweep of the array engine: 1f1b on a 256-layer MLP at
+#: N = 256 (256 stages × 512 micro-batches = 131072 slots, 1.6 M layer ops over 3 steps) takes ~3 s CPU; the
+#: limit, twice that, keeps a typo from starting a minutes-long run (it was 16384 when every op was an object).
+MAX_STEP_SLOTS = 262144
 
 
 def _check_step_size(policy: str, stages: int, microbatches: int) -> None:
@@ -179,7 +181,7 @@ def _completions(schedule: OpSchedule, workload: Workload, interconnect: Interco
     wpc = interconnect.words_per_cycle
     _, end = run_timing(compiled, interconnect.kind, interconnect.latency,
                         1 if wpc is None else int(wpc) if wpc.denominator == 1 else wpc)
-    return compiled.completion_times(np.asarray(end, dtype=np.int64)).tolist()
+    return compiled.completion_times(end).tolist()
 
 
 def network_step(build: Callable[[int], OpSchedule], graph: TrainingGraph, stages: StageInfo, model: CostModel,
@@ -244,7 +246,7 @@ def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | 
     costs = graph.costs(model)
     work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
     bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
-    proc_of_stage = {op.unit: op.proc for op in one_step.ops()}
+    proc_of_stage = _stage_processors(one_step)
     placement = {t: proc_of_stage[s] for s, run in enumerate(stage_layers) for t in graph.tasks if t.layer in run}
     batch = network.batch
     metrics = ScheduleMetrics(
@@ -287,9 +289,22 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
 
 
 def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
-    """Idle rows for processors the stages do not use."""
+    """Idle rows for processors the stages do not use (columns stay columns: no `Op` is built here)."""
+    if schedule.columns is not None:
+        return OpSchedule.from_columns(schedule.level, schedule.columns.padded(num_procs),
+                                       synchronous=schedule.synchronous, microbatches=schedule.microbatches)
     rows = schedule.procs + ((),) * (num_procs - schedule.num_procs)
     return OpSchedule(schedule.level, rows, schedule.synchronous, schedule.microbatches)
+
+
+def _stage_processors(schedule: OpSchedule) -> dict[int, int]:
+    """stage → the processor of its last op (of its every op: a stage runs on one processor)."""
+    c = schedule.columns
+    if c is None:
+        return {op.unit: op.proc for op in schedule.ops()}
+    units = np.asarray([unit for _, unit in c.tasks], dtype=np.int64)[c.task] if c.num_ops else np.zeros(0, np.int64)
+    proc = np.repeat(np.arange(c.num_procs, dtype=np.int64), np.diff(c.bounds))
+    return dict(zip(units.tolist(), proc.tolist(), strict=True))
 
 
 def schedule_stages(policy: str, num_procs: int, options: object,

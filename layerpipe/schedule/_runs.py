@@ -1,0 +1,166 @@
+"""The work-list sweep of the timing engine over runs of ops, not ops (issue 14: the sweep was the largest part of
+timing a synchronous step).
+
+A processor's op whose every input is an earlier op on the same processor starts the cycle the op before it
+ends: that producer ended no later (ends never decrease along a program), so nothing else can hold it back. Such
+an op joins the run of the op before it; an op with an input from elsewhere (another processor's op, a transfer
+on `links`) or from a later op of its own processor (a deadlock the sweep must see), and the first op of every
+processor, head a run. A run of ops h … h + r − 1 then starts when its head does, and op i of it ends at
+start(h) + off[i], off[i] = dur[h] + … + dur[i]. The sweep (`layerpipe.schedule._engine`'s rules: run each
+processor as far as its inputs allow, park it on the first input not yet known, wake it when it is) walks only
+the heads: an input op x is known when its run's start is, and is available at start(h(x)) + off[x]; on `links`
+a run queues its ops' transfers in program order when its start is known, which is the order each link serves
+them in (a link p→q carries only p's sends, in p's program order). Same inputs, same rules, so the same times
+as the op-by-op sweep (`_engine._sweep`, which tests compare it with); the cost is per head and per input of a
+head, not per op.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerpipe._gc import gc_paused
+
+
+@dataclass(frozen=True, eq=False)
+class Runs:
+    """The runs of a compiled schedule under one set of inputs (see the module docstring).
+
+    Heads are numbered k = 0, 1, … in op order (processor-major); processor p's heads are
+    head_bounds[p] … head_bounds[p+1] − 1. Head k is op `head[k]`, its run takes `length[k]` cycles, and its
+    inputs are (key, add) pairs: available at known[key] + add, where key is the head op of the producer's run
+    (an op input) or the transfer's input number n + t (add 0). `sends[k]` are the transfers of the run's ops in
+    program order: (input number, link, off of the sending op).
+    """
+
+    head: list[int]
+    head_bounds: list[int]
+    length: list[int]
+    inputs: list[list[tuple[int, int]]]
+    sends: list[list[tuple[int, int, int]]] | None
+    run_of: np.ndarray  #: per op, its run's head op
+    off: np.ndarray  #: per op, cycles from its run's start to its end
+
+
+#: Runs pay when they merge ops: with more heads than this share of the ops (stage-level pipelines, where
+#: nearly every op waits for another processor) the op-by-op sweep is faster than building the runs.
+MAX_HEAD_SHARE = 0.75
+
+
+def make_runs(bounds: list[int], dur: list[int], ptr: np.ndarray, src: np.ndarray,
+              send_producer: np.ndarray | None = None, send_input: np.ndarray | None = None,
+              send_link: np.ndarray | None = None, max_head_share: float = MAX_HEAD_SHARE) -> Runs | None:
+    """Runs of ops numbered processor-major (processor p owns bounds[p] … bounds[p+1] − 1) whose inputs are
+    src[ptr[i]:ptr[i+1]] (op numbers < n, or transfer input numbers ≥ n); sends (links only) by producer op,
+    in each producer's queueing order. None when more than `max_head_share` of the ops head a run."""
+    n = bounds[-1]
+    counts = np.diff(np.asarray(bounds, dtype=np.int64))
+    proc = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    consumer = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+    is_op = src < n
+    local = np.zeros(len(src), dtype=bool)
+    local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
+    keep = ~(local & (src < consumer))  # an earlier op of the same processor has ended by then: implied
+    head = np.zeros(n, dtype=bool)
+    head[np.asarray(bounds[:-1], dtype=np.int64)[counts > 0]] = True
+    head[consumer[keep]] = True
+    heads = np.flatnonzero(head)
+    if len(heads) > max_head_share * n:
+        return None
+    index = np.arange(n, dtype=np.int64)
+    run_of = np.maximum.accumulate(np.where(head, index, 0)) if n else index
+    d = np.asarray(dur, dtype=np.int64)
+    total = np.cumsum(d)
+    off = total - total[run_of] + d[run_of]
+    last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
+    length = off[last]
+    kept_src, kept_consumer = src[keep], consumer[keep]
+    kept_is_op = kept_src < n
+    key = np.where(kept_is_op, run_of[np.minimum(kept_src, max(n - 1, 0))], kept_src)
+    add = np.where(kept_is_op, off[np.minimum(kept_src, max(n - 1, 0))], 0)
+    head_number = np.cumsum(head) - 1  # op → number of its run's head
+    in_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(head_number[kept_consumer], minlength=len(heads)), out=in_ptr[1:])
+    head_bounds = np.searchsorted(heads, np.asarray(bounds, dtype=np.int64)).tolist()
+    with gc_paused():
+        pairs = list(zip(key.tolist(), add.tolist(), strict=True))
+        inputs = [pairs[a:b] for a, b in itertools.pairwise(in_ptr.tolist())]
+        sends = None
+        if send_producer is not None and send_input is not None and send_link is not None:
+            owner = head_number[send_producer]
+            s_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
+            flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
+            sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
+    return Runs(heads.tolist(), head_bounds, length.tolist(), inputs, sends, run_of, off)
+
+
+def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
+               ) -> tuple[list[int], list[int], bool]:
+    """(known, free-at-stop per processor, finished?) of the run sweep: known[x] is the start of the run headed
+    by op x, or the arrival of transfer x; −1 where never known (a deadlock: `finished` False)."""
+    known = [-1] * num_inputs
+    waiters: list[list[int] | None] = [None] * num_inputs
+    link_free = [0] * num_links
+    heads, inputs, length, sends = r.head, r.inputs, r.length, r.sends
+    lo, hi = r.head_bounds[:-1], r.head_bounds[1:]
+    nxt = list(lo)
+    free = [0] * len(lo)
+    work = list(range(len(lo) - 1, -1, -1))
+    while work:
+        p = work.pop()
+        k, stop, t = nxt[p], hi[p], free[p]
+        while k < stop:
+            s = t
+            for key, add in inputs[k]:
+                e = known[key]
+                if e < 0:
+                    parked = waiters[key]
+                    if parked is None:
+                        waiters[key] = [p]
+                    else:
+                        parked.append(p)
+                    break
+                e += add
+                if e > s:
+                    s = e
+            else:
+                h = heads[k]
+                known[h] = s
+                t = s + length[k]
+                woken = waiters[h]
+                if woken is not None:
+                    work.extend(woken)
+                    waiters[h] = None
+                if sends is not None:
+                    for x, link, off in sends[k]:
+                        depart = link_free[link]
+                        ready = s + off
+                        if depart < ready:
+                            depart = ready
+                        depart += hold[x]
+                        link_free[link] = depart
+                        known[x] = depart + latency
+                        woken = waiters[x]
+                        if woken is not None:
+                            work.extend(woken)
+                            waiters[x] = None
+                k += 1
+                continue
+            break
+        nxt[p], free[p] = k, t
+    finished = all(k >= stop for k, stop in zip(nxt, hi, strict=True))
+    return known, nxt, finished
+
+
+def op_times(r: Runs, known: list[int], dur: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every op (int64 arrays) from its run's start (an op of a run never started gets
+    meaningless values: the caller raises its deadlock first)."""
+    n = len(dur)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    end = np.asarray(known[:n], dtype=np.int64)[r.run_of] + r.off
+    return end - np.asarray(dur, dtype=np.int64), end
