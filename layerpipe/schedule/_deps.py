@@ -544,27 +544,28 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
         _grouped_rules(schedule, rules, graph)
     index = np.full((len(tasks), span), -1, dtype=np.int64)
     index[task, iteration] = np.arange(n, dtype=np.int64)
-    consumer, producer, words, role = _apply(rules, len(tasks), task, iteration, index, total)
+    counts, producer, words, role = _apply(rules, len(tasks), task, iteration, index, total)
     if steps is not None and len(steps[0]):
+        consumer = np.repeat(np.arange(n, dtype=np.int64), counts)
         consumer = np.concatenate([consumer, steps[0]])
         producer = np.concatenate([producer, steps[1]])
         words = np.concatenate([words, np.zeros(len(steps[0]), dtype=np.int64)])
         step_role = len(rules.role_names)
         rules.role_names.append(ROLE_STEP)
-        role = np.concatenate([role, np.full(len(steps[0]), step_role, dtype=np.int64)])
+        role = np.concatenate([role, np.full(len(steps[0]), step_role, dtype=np.int8)])
         order = np.argsort(consumer, kind="stable")  # a forward's activation, then its step edges
-        consumer, producer, words, role = consumer[order], producer[order], words[order], role[order]
+        producer, words, role = producer[order], words[order], role[order]
+        counts = np.bincount(consumer, minlength=n)
     if (producer < 0).any():
         return None
     # Number the roles by first appearance, as the op-by-op walk does.
-    present, first = np.unique(role, return_index=True)
-    ranked = present[np.argsort(first, kind="stable")]
-    code = np.zeros(len(rules.role_names), dtype=np.int64)
+    first = {r: int(np.argmax(role == r)) for r in range(len(rules.role_names)) if (role == r).any()}
+    ranked = sorted(first, key=first.__getitem__)
+    code = np.zeros(len(rules.role_names), dtype=np.int8)
     code[ranked] = np.arange(len(ranked))
     ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
-    return DependencyArrays(ptr, producer, words, code[role].astype(np.int8),
-                            tuple(rules.role_names[int(r)] for r in ranked))
+    np.cumsum(counts, out=ptr[1:])
+    return DependencyArrays(ptr, producer, words, code[role], tuple(rules.role_names[r] for r in ranked))
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -576,32 +577,61 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(len(owner), dtype=np.int64) - starts[owner]
 
 
+#: Consumer ops per block of `_apply`: its per-(consumer, rule) arrays stay this many ops long, whatever the run.
+APPLY_BLOCK = 8192
+
+
 def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarray, index: np.ndarray,
            total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(consumer, producer, words, role code) of every dependency the rule rows give, consumer-major, each
-    consumer's in row order; producer −1 where it is missing."""
+    """(producers per consumer, producer, words, role code) of every dependency the rule rows give,
+    consumer-major, each consumer's in row order; producer −1 where it is missing. Consumers are taken in blocks
+    of `APPLY_BLOCK` ops, so the intermediate arrays (several per consumer and rule) do not grow with the run
+    (issue 14: memory per op)."""
     import numpy as np
 
     table = np.asarray(rules.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
     col = {name: table[:, k] for k, name in enumerate(_RULE_COLUMNS)}
     per_task = np.bincount(col["task"], minlength=num_tasks)
     first_row = np.cumsum(per_task) - per_task  # rows are added task by task
-    cons, local = _expand(per_task[task])
-    row = first_row[task[cons]] + local
-    it = iteration[cons]
-    base = (it // col["div"][row]) * col["mul"][row] - col["off"][row]
-    cap = col["cap"][row]
-    count = np.where(cap > 0, np.minimum(cap, total - base), 1)
-    live = (base >= 0) & (it % col["mod"][row] == col["phase"][row])
-    pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
-    row, t = row[pair], base[pair] + k
+    trivial = {name: bool((col[name] == value).all()) for name, value in (("div", 1), ("mul", 1), ("off", 0),
+                                                                           ("mod", 1), ("cap", 0))}
     span = index.shape[1]
-    producer = np.full(len(t), -1, dtype=np.int64)
-    for which in ("src", "alt"):
-        src = col[which][row]
-        todo = (producer < 0) & (src >= 0) & (t < span)
-        producer[todo] = index[src[todo], t[todo]]
-    return cons[pair], producer, col["words"][row], col["role"][row]
+    n = len(task)
+    counts = np.zeros(n, dtype=np.int64)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for lo in range(0, n, APPLY_BLOCK):
+        block_task, it_block = task[lo:lo + APPLY_BLOCK], iteration[lo:lo + APPLY_BLOCK]
+        cons, local = _expand(per_task[block_task])
+        row = first_row[block_task[cons]] + local
+        it = it_block[cons]
+        base = it if trivial["div"] else it // col["div"][row]
+        if not trivial["mul"]:
+            base = base * col["mul"][row]
+        if not trivial["off"]:
+            base = base - col["off"][row]
+        if trivial["cap"]:
+            count = np.ones(len(row), dtype=np.int64)
+        else:
+            cap = col["cap"][row]
+            count = np.where(cap > 0, np.minimum(cap, total - base), 1)
+        live = base >= 0
+        if not trivial["mod"]:
+            live &= it % col["mod"][row] == col["phase"][row]
+        pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
+        row, t = row[pair], base[pair] + k
+        producer = np.full(len(t), -1, dtype=np.int64)
+        for which in ("src", "alt"):
+            src = col[which][row]
+            todo = (producer < 0) & (src >= 0) & (t < span)
+            producer[todo] = index[src[todo], t[todo]]
+        counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
+        parts.append((producer, col["words"][row], col["role"][row].astype(np.int8)))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return counts, empty, empty.copy(), empty.astype(np.int8)
+    if len(parts) == 1:
+        return counts, *parts[0]
+    return counts, *(np.concatenate([part[k] for part in parts]) for k in range(3))  # type: ignore[return-value]
 
 
 def _sync_rules(rules: _Rules, graph: TrainingGraph, m: int) -> None:

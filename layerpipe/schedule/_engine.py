@@ -138,9 +138,9 @@ class CompiledSchedule:
         return completion_times(self.schedule, self.iteration, is_update[task] if len(task) else np.zeros(0, bool),
                                 group[task] if len(task) else np.zeros(0, np.int64), end)
 
-    @cached_property
+    @property
     def consumer_of_edge(self) -> np.ndarray:
-        """The consumer op of every CSR entry."""
+        """The consumer op of every CSR entry (computed when asked, not kept: memory per op, issue 14)."""
         return np.repeat(np.arange(self.num_ops, dtype=np.int64), np.diff(self.prod_ptr))
 
     @cached_property
@@ -148,10 +148,11 @@ class CompiledSchedule:
         """Per op, its producer ops (a list per op: what the sweep loop reads)."""
         return _split(self.prod_idx, self.prod_ptr)
 
-    @cached_property
+    @property
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
-        one transfer each when they sit on different processors."""
+        one transfer each when they sit on different processors. Computed when asked, not kept (the traffic
+        report and the link plan, itself kept, read it once each)."""
         n = self.num_ops
         key = self.prod_idx * n + self.consumer_of_edge
         if not len(key):
