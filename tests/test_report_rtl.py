@@ -83,3 +83,43 @@ def test_area_is_the_ecp5_place_and_route() -> None:
     assert "| layerpipe | 1,234 (123.4%) | 567 (56.7%) | 8 (0.8%) | 9 (0.9%) | 10 (1.0%) | 71.2 | 100,000 |" in text
     assert "pipedream" not in text and "iCE40" not in text
     assert _fpga_table({"points": rtl["points"], "fpga": {}}) == ""
+
+
+def test_a_stored_entry_is_reused_only_for_the_same_verilog_and_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache rule of rtl.json: a failure (or any entry) of an older flow is retried, not kept forever; one of
+    this flow and this Verilog is reused as it is; a new failure is stored with the flow and its one-line error."""
+    import hashlib
+
+    from layerpipe.hdl import _fpga
+    from layerpipe.report import _fpga_point
+
+    calls: list[str] = []
+
+    def failing_flow(verilog: str, part: object, **_: object) -> object:
+        calls.append(verilog)
+        raise RuntimeError("yosys failed (exit 1) in ABC: ERROR: boom\nthe log's tail\nmore")
+
+    monkeypatch.setattr(_fpga, "fpga_tools_missing", lambda part: None)
+    monkeypatch.setattr(_fpga, "run_fpga_flow", failing_flow)
+    verilog = "module top; endmodule\n"
+    digest = hashlib.sha256(verilog.encode()).hexdigest()
+    flow = _fpga.flow_id(_fpga.get_part(RTL_PART))
+    old = {"part": RTL_PART, "verilog_sha256": digest, "failed": "yosys failed (exit 1):"}  # no flow: before flow 2
+    for stale in (old, {**old, "flow": "flow 1: abc9"}, {**old, "flow": flow, "verilog_sha256": "0" * 64}):
+        entry = _fpga_point(verilog, 100.0, stale)
+        assert entry == {"part": RTL_PART, "verilog_sha256": digest, "flow": flow,
+                         "failed": "yosys failed (exit 1) in ABC: ERROR: boom"}
+    assert len(calls) == 3
+    current = {**old, "flow": flow}
+    assert _fpga_point(verilog, 100.0, current) is current and len(calls) == 3  # reused, the flow not run
+
+
+def test_a_design_stopped_on_its_flip_flop_memories_is_one_row_saying_so() -> None:
+    stopped = {"part": RTL_PART, "device": "LFE5U-85F", "package": "CABGA756", "fits": False, "fmax_mhz": None,
+               "overflow": ["ffs 126279 of 83640 (+42639)"], "ff_memories": ["pe0.weights", "pe1.weights"],
+               "tools": {"yosys": "y", "nextpnr": "n"}, "flow": "flow 2: y (synth_ecp5, abc -dress -lut 4:7)",
+               "utilization": {r: {"used": 0, "percent": 0.0} for r in ("luts", "ffs", "brams", "dsps", "ios")}}
+    text = _fpga_table({"points": [{"variant": "layerpipe", "verilog_sha256_16": "a"}], "fpga": {"a": stopped}})
+    assert ("| layerpipe | does not fit: ffs 126279 of 83640 (+42639), memories in flip-flops: pe0.weights, "
+            "pe1.weights | - | - | - | - | - | - |") in text
+    assert "flow 2: y (synth_ecp5, abc -dress -lut 4:7)" in text
