@@ -59,7 +59,7 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import compiled_bus_key
 from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
-from layerpipe.schedule._runs import Runs, make_runs, op_times, sweep_runs
+from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
 from layerpipe.schedule._workload import Workload
 
 #: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
@@ -145,8 +145,14 @@ class CompiledSchedule:
 
     @cached_property
     def prods(self) -> list[list[int]]:
-        """Per op, its producer ops (a list per op: what the sweep loop reads)."""
+        """Per op, its producer ops (a list per op: the event-driven engine's and the deadlock report's view)."""
         return _split(self.prod_idx, self.prod_ptr)
+
+    @cached_property
+    def sweep_inputs(self) -> list[list[int]]:
+        """Per op, the producers the `shared` sweep must look at: all but earlier ops of its own processor
+        (`layerpipe.schedule._runs.needed_inputs`: the same times, the same deadlock reports)."""
+        return needed_input_lists(self.bounds, self.prod_ptr, self.prod_idx)
 
     @property
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -207,7 +213,7 @@ class CompiledSchedule:
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
         links = proc[i] * procs + proc[j]
-        return LinkPlan(ptr, src[by_dst], i, transfer, links, w.tolist(), i.tolist())
+        return LinkPlan(ptr, src[by_dst], i, transfer, links, w.tolist(), i.tolist(), self.bounds)
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,11 +229,17 @@ class LinkPlan:
     send_link: np.ndarray
     words: list[int]
     producer: list[int]
+    bounds: list[int]  #: the compiled schedule's processor bounds (op numbering)
 
     @cached_property
     def inputs(self) -> list[list[int]]:
         """`inputs[j]`: op j's inputs, a list per op (the op-by-op sweep's view)."""
         return _split(self.input_src, self.input_ptr)
+
+    @cached_property
+    def sweep_inputs(self) -> list[list[int]]:
+        """`inputs` without earlier ops of the consumer's own processor (see `CompiledSchedule.sweep_inputs`)."""
+        return needed_input_lists(self.bounds, self.input_ptr, self.input_src)
 
     @cached_property
     def sends(self) -> list[list[tuple[int, int]]]:
@@ -499,7 +511,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
          ) -> tuple[list[int] | np.ndarray, list[int] | np.ndarray]:
     if kind == "shared":
         runs = c.shared_runs
-        return _sweep(c, c.prods) if runs is None else _run_sweep(c, runs, c.num_ops)
+        return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, latency, words_per_cycle, bus=True)
     if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
@@ -509,7 +521,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     hold = [0] * c.num_ops + hold
     runs = c.link_runs
     if runs is None:
-        return _sweep(c, plan.inputs, plan, hold, latency)
+        return _sweep(c, plan.sweep_inputs, plan, hold, latency)
     return _run_sweep(c, runs, c.num_ops + len(plan.words), hold, latency, plan)
 
 

@@ -57,13 +57,8 @@ def make_runs(bounds: list[int], dur: list[int], ptr: np.ndarray, src: np.ndarra
     src[ptr[i]:ptr[i+1]] (op numbers < n, or transfer input numbers ≥ n); sends (links only) by producer op,
     in each producer's queueing order. None when more than `max_head_share` of the ops head a run."""
     n = bounds[-1]
-    counts = np.diff(np.asarray(bounds, dtype=np.int64))
-    proc = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    consumer = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
-    is_op = src < n
-    local = np.zeros(len(src), dtype=bool)
-    local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
-    keep = ~(local & (src < consumer))  # an earlier op of the same processor has ended by then: implied
+    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
+    consumer, keep = needed_inputs(bounds, ptr, src)
     head = np.zeros(n, dtype=bool)
     head[np.asarray(bounds[:-1], dtype=np.int64)[counts > 0]] = True
     head[consumer[keep]] = True
@@ -96,6 +91,32 @@ def make_runs(bounds: list[int], dur: list[int], ptr: np.ndarray, src: np.ndarra
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
             sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
     return Runs(heads.tolist(), head_bounds, length.tolist(), inputs, sends, run_of, off)
+
+
+def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(consumer of every input, is it needed?): an input that is an earlier op of the consumer's own processor
+    has ended by the time the processor reaches the consumer, so a sweep need not look at it (nor can a
+    processor ever wait for it: dropping it changes no time and no deadlock report)."""
+    n = bounds[-1]
+    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
+    proc = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    per_op: np.ndarray = np.diff(np.asarray(ptr, dtype=np.int64))
+    consumer = np.repeat(np.arange(n, dtype=np.int64), per_op)
+    is_op = src < n
+    local = np.zeros(len(src), dtype=bool)
+    local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
+    return consumer, ~(local & (src < consumer))
+
+
+def needed_input_lists(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> list[list[int]]:
+    """Per op, its `needed_inputs` (a list per op: what the op-by-op sweep reads)."""
+    n = bounds[-1]
+    consumer, keep = needed_inputs(bounds, ptr, src)
+    cuts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer[keep], minlength=n), out=cuts[1:])
+    values = src[keep].tolist()
+    with gc_paused():
+        return [values[a:b] for a, b in itertools.pairwise(cuts.tolist())]
 
 
 def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
