@@ -414,3 +414,21 @@ def test_the_tool_is_stopped_when_its_stop_condition_holds(tmp_path: Path) -> No
     assert rc == STOPPED and time.monotonic() - began < 15
     assert (tmp_path / "flag").is_file() and "599" not in (tmp_path / "t.log").read_text()
     assert _run_tool(["true"], tmp_path, tmp_path / "u.log", "u", None, stop_when=lambda: False) == 0
+
+
+def test_rtl_part_tool_failure_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from layerpipe import cli
+    from layerpipe.hdl import _fpga
+
+    def failing(*_: object, **__: object) -> object:
+        raise RuntimeError(_fpga.tool_error("yosys", 1, ABC9_LOG) + "\n" + ABC9_LOG)
+
+    monkeypatch.setattr(_fpga, "run_fpga_flow", failing)
+    rc = cli.main(["rtl", "mlp:4-4-2", "--policy", "layerpipe", "-n", "1", "--lanes", "1", "--samples", "4",
+                   "--part", "ecp5-25k", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines() == [
+        "layerpipe: error: yosys failed (exit 1) in ABC_OPS_REINTEGRATE: ERROR: Assert `GetSize(conn.first) == "
+        "GetSize(conn.second)' failed in kernel/rtlil.cc:3091."], err
+    assert not (tmp_path / "o").exists()

@@ -139,8 +139,11 @@ def _place_and_route(verilog: str, part_name: str, freq: float | None, summary: 
     """The FPGA flow (hdl/_fpga.py) on `part_name`; writes its figures and samples per second to `target`."""
     from layerpipe.hdl._fpga import DEFAULT_FREQ_MHZ, get_part, run_fpga_flow, terminal_progress
 
-    result = run_fpga_flow(verilog, get_part(part_name), freq_mhz=DEFAULT_FREQ_MHZ if freq is None else freq,
-                           progress=terminal_progress())
+    try:
+        result = run_fpga_flow(verilog, get_part(part_name), freq_mhz=DEFAULT_FREQ_MHZ if freq is None else freq,
+                               progress=terminal_progress())
+    except RuntimeError as failure:  # a tool failed: its one line (pass and ERROR), nothing written
+        raise InputError(str(failure).splitlines()[0]) from None
     doc = result.to_dict()
     rate = result.samples_per_second(summary["cycles_per_sample_sim"])
     doc["cycles_per_sample_sim"] = summary["cycles_per_sample_sim"]
