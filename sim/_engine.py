@@ -8,8 +8,8 @@ This module keeps the names the simulator and its tests always used, and `run` t
 
 from __future__ import annotations
 
+from layerpipe.schedule._dep_csr import MAX_INDEX_CELLS
 from layerpipe.schedule._engine import (
-    MAX_INDEX_CELLS,
     BusOrder,
     CompiledSchedule,
     DeadlockError,

@@ -12,11 +12,13 @@ processor is free and all its inputs have arrived — a producer's output arrive
 Speed: the schedule is compiled once into integer arrays — ops numbered processor-major (the op after i
 on its processor is i + 1), task ids, durations, producer lists — and the hot loops touch only Python ints
 and lists, no per-event objects. Dependencies come from SIR's `layerpipe.schedule._deps` (contract 1), as
-arrays: `dependency_arrays` (the rules of `dependencies()` without an object per edge) for stage-level,
-synchronous and grouped schedules, and for simple asynchronous layer-level schedules that module's
-`layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t) needs src(t − delay)) with array
-indexing; `dependencies()` itself, op by op, only where neither applies and to raise its errors. Tests check
-all give the same producers in the same order.
+arrays (`layerpipe.schedule._dep_csr`): `dependency_arrays` (the rules of `dependencies()` without an object
+per edge) for stage-level, synchronous and grouped schedules, and for simple asynchronous layer-level
+schedules that module's `layer_task_edges` (the same rule `dependencies()` applies op by op: dst(t) needs
+src(t − delay)) with array indexing; `dependencies()` itself, op by op, only where neither applies and to
+raise its errors. Tests check all give the same producers in the same order. Schedules held as columns
+(`OpSchedule.from_columns`) compile without an `Op` object; layer-level schedules are swept run by run
+(`layerpipe.schedule._runs`).
 
 Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
 go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
@@ -47,7 +49,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -57,13 +59,15 @@ import numpy as np
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
 from layerpipe.interconnect import compiled_bus_key
-from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
+from layerpipe.schedule._dep_csr import (
+    Csr,
+    _array_dependencies,
+    _listed_dependencies,
+    _task_edge_dependencies,
+)
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
 from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
 from layerpipe.schedule._workload import Workload
-
-#: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
-MAX_INDEX_CELLS = 50_000_000
 
 #: The interconnect kinds the engine times (`layerpipe.interconnect`; `SimConfig.interconnect`).
 KINDS = ("shared", "links", "bus")
@@ -383,117 +387,6 @@ def _raise_duplicate(ops: list[Op]) -> None:
         if key in seen:
             raise InputError(f"op {op} appears twice (p{seen[key].proc} and p{op.proc})")
         seen[key] = op
-
-
-#: Producers as CSR: (pointer per consumer, producers, words, role codes, role names).
-Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
-
-
-def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
-         roles: tuple[str, ...]) -> Csr:
-    order = np.argsort(consumer, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
-    return ptr, producer[order], words[order], role[order], roles
-
-
-def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                        iteration: np.ndarray, workload: Workload) -> Csr | None:
-    """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
-    the same order with the same role numbering; None where they do not apply."""
-    if schedule.level != workload.level:
-        return None  # `dependencies()` says why
-    if workload.level == "layer":
-        arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
-    else:
-        arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
-    if arrays is None:
-        return None
-    return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
-
-
-def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload) -> Csr:
-    """CSR arrays from `dependencies()` (contract 1), op by op."""
-    deps = workload.dependencies(schedule)
-    # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
-    listed = list(deps.items())
-    if len(listed) == len(ops) and all(a is b for (a, _), b in zip(listed, ops, strict=True)):
-        per_op = [d for _, d in listed]
-    else:
-        per_op = [deps[op] for op in ops]
-    flat = [(i, dep) for i, dep_list in enumerate(per_op) for dep in dep_list]
-    index_of = {id(op): i for i, op in enumerate(ops)}
-    try:
-        producer = [index_of[id(dep.producer)] for _, dep in flat]
-    except KeyError:  # an equal but distinct Op object: look producers up by key
-        by_key = {op.key: i for i, op in enumerate(ops)}
-        producer = [by_key[dep.producer.key] for _, dep in flat]
-    role_ids: dict[str, int] = {}
-    role = [role_ids.setdefault(dep.role, len(role_ids)) for _, dep in flat]
-    return _csr(np.fromiter((i for i, _ in flat), np.int64, len(flat)), np.asarray(producer, np.int64),
-                np.fromiter((dep.words for _, dep in flat), np.int64, len(flat)), np.asarray(role, np.int8),
-                len(ops), tuple(role_ids))
-
-
-def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], tasks: tuple[tuple[str, int], ...],
-                            task: np.ndarray, iteration: np.ndarray, workload: Workload) -> Csr | None:
-    """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
-    assert workload.graph is not None
-    n = len(task)
-    span = int(iteration.max()) + 1 if n else 0
-    if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
-        return None
-    index = np.full((len(tasks), span), -1, dtype=np.int64)
-    index[task, iteration] = np.arange(n)
-    task_id = {t: k for k, t in enumerate(tasks)}
-    members = np.argsort(task, kind="stable")
-    cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
-    role_ids: dict[str, int] = {}
-    # Two passes over the edges, so no array of every edge is built twice: count each consumer's producers (and
-    # find a missing one, first edge first), then write each edge's producers at their consumers' next free
-    # places — consumer-major and, per consumer, in edge order (what a stable sort of all edges by consumer
-    # gives).
-    edges = []
-    count = np.zeros(n, dtype=np.int64)
-    for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
-        dst = task_id.get(e.dst)
-        if dst is None:
-            continue  # no op of this task: nothing consumes the edge
-        role = role_ids.setdefault(e.role, len(role_ids))
-        consumers, producers, t = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
-        missing = np.flatnonzero(producers < 0)
-        if len(missing):
-            k = int(missing[0])
-            raise MissingProducer(op_at(int(consumers[k])), (*e.src, int(t[k])))
-        if len(consumers):
-            count[consumers] += 1
-            edges.append((e, dst, role))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(count, out=ptr[1:])
-    producer = np.empty(int(ptr[-1]), dtype=np.int64)
-    words = np.empty(int(ptr[-1]), dtype=np.int64)
-    role_of = np.empty(int(ptr[-1]), dtype=np.int8)
-    cursor = ptr[:-1].copy()
-    for e, dst, role in edges:
-        consumers, producers, _ = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
-        at = cursor[consumers]
-        producer[at] = producers
-        words[at] = e.words
-        role_of[at] = role
-        cursor[consumers] += 1
-    return ptr, producer, words, role_of, tuple(role_ids)
-
-
-def _edge_producers(e: TaskEdge, dst: int, src: int | None, members: np.ndarray, cuts: np.ndarray,
-                    iteration: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(consumers, producers, producer iterations) of task edge `e` into task `dst`: every op dst(t) with
-    t − delay ≥ 0 needs src(t − delay); producer −1 where src has no such op."""
-    consumers = members[cuts[dst]:cuts[dst + 1]]
-    t = iteration[consumers] - e.delay
-    needed = t >= 0
-    consumers, t = consumers[needed], t[needed]
-    producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
-    return consumers, producers, t
 
 
 def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 0,

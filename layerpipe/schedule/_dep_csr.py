@@ -1,0 +1,131 @@
+"""The compiled schedule's dependencies as CSR arrays (`layerpipe.schedule._engine` builds its schedules with
+these): producers per consumer op, the words each sends, the role codes and names.
+
+Three sources, all giving exactly what `layerpipe.schedule._deps.dependencies()` lists (contract 1), in its
+order: simple asynchronous layer-level schedules from `layer_task_edges` (dst(t) needs src(t − delay)) with array
+indexing; stage-level, synchronous and grouped schedules from `dependency_arrays` (the rules as arrays); anything
+else, and every error, from `dependencies()` op by op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
+from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._workload import Workload
+
+#: Largest (tasks × iterations) lookup table the array path of the dependencies builds.
+MAX_INDEX_CELLS = 50_000_000
+
+#: Producers as CSR: (pointer per consumer, producers, words, role codes, role names).
+Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+
+def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
+         roles: tuple[str, ...]) -> Csr:
+    order = np.argsort(consumer, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
+    return ptr, producer[order], words[order], role[order], roles
+
+
+def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+                        iteration: np.ndarray, workload: Workload) -> Csr | None:
+    """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
+    the same order with the same role numbering; None where they do not apply."""
+    if schedule.level != workload.level:
+        return None  # `dependencies()` says why
+    if workload.level == "layer":
+        arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
+    else:
+        arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
+    if arrays is None:
+        return None
+    return arrays.ptr, arrays.producer, arrays.words, arrays.role, arrays.roles
+
+
+def _listed_dependencies(schedule: OpSchedule, ops: list[Op], workload: Workload) -> Csr:
+    """CSR arrays from `dependencies()` (contract 1), op by op."""
+    deps = workload.dependencies(schedule)
+    # The map lists ops in schedule order (identity check); looking each op up would hash every Op.
+    listed = list(deps.items())
+    if len(listed) == len(ops) and all(a is b for (a, _), b in zip(listed, ops, strict=True)):
+        per_op = [d for _, d in listed]
+    else:
+        per_op = [deps[op] for op in ops]
+    flat = [(i, dep) for i, dep_list in enumerate(per_op) for dep in dep_list]
+    index_of = {id(op): i for i, op in enumerate(ops)}
+    try:
+        producer = [index_of[id(dep.producer)] for _, dep in flat]
+    except KeyError:  # an equal but distinct Op object: look producers up by key
+        by_key = {op.key: i for i, op in enumerate(ops)}
+        producer = [by_key[dep.producer.key] for _, dep in flat]
+    role_ids: dict[str, int] = {}
+    role = [role_ids.setdefault(dep.role, len(role_ids)) for _, dep in flat]
+    return _csr(np.fromiter((i for i, _ in flat), np.int64, len(flat)), np.asarray(producer, np.int64),
+                np.fromiter((dep.words for _, dep in flat), np.int64, len(flat)), np.asarray(role, np.int8),
+                len(ops), tuple(role_ids))
+
+
+def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], tasks: tuple[tuple[str, int], ...],
+                            task: np.ndarray, iteration: np.ndarray, workload: Workload) -> Csr | None:
+    """CSR arrays of an asynchronous layer-level schedule from `layer_task_edges`: op dst(t) needs src(t − delay)."""
+    assert workload.graph is not None
+    n = len(task)
+    span = int(iteration.max()) + 1 if n else 0
+    if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
+        return None
+    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    index[task, iteration] = np.arange(n)
+    task_id = {t: k for k, t in enumerate(tasks)}
+    members = np.argsort(task, kind="stable")
+    cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
+    role_ids: dict[str, int] = {}
+    # Two passes over the edges, so no array of every edge is built twice: count each consumer's producers (and
+    # find a missing one, first edge first), then write each edge's producers at their consumers' next free
+    # places — consumer-major and, per consumer, in edge order (what a stable sort of all edges by consumer
+    # gives).
+    edges = []
+    count = np.zeros(n, dtype=np.int64)
+    for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
+        dst = task_id.get(e.dst)
+        if dst is None:
+            continue  # no op of this task: nothing consumes the edge
+        role = role_ids.setdefault(e.role, len(role_ids))
+        consumers, producers, t = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
+        missing = np.flatnonzero(producers < 0)
+        if len(missing):
+            k = int(missing[0])
+            raise MissingProducer(op_at(int(consumers[k])), (*e.src, int(t[k])))
+        if len(consumers):
+            count[consumers] += 1
+            edges.append((e, dst, role))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(count, out=ptr[1:])
+    producer = np.empty(int(ptr[-1]), dtype=np.int64)
+    words = np.empty(int(ptr[-1]), dtype=np.int64)
+    role_of = np.empty(int(ptr[-1]), dtype=np.int8)
+    cursor = ptr[:-1].copy()
+    for e, dst, role in edges:
+        consumers, producers, _ = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
+        at = cursor[consumers]
+        producer[at] = producers
+        words[at] = e.words
+        role_of[at] = role
+        cursor[consumers] += 1
+    return ptr, producer, words, role_of, tuple(role_ids)
+
+
+def _edge_producers(e: TaskEdge, dst: int, src: int | None, members: np.ndarray, cuts: np.ndarray,
+                    iteration: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(consumers, producers, producer iterations) of task edge `e` into task `dst`: every op dst(t) with
+    t − delay ≥ 0 needs src(t − delay); producer −1 where src has no such op."""
+    consumers = members[cuts[dst]:cuts[dst + 1]]
+    t = iteration[consumers] - e.delay
+    needed = t >= 0
+    consumers, t = consumers[needed], t[needed]
+    producers = index[src, t] if src is not None else np.full(len(t), -1, dtype=np.int64)
+    return consumers, producers, t
