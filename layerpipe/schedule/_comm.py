@@ -70,9 +70,29 @@ class Transfer:
 
 def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None = None) -> list[Transfer]:
     """Every transfer of one iteration under `comm`'s placement (none on `shared`); `sources[(u, x)]` replaces
-    the update copy a weight read (u, x) of the table comes from (`channel_timing`)."""
+    the update copy a weight read (u, x) of the table comes from (`channel_timing`).
+
+    Memoised by the table's content (`TaskTable.token`), placement, interconnect, processors and sources: the
+    timing passes ask for the transfers of one placement many times (every body order tried, every round of
+    re-planning), and `Transfer`s are frozen, so the lists share them (each caller gets its own list)."""
     if comm.free:
         return []
+    key = (table.token, tuple(comm.placement), comm.interconnect, comm.num_procs,
+           tuple(sorted(sources.items())) if sources else None)
+    found = _TRANSFERS.get(key)
+    if found is None:
+        if len(_TRANSFERS) >= _TRANSFERS_KEPT:
+            _TRANSFERS.pop(next(iter(_TRANSFERS)))  # oldest first
+        found = _TRANSFERS[key] = tuple(_transfers(table, comm, sources))
+    return list(found)
+
+
+#: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers.
+_TRANSFERS: dict[tuple[object, ...], tuple[Transfer, ...]] = {}
+_TRANSFERS_KEPT = 128
+
+
+def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
     out = []
     for v, ps in enumerate(table.preds):

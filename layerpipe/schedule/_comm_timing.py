@@ -37,8 +37,37 @@ def comm_timing(table: TaskTable, start: Sequence[int], period: int,
     The queue order of one producer's consumers on a channel is their program order, which depends on the
     lags; the channels are planned with the start offsets first, then with the resulting plan times, until
     the lags stop changing.
+
+    Memoised (a pure function of the table's content, the starts, the period and the placement on its
+    interconnect): the searches time the same bodies again — two body orders that coincide, the bounded and
+    unbounded searches of one network, a candidate re-timed at a period it was already timed at. Each caller
+    gets its own lists.
     """
-    if comm is None or comm.free:
+    placed: tuple[object, ...] | None = None
+    if comm is not None and not comm.free:
+        placed = (tuple(comm.placement), comm.interconnect, comm.num_procs)
+    key = (table.token, tuple(start), period, placed)
+    found = _TIMINGS.get(key)
+    if found is None:
+        lag, arrival = _comm_timing(table, start, period, comm if placed is not None else None)
+        global _TIMINGS_HELD
+        while _TIMINGS and _TIMINGS_HELD + len(lag) + len(arrival) > _TIMINGS_CAP:
+            dropped = _TIMINGS.pop(next(iter(_TIMINGS)))  # oldest first
+            _TIMINGS_HELD -= len(dropped[0]) + len(dropped[1])
+        found = _TIMINGS[key] = (tuple(lag), arrival)
+        _TIMINGS_HELD += len(lag) + len(arrival)
+    return list(found[0]), dict(found[1])
+
+
+#: `comm_timing`'s memo, bounded by the lags and arrivals it holds (not by entries: unfolded tables are large).
+_TIMINGS: dict[tuple[object, ...], tuple[tuple[int, ...], dict[tuple[int, int], int]]] = {}
+_TIMINGS_CAP = 400_000
+_TIMINGS_HELD = 0
+
+
+def _comm_timing(table: TaskTable, start: Sequence[int], period: int,
+                 comm: Comm | None) -> tuple[list[int], dict[tuple[int, int], int]]:
+    if comm is None:
         return _longest_lags(table, start, period, {}), {}
     arrival = channel_timing(table, comm, start, period)
     lag = _longest_lags(table, start, period, arrival)

@@ -62,42 +62,66 @@ def crossing_words(table: TaskTable, placement: Sequence[int]) -> int:
 
 
 class _State:
-    """Loads, channel holds and words of a placement, kept up to date under moves of whole items."""
+    """Loads, channel holds and words of a placement, kept up to date under moves of whole items.
+
+    An item's tasks share one processor (`item_place`). Each item keeps its edges to tasks of other items
+    summed per other task and direction (`nbrs`: words and holds out of the item and into it), so a trial
+    move reads one row per neighbour; the channel and word changes of a move (`delta`) are memoised per
+    (item, destination) until the item or one of its neighbours moves.
+    """
 
     def __init__(self, table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
                  members: Sequence[Sequence[int]]) -> None:
-        self.table, self.ic, self.n = table, interconnect, num_procs
+        self.ic, self.n = interconnect, num_procs
+        self.shared, self.bus = interconnect.is_shared, interconnect.kind == "bus"
         self.place = list(placement)
         self.members = members
         self.item_of = [0] * len(table)
         for i, tasks in enumerate(members):
             for v in tasks:
                 self.item_of[v] = i
+        self.item_place = [self.place[tasks[0]] for tasks in members]
+        for i, tasks in enumerate(members):
+            if any(self.place[v] != self.item_place[i] for v in tasks):
+                raise ValueError(f"improve: the tasks of item {i} are not on one processor")
         self.item_cost = [sum(table.cost[v] for v in tasks) for tasks in members]
         self.load = [0] * num_procs
         for v, p in enumerate(self.place):
             self.load[p] += table.cost[v]
-        # Every data edge once: (producer, consumer, words, hold).
-        self.edges: list[tuple[int, int, int, int]] = []
+        # Every data edge once, with its hold: (producer, consumer, words, hold).
+        edges: list[tuple[int, int, int, int]] = []
         for v, ps in enumerate(table.preds):
             for u, w in zip(ps, table.pred_words[v], strict=True):
-                self.edges.append((u, v, w, interconnect.hold(w)))
+                edges.append((u, v, w, interconnect.hold(w)))
         for u, x, w in table.weight_reads:
-            self.edges.append((u, x, w, interconnect.hold(w)))
-        self.item_edges: list[list[int]] = [[] for _ in members]
-        for k, (u, v, _, _) in enumerate(self.edges):
+            edges.append((u, x, w, interconnect.hold(w)))
+        # Per item, per other task: [words out, hold out, words in, hold in] (holds only where channels exist).
+        rows: list[dict[int, list[int]]] = [{} for _ in members]
+        for u, v, w, h in edges:
             iu, iv = self.item_of[u], self.item_of[v]
-            if iu != iv:
-                self.item_edges[iu].append(k)
-                self.item_edges[iv].append(k)
+            if iu == iv:
+                continue
+            h = 0 if self.shared else h
+            out = rows[iu].setdefault(v, [0, 0, 0, 0])
+            out[0] += w
+            out[1] += h
+            into = rows[iv].setdefault(u, [0, 0, 0, 0])
+            into[2] += w
+            into[3] += h
+        self.nbrs: list[list[tuple[int, int, int, int, int]]] = [
+            [(x, wo, ho, wi, hi) for x, (wo, ho, wi, hi) in row.items()] for row in rows]
+        self.nbr_items = [sorted({self.item_of[x] for x in row}) for row in rows]
+        #: The edges that hold a channel, for the moves off the busiest channel: (producer, consumer).
+        self.held = [(u, v) for u, v, _, h in edges if h and not self.shared]
         self.chan: dict[int, int] = {}
         self.words = 0
-        for u, v, w, h in self.edges:
+        for u, v, w, h in edges:
             if self.place[u] != self.place[v]:
                 self.words += w
-                if h:
-                    c = interconnect.channel(self.place[u], self.place[v], num_procs)
+                if h and not self.shared:
+                    c = self.channel(self.place[u], self.place[v])
                     self.chan[c] = self.chan.get(c, 0) + h
+        self.memo: list[dict[int, tuple[list[tuple[int, int]], int]]] = [{} for _ in members]
         self._histogram()
 
     def _histogram(self) -> None:
@@ -109,63 +133,87 @@ class _State:
         self.levels = sorted(self.hist, reverse=True)
 
     def channel(self, p: int, q: int) -> int:
-        return self.ic.channel(p, q, self.n)
+        return 0 if self.bus else p * self.n + q
 
     def key(self) -> tuple[int, int, int]:
         top = self.levels[0]
         return top, self.hist[top], self.words
 
-    def delta(self, item: int, dst: int) -> tuple[dict[int, int], int]:
-        """Channel hold changes and the change in words if `item` moved to `dst`."""
-        src = self.place[self.members[item][0]]
+    def delta(self, item: int, dst: int) -> tuple[list[tuple[int, int]], int]:
+        """Channel hold changes (channel, change ≠ 0) and the change in words if `item` moved to `dst`."""
+        memo = self.memo[item]
+        found = memo.get(dst)
+        if found is not None:
+            return found
+        src = self.item_place[item]
+        place, n, bus = self.place, self.n, self.bus
         changes: dict[int, int] = {}
         dw = 0
-        shared = self.ic.is_shared
-        for k in self.item_edges[item]:
-            u, v, w, h = self.edges[k]
-            mine_is_u = self.item_of[u] == item
-            other = self.place[v] if mine_is_u else self.place[u]
-            before = (src, other) if mine_is_u else (other, src)
-            after = (dst, other) if mine_is_u else (other, dst)
-            if before[0] != before[1]:
-                dw -= w
-                if h and not shared:
-                    c = self.channel(*before)
-                    changes[c] = changes.get(c, 0) - h
-            if after[0] != after[1]:
-                dw += w
-                if h and not shared:
-                    c = self.channel(*after)
-                    changes[c] = changes.get(c, 0) + h
-        return changes, dw
+        for x, wo, ho, wi, hi in self.nbrs[item]:
+            q = place[x]
+            if q != src:
+                dw -= wo + wi
+                if ho:
+                    c = 0 if bus else src * n + q
+                    changes[c] = changes.get(c, 0) - ho
+                if hi:
+                    c = 0 if bus else q * n + src
+                    changes[c] = changes.get(c, 0) - hi
+            if q != dst:
+                dw += wo + wi
+                if ho:
+                    c = 0 if bus else dst * n + q
+                    changes[c] = changes.get(c, 0) + ho
+                if hi:
+                    c = 0 if bus else q * n + dst
+                    changes[c] = changes.get(c, 0) + hi
+        found = memo[dst] = ([(c, d) for c, d in changes.items() if d], dw)
+        return found
 
-    def key_after(self, item: int, dst: int) -> tuple[int, int, int]:
-        src = self.place[self.members[item][0]]
+    def key_after(self, item: int, dst: int,
+                  beat: tuple[int, int, int] | None = None) -> tuple[int, int, int] | None:
+        """(period, resources at the period, words) if `item` moved to `dst` — or None when that key is not
+        below `beat` (a lower bound shows it first: a resource the move raises above `beat`'s period)."""
         c = self.item_cost[item]
+        src = self.item_place[item]
+        load = self.load
+        new_dst = load[dst] + c
+        if beat is not None and new_dst > beat[0]:
+            return None
         changes, dw = self.delta(item, dst)
-        # The resources the move touches, old value → new value; every other resource keeps its load.
-        touched = [(self.load[src], self.load[src] - c), (self.load[dst], self.load[dst] + c)]
-        touched += [(self.chan.get(ch, 0), self.chan.get(ch, 0) + d) for ch, d in changes.items() if d]
-        adjust: dict[int, int] = {}
+        chan = self.chan
+        # The resources the move touches (distinct: src ≠ dst, and channels are not processors), old → new.
+        touched = [(load[src], load[src] - c), (load[dst], new_dst)]
+        for ch, d in changes:
+            old = chan.get(ch, 0)
+            touched.append((old, old + d))
+        removed: dict[int, int] = {}
+        added: dict[int, int] = {}
+        high = 0
         for old, new in touched:
             if old:
-                adjust[old] = adjust.get(old, 0) - 1
+                removed[old] = removed.get(old, 0) + 1
             if new:
-                adjust[new] = adjust.get(new, 0) + 1
-        top = max((v for v, d in adjust.items() if d > 0), default=0)
-        for level in self.levels:  # the largest load still held after the move
-            if level <= top:
+                added[new] = added.get(new, 0) + 1
+                if new > high:
+                    high = new
+        if beat is not None and high > beat[0]:
+            return None
+        hist = self.hist
+        top = high
+        for level in self.levels:  # the largest load some untouched resource still holds
+            if level <= high:
                 break
-            if self.hist[level] + adjust.get(level, 0) > 0:
+            if hist[level] > removed.get(level, 0):
                 top = level
                 break
-        at_top = self.hist.get(top, 0) + adjust.get(top, 0)
+        at_top = hist.get(top, 0) - removed.get(top, 0) + added.get(top, 0)
         return top, at_top, self.words + dw
 
     def move(self, item: int, dst: int) -> None:
-        src = self.place[self.members[item][0]]
+        src = self.item_place[item]
         changes, dw = self.delta(item, dst)
-        for ch, d in changes.items():
+        for ch, d in changes:
             value = self.chan.get(ch, 0) + d
             if value:
                 self.chan[ch] = value
@@ -176,44 +224,52 @@ class _State:
         self.load[dst] += self.item_cost[item]
         for v in self.members[item]:
             self.place[v] = dst
+        self.item_place[item] = dst
+        self.memo[item].clear()
+        for j in self.nbr_items[item]:
+            self.memo[j].clear()
         self._histogram()
 
     def candidate_moves(self) -> list[tuple[int, int]]:
-        """(item, destination) pairs that touch a bottleneck resource."""
+        """(item, destination) pairs that touch a bottleneck resource, in order."""
         top, _, _ = self.key()
         moves: set[tuple[int, int]] = set()
         # Off a busiest processor: to one of the least loaded processors, or to where the item's data goes.
         light = sorted(range(self.n), key=lambda q: (self.load[q], q))[:LIGHT_TARGETS]
-        for p, x in enumerate(self.load):
-            if x == top:
-                items = {self.item_of[v] for v, q in enumerate(self.place) if q == p}
-                for i in items:
-                    near = {self.place[v] for k in self.item_edges[i] for v in self.edges[k][:2]}
+        busiest = {p for p, x in enumerate(self.load) if x == top}
+        if busiest:
+            place = self.place
+            for i, p in enumerate(self.item_place):
+                if p in busiest:
+                    near = {place[x] for x, *_ in self.nbrs[i]}
                     moves |= {(i, q) for q in (*light, *near) if q != p}
         hot = {ch for ch, x in self.chan.items() if x == top}
         if hot:
-            for u, v, _, h in self.edges:
-                pu, pv = self.place[u], self.place[v]
-                if h and pu != pv and self.channel(pu, pv) in hot:
-                    moves.add((self.item_of[u], pv))
-                    moves.add((self.item_of[v], pu))
+            place, item_of = self.place, self.item_of
+            for u, v in self.held:
+                pu, pv = place[u], place[v]
+                if pu != pv and self.channel(pu, pv) in hot:
+                    moves.add((item_of[u], pv))
+                    moves.add((item_of[v], pu))
         return sorted(moves)
 
 
 def improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
             members: Sequence[Sequence[int]], max_words: float | None = None) -> list[int]:
     """A placement no single move of an item off a bottleneck improves, by (period, resources at the period,
-    words per iteration), never exceeding `max_words` words per iteration when given."""
+    words per iteration), never exceeding `max_words` words per iteration when given. Each item's tasks must
+    share a processor in `placement`."""
     state = _State(table, placement, num_procs, interconnect, members)
     for _ in range(MAX_MOVES):
         current = state.key()
         best: tuple[tuple[int, int, int], int, int] | None = None
-        for item, dst in state.candidate_moves():
-            after = state.key_after(item, dst)
+        for item, dst in state.candidate_moves():  # in order: on equal keys the first move wins
+            after = state.key_after(item, dst, current if best is None else best[0])
+            if after is None or not after < (current if best is None else best[0]):
+                continue
             if max_words is not None and after[2] > max_words and after[2] > current[2]:
                 continue
-            if after < current and (best is None or (after, item, dst) < best):
-                best = (after, item, dst)
+            best = (after, item, dst)
         if best is None:
             break
         state.move(best[1], best[2])

@@ -43,7 +43,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from layerpipe.interconnect import SHARED, Interconnect
@@ -314,6 +314,27 @@ def stage_processors(plan_: Plan) -> list[list[int]]:
 
 def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect = SHARED,
                       coalesce: int | None = None) -> Replicated:
+    """`_replicated_timing`, memoised by what it reads — the table's content (`TaskTable.token`) and graph, the
+    plan, N, the interconnect and `coalesce`: LayerPipe's replicated candidate lays out the same plan on the
+    same tasks in its searches with and without a traffic bound. Each caller gets its own lists."""
+    key = (table.token, table.graph, plan_, num_procs, interconnect, coalesce)
+    found = _REPLICATED.get(key)
+    if found is None:
+        if len(_REPLICATED) >= _REPLICATED_KEPT:
+            _REPLICATED.pop(next(iter(_REPLICATED)))  # oldest first
+        found = _REPLICATED[key] = _replicated_timing(table, plan_, num_procs, interconnect, coalesce)
+    t = found.timing
+    return replace(found, placement=list(found.placement),
+                   timing=Timing(list(t.start), list(t.lag), dict(t.staleness), dict(t.arrival)))
+
+
+#: `replicated_timing`'s memo (few entries: an unfolded table of a large network is large).
+_REPLICATED: dict[tuple[object, ...], Replicated] = {}
+_REPLICATED_KEPT = 16
+
+
+def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+                       coalesce: int | None) -> Replicated:
     """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
     stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
     period is the busiest processor or channel; the bodies run each micro-batch's forward block and
@@ -373,9 +394,11 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
         if lags is not None:
             timing = timing_of(unfolded, found.start, lags, period, found.arrival)
             schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
-            stale = periodic_staleness(schedule, table.graph)
-            score = (max(stale.values(), default=0), max(periodic_versions(schedule, table.graph).values(), default=1),
-                     sum(stale.values()), max(timing.lag, default=0))
+            pins = schedule.read_pins()
+            stale = periodic_staleness(schedule, table.graph, pins=pins)
+            versions = periodic_versions(schedule, table.graph, pins)
+            score = (max(stale.values(), default=0), max(versions.values(), default=1), sum(stale.values()),
+                     max(timing.lag, default=0))
             candidates.append((score, len(candidates), timing))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert candidates, "no body order keeps the update copies in order"

@@ -2,16 +2,25 @@
 
 - `TaskTable` — costs, delay-0 precedence (the dependency rules of `_deps`), a topological order, the words
                 each precedence edge carries and the weight reads.
+- `TaskTable.token` — one int per distinct table content, the key the memos of pure passes use (a table is
+                built again for every call on the same network, so identity would never hit).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, fields
 from functools import cached_property
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import Task, TrainingGraph
 from layerpipe.schedule._deps import layer_task_edges
+
+#: Table contents (every field but the graph, with the class) → their token; the oldest dropped past the cap. A
+#: dropped content that comes back gets a new token (the counter never repeats), so a token names one content.
+_TOKENS: dict[tuple[object, ...], int] = {}
+_TOKENS_KEPT = 64
+_NEXT_TOKEN = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,19 @@ class TaskTable:
         """The delay-0 precedence edges as aligned (sources, heads) lists, by head in index order then source:
         the constraint rows of the difference-constraint passes (`_lags`)."""
         return ([u for ps in self.preds for u in ps], [v for v, ps in enumerate(self.preds) for _ in ps])
+
+    @cached_property
+    def token(self) -> int:
+        """An int shared by exactly the tables of equal content (class and every field but `graph`): the memo key
+        of passes that read only those fields (`_comm_timing.comm_timing`, `_comm.transfers`). Equal graphs build
+        equal tables, and a graph's task order is deterministic, so rebuilt tables of one network hit."""
+        content = (type(self).__name__, *(getattr(self, f.name) for f in fields(self) if f.name != "graph"))
+        found = _TOKENS.get(content)
+        if found is None:
+            if len(_TOKENS) >= _TOKENS_KEPT:
+                _TOKENS.pop(next(iter(_TOKENS)))
+            found = _TOKENS[content] = next(_NEXT_TOKEN)
+        return found
 
     def weight_loops(self) -> list[tuple[int, int, int]]:
         """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer."""

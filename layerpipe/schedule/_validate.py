@@ -445,40 +445,56 @@ def validate_periodic(
 
 
 def periodic_staleness(
-    schedule: PeriodicSchedule, graph: TrainingGraph, costs: Mapping[tuple[str, int], int] | None = None
+    schedule: PeriodicSchedule, graph: TrainingGraph, costs: Mapping[tuple[str, int], int] | None = None,
+    pins: Mapping[tuple[str, int, int], int] | None = None,
 ) -> dict[int, int]:
     """Steady-state staleness of F_l per weight layer under the periodic timing, in updates: the largest s of
     F_l's phases, where F_l(t) reads version ⌊t/g⌋ − s (`PeriodicSchedule.read_pins`; with J = g = 1, F_l(t)
     starts at (t + lag_F)·P + start_F, U_l(i) ends at (i + lag_U)·P + start_U + cost_U, and s = −k − 1 with
     k = lag_F − lag_U + ⌊(start_F − start_U − cost_U)/P⌋, the same for every t once the pipeline is full).
+    `pins` are the schedule's `read_pins()`, when the caller has them already.
     """
     if costs is not None and dict(costs) != schedule.costs:
-        schedule = replace(schedule, costs=dict(costs))
+        schedule, pins = replace(schedule, costs=dict(costs)), None  # other costs, other pins
     weighted = {t.layer for t in graph.tasks if t.kind == "U"}
     out: dict[int, int] = {}
-    for (kind, layer, _), stale in schedule.read_pins().items():
+    for (kind, layer, _), stale in (schedule.read_pins() if pins is None else pins).items():
         if kind == "F" and layer in weighted:
             out[layer] = max(out.get(layer, stale), stale)
     return dict(sorted(out.items()))
 
 
-def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[int, int]:
+def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
+                      pins: Mapping[tuple[str, int, int], int] | None = None) -> dict[int, int]:
     """Weight versions of each layer held at once in the steady state of the periodic timing: the current
     version plus every version a forward has read and its backward has not finished with (under `stash`
     E_l(t) uses the version F_l(t) read; without a stash edge, while the forward runs). Counted the way the
     simulator's memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window
-    of iterations deep in the steady state, versions read from `read_pins`, update ends from the U slots.
+    of iterations deep in the steady state, versions read from `read_pins` (`pins`, when the caller has
+    them), update ends from the U slots.
+
+    The window is periods 2D..3D (D = deepest lag + 2) of reads from periods 0..4D. Deep in the steady state
+    the timing repeats every period with every version one round (J/g updates) newer, so the count at τ + P
+    is the count at τ: the window's largest count is its first period's (`_steady_period`), which needs only
+    the reads that touch that period — a few periods' worth instead of 4D. That holds when every slot starts
+    in [0, P) at a lag ≥ 0 and every update and backward lasts at most P (a valid schedule's tasks fit the
+    period); otherwise the whole window is swept.
     """
     stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
-    pins = schedule.read_pins()
+    pins = schedule.read_pins() if pins is None else pins
     slots = {(s.kind, s.layer, s.phase): s for body in schedule.bodies for s in body}
     period, unfold = schedule.period, schedule.unfold
     depth = max((s.lag for s in slots.values()), default=0) + 2
+    steady = period > 0 and all(s.lag >= 0 and 0 <= s.start < period for s in slots.values())
+    backward: dict[int, str] = {}  # the first task of each layer that holds its E
+    for task in graph.tasks:
+        if "E" in task.kind:
+            backward.setdefault(task.layer, task.kind)
     out: dict[int, int] = {}
     for layer in graph.network.layers:
         if not layer.has_weights:
             continue
-        back = next((t.kind for t in graph.tasks if t.layer == layer.index and "E" in t.kind), None)
+        back: str | None = backward.get(layer.index)
         if layer.index not in stashing:
             back = "F"  # no stash: a forward holds its version only while it runs (2BW's floor makes it older)
         if back is None or ("U", layer.index) not in schedule.costs:
@@ -488,21 +504,38 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[
         c_u, c_e = schedule.costs[("U", layer.index)], schedule.costs[(back, layer.index)]
         periods = 4 * depth
         updates = [slots[("U", layer.index, q)] for q in range(per)]
-        ends = sorted(j * period + u.start + c_u for j in range(periods) for u in updates
+        lo, hi = 2 * depth * period, 3 * depth * period
+        reads: list[range] = [range(periods)] * unfold
+        last_end = periods
+        if steady and c_u <= period and c_e <= period:
+            reads = [_steady_period(slots[("F", layer.index, k)].lag - slots[(back, layer.index, k)].lag, depth)
+                     for k in range(unfold)]
+            hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
+        ends = sorted(j * period + u.start + c_u for j in range(last_end) for u in updates
                       if per * (j - u.lag) + u.phase >= 0)
         events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
-        for j in range(periods):
-            for k in range(unfold):
-                f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
+        for k in range(unfold):
+            f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
+            if ("F", layer.index, k) not in pins:
+                continue
+            pin = pins[("F", layer.index, k)]
+            for j in reads[k]:
                 t = unfold * (j - f.lag) + k
-                if t < 0 or ("F", layer.index, k) not in pins:
+                if t < 0:
                     continue
                 begin = j * period + f.start
                 finish = (t // unfold + e.lag) * period + e.start + c_e
-                events.append((begin, t // g - pins[("F", layer.index, k)], finish))
-        lo, hi = 2 * depth * period, 3 * depth * period
+                events.append((begin, t // g - pin, finish))
         out[layer.index] = _most_versions_held(events, ends, lo, hi)
     return out
+
+
+def _steady_period(lag_gap: int, depth: int) -> range:
+    """The periods j of the reads (F of period j, its backward lag_F − lag_E = `lag_gap` periods later or
+    earlier) that begin, finish or are held in [2D·P, (2D + 1)·P): a read begins in period j and its backward
+    (start in [0, P), at most P long) ends in period j − lag_gap or the next, so j lies in
+    2D − 1 + min(0, lag_gap) .. 2D + max(0, lag_gap)."""
+    return range(2 * depth - 1 + min(0, lag_gap), 2 * depth + max(0, lag_gap) + 1)
 
 
 def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo: int, hi: int) -> int:
