@@ -43,8 +43,9 @@ __all__ = ["LINK_LATENCY", "MEM_BANK", "MEM_GRADS", "MEM_WEIGHTS", "LinkReceiver
 
 #: Cycles between a transfer's last beat leaving the link (model time) and the consumer being able to start.
 LINK_LATENCY = RTL_LINK_LATENCY
-#: Where a beat goes on the destination PE.
-MEM_BANK, MEM_WEIGHTS, MEM_GRADS = 0, 1, 2
+#: Where a beat goes on the destination PE: its receive bank, the weight or gradient memory, or bank 0 (a split
+#: layer's part into the concatenation its consumer reads there, next to the parts computed locally).
+MEM_BANK, MEM_WEIGHTS, MEM_GRADS, MEM_LOCAL = 0, 1, 2, 3
 
 
 def beat_layout(word: data.ArrayLayout, address_bits: int, counter_bits: int) -> data.StructLayout:
@@ -57,7 +58,7 @@ def slot_address(buffer: Buffer, index: Value) -> Value | int:
     """base + (index mod depth) · slot_words for a power-of-two depth (a constant multiply: shifts and adds)."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.pitch)
 
 
 def _counter_bits(program: Program) -> int:
@@ -65,7 +66,7 @@ def _counter_bits(program: Program) -> int:
 
 
 def _target(memory: str) -> int:
-    return {"weights": MEM_WEIGHTS, "grads": MEM_GRADS}.get(memory, MEM_BANK)
+    return {"weights": MEM_WEIGHTS, "grads": MEM_GRADS, "local": MEM_LOCAL}.get(memory, MEM_BANK)
 
 
 class LinkSender(wiring.Component):
@@ -247,7 +248,8 @@ class LinkReceiver(wiring.Component):
     `stall` (a test input: the bench's random stall injector; 0 in a real system) drops `ready`, so the sender
     holds its beat: the link then takes longer, the data and the order stay the same.
 
-    Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory).
+    Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory),
+    `wl_*` (bank 0: parts of a concatenation).
     `arrived` pulses with `arrived_counter` in the cycle the last beat is taken; the write ports are registered
     (the write lands a cycle later), so the destination sequencer sees the incremented counter in the cycle the
     last word is written, and its PE reads it cycles later.
@@ -263,6 +265,7 @@ class LinkReceiver(wiring.Component):
             "wr_en": Out(1),
             "ww_en": Out(1),
             "wg_en": Out(1),
+            "wl_en": Out(1),
             "arrived": Out(1),
             "arrived_counter": Out(unsigned(max(1, _counter_bits(program)))),
         })
@@ -287,5 +290,6 @@ class LinkReceiver(wiring.Component):
             self.wr_en.eq(written & (mem == MEM_BANK)),
             self.ww_en.eq(written & (mem == MEM_WEIGHTS)),
             self.wg_en.eq(written & (mem == MEM_GRADS)),
+            self.wl_en.eq(written & (mem == MEM_LOCAL)),
         ]
         return m

@@ -118,6 +118,9 @@ class PEConfig:
     extra_reads: tuple[str, ...] = ()
     weight_writes: int = 0  #: write ports of the weight memory for link receivers (weight copies)
     grad_writes: int = 0  #: write ports of the gradient memory for link receivers (g from another PE)
+    #: write ports of bank 0 for link receivers: a split layer's parts computed elsewhere, written into the
+    #: concatenation the consumer reads (`hdl/_split.py`), beside the parts the op engine writes
+    local_writes: int = 0
     max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
 
     def __post_init__(self) -> None:
@@ -143,6 +146,7 @@ class PEConfig:
                                  f"got {target!r}")
         _check_int("weight_writes", self.weight_writes, 0, 64)
         _check_int("grad_writes", self.grad_writes, 0, 64)
+        _check_int("local_writes", self.local_writes, 0, 64)
         _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
 
     # -- derived widths --------------------------------------------------------------------------------
@@ -363,6 +367,8 @@ class ProcessingElement(wiring.Component):
               addr/en: bank 0 for the first `send_ports`, then the memories `extra_reads` names.
     - `wwrite`, `gwrite`  In(write port) × weight_writes / grad_writes: link receivers writing weight copies
               and gradients (disjoint regions from the op engine's: the compiler's memory map).
+    - `lwrite`  In(write port) × local_writes: link receivers writing bank 0 (a split layer's parts from
+              other PEs into the concatenation; words the op engine does not write).
     """
 
     def __init__(self, config: PEConfig) -> None:
@@ -383,6 +389,8 @@ class ProcessingElement(wiring.Component):
             members["wwrite"] = In(write_port_signature(config.weight_addr_bits, word)).array(config.weight_writes)
         if config.grad_writes:
             members["gwrite"] = In(write_port_signature(config.grad_addr_bits, word)).array(config.grad_writes)
+        if config.local_writes:
+            members["lwrite"] = In(write_port_signature(config.vector_addr_bits, word)).array(config.local_writes)
         super().__init__(members)
         self.weights = Memory(shape=word, depth=config.weight_depth, init=[])
         self.grads = Memory(shape=word, depth=config.grad_depth, init=[])
@@ -581,7 +589,8 @@ class ProcessingElement(wiring.Component):
         for port, target in zip(getattr(self, "send", []), targets, strict=True):
             send_read = memories[target].read_port()
             m.d.comb += [send_read.addr.eq(port.addr), send_read.en.eq(port.en), port.data.eq(send_read.data)]
-        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads)):
+        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads),
+                              (getattr(self, "lwrite", []), self.banks[0])):
             for port in ports:
                 write = memory.write_port()
                 m.d.comb += [write.addr.eq(port.addr), write.data.eq(port.data), write.en.eq(port.en)]

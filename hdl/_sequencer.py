@@ -62,7 +62,7 @@ def _ring(index: Value, buffer: Buffer) -> Value | int:
     """Address of slot `index` mod depth (depth a power of two) of `buffer`: shifts and adds, no multiplier."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.pitch)
 
 
 class Sequencer(wiring.Component):

@@ -1,0 +1,144 @@
+"""A heavy layer split over PEs, as the hardware runs it: the parts' outputs concatenated where their consumer
+reads them, the consumer's error handed back to each part as a slice.
+
+The `layerpipe` policy's split variants (`layerpipe/network/_split.py`) turn layer l into parts l.0 … l.(k−1)
+with the same input; their consumer c reads the parts as one concatenated operand, and c's E output
+e = Wᵀδ is that concatenation's error, each part's A reading its own slice. In hardware:
+
+- The concatenation is one region of bank 0 on F_c's PE (`cat`, named `a<first>-<last>`): part j's vector
+  at word offset o_j = Σ_{i<j} ⌈r_i/lanes⌉, each part padded to whole words (its padding lanes are 0: F zeroes
+  them). A part computed on that PE writes its slice in place (its `a<i>` is a *view* of the region); a part
+  computed elsewhere arrives over its link into the same words (`a<i>@<q>`, a view written through one of
+  bank 0's receiver write ports, `PEConfig.local_writes`).
+- The consumer's W has the same padded column layout: S = Σ_j ⌈r_j/lanes⌉ words per row, zero columns at
+  the parts' padding (`pad_columns`; the host loads it so, reads it back so). Zero columns stay zero: G's
+  padding is δ·0, U subtracts 0. So F_c, E_c, G_c and U_c are plain commands of cols = S·lanes, and the `rtl`
+  cost model charges them B·rows·S (`hdl/_costs.py`): the simulator times exactly what the hardware does.
+- E_c writes the error region `e<first>-<last>` in the same layout; part j's error `e<i>` is a view of it (read
+  in place by an A on that PE, or sent from there: a view's transfer is its ⌈r_j/lanes⌉ words).
+
+Not in hardware (refused in one line by `split_shapes`): a split layer that has an E (its parts' errors would
+be summed at the producer — sat(Σ_j sat(W_jᵀ δ_j)) needs a multi-operand add the PE does not have), micro-batches
+B > 1 with a split (a part's B vectors would interleave with the other parts' in the concatenation: strided
+writes and reads the PE and the links do not have), and a concatenation sent to another PE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerpipe.errors import InputError
+from layerpipe.network import INPUT, Network
+
+__all__ = ["SplitShapes", "pad_columns", "split_shapes"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class SplitShapes:
+    """Per layer l = 1..L (index l − 1): its inputs (0 = the network input), its padded columns (elements of
+    the operand its F reads, padding included), and where each of its consumer's parts sits."""
+
+    widths: tuple[int, ...]  #: n_0 (input) then out_l per layer
+    inputs: tuple[tuple[int, ...], ...]
+    cols: tuple[int, ...]
+    consumer: tuple[int, ...]  #: the layer reading layer l's output (0: none, the output layer)
+    #: per concatenating consumer c: ((part, word offset, words), ...)
+    segments: dict[int, tuple[tuple[int, int, int], ...]]
+    lanes: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.inputs)
+
+    def is_cat(self, layer: int) -> bool:
+        return len(self.inputs[layer - 1]) > 1
+
+    def input_value(self, layer: int) -> str:
+        """The vector F_layer reads: x, a<i>, or the concatenation a<first>-<last>."""
+        ins = self.inputs[layer - 1]
+        if ins == (INPUT,):
+            return "x"
+        return f"a{ins[0]}" if len(ins) == 1 else f"a{ins[0]}-{ins[-1]}"
+
+    def error_value(self, layer: int) -> str:
+        """The vector E_layer writes: e<i>, or the concatenation's error e<first>-<last>."""
+        return "e" + self.input_value(layer)[1:]
+
+    def part_of(self, layer: int) -> tuple[int, int, int] | None:
+        """(consumer, word offset, words) when `layer` is a part of a concatenation."""
+        c = self.consumer[layer - 1]
+        if c and self.is_cat(c):
+            for part, offset, words in self.segments[c]:
+                if part == layer:
+                    return c, offset, words
+        return None
+
+    def region_words(self, consumer: int) -> int:
+        return self.cols[consumer - 1] // self.lanes
+
+
+def split_shapes(network: Network, lanes: int) -> SplitShapes:
+    """The shapes of a chain MLP or of a split variant of one, or `InputError` naming what the hardware cannot run
+    (the checks of `mlp_widths` on each layer come first, by the caller)."""
+    layers = network.layers
+    consumers: dict[int, list[int]] = {}
+    for layer in layers:
+        for i in layer.inputs:
+            consumers.setdefault(i, []).append(layer.index)
+    inputs, cols, consumer = [], [], []
+    segments: dict[int, tuple[tuple[int, int, int], ...]] = {}
+    for layer in layers:
+        ins = tuple(layer.inputs)
+        if list(ins) != sorted(ins) or (len(ins) > 1 and list(ins) != list(range(ins[0], ins[-1] + 1))):
+            raise InputError(f"the RTL runs chains of fully connected layers (a split layer's parts read as one "
+                             f"concatenation); layer '{layer.name}' reads layers {list(ins)}")
+        users = consumers.get(layer.index, [])
+        if len(users) > 1:
+            raise InputError(f"the RTL runs chains of fully connected layers; layer '{layer.name}' feeds "
+                             f"{len(users)} layers")
+        if layer.index != len(network) and not users:
+            raise InputError(f"the RTL runs chains of fully connected layers; layer '{layer.name}' feeds nothing")
+        siblings = [other for other in layers if tuple(other.inputs) == ins]
+        if len(siblings) > 1 and ins != (INPUT,):
+            raise InputError(f"the policy splits layer '{layer.name.rsplit('.', 1)[0]}' over PEs, which is not the "
+                             "first layer: its parts' errors Σ_j W_jᵀ δ_j would be summed at the producer, a "
+                             "multi-operand add the PE does not have (the RTL runs splits of the first layer only)")
+        if len(ins) > 1:
+            if network.batch > 1:
+                raise InputError(f"with --batch {network.batch} the parts of the split layer read by "
+                                 f"'{layer.name}' would interleave sample by sample in its concatenated operand "
+                                 "(strided writes the PE and links do not have); the RTL runs splits with "
+                                 "--batch 1")
+            offset, segs = 0, []
+            for i in ins:
+                words = _ceil_div(network.layer(i).out_size, lanes)
+                segs.append((i, offset, words))
+                offset += words
+            segments[layer.index] = tuple(segs)
+            cols.append(offset * lanes)
+        else:
+            cols.append(layer.in_size)
+        inputs.append(ins)
+        consumer.append(users[0] if users else 0)
+    widths = (network.input_size, *(layer.out_size for layer in layers))
+    return SplitShapes(widths, tuple(inputs), tuple(cols), tuple(consumer), segments, lanes)
+
+
+def pad_columns(matrix: np.ndarray | Sequence[Sequence[int]], segments: Sequence[tuple[int, int, int]],
+                part_rows: Sequence[int], lanes: int) -> np.ndarray:
+    """A consumer's W (rows × Σ r_j) in the padded column layout: part j's columns at element offset o_j·lanes,
+    zeros in its padding."""
+    w = np.asarray(matrix)
+    out = np.zeros((w.shape[0], sum(words for _, _, words in segments) * lanes), dtype=w.dtype)
+    col = 0
+    for (_, offset, _), rows in zip(segments, part_rows, strict=True):
+        out[:, offset * lanes:offset * lanes + rows] = w[:, col:col + rows]
+        col += rows
+    return out
