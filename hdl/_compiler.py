@@ -292,7 +292,8 @@ class Program:
                 for b in pe.buffers:
                     if b.memory == mem:
                         view = f" view of {b.view_of} stride={b.pitch}" if b.view_of else ""
-                        lines.append(f"    {b.name:<4} base={b.base:<6} slot_words={b.slot_words:<5} depth={b.depth}{view}")
+                        lines.append(f"    {b.name:<4} base={b.base:<6} slot_words={b.slot_words:<5} "
+                                     f"depth={b.depth}{view}")
             for i, name in enumerate(pe.counters):
                 lines.append(f"  counter {i}: {name}")
             for q, depth in pe.queues:
@@ -494,8 +495,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     for (src, dst), tr in transfers.items():
         n_in = network.layer(src[1]).in_size
         if tr.kind != "vector" and shapes.cols[src[1] - 1] != n_in:
-            raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs a matrix of layer {src[1]} from {name(src)} on "
-                             f"PE {pe_of[src]}, whose columns are a split layer's parts padded to whole words: its "
+            raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs a matrix of layer {src[1]} from {name(src)} "
+                             f"on PE {pe_of[src]}, whose columns are a split layer's parts padded to whole words: its "
                              "transfer would take more link beats than the rtl interconnect's ⌈words/lanes⌉; use "
                              "--keep-weights-together")
         if tr.kind == "vector" and batch > 1 and (tr.words // batch) % lanes:
@@ -721,7 +722,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                 continue
             elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
             add(buf, memory_of(p, buf), batch * ceil_div(elements, lanes), vector_depth(p, buf))
-        for buf in sorted((b for b in names if views.get(b) is not None), key=lambda b: (order.index(b.split("@")[0]), b)):
+        ordered = sorted(names, key=lambda b: (order.index(b.split("@")[0]), b))
+        for buf in (b for b in ordered if views.get(b) is not None):
             region_name, offset = views[buf]  # type: ignore[misc]
             region = next(b for b in buffers if b.name == region_name)
             part_words = ceil_div(widths[int(buf.split("@")[0][1:])], lanes)
