@@ -92,6 +92,12 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
     for layer in layers:
         for i in layer.inputs:
             consumers.setdefault(i, []).append(layer.index)
+    for layer in layers:  # the parts of a split layer share their inputs
+        siblings = [other for other in layers if tuple(other.inputs) == tuple(layer.inputs)]
+        if len(siblings) > 1 and tuple(layer.inputs) != (INPUT,):
+            raise InputError(f"the policy splits layer '{layer.name.rsplit('.', 1)[0]}' over PEs, which is not the "
+                             "first layer: its parts' errors Σ_j W_jᵀ δ_j would be summed at the producer, a "
+                             "multi-operand add the PE does not have (the RTL runs splits of the first layer only)")
     inputs, cols, consumer = [], [], []
     segments: dict[int, tuple[tuple[int, int, int], ...]] = {}
     for layer in layers:
@@ -105,11 +111,6 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
                              f"{len(users)} layers")
         if layer.index != len(network) and not users:
             raise InputError(f"the RTL runs chains of fully connected layers; layer '{layer.name}' feeds nothing")
-        siblings = [other for other in layers if tuple(other.inputs) == ins]
-        if len(siblings) > 1 and ins != (INPUT,):
-            raise InputError(f"the policy splits layer '{layer.name.rsplit('.', 1)[0]}' over PEs, which is not the "
-                             "first layer: its parts' errors Σ_j W_jᵀ δ_j would be summed at the producer, a "
-                             "multi-operand add the PE does not have (the RTL runs splits of the first layer only)")
         if len(ins) > 1:
             if network.batch > 1:
                 raise InputError(f"with --batch {network.batch} the parts of the split layer read by "
