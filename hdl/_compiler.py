@@ -123,6 +123,8 @@ class Step:
     dst: str = ""
     version: int = 0
     batch: int = 1  #: samples of the micro-batch the op walks (U: 1, once per micro-batch)
+    #: A of a split layer's producer: the other parts' partial errors, added into x (same address, other banks)
+    x_sum: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -305,6 +307,7 @@ class Program:
                     ops = " ".join(f"{k}={v}" for k, v in (("x", s.x), ("y", s.y), ("w", s.w), ("g", s.g),
                                                            ("dst", s.dst)) if v)
                     version = f" version=t{s.version:+d}" if s.w else ""
+                    version += f" x+={'+'.join(s.x_sum)}" if s.x_sum else ""
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
                                  f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
@@ -605,6 +608,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             return shapes.error_value(c), offset
         return None
 
+    def partials(layer: int) -> list[tuple[TaskKey, str]]:
+        """The partial errors of `layer` when its consumer is a split layer: (E of each part, its value)."""
+        readers_of = shapes.consumers[layer - 1]
+        return [(task(c, "E"), shapes.error_value(c)) for c in readers_of] if len(readers_of) > 1 else []
+
     def source(atomic: str, layer: int, which: str) -> tuple[TaskKey | None, str]:
         below = shapes.input_value(layer)
         ins = shapes.inputs[layer - 1]
@@ -617,6 +625,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         if atomic == "E":
             return task(layer, "A"), f"d{layer}"
         if layer < num_layers:  # A of a hidden layer: e_l (from its consumer's E) and the mask a_l
+            if which == "x" and partials(layer):
+                return partials(layer)[0]
             consumer = shapes.consumer[layer - 1]
             return (task(consumer, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"a{layer}")
         return (task(layer, "F"), f"a{layer}") if which == "x" else (None, "y")
@@ -648,6 +658,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         writers.setdefault((p, buf), set())
 
     operands: dict[tuple[TaskKey, int, str], str] = {}  # (task, step index, x|y) → buffer on the task's PE
+    summed: dict[tuple[TaskKey, int], tuple[str, ...]] = {}  # (A task, step index) → further x buffers (x_sum)
     for key, p in pe_of.items():
         for k, atomic in enumerate(key[0]):
             if atomic == "U":
@@ -664,6 +675,15 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                     writers[(p, buf)].update(task(part, "F") for part, _, _ in shapes.segments[producer[1]])
                 elif producer is not None and buf == value:
                     writers[(p, buf)].add(producer)
+            if atomic == "A" and partials(key[1]):  # the other parts' partial errors, summed into x
+                more = []
+                for producer, value in partials(key[1])[1:]:
+                    buf = location(p, producer, value)
+                    use(p, buf, key)
+                    if buf == value:
+                        writers[(p, buf)].add(producer)
+                    more.append(buf)
+                summed[(key, k)] = tuple(more)
     vector_sends: dict[tuple[TaskKey, TaskKey], tuple[str, str]] = {}  # transfer → (source buffer, dest buffer)
     for (src, dst), tr in transfers.items():
         if tr.kind != "vector":
@@ -672,6 +692,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                   for which in ("x", "y") if (dst, k, which) in operands and source(atomic, dst[1], which)[0] == src}
         if "F" in dst[0] and shapes.is_cat(dst[1]) and src[1] in shapes.inputs[dst[1] - 1]:
             values = {f"a{src[1]}"}  # a part into its slice of the concatenation (a view on F_c's PE)
+        if "A" in dst[0] and src in [e for e, _ in partials(dst[1])]:
+            values = {v for e, v in partials(dst[1]) if e == src}  # a part's partial error to the producer's A
         if any("-" in v for v in values):
             raise InputError(f"tasks {name(src)} and {name(dst)} would exchange the concatenation of a split layer's "
                              "parts across PEs; the RTL keeps it where its consumer's F runs (--keep-weights-together)")
@@ -699,6 +721,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         pairs = [dist(r, w) for r in readers_of for w in writers_of if w is not None]
         return _pow2_at_least(max(pairs, default=1))
 
+    def elements_of(value: str) -> int:
+        if value in ("x", "y"):
+            return widths[0] if value == "x" else widths[-1]
+        return widths[int(value[1:].split("_")[0])]
+
     programs = []
     for p, body in enumerate(bodies):
         buffers: list[Buffer] = []
@@ -708,20 +735,39 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             buffers.append(Buffer(name, memory, base, slot_words, depth))
 
         names = {b for q, b in vreaders if q == p}
+        groups = [(operands[((s.kind, s.layer), k, "x")], *summed[((s.kind, s.layer), k)]) for s in body
+                  for k, a in enumerate(s.kind) if a == "A" and ((s.kind, s.layer), k) in summed]
+        aligned = {b for group in groups for b in group}
+        for group in groups:
+            memories = [memory_of(p, b) for b in group]
+            if len(set(memories)) != len(memories):
+                raise InputError(f"PE {p} would receive two partial errors of one layer ({', '.join(group)}) into one "
+                                 "bank: the PE sums them from distinct banks in one beat; use --no-split-layers or "
+                                 "another -n")
         for s in body:  # what the PE's steps write (a part's slice of a concatenation may have no reader of its own)
             for atomic in s.kind:
                 if atomic in "FAE":
                     names.add(_step(atomic, s.layer, widths, shapes).dst)
         views = {b: view_region(p, b) for b in names}
         names |= {v[0] for v in views.values() if v is not None}
+        for group in groups:  # first: the partial errors one A sums, the same slots of distinct banks
+            depth = max(vector_depth(p, b) for b in group)
+            slot = batch * ceil_div(elements_of(group[0].split("@")[0]), lanes)
+            base = max(sum(b.words for b in buffers if b.memory == memory_of(p, g)) for g in group)
+            for g in group:
+                gap = base - sum(b.words for b in buffers if b.memory == memory_of(p, g))
+                if gap:
+                    add(f"pad{len(buffers)}", memory_of(p, g), gap, 1)  # words left unused, for the alignment
+                add(g, memory_of(p, g), slot, depth)
         for buf in sorted((b for b in names if views.get(b) is None), key=lambda b: (order.index(b.split("@")[0]), b)):
             value = buf.split("@")[0]
             if "-" in value:  # a concatenation (or its error) of consumer c: the parts' padded words
                 words = shapes.region_words(shapes.consumer[int(value[1:].split("-")[0]) - 1])
                 add(buf, "local", batch * words, vector_depth(p, buf))
                 continue
-            elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
-            add(buf, memory_of(p, buf), batch * ceil_div(elements, lanes), vector_depth(p, buf))
+            if buf in aligned:
+                continue
+            add(buf, memory_of(p, buf), batch * ceil_div(elements_of(value), lanes), vector_depth(p, buf))
         ordered = sorted(names, key=lambda b: (order.index(b.split("@")[0]), b))
         for buf in (b for b in ordered if views.get(b) is not None):
             region_name, offset = views[buf]  # type: ignore[misc]
@@ -757,6 +803,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                     step = replace(step, x=operands[(key, len(steps), "x")])
                 if (key, len(steps), "y") in operands:
                     step = replace(step, y=operands[(key, len(steps), "y")])
+                if (key, len(steps)) in summed:
+                    step = replace(step, x_sum=summed[(key, len(steps))])
                 if (key, atomic) in reads:
                     buf, offset = reads[(key, atomic)]
                     step = replace(step, w=buf, version=offset)

@@ -129,7 +129,10 @@ def _step(step: Step, mem: _Memory, t: int, fmt: Any, lr_shift: int) -> np.ndarr
         out = fmt.relu(z) if step.relu else z
     elif step.kind == "A":
         if step.relu:  # δ = e ⊙ (a > 0): a = relu(z), so the mask of a is the mask of z
-            out = mem.read(step.x, t) * fmt.relu_grad_mask(mem.read(step.y, t))
+            e = mem.read(step.x, t)
+            if step.x_sum:  # a split layer's partial errors: summed exactly, saturated once
+                e = fmt.saturate(sum((mem.read(name, t) for name in step.x_sum), e))
+            out = e * fmt.relu_grad_mask(mem.read(step.y, t))
         else:
             out = fmt.output_error(mem.read(step.x, t), mem.read(step.y, t))
     elif step.kind == "E":

@@ -264,6 +264,12 @@ class Sequencer(wiring.Component):
             if name:
                 b = pe.buffer(name)
                 m.d.comb += [port.bank.eq(pe.bank(b.memory)), port.addr.eq(_ring(t, b))]
+        if step.x_sum:  # a split layer's partial errors: x's slot in other banks (the compiler aligned them)
+            x = pe.buffer(step.x)
+            for name in step.x_sum:
+                b = pe.buffer(name)
+                assert (b.base, b.slot_words, b.depth) == (x.base, x.slot_words, x.depth), (name, step.x)
+            m.d.comb += cmd.x_sum.eq(sum(1 << pe.bank(pe.buffer(name).memory) for name in step.x_sum))
 
         def version(offset: int) -> Value | int:
             """Slot of weight version max(0, t + offset) in W's ring of versions."""

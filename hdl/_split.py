@@ -17,10 +17,16 @@ e = Wᵀδ is that concatenation's error, each part's A reading its own slice. I
 - E_c writes the error region `e<first>-<last>` in the same layout; part j's error `e<i>` is a view of it (read
   in place by an A on that PE, or sent from there: a view's transfer is its ⌈r_j/lanes⌉ words).
 
-Not in hardware (refused in one line by `split_shapes`): a split layer that has an E (its parts' errors would
-be summed at the producer — sat(Σ_j sat(W_jᵀ δ_j)) needs a multi-operand add the PE does not have), micro-batches
-B > 1 with a split (a part's B vectors would interleave with the other parts' in the concatenation: strided
-writes and reads the PE and the links do not have), and a concatenation sent to another PE.
+- A split layer that has an E (not the first layer): part j's E writes its partial error e<i>_<j> = sat(W_jᵀ δ_j)
+  of the producer i; they reach A_i's PE in distinct banks (bank 0 for a part computed there, one receive bank
+  per other PE) at the same address (the compiler aligns their rings), and A_i's ACT_RELU reads them in the same
+  beat and sums them at full width before saturating once (`x_sum`, `PEConfig.sum_banks`): the reference's
+  sat(Σ_j e_j), in A's own cycles, so the `rtl` cost model's A is unchanged.
+
+Not in hardware (refused in one line): micro-batches B > 1 with a concatenation (a part's B vectors would
+interleave with the other parts' in it: strided writes and reads the PE and the links do not have), a split
+layer reading another split layer's parts, two parts' errors landing in one bank (two parts on one PE other
+than A's), and a concatenation sent to another PE.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class SplitShapes:
     #: per concatenating consumer c: ((part, word offset, words), ...)
     segments: dict[int, tuple[tuple[int, int, int], ...]]
     lanes: int
+    #: every layer reading layer l's output: its consumer, or a split layer's parts (whose E outputs are
+    #: partial errors of l, summed by A_l: `PEConfig.sum_banks`)
+    consumers: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -68,7 +77,11 @@ class SplitShapes:
         return f"a{ins[0]}" if len(ins) == 1 else f"a{ins[0]}-{ins[-1]}"
 
     def error_value(self, layer: int) -> str:
-        """The vector E_layer writes: e<i>, or the concatenation's error e<first>-<last>."""
+        """The vector E_layer writes: e<i>, the concatenation's error e<first>-<last>, or (a part of a split
+        layer reading layer i) its partial error e<i>_<layer>."""
+        ins = self.inputs[layer - 1]
+        if len(ins) == 1 and ins[0] != INPUT and len(self.consumers[ins[0] - 1]) > 1:
+            return f"e{ins[0]}_{layer}"
         return "e" + self.input_value(layer)[1:]
 
     def part_of(self, layer: int) -> tuple[int, int, int] | None:
@@ -94,11 +107,11 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
             consumers.setdefault(i, []).append(layer.index)
     for layer in layers:  # the parts of a split layer share their inputs
         siblings = [other for other in layers if tuple(other.inputs) == tuple(layer.inputs)]
-        if len(siblings) > 1 and tuple(layer.inputs) != (INPUT,):
-            raise InputError(f"the policy splits layer '{layer.name.rsplit('.', 1)[0]}' over PEs, which is not the "
-                             "first layer: its parts' errors Σ_j W_jᵀ δ_j would be summed at the producer, a "
-                             "multi-operand add the PE does not have (the RTL runs splits of the first layer only)")
-    inputs, cols, consumer = [], [], []
+        if len(siblings) > 1 and len(layer.inputs) > 1:
+            raise InputError(f"the policy splits layer '{layer.name.rsplit('.', 1)[0]}', which reads another split "
+                             "layer's parts: the concatenation would have several readers and their errors a sum "
+                             "of concatenations, which the RTL does not combine; use --no-split-layers")
+    inputs, cols, consumer, readers = [], [], [], []
     segments: dict[int, tuple[tuple[int, int, int], ...]] = {}
     for layer in layers:
         ins = tuple(layer.inputs)
@@ -106,7 +119,7 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
             raise InputError(f"the RTL runs chains of fully connected layers (a split layer's parts read as one "
                              f"concatenation); layer '{layer.name}' reads layers {list(ins)}")
         users = consumers.get(layer.index, [])
-        if len(users) > 1:
+        if len({tuple(network.layer(u).inputs) for u in users}) > 1:
             raise InputError(f"the RTL runs chains of fully connected layers; layer '{layer.name}' feeds "
                              f"{len(users)} layers")
         if layer.index != len(network) and not users:
@@ -128,8 +141,9 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
             cols.append(layer.in_size)
         inputs.append(ins)
         consumer.append(users[0] if users else 0)
+        readers.append(tuple(users))
     widths = (network.input_size, *(layer.out_size for layer in layers))
-    return SplitShapes(widths, tuple(inputs), tuple(cols), tuple(consumer), segments, lanes)
+    return SplitShapes(widths, tuple(inputs), tuple(cols), tuple(consumer), segments, lanes, tuple(readers))
 
 
 def pad_columns(matrix: np.ndarray | Sequence[Sequence[int]], segments: Sequence[tuple[int, int, int]],

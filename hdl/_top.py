@@ -63,6 +63,7 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             weight_writes=sum("weights" in program.link_targets(src, p) for src in incoming),
             grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
             local_writes=sum("local" in program.link_targets(src, p) for src in incoming),
+            sum_banks=any(step.x_sum for e in pe.entries for step in e.steps),
             max_dim=program.max_dim))
     return out
 

@@ -267,25 +267,28 @@ def test_generated_placements_compile_consistently(point: tuple[list[int], dict[
     _check_design(placed_design(widths, where, n, lanes, samples, mode, batch))
 
 
-def test_heavy_layer_split_is_refused_naming_the_tasks_and_why() -> None:
-    """The layerpipe policy's split variants run in hardware when the split layer is the first (mlp:96-8-4 on
-    2 PEs, 4 lanes: fc1 as fc1.0 and fc1.1, tests/test_hw_split.py); a split of a hidden layer (mlp:8-32-64-4 on
-    3 PEs: fc2 in 3 parts) is refused in one line naming the layer and the missing operation. `make_design`
-    asks for split variants only with `split_layers=True`."""
+def test_heavy_layer_split_runs_or_is_refused_naming_the_tasks_and_why() -> None:
+    """The layerpipe policy's split variants run in hardware (tests/test_hw_split.py): a first-layer split
+    (mlp:96-8-4 on 2 PEs, 4 lanes: fc1 as fc1.0 and fc1.1) and a hidden-layer split (mlp:8-32-64-4 on 3 PEs: fc2
+    in 3 parts, their errors summed by A1); with micro-batches (mlp:64-8-4, 3 PEs, B = 4) a split is refused in
+    one line naming the consumer and why. `make_design` asks for split variants only with `split_layers=True`."""
     from layerpipe.hdl._flow import check_runnable
     from layerpipe.interconnect import Interconnect
     from layerpipe.schedule.policies import make_schedule, policy_options
 
     options = policy_options("layerpipe", {"replication": False, "split_layers": True})
-    net = load_network("mlp:96-8-4")
-    result = make_schedule("layerpipe", net, 2, RTLCostModel(4), options, interconnect=Interconnect.rtl(4))
-    assert [layer.name for layer in result.graph.network.layers] == ["fc1.0", "fc1.1", "fc2"]
-    check_runnable(net, result, "layerpipe")
-    net = load_network("mlp:8-32-64-4")
-    result = make_schedule("layerpipe", net, 3, RTLCostModel(4), options, interconnect=Interconnect.rtl(4))
-    with pytest.raises(InputError) as info:
-        check_runnable(net, result, "layerpipe")
-    message = str(info.value)
-    assert "\n" not in message and "'fc2'" in message and "multi-operand add" in message
+    for network, n, batch, split in (("mlp:96-8-4", 2, 1, ["fc1.0", "fc1.1", "fc2"]),
+                                     ("mlp:8-32-64-4", 3, 1, ["fc1", "fc2.0", "fc2.1", "fc2.2", "fc3"]),
+                                     ("mlp:64-8-4", 3, 4, ["fc1.0", "fc1.1", "fc1.2", "fc2"])):
+        net = load_network(network, batch)
+        result = make_schedule("layerpipe", net, n, RTLCostModel(4), options, interconnect=Interconnect.rtl(4))
+        assert [layer.name for layer in result.graph.network.layers] == split
+        if batch == 1:
+            check_runnable(net, result, "layerpipe")
+            continue
+        with pytest.raises(InputError) as info:
+            check_runnable(net, result, "layerpipe")
+        message = str(info.value)
+        assert "\n" not in message and "'fc2'" in message and "--batch 4" in message
     design = make_design("mlp:96-8-4", "layerpipe", 2, 4, 2, keep_weights_together=False)  # whole layers
     assert [layer.name for layer in design.schedule.graph.network.layers] == ["fc1", "fc2"]
