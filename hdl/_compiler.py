@@ -772,7 +772,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for buf in (b for b in ordered if views.get(b) is not None):
             region_name, offset = views[buf]  # type: ignore[misc]
             region = next(b for b in buffers if b.name == region_name)
-            part_words = ceil_div(widths[int(buf.split("@")[0][1:])], lanes)
+            part_words = batch * ceil_div(widths[int(buf.split("@")[0][1:])], lanes)  # B runs, `pitch // B` apart
             buffers.append(Buffer(buf, "local", region.base + offset, part_words, region.depth, region_name,
                                   region.slot_words))
         for layer in range(1, num_layers + 1):

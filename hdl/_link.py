@@ -139,6 +139,14 @@ class LinkSender(wiring.Component):
         rest = Signal(width)  # the item's sends after the one in progress
         beat = Signal(range(max(b.slot_words for b in src_pe.buffers) + 1))
         beats = Signal.like(beat)
+        # A micro-batch's vectors inside a split layer's concatenation (`hdl/_split.py`): B runs of `run` words,
+        # `stride` apart, on either end; the pointer jumps at the end of each run. Built only when a send has one.
+        batch = self.program.network.batch
+        runs = [(src_pe.buffer(snd.src), dst_pe.buffer(snd.dst)) for sends in self.entry_sends for snd in sends]
+        strided = batch > 1 and any(b.view_of for pair in runs for b in pair)
+        run_bits = max(1, max((b.slot_words for pair in runs for b in pair), default=1).bit_length())
+        src_run, dst_run, src_k, dst_k = (Signal(run_bits, name=n) for n in ("src_run", "dst_run", "src_k", "dst_k"))
+        src_jump, dst_jump = Signal(abits, name="src_jump"), Signal(abits, name="dst_jump")
         rd_ptr = Signal(abits)
         dst_ptr = Signal(abits)
         counter = Signal.like(self.out.payload.counter)
@@ -148,7 +156,11 @@ class LinkSender(wiring.Component):
 
         def send_info(entry: Value, iteration: Value, mask: Value, tag: str) -> dict[str, Signal]:
             """The lowest send of `mask` of item (entry, iteration): its first addresses, length and tags."""
-            info = {"src": Signal(abits, name=f"{tag}_src"), "dst": Signal(abits, name=f"{tag}_dst"),
+            info = {"src_run": Signal(run_bits, name=f"{tag}_src_run"),
+                    "dst_run": Signal(run_bits, name=f"{tag}_dst_run"),
+                    "src_jump": Signal(abits, name=f"{tag}_src_jump"),
+                    "dst_jump": Signal(abits, name=f"{tag}_dst_jump"),
+                    "src": Signal(abits, name=f"{tag}_src"), "dst": Signal(abits, name=f"{tag}_dst"),
                     "beats": Signal.like(beats, name=f"{tag}_beats"),
                     "counter": Signal.like(counter, name=f"{tag}_counter"), "target": Signal(2, name=f"{tag}_target"),
                     "source": Signal.like(source, name=f"{tag}_source"), "rest": Signal(width, name=f"{tag}_rest")}
@@ -177,12 +189,21 @@ class LinkSender(wiring.Component):
                                     info["target"].eq(_target(dst_buf.memory)),
                                     info["source"].eq(self.sources.index(src_buf.memory)),
                                 ]
+                                if strided:  # run length and the jump to the next sample's run (+1 of the beat)
+                                    m.d.comb += [info["src_run"].eq(src_buf.slot_words // batch),
+                                                 info["src_jump"].eq(src_buf.pitch // batch
+                                                                     - src_buf.slot_words // batch + 1),
+                                                 info["dst_run"].eq(dst_buf.slot_words // batch),
+                                                 info["dst_jump"].eq(dst_buf.pitch // batch
+                                                                     - dst_buf.slot_words // batch + 1)]
             return info
 
         def start_send(info: dict[str, Signal]) -> list:
+            extra = [src_run.eq(info["src_run"]), dst_run.eq(info["dst_run"]), src_jump.eq(info["src_jump"]),
+                     dst_jump.eq(info["dst_jump"]), src_k.eq(0), dst_k.eq(0)] if strided else []
             return [rd_ptr.eq(info["src"]), dst_ptr.eq(info["dst"]), beats.eq(info["beats"]), beat.eq(0),
                     counter.eq(info["counter"]), target.eq(info["target"]), source.eq(info["source"]),
-                    rest.eq(info["rest"]), last_send.eq(info["rest"] == 0)]
+                    rest.eq(info["rest"]), last_send.eq(info["rest"] == 0), *extra]
 
         head_info = send_info(q_entry[head], q_iter[head], q_mask[head], "head")
         next_info = send_info(cur_entry, cur_iter, rest, "next")
@@ -205,7 +226,13 @@ class LinkSender(wiring.Component):
             with m.If(last_beat):
                 m.d.sync += start_send(next_info)  # the item's next send (when there is one)
             with m.Else():
-                m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + 1), dst_ptr.eq(dst_ptr + 1)]
+                if strided:
+                    src_end, dst_end = src_k == src_run - 1, dst_k == dst_run - 1
+                    m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + Mux(src_end, src_jump, 1)),
+                                 dst_ptr.eq(dst_ptr + Mux(dst_end, dst_jump, 1)),
+                                 src_k.eq(Mux(src_end, 0, src_k + 1)), dst_k.eq(Mux(dst_end, 0, dst_k + 1))]
+                else:
+                    m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + 1), dst_ptr.eq(dst_ptr + 1)]
         with m.If(finishing & advance):
             m.d.sync += busy.eq(0)
         with m.If(load):

@@ -39,8 +39,9 @@ class _Memory:
     its region's slot at its word offset: elements offset·lanes … + n; the region starts as zeros (the parts'
     padding)."""
 
-    def __init__(self, pe: PEProgram, lanes: int = 1, widths: tuple[int, ...] = ()) -> None:
+    def __init__(self, pe: PEProgram, lanes: int = 1, widths: tuple[int, ...] = (), batch: int = 1) -> None:
         self.pe = pe
+        self.batch = batch
         self.lanes = lanes
         self.widths = widths  #: a view of part a<i> / e<i> holds widths[i] elements
         self.slots: dict[tuple[str, int], np.ndarray] = {}
@@ -49,9 +50,10 @@ class _Memory:
         region = self.pe.buffer(buf.view_of)
         key = (region.name, index % region.depth)
         if key not in self.slots:
-            self.slots[key] = np.zeros((1, region.slot_words * self.lanes), dtype=np.int64)  # split: B = 1
+            # B samples, each with all the parts side by side (`hdl/_split.py`)
+            self.slots[key] = np.zeros((self.batch, region.slot_words // self.batch * self.lanes), dtype=np.int64)
         start = (buf.base - region.base) * self.lanes
-        return self.slots[key], slice(start, start + buf.slot_words * self.lanes)
+        return self.slots[key], slice(start, start + buf.slot_words // self.batch * self.lanes)
 
     def read(self, name: str, index: int) -> np.ndarray:
         buf = self.pe.buffer(name)
@@ -76,7 +78,7 @@ class _Memory:
 def run_program(program: Program, design: Any, vectors: dict[str, Any]) -> ModelRun:
     """Execute `program` for `design.samples` iterations on the inputs of `vectors` (`Design.vectors`)."""
     fmt, batch, samples = program.fmt, program.network.batch, design.samples
-    memories = [_Memory(pe, program.lanes, program.widths) for pe in program.pes]
+    memories = [_Memory(pe, program.lanes, program.widths, batch) for pe in program.pes]
     x = np.asarray(vectors["x"], dtype=np.int64).reshape(samples, batch, -1)
     y = np.asarray(vectors["y"], dtype=np.int64).reshape(samples, batch, -1)
     for p, pe in enumerate(program.pes):

@@ -124,6 +124,10 @@ class PEConfig:
     #: ACT_RELU may add other banks' x words to its x operand (`x_sum`, a bank mask): the errors of a split
     #: layer's parts, summed at full width and saturated once (`hdl/_split.py`); the banks read in parallel
     sum_banks: bool = False
+    #: per-sample strides of the vector operands come from the command (`x_stride`, `y_stride`, `d_stride`, in
+    #: words) instead of the operands' lengths: a micro-batch's vectors inside a split layer's concatenation,
+    #: each sample's parts side by side (`hdl/_split.py`)
+    strided: bool = False
     max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
 
     def __post_init__(self) -> None:
@@ -220,6 +224,7 @@ def command_layout(config: PEConfig) -> data.StructLayout:
         "dst": unsigned(max(config.vector_addr_bits, config.weight_addr_bits, config.grad_addr_bits)),
         # Banks whose word at x's address is added to x's (a split layer's partial errors): only when enabled.
         **({"x_sum": unsigned(config.banks)} if config.sum_banks else {}),
+        **({f"{k}_stride": unsigned(config.vector_addr_bits) for k in "xyd"} if config.strided else {}),
     })
 
 
@@ -463,6 +468,8 @@ class ProcessingElement(wiring.Component):
         x_stride = cmd.col_words
         y_stride = Mux(is_err | is_grad, cmd.row_words, cmd.col_words)
         d_stride = Mux(is_fwd, cmd.row_words, cmd.col_words)
+        if cfg.strided:  # a micro-batch inside a concatenation: the compiler's strides
+            x_stride, y_stride, d_stride = cmd.x_stride, cmd.y_stride, cmd.d_stride
 
         def next_row() -> list:
             wrap = row_lane == lanes - 1

@@ -264,6 +264,10 @@ class Sequencer(wiring.Component):
             if name:
                 b = pe.buffer(name)
                 m.d.comb += [port.bank.eq(pe.bank(b.memory)), port.addr.eq(_ring(t, b))]
+        if cfg.strided:  # a micro-batch's vectors: each operand's slot is B samples `pitch // B` words apart
+            for port, name in ((cmd.x_stride, step.x), (cmd.y_stride, step.y), (cmd.d_stride, step.dst)):
+                if name and step.kind != "U" and not (step.kind == "G" and name == step.dst):
+                    m.d.comb += port.eq(pe.buffer(name).pitch // step.batch)
         if step.x_sum:  # a split layer's partial errors: x's slot in other banks (the compiler aligned them)
             x = pe.buffer(step.x)
             for name in step.x_sum:

@@ -23,10 +23,14 @@ e = Wᵀδ is that concatenation's error, each part's A reading its own slice. I
   beat and sums them at full width before saturating once (`x_sum`, `PEConfig.sum_banks`): the reference's
   sat(Σ_j e_j), in A's own cycles, so the `rtl` cost model's A is unchanged.
 
-Not in hardware (refused in one line): micro-batches B > 1 with a concatenation (a part's B vectors would
-interleave with the other parts' in it: strided writes and reads the PE and the links do not have), a split
-layer reading another split layer's parts, two parts' errors landing in one bank (two parts on one PE other
-than A's), and a concatenation sent to another PE.
+- Micro-batches: a slot of the concatenation holds the B samples one after another, each with all its parts
+  side by side (S words per sample), so the consumer walks it as any B vectors. A view's slot is then B runs of
+  ⌈r_j/lanes⌉ words, S apart: the PE takes its operands' per-sample strides from the command
+  (`PEConfig.strided`) and a link sender jumps between runs on either end. (Vectors whose per-sample length the
+  lanes do not divide are refused with B > 1 as for any transfer: their padded samples take more beats.)
+
+Not in hardware (refused in one line): a split layer reading another split layer's parts, two parts' errors
+landing in one bank (two parts on one PE other than A's), and a concatenation sent to another PE.
 """
 
 from __future__ import annotations
@@ -125,11 +129,6 @@ def split_shapes(network: Network, lanes: int) -> SplitShapes:
         if layer.index != len(network) and not users:
             raise InputError(f"the RTL runs chains of fully connected layers; layer '{layer.name}' feeds nothing")
         if len(ins) > 1:
-            if network.batch > 1:
-                raise InputError(f"with --batch {network.batch} the parts of the split layer read by "
-                                 f"'{layer.name}' would interleave sample by sample in its concatenated operand "
-                                 "(strided writes the PE and links do not have); the RTL runs splits with "
-                                 "--batch 1")
             offset, segs = 0, []
             for i in ins:
                 words = _ceil_div(network.layer(i).out_size, lanes)

@@ -64,6 +64,7 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
             local_writes=sum("local" in program.link_targets(src, p) for src in incoming),
             sum_banks=any(step.x_sum for e in pe.entries for step in e.steps),
+            strided=program.network.batch > 1 and any(b.view_of for b in pe.buffers),
             max_dim=program.max_dim))
     return out
 
