@@ -293,8 +293,8 @@ RTL_POINTS: tuple[RTLPoint, ...] = (
     RTLPoint("mlp:64-8-4", 4, 4, 24, split_layers=True),
 )
 #: What runs on each point's hardware: (label, policy, keep_weights_together). LayerPipe may split placements;
-#: the hardware runs whole layers and one iteration per period, so the heavy-layer split and replication are off
-#: (`make_design`), and the model's prediction is taken with the same options.
+#: the hardware runs one iteration per period, so replication is off, and the heavy-layer split is off unless the
+#: point allows it (`RTLPoint.split_layers`); the model's prediction is taken with the same options.
 RTL_VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("layerpipe", "layerpipe", False),
     ("layerpipe, weights together", "layerpipe", True),
