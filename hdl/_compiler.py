@@ -734,7 +734,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             base = sum(b.words for b in buffers if b.memory == memory)
             buffers.append(Buffer(name, memory, base, slot_words, depth))
 
-        names = {b for q, b in vreaders if q == p}
+        held = {b for q, b in vreaders if q == p}  # the vector buffers of this PE
         groups = [(operands[((s.kind, s.layer), k, "x")], *summed[((s.kind, s.layer), k)]) for s in body
                   for k, a in enumerate(s.kind) if a == "A" and ((s.kind, s.layer), k) in summed]
         aligned = {b for group in groups for b in group}
@@ -747,9 +747,9 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for s in body:  # what the PE's steps write (a part's slice of a concatenation may have no reader of its own)
             for atomic in s.kind:
                 if atomic in "FAE":
-                    names.add(_step(atomic, s.layer, widths, shapes).dst)
-        views = {b: view_region(p, b) for b in names}
-        names |= {v[0] for v in views.values() if v is not None}
+                    held.add(_step(atomic, s.layer, widths, shapes).dst)
+        views = {b: view_region(p, b) for b in held}
+        held |= {v[0] for v in views.values() if v is not None}
         for group in groups:  # first: the partial errors one A sums, the same slots of distinct banks
             depth = max(vector_depth(p, b) for b in group)
             slot = batch * ceil_div(elements_of(group[0].split("@")[0]), lanes)
@@ -759,7 +759,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                 if gap:
                     add(f"pad{len(buffers)}", memory_of(p, g), gap, 1)  # words left unused, for the alignment
                 add(g, memory_of(p, g), slot, depth)
-        for buf in sorted((b for b in names if views.get(b) is None), key=lambda b: (order.index(b.split("@")[0]), b)):
+        for buf in sorted((b for b in held if views.get(b) is None), key=lambda b: (order.index(b.split("@")[0]), b)):
             value = buf.split("@")[0]
             if "-" in value:  # a concatenation (or its error) of consumer c: the parts' padded words
                 words = shapes.region_words(shapes.consumer[int(value[1:].split("-")[0]) - 1])
@@ -768,7 +768,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             if buf in aligned:
                 continue
             add(buf, memory_of(p, buf), batch * ceil_div(elements_of(value), lanes), vector_depth(p, buf))
-        ordered = sorted(names, key=lambda b: (order.index(b.split("@")[0]), b))
+        ordered = sorted(held, key=lambda b: (order.index(b.split("@")[0]), b))
         for buf in (b for b in ordered if views.get(b) is not None):
             region_name, offset = views[buf]  # type: ignore[misc]
             region = next(b for b in buffers if b.name == region_name)
