@@ -145,8 +145,10 @@ class LinkSender(wiring.Component):
         runs = [(src_pe.buffer(snd.src), dst_pe.buffer(snd.dst)) for sends in self.entry_sends for snd in sends]
         strided = batch > 1 and any(b.view_of for pair in runs for b in pair)
         run_bits = max(1, max((b.slot_words for pair in runs for b in pair), default=1).bit_length())
-        src_run, dst_run, src_k, dst_k = (Signal(run_bits, name=n) for n in ("src_run", "dst_run", "src_k", "dst_k"))
-        src_jump, dst_jump = Signal(abits, name="src_jump"), Signal(abits, name="dst_jump")
+        if strided:  # (only then: the other designs' Verilog stays as it was, names included)
+            src_run, dst_run, src_k, dst_k = (Signal(run_bits, name=n) for n in ("src_run", "dst_run", "src_k",
+                                                                                 "dst_k"))
+            src_jump, dst_jump = Signal(abits, name="src_jump"), Signal(abits, name="dst_jump")
         rd_ptr = Signal(abits)
         dst_ptr = Signal(abits)
         counter = Signal.like(self.out.payload.counter)
@@ -156,14 +158,13 @@ class LinkSender(wiring.Component):
 
         def send_info(entry: Value, iteration: Value, mask: Value, tag: str) -> dict[str, Signal]:
             """The lowest send of `mask` of item (entry, iteration): its first addresses, length and tags."""
-            info = {"src_run": Signal(run_bits, name=f"{tag}_src_run"),
-                    "dst_run": Signal(run_bits, name=f"{tag}_dst_run"),
-                    "src_jump": Signal(abits, name=f"{tag}_src_jump"),
-                    "dst_jump": Signal(abits, name=f"{tag}_dst_jump"),
-                    "src": Signal(abits, name=f"{tag}_src"), "dst": Signal(abits, name=f"{tag}_dst"),
+            info = {"src": Signal(abits, name=f"{tag}_src"), "dst": Signal(abits, name=f"{tag}_dst"),
                     "beats": Signal.like(beats, name=f"{tag}_beats"),
                     "counter": Signal.like(counter, name=f"{tag}_counter"), "target": Signal(2, name=f"{tag}_target"),
                     "source": Signal.like(source, name=f"{tag}_source"), "rest": Signal(width, name=f"{tag}_rest")}
+            if strided:
+                info.update({f"{end}_{what}": Signal(run_bits if what == "run" else abits, name=f"{tag}_{end}_{what}")
+                             for end in ("src", "dst") for what in ("run", "jump")})
             index = Signal(range(max(2, width)), name=f"{tag}_send")
             for k in reversed(range(width)):  # priority encoder: the last assignment (lowest k) wins
                 with m.If(mask[k]):
@@ -282,8 +283,9 @@ class LinkReceiver(wiring.Component):
     last word is written, and its PE reads it cycles later.
     """
 
-    def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int) -> None:
+    def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int, local: bool = False) -> None:
         abits = address_bits
+        self.local = local  #: the link writes bank 0 too (a split layer's parts): the `wl_*` port exists
         super().__init__({
             "inp": In(stream.Signature(beat_layout(word, abits, _counter_bits(program)))),
             "stall": In(1),
@@ -292,7 +294,7 @@ class LinkReceiver(wiring.Component):
             "wr_en": Out(1),
             "ww_en": Out(1),
             "wg_en": Out(1),
-            "wl_en": Out(1),
+            **({"wl_en": Out(1)} if local else {}),
             "arrived": Out(1),
             "arrived_counter": Out(unsigned(max(1, _counter_bits(program)))),
         })
@@ -317,6 +319,7 @@ class LinkReceiver(wiring.Component):
             self.wr_en.eq(written & (mem == MEM_BANK)),
             self.ww_en.eq(written & (mem == MEM_WEIGHTS)),
             self.wg_en.eq(written & (mem == MEM_GRADS)),
-            self.wl_en.eq(written & (mem == MEM_LOCAL)),
         ]
+        if self.local:
+            m.d.comb += self.wl_en.eq(written & (mem == MEM_LOCAL))
         return m

@@ -140,7 +140,7 @@ class Accelerator(wiring.Component):
         for p, q in prog.links():
             abits = self.link_addr_bits
             sender = LinkSender(prog, p, q, self.configs[p].word, self.iteration_bits, abits)
-            receiver = LinkReceiver(prog, self.configs[q].word, abits)
+            receiver = LinkReceiver(prog, self.configs[q].word, abits, local="local" in prog.link_targets(p, q))
             m.submodules[f"link{p}to{q}"] = sender
             m.submodules[f"recv{p}to{q}"] = receiver
             wiring.connect(m, sender.out, receiver.inp)
@@ -167,7 +167,7 @@ class Accelerator(wiring.Component):
                              wport.en.eq(receiver.wr_en)]
             for memory, ports, used, enable in (("weights", "wwrite", wwrite, receiver.ww_en),
                                                  ("grads", "gwrite", gwrite, receiver.wg_en),
-                                                 ("local", "lwrite", lwrite, receiver.wl_en)):
+                                                 ("local", "lwrite", lwrite, getattr(receiver, "wl_en", None))):
                 if memory in targets:
                     wport = getattr(pes[q], ports)[used[q]]
                     used[q] += 1
