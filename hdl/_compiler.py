@@ -31,6 +31,7 @@ from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
 from layerpipe.hdl._distances import DataEdge, Distances, TaskKey, UnrolledDistances
 from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
+from layerpipe.hdl._split import SplitShapes, split_shapes
 from layerpipe.network import Network
 from layerpipe.schedule import PeriodicSchedule, Slot
 
@@ -78,13 +79,22 @@ class Buffer:
     base: int
     slot_words: int
     depth: int
+    #: A view: part of each slot of the buffer named here (a split layer's part inside the concatenation its
+    #: consumer reads, `hdl/_split.py`); it takes no words of its own and its slots are `stride` words apart.
+    view_of: str = ""
+    stride: int = 0
+
+    @property
+    def pitch(self) -> int:
+        """Words from one slot to the next."""
+        return self.stride or self.slot_words
 
     @property
     def words(self) -> int:
-        return self.slot_words * self.depth
+        return 0 if self.view_of else self.slot_words * self.depth
 
     def address(self, index: int) -> int:
-        return self.base + (index % self.depth) * self.slot_words
+        return self.base + (index % self.depth) * self.pitch
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,8 @@ class Step:
     dst: str = ""
     version: int = 0
     batch: int = 1  #: samples of the micro-batch the op walks (U: 1, once per micro-batch)
+    #: A of a split layer's producer: the other parts' partial errors, added into x (same address, other banks)
+    x_sum: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -215,6 +227,17 @@ class Program:
     pes: tuple[PEProgram, ...]
     fmt: FixedFormat = DEFAULT_FORMAT
     limits: HardwareLimits = field(default=DEFAULT_LIMITS, compare=False)
+    #: per layer (index l − 1), the columns of W_l as stored: n_{l−1}, or a split layer's consumer's padded
+    #: concatenation (`hdl/_split.py`); empty: a chain, widths[l − 1]
+    cols: tuple[int, ...] = ()
+
+    def layer_cols(self, layer: int) -> int:
+        """Columns of W_layer as stored (padding included)."""
+        return self.cols[layer - 1] if self.cols else self.widths[layer - 1]
+
+    @property
+    def max_dim(self) -> int:
+        return max((*self.widths, *self.cols))
 
     @property
     def num_pes(self) -> int:
@@ -270,7 +293,9 @@ class Program:
                 lines.append(f"  memory {mem}{where}: {pe.memory_words(mem)} words")
                 for b in pe.buffers:
                     if b.memory == mem:
-                        lines.append(f"    {b.name:<4} base={b.base:<6} slot_words={b.slot_words:<5} depth={b.depth}")
+                        view = f" view of {b.view_of} stride={b.pitch}" if b.view_of else ""
+                        lines.append(f"    {b.name:<4} base={b.base:<6} slot_words={b.slot_words:<5} "
+                                     f"depth={b.depth}{view}")
             for i, name in enumerate(pe.counters):
                 lines.append(f"  counter {i}: {name}")
             for q, depth in pe.queues:
@@ -282,6 +307,7 @@ class Program:
                     ops = " ".join(f"{k}={v}" for k, v in (("x", s.x), ("y", s.y), ("w", s.w), ("g", s.g),
                                                            ("dst", s.dst)) if v)
                     version = f" version=t{s.version:+d}" if s.w else ""
+                    version += f" x+={'+'.join(s.x_sum)}" if s.x_sum else ""
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
                                  f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
@@ -304,7 +330,7 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
     if not 1 <= network.batch <= limits.max_batch:
         raise InputError(f"--batch {network.batch} is beyond the RTL's micro-batch limit of {limits.max_batch} samples "
                          "per op (the command's batch field)")
-    if not network.is_chain:
+    if not network.is_chain and network.origin is None:  # a split variant's structure: `hdl/_split.py`
         raise InputError(f"the RTL runs chains of fully connected layers; {network.name} is not a chain")
     last = network.layers[-1].index
     for layer in network.layers:
@@ -403,6 +429,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     """
     widths = mlp_widths(network, fmt, limits)
     check_lanes(lanes, limits)
+    shapes = split_shapes(network, lanes)
     check_samples(max_samples, limits)
     batch = network.batch
     mode = graph.options.weight_mode
@@ -467,9 +494,14 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                                  f"(staleness {pinned[key]}); the schedule is invalid")
             data_edges.append((u, key, delay))
             if pe_of[key] != owner[layer]:
-                add_transfer(u, key, _Transfer(widths[layer] * widths[layer - 1], delay, "weights"))
+                add_transfer(u, key, _Transfer(widths[layer] * network.layer(layer).in_size, delay, "weights"))
     for (src, dst), tr in transfers.items():
-        n_in = widths[src[1] - 1]
+        n_in = network.layer(src[1]).in_size
+        if tr.kind != "vector" and shapes.cols[src[1] - 1] != n_in:
+            raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs a matrix of layer {src[1]} from {name(src)} "
+                             f"on PE {pe_of[src]}, whose columns are a split layer's parts padded to whole words: its "
+                             "transfer would take more link beats than the rtl interconnect's ⌈words/lanes⌉; use "
+                             "--keep-weights-together")
         if tr.kind == "vector" and batch > 1 and (tr.words // batch) % lanes:
             per = tr.words // batch
             raise InputError(f"task {name(dst)} on PE {pe_of[dst]} receives a vector of {per} elements per sample "
@@ -544,29 +576,65 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     # producer (None: a sample); on the reader's PE the value is local (bank 0, written by its producer), in the
     # sample bank, or received from the producer's PE (buffer `v@q` in bank from<q>). F_l passes its input
     # a_{l-1} on to G_l (the DFG's F_l → G_l edge), from wherever F_l reads it.
+    # A split layer's parts (`hdl/_split.py`): the consumer c's input is the concatenation a<first>-<last> in
+    # bank 0 of F_c's PE ("written" by the sentinel ("cat", c): the parts write their views of it), c's E
+    # writes e<first>-<last> there, whose views e<i> the parts' A read.
     produced: dict[str, TaskKey] = {}
     order = ["x", "y"]
     for layer in range(1, num_layers + 1):
         produced[f"a{layer}"], produced[f"d{layer}"] = task(layer, "F"), task(layer, "A")
         order += [f"a{layer}", f"d{layer}"]
-        if layer > 1:
-            produced[f"e{layer - 1}"] = task(layer, "E")
-            order.append(f"e{layer - 1}")
+        if shapes.inputs[layer - 1] != (0,):
+            produced[shapes.error_value(layer)] = task(layer, "E")
+            order.append(shapes.error_value(layer))
+            if shapes.is_cat(layer):
+                order.append(shapes.input_value(layer))
+                for part, _, _ in shapes.segments[layer]:
+                    produced[f"e{part}"] = task(layer, "E")
+                    order.append(f"e{part}")
+
+    def view_region(p: int, buf: str) -> tuple[str, int] | None:
+        """(region, word offset) when `buf` on PE p is a part's slice of a concatenation held there."""
+        value = buf.split("@")[0]
+        if value[0] not in "ae" or "-" in value or not value[1:].isdigit():
+            return None
+        part = shapes.part_of(int(value[1:]))
+        if part is None:
+            return None
+        c, offset, _ = part
+        if value[0] == "a" and pe_of[task(c, "F")] == p:
+            return shapes.input_value(c), offset
+        if value[0] == "e" and "@" not in buf and pe_of[task(c, "E")] == p:
+            return shapes.error_value(c), offset
+        return None
+
+    def partials(layer: int) -> list[tuple[TaskKey, str]]:
+        """The partial errors of `layer` when its consumer is a split layer: (E of each part, its value)."""
+        readers_of = shapes.consumers[layer - 1]
+        return [(task(c, "E"), shapes.error_value(c)) for c in readers_of] if len(readers_of) > 1 else []
 
     def source(atomic: str, layer: int, which: str) -> tuple[TaskKey | None, str]:
-        below = f"a{layer - 1}" if layer > 1 else "x"
+        below = shapes.input_value(layer)
+        ins = shapes.inputs[layer - 1]
         if atomic == "F":
-            return (task(layer - 1, "F") if layer > 1 else None), below
+            if len(ins) > 1:
+                return ("cat", layer), below
+            return (task(ins[0], "F") if ins != (0,) else None), below
         if atomic == "G":
             return (task(layer, "F"), below) if which == "x" else (task(layer, "A"), f"d{layer}")
         if atomic == "E":
             return task(layer, "A"), f"d{layer}"
-        if layer < num_layers:  # A of a hidden layer: e_l and the mask a_l
-            return (task(layer + 1, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"a{layer}")
+        if layer < num_layers:  # A of a hidden layer: e_l (from its consumer's E) and the mask a_l
+            if which == "x" and partials(layer):
+                return partials(layer)[0]
+            consumer = shapes.consumer[layer - 1]
+            return (task(consumer, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"a{layer}")
         return (task(layer, "F"), f"a{layer}") if which == "x" else (None, "y")
 
     def location(p: int, producer: TaskKey | None, value: str) -> str:
         if producer is None:
+            return value
+        if producer[0] == "cat":  # the concatenation lives where its consumer's F runs
             return value
         if pe_of[producer] != p:
             return f"{value}@{pe_of[producer]}"
@@ -574,7 +642,9 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             return value
         return location(p, *source("F", producer[1], "x"))  # F_l passing on its input
 
-    def memory_of(buf: str) -> str:
+    def memory_of(p: int, buf: str) -> str:
+        if view_region(p, buf) is not None:
+            return "local"
         if "@" in buf:
             return f"from{buf.split('@')[1]}"
         return "samples" if buf in ("x", "y") else "local"
@@ -588,6 +658,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         writers.setdefault((p, buf), set())
 
     operands: dict[tuple[TaskKey, int, str], str] = {}  # (task, step index, x|y) → buffer on the task's PE
+    summed: dict[tuple[TaskKey, int], tuple[str, ...]] = {}  # (A task, step index) → further x buffers (x_sum)
     for key, p in pe_of.items():
         for k, atomic in enumerate(key[0]):
             if atomic == "U":
@@ -596,14 +667,36 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                 producer, value = source(atomic, key[1], which)
                 buf = operands[(key, k, which)] = location(p, producer, value)
                 use(p, buf, key)
-                if producer is not None and buf == value:
+                if producer is not None and producer[0] == "cat":
+                    if pe_of[task(producer[1], "F")] != p:
+                        raise InputError(f"task {name(key)} on PE {p} reads the concatenation of a split layer's parts "
+                                         f"held on PE {pe_of[task(producer[1], 'F')]}; the RTL reads it only where its "
+                                         "consumer's F runs (--keep-weights-together)")
+                    writers[(p, buf)].update(task(part, "F") for part, _, _ in shapes.segments[producer[1]])
+                elif producer is not None and buf == value:
                     writers[(p, buf)].add(producer)
+            if atomic == "A" and partials(key[1]):  # the other parts' partial errors, summed into x
+                more = []
+                for producer, value in partials(key[1])[1:]:
+                    buf = location(p, producer, value)
+                    use(p, buf, key)
+                    if buf == value:
+                        writers[(p, buf)].add(producer)
+                    more.append(buf)
+                summed[(key, k)] = tuple(more)
     vector_sends: dict[tuple[TaskKey, TaskKey], tuple[str, str]] = {}  # transfer → (source buffer, dest buffer)
     for (src, dst), tr in transfers.items():
         if tr.kind != "vector":
             continue
         values = {source(atomic, dst[1], which)[1] for k, atomic in enumerate(dst[0]) if atomic != "U"
                   for which in ("x", "y") if (dst, k, which) in operands and source(atomic, dst[1], which)[0] == src}
+        if "F" in dst[0] and shapes.is_cat(dst[1]) and src[1] in shapes.inputs[dst[1] - 1]:
+            values = {f"a{src[1]}"}  # a part into its slice of the concatenation (a view on F_c's PE)
+        if "A" in dst[0] and src in [e for e, _ in partials(dst[1])]:
+            values = {v for e, v in partials(dst[1]) if e == src}  # a part's partial error to the producer's A
+        if any("-" in v for v in values):
+            raise InputError(f"tasks {name(src)} and {name(dst)} would exchange the concatenation of a split layer's "
+                             "parts across PEs; the RTL keeps it where its consumer's F runs (--keep-weights-together)")
         if len(values) != 1:
             raise InputError(f"tasks {name(src)} and {name(dst)} exchange {len(values)} vectors on different PEs; the "
                              "RTL sends one vector per transfer")
@@ -613,13 +706,25 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         use(pe_of[src], here, dst)  # the transfer ends before its consumer starts
         if here == value and value in produced:
             writers[(pe_of[src], here)].add(produced[value])
-        writers[(pe_of[dst], there)].add(src)
+        writers.setdefault((pe_of[dst], there), set()).add(src)
+        vreaders.setdefault((pe_of[dst], there), set())  # a part's slice of a concatenation: read as the region
 
     def vector_depth(p: int, buf: str) -> int:
-        if memory_of(buf) == "samples":
+        if memory_of(p, buf) == "samples":
             return _pow2_at_least(max_samples)
-        pairs = [dist(r, w) for r in vreaders[(p, buf)] for w in writers[(p, buf)] if w is not None]
+        # A concatenation and its views share slots: every reader of any of them against every writer.
+        members = [b for q, b in vreaders if q == p and (b == buf or (view_region(p, b) or ("",))[0] == buf)]
+        readers_of = set().union(*(vreaders.get((p, b), set()) for b in members), vreaders.get((p, buf), set()))
+        writers_of = set().union(*(writers.get((p, b), set()) for b in members), writers.get((p, buf), set()))
+        if "-" in buf and buf in produced:
+            writers_of.add(produced[buf])  # the error region: E_c writes it
+        pairs = [dist(r, w) for r in readers_of for w in writers_of if w is not None]
         return _pow2_at_least(max(pairs, default=1))
+
+    def elements_of(value: str) -> int:
+        if value in ("x", "y"):
+            return widths[0] if value == "x" else widths[-1]
+        return widths[int(value[1:].split("_")[0])]
 
     programs = []
     for p, body in enumerate(bodies):
@@ -629,12 +734,49 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             base = sum(b.words for b in buffers if b.memory == memory)
             buffers.append(Buffer(name, memory, base, slot_words, depth))
 
-        for buf in sorted((b for q, b in vreaders if q == p), key=lambda b: (order.index(b.split("@")[0]), b)):
+        held = {b for q, b in vreaders if q == p}  # the vector buffers of this PE
+        groups = [(operands[((s.kind, s.layer), k, "x")], *summed[((s.kind, s.layer), k)]) for s in body
+                  for k, a in enumerate(s.kind) if a == "A" and ((s.kind, s.layer), k) in summed]
+        aligned = {b for group in groups for b in group}
+        for group in groups:
+            memories = [memory_of(p, b) for b in group]
+            if len(set(memories)) != len(memories):
+                raise InputError(f"PE {p} would receive two partial errors of one layer ({', '.join(group)}) into one "
+                                 "bank: the PE sums them from distinct banks in one beat; use --no-split-layers or "
+                                 "another -n")
+        for s in body:  # what the PE's steps write (a part's slice of a concatenation may have no reader of its own)
+            for atomic in s.kind:
+                if atomic in "FAE":
+                    held.add(_step(atomic, s.layer, widths, shapes).dst)
+        views = {b: view_region(p, b) for b in held}
+        held |= {v[0] for v in views.values() if v is not None}
+        for group in groups:  # first: the partial errors one A sums, the same slots of distinct banks
+            depth = max(vector_depth(p, b) for b in group)
+            slot = batch * ceil_div(elements_of(group[0].split("@")[0]), lanes)
+            base = max(sum(b.words for b in buffers if b.memory == memory_of(p, g)) for g in group)
+            for g in group:
+                gap = base - sum(b.words for b in buffers if b.memory == memory_of(p, g))
+                if gap:
+                    add(f"pad{len(buffers)}", memory_of(p, g), gap, 1)  # words left unused, for the alignment
+                add(g, memory_of(p, g), slot, depth)
+        for buf in sorted((b for b in held if views.get(b) is None), key=lambda b: (order.index(b.split("@")[0]), b)):
             value = buf.split("@")[0]
-            elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
-            add(buf, memory_of(buf), batch * ceil_div(elements, lanes), vector_depth(p, buf))
+            if "-" in value:  # a concatenation (or its error) of consumer c: the parts' padded words
+                words = shapes.region_words(shapes.consumer[int(value[1:].split("-")[0]) - 1])
+                add(buf, "local", batch * words, vector_depth(p, buf))
+                continue
+            if buf in aligned:
+                continue
+            add(buf, memory_of(p, buf), batch * ceil_div(elements_of(value), lanes), vector_depth(p, buf))
+        ordered = sorted(held, key=lambda b: (order.index(b.split("@")[0]), b))
+        for buf in (b for b in ordered if views.get(b) is not None):
+            region_name, offset = views[buf]  # type: ignore[misc]
+            region = next(b for b in buffers if b.name == region_name)
+            part_words = batch * ceil_div(widths[int(buf.split("@")[0][1:])], lanes)  # B runs, `pitch // B` apart
+            buffers.append(Buffer(buf, "local", region.base + offset, part_words, region.depth, region_name,
+                                  region.slot_words))
         for layer in range(1, num_layers + 1):
-            matrix_words = widths[layer] * ceil_div(widths[layer - 1], lanes)
+            matrix_words = widths[layer] * ceil_div(shapes.cols[layer - 1], lanes)
             for ring in (f"W{layer}", f"C{layer}", f"S{layer}"):
                 if (p, ring) in need:
                     add(ring, "weights", matrix_words, _pow2_at_least(need[(p, ring)]))
@@ -654,13 +796,15 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             key = (s.kind, s.layer)
             steps: list[Step] = []
             for atomic in s.kind:
-                step = _step(atomic, s.layer, widths)
+                step = _step(atomic, s.layer, widths, shapes)
                 if atomic != "U":
                     step = replace(step, batch=batch)
                 if (key, len(steps), "x") in operands:
                     step = replace(step, x=operands[(key, len(steps), "x")])
                 if (key, len(steps), "y") in operands:
                     step = replace(step, y=operands[(key, len(steps), "y")])
+                if (key, len(steps)) in summed:
+                    step = replace(step, x_sum=summed[(key, len(steps))])
                 if (key, atomic) in reads:
                     buf, offset = reads[(key, atomic)]
                     step = replace(step, w=buf, version=offset)
@@ -704,14 +848,15 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         queues = tuple((q, _pow2_at_least(sum(n.values()))) for q, n in sorted(queue_need.items()))
         names = tuple(f"{name(s)}->{name(d)}" for s, d in counters)
         result.append(PEProgram(p, tuple(final), tuple(buffers), names, queues))
-    return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits)
+    cols = shapes.cols if shapes.segments else ()
+    return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits, cols)
 
 
-def _step(atomic: str, layer: int, widths: Sequence[int]) -> Step:
+def _step(atomic: str, layer: int, widths: Sequence[int], shapes: SplitShapes) -> Step:
     """Step `atomic` of `layer` reading the owner's ring at the current version (weight reads are set after)."""
-    n_in, n_out = widths[layer - 1], widths[layer]
+    n_in, n_out = shapes.cols[layer - 1], widths[layer]
     hidden = layer < len(widths) - 1
-    below = f"a{layer - 1}" if layer > 1 else "x"
+    below = shapes.input_value(layer)
     if atomic == "F":
         return Step("F", layer, n_in, n_out, hidden, x=below, w=f"W{layer}", dst=f"a{layer}")
     if atomic == "A":
@@ -719,7 +864,7 @@ def _step(atomic: str, layer: int, widths: Sequence[int]) -> Step:
             return Step("A", layer, n_in, n_out, hidden, x=f"e{layer}", y=f"a{layer}", dst=f"d{layer}")
         return Step("A", layer, n_in, n_out, hidden, x=f"a{layer}", y="y", dst=f"d{layer}")
     if atomic == "E":
-        return Step("E", layer, n_in, n_out, hidden, y=f"d{layer}", w=f"W{layer}", dst=f"e{layer - 1}")
+        return Step("E", layer, n_in, n_out, hidden, y=f"d{layer}", w=f"W{layer}", dst=shapes.error_value(layer))
     if atomic == "G":
         return Step("G", layer, n_in, n_out, hidden, x=below, y=f"d{layer}", dst=f"g{layer}")
     if atomic == "U":

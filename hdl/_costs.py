@@ -7,18 +7,22 @@ B·rows·⌈cols/lanes⌉ + op_overhead(lanes) cycles (`op_cycles`; 10 up to 4 l
     U            rows = n_out, cols = n_in, B = 1 (one update per micro-batch)
     A            rows = 1,     cols = n_out       (an elementwise pass over B vectors)
 
+A layer reading a split layer's parts as one concatenation (`hdl/_split.py`) stores each part padded to whole
+words: its F, E, G, U walk Σ_j ⌈r_j/lanes⌉ words per row instead of ⌈n_in/lanes⌉ (`padded_cols`).
+
 The unit benches check that the hardware takes exactly these cycles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from layerpipe.errors import InputError
 from layerpipe.hdl._pe import MAX_BATCH, MAX_LANES, op_cycles
 from layerpipe.network import Layer
 
-__all__ = ["RTLCostModel", "task_shape"]
+__all__ = ["RTLCostModel", "padded_cols", "task_shape"]
 
 
 def task_shape(layer: Layer, kind: str) -> tuple[int, int]:
@@ -50,5 +54,15 @@ class RTLCostModel:
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
             raise InputError(f"the rtl cost model takes a micro-batch of 1..{MAX_BATCH} samples, got batch {batch}")
         rows, cols = task_shape(layer, kind)
+        if kind != "A":
+            cols = padded_cols(layer, self.lanes)
         return op_cycles(rows, cols, self.lanes, 1 if kind == "U" else batch)
+
+
+def padded_cols(layer: Layer, lanes: int) -> int:
+    """Columns of W as the PE stores it: n_in, or, for several inputs read as one concatenation, each input
+    padded to whole words of `lanes` elements."""
+    if len(layer.in_shapes) == 1:
+        return layer.in_size
+    return lanes * sum(-(-math.prod(shape) // lanes) for shape in layer.in_shapes)
 

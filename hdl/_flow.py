@@ -83,14 +83,16 @@ class Design:
         for index in range(1, prog.num_layers + 1):
             owner = prog.pes[prog.owner(index)]
             ring = owner.buffer(f"W{index}")
+            stored = self.stored_weights  # a split layer's consumer: W in the padded column layout
             layers.append({
-                "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.widths[index - 1],
-                "row_words": ceil_div(prog.widths[index - 1], lanes), "init_addr": ring.address(0),
+                "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.layer_cols(index),
+                "row_words": ceil_div(prog.layer_cols(index), lanes), "init_addr": ring.address(0),
                 "final_addr": ring.address(self.samples),
                 # Received copies of W (F / E away from the owner) start from version 0 too.
                 "copies": [[pe, buf.address(0)] for pe, buf in prog.weight_copies(index)],
-                "init": expected[f"init_W{index}"].tolist(), "final": expected[f"final_W{index}"].tolist(),
-                "final_float": float_final[f"W{index}"].tolist(),
+                "init": stored(index, expected[f"init_W{index}"]).tolist(),
+                "final": stored(index, expected[f"final_W{index}"]).tolist(),
+                "final_float": stored(index, float_final[f"W{index}"]).tolist(),
             })
         return {
             "version": 1, "network": self.network.name, "policy": self.policy, "num_pes": self.num_pes,
@@ -104,6 +106,19 @@ class Design:
             "commands": sum(len(op.kind) for op in sim.schedule.ops()),  # one PE command per atomic step
         }
 
+
+    def stored_weights(self, layer: int, matrix: Any) -> Any:
+        """W_layer as the hardware stores it: as is, or (a split layer's consumer) with the parts' columns padded
+        to whole words (`hdl/_split.py`)."""
+        import numpy as np
+
+        from layerpipe.hdl._split import pad_columns, split_shapes
+
+        shapes = split_shapes(self.network, self.lanes)
+        if layer not in shapes.segments:
+            return np.asarray(matrix)
+        rows = [self.network.layer(part).out_size for part, _, _ in shapes.segments[layer]]
+        return pad_columns(matrix, shapes.segments[layer], rows, self.lanes)
 
     def expected_trace(self) -> list[list[list[int]]]:
         """Per PE, the simulator's op trace as the monitor sees it: [entry index, iteration, start cycle] in
@@ -145,23 +160,26 @@ def _float_reference(design: Design, versions: dict, seed: int) -> dict[str, Any
 
 
 def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, samples: int, *,
-                lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1) -> Design:
+                lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1,
+                split_layers: bool = False) -> Design:
     """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
-    is T, the iterations (micro-batches of `batch` samples) the sample memories hold."""
-    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
+    is T, the iterations (micro-batches of `batch` samples) the sample memories hold. `split_layers` lets
+    `layerpipe` pick its heavy-layer split variants (`hdl/_split.py`); the design's network is then the variant."""
+    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch, split_layers)
     program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
     return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
 
 
 def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int, *, lr_shift: int = DEFAULT_LR_SHIFT,
-                  keep_weights_together: bool = True, batch: int = 1, fewest: int = 4, most: int = 64) -> Design:
+                  keep_weights_together: bool = True, batch: int = 1, fewest: int = 4, most: int = 64,
+                  split_layers: bool = False) -> Design:
     """`make_design` with the fewest iterations T (at least `fewest`) whose run has a steady middle, so that the
     RTL's steady-state period is measurable (`cocotb_accel.measured_period`): measured on the simulator's op
     trace, which a cycle-exact RTL run reproduces issue for issue, it must equal the schedule's period. The
     network is scheduled once; each T only recompiles and resimulates. InputError when no T up to `most` is."""
     from layerpipe.hdl.cocotb_accel import measured_period
 
-    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch)
+    net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch, split_layers)
     for samples in range(max(fewest, 4), most + 1):
         program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
         design = Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
@@ -173,8 +191,9 @@ def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int,
 
 
 def _schedule(network: Network | str, policy: str, num_pes: int, lanes: int, keep_weights_together: bool,
-              batch: int) -> tuple[Network, Any]:
-    """The network and the policy's schedule of it as the hardware runs it (see `make_design`)."""
+              batch: int, split_layers: bool = False) -> tuple[Network, Any]:
+    """The network the hardware runs (the policy's split variant of it, if it picks one) and the policy's
+    schedule of it (see `make_design`)."""
     from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
 
     if policy not in SUPPORTED_POLICIES:
@@ -184,14 +203,15 @@ def _schedule(network: Network | str, policy: str, num_pes: int, lanes: int, kee
     check_lanes(lanes)
     net = load_network(network, batch) if isinstance(network, str) else network
     mlp_widths(net)  # refuse what the hardware cannot run before scheduling it
-    # The hardware runs one iteration per period of whole layers: PipeDream's straight pipeline (its replicas
-    # unfold iterations over PEs, J > 1), LayerPipe's placements without the heavy-layer split (partial results
-    # combined over the links are not in hardware), on the rtl interconnect it is timed on.
+    # The hardware runs one iteration per period: PipeDream's straight pipeline (its replicas unfold iterations
+    # over PEs, J > 1), LayerPipe's placements — with its heavy-layer split variants when `split_layers`
+    # (`hdl/_split.py`: the first layer's parts concatenated where their consumer reads them) — on the rtl
+    # interconnect it is timed on.
     # (An option the policy does not have yet is left out: `replication` for layerpipe would keep it to one
     # iteration per period instead of refusing its replicated placements below.)
     wanted: dict[str, object] = {"replication": False}
     if policy == "layerpipe":
-        wanted.update(keep_weights_together=keep_weights_together, split_layers=False)
+        wanted.update(keep_weights_together=keep_weights_together, split_layers=split_layers)
     names = get_policy(policy).option_names
     given = {k: v for k, v in wanted.items() if k in names}
     result = make_schedule(policy, net, num_pes, RTLCostModel(lanes), policy_options(policy, given),
@@ -199,19 +219,22 @@ def _schedule(network: Network | str, policy: str, num_pes: int, lanes: int, kee
     if result.periodic is None or result.graph is None:
         raise InputError(f"policy '{policy}' gave no periodic layer-level schedule; the RTL runs only those")
     check_runnable(net, result, policy)
-    return net, result
+    return result.graph.network, result
 
 
 def check_runnable(net: Network, result: Any, policy: str) -> None:
-    """Refuse, in one line naming the tasks and why, a schedule the hardware cannot run: a heavy layer split over
-    PEs (the policy's split variant) or a replicated placement (several iterations per period)."""
+    """Refuse, in one line naming the tasks and why, a schedule the hardware cannot run: a split variant the PE
+    cannot combine (`split_shapes`: a split layer with an E, micro-batches) or a replicated placement (several
+    iterations per period)."""
+    from layerpipe.hdl._split import split_shapes
+
     scheduled = result.graph.network
-    if [layer.name for layer in scheduled.layers] != [layer.name for layer in net.layers]:
-        extra = sorted({layer.name for layer in scheduled.layers} - {layer.name for layer in net.layers})
-        raise InputError(f"policy {policy} splits a heavy layer over PEs here (tasks of {', '.join(extra)}); the RTL "
-                         "runs whole layers only (the parts' errors would be summed at the producer, a vector add "
-                         "the PE does not have, and the consumer would read the parts as one concatenated "
-                         "operand): try another -n, --lanes or --batch")
+    if scheduled is not net:
+        try:
+            split_shapes(scheduled, 1)  # its refusals do not depend on the lanes
+        except InputError as exc:
+            raise InputError(f"policy {policy} picks a split variant here ({scheduled.name}) the RTL cannot run: "
+                             f"{exc}; use --no-split-layers, another -n or --lanes") from None
     unfold = getattr(result.periodic, "unfold", 1)
     if unfold != 1:
         raise InputError(f"policy {policy} picks a replicated placement here ({unfold} iterations per period, a "

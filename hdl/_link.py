@@ -43,8 +43,9 @@ __all__ = ["LINK_LATENCY", "MEM_BANK", "MEM_GRADS", "MEM_WEIGHTS", "LinkReceiver
 
 #: Cycles between a transfer's last beat leaving the link (model time) and the consumer being able to start.
 LINK_LATENCY = RTL_LINK_LATENCY
-#: Where a beat goes on the destination PE.
-MEM_BANK, MEM_WEIGHTS, MEM_GRADS = 0, 1, 2
+#: Where a beat goes on the destination PE: its receive bank, the weight or gradient memory, or bank 0 (a split
+#: layer's part into the concatenation its consumer reads there, next to the parts computed locally).
+MEM_BANK, MEM_WEIGHTS, MEM_GRADS, MEM_LOCAL = 0, 1, 2, 3
 
 
 def beat_layout(word: data.ArrayLayout, address_bits: int, counter_bits: int) -> data.StructLayout:
@@ -57,7 +58,7 @@ def slot_address(buffer: Buffer, index: Value) -> Value | int:
     """base + (index mod depth) · slot_words for a power-of-two depth (a constant multiply: shifts and adds)."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.pitch)
 
 
 def _counter_bits(program: Program) -> int:
@@ -65,7 +66,7 @@ def _counter_bits(program: Program) -> int:
 
 
 def _target(memory: str) -> int:
-    return {"weights": MEM_WEIGHTS, "grads": MEM_GRADS}.get(memory, MEM_BANK)
+    return {"weights": MEM_WEIGHTS, "grads": MEM_GRADS, "local": MEM_LOCAL}.get(memory, MEM_BANK)
 
 
 class LinkSender(wiring.Component):
@@ -138,6 +139,16 @@ class LinkSender(wiring.Component):
         rest = Signal(width)  # the item's sends after the one in progress
         beat = Signal(range(max(b.slot_words for b in src_pe.buffers) + 1))
         beats = Signal.like(beat)
+        # A micro-batch's vectors inside a split layer's concatenation (`hdl/_split.py`): B runs of `run` words,
+        # `stride` apart, on either end; the pointer jumps at the end of each run. Built only when a send has one.
+        batch = self.program.network.batch
+        runs = [(src_pe.buffer(snd.src), dst_pe.buffer(snd.dst)) for sends in self.entry_sends for snd in sends]
+        strided = batch > 1 and any(b.view_of for pair in runs for b in pair)
+        run_bits = max(1, max((b.slot_words for pair in runs for b in pair), default=1).bit_length())
+        if strided:  # (only then: the other designs' Verilog stays as it was, names included)
+            src_run, dst_run, src_k, dst_k = (Signal(run_bits, name=n) for n in ("src_run", "dst_run", "src_k",
+                                                                                 "dst_k"))
+            src_jump, dst_jump = Signal(abits, name="src_jump"), Signal(abits, name="dst_jump")
         rd_ptr = Signal(abits)
         dst_ptr = Signal(abits)
         counter = Signal.like(self.out.payload.counter)
@@ -151,6 +162,9 @@ class LinkSender(wiring.Component):
                     "beats": Signal.like(beats, name=f"{tag}_beats"),
                     "counter": Signal.like(counter, name=f"{tag}_counter"), "target": Signal(2, name=f"{tag}_target"),
                     "source": Signal.like(source, name=f"{tag}_source"), "rest": Signal(width, name=f"{tag}_rest")}
+            if strided:
+                info.update({f"{end}_{what}": Signal(run_bits if what == "run" else abits, name=f"{tag}_{end}_{what}")
+                             for end in ("src", "dst") for what in ("run", "jump")})
             index = Signal(range(max(2, width)), name=f"{tag}_send")
             for k in reversed(range(width)):  # priority encoder: the last assignment (lowest k) wins
                 with m.If(mask[k]):
@@ -176,12 +190,21 @@ class LinkSender(wiring.Component):
                                     info["target"].eq(_target(dst_buf.memory)),
                                     info["source"].eq(self.sources.index(src_buf.memory)),
                                 ]
+                                if strided:  # run length and the jump to the next sample's run (+1 of the beat)
+                                    m.d.comb += [info["src_run"].eq(src_buf.slot_words // batch),
+                                                 info["src_jump"].eq(src_buf.pitch // batch
+                                                                     - src_buf.slot_words // batch + 1),
+                                                 info["dst_run"].eq(dst_buf.slot_words // batch),
+                                                 info["dst_jump"].eq(dst_buf.pitch // batch
+                                                                     - dst_buf.slot_words // batch + 1)]
             return info
 
         def start_send(info: dict[str, Signal]) -> list:
+            extra = [src_run.eq(info["src_run"]), dst_run.eq(info["dst_run"]), src_jump.eq(info["src_jump"]),
+                     dst_jump.eq(info["dst_jump"]), src_k.eq(0), dst_k.eq(0)] if strided else []
             return [rd_ptr.eq(info["src"]), dst_ptr.eq(info["dst"]), beats.eq(info["beats"]), beat.eq(0),
                     counter.eq(info["counter"]), target.eq(info["target"]), source.eq(info["source"]),
-                    rest.eq(info["rest"]), last_send.eq(info["rest"] == 0)]
+                    rest.eq(info["rest"]), last_send.eq(info["rest"] == 0), *extra]
 
         head_info = send_info(q_entry[head], q_iter[head], q_mask[head], "head")
         next_info = send_info(cur_entry, cur_iter, rest, "next")
@@ -204,7 +227,13 @@ class LinkSender(wiring.Component):
             with m.If(last_beat):
                 m.d.sync += start_send(next_info)  # the item's next send (when there is one)
             with m.Else():
-                m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + 1), dst_ptr.eq(dst_ptr + 1)]
+                if strided:
+                    src_end, dst_end = src_k == src_run - 1, dst_k == dst_run - 1
+                    m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + Mux(src_end, src_jump, 1)),
+                                 dst_ptr.eq(dst_ptr + Mux(dst_end, dst_jump, 1)),
+                                 src_k.eq(Mux(src_end, 0, src_k + 1)), dst_k.eq(Mux(dst_end, 0, dst_k + 1))]
+                else:
+                    m.d.sync += [beat.eq(beat + 1), rd_ptr.eq(rd_ptr + 1), dst_ptr.eq(dst_ptr + 1)]
         with m.If(finishing & advance):
             m.d.sync += busy.eq(0)
         with m.If(load):
@@ -247,14 +276,16 @@ class LinkReceiver(wiring.Component):
     `stall` (a test input: the bench's random stall injector; 0 in a real system) drops `ready`, so the sender
     holds its beat: the link then takes longer, the data and the order stay the same.
 
-    Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory).
+    Write ports: `wr_*` (the receive bank of this link), `ww_*` (weight memory), `wg_*` (gradient memory),
+    `wl_*` (bank 0: parts of a concatenation).
     `arrived` pulses with `arrived_counter` in the cycle the last beat is taken; the write ports are registered
     (the write lands a cycle later), so the destination sequencer sees the incremented counter in the cycle the
     last word is written, and its PE reads it cycles later.
     """
 
-    def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int) -> None:
+    def __init__(self, program: Program, word: data.ArrayLayout, address_bits: int, local: bool = False) -> None:
         abits = address_bits
+        self.local = local  #: the link writes bank 0 too (a split layer's parts): the `wl_*` port exists
         super().__init__({
             "inp": In(stream.Signature(beat_layout(word, abits, _counter_bits(program)))),
             "stall": In(1),
@@ -263,6 +294,7 @@ class LinkReceiver(wiring.Component):
             "wr_en": Out(1),
             "ww_en": Out(1),
             "wg_en": Out(1),
+            **({"wl_en": Out(1)} if local else {}),
             "arrived": Out(1),
             "arrived_counter": Out(unsigned(max(1, _counter_bits(program)))),
         })
@@ -288,4 +320,6 @@ class LinkReceiver(wiring.Component):
             self.ww_en.eq(written & (mem == MEM_WEIGHTS)),
             self.wg_en.eq(written & (mem == MEM_GRADS)),
         ]
+        if self.local:
+            m.d.comb += self.wl_en.eq(written & (mem == MEM_LOCAL))
         return m

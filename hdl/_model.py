@@ -33,14 +33,33 @@ class ModelRun:
 
 
 class _Memory:
-    """One PE's buffers: slot index → array (a slot of a vector buffer holds B vectors; of W, one matrix)."""
+    """One PE's buffers: slot index → array (a slot of a vector buffer holds B vectors; of W, one matrix).
 
-    def __init__(self, pe: PEProgram) -> None:
+    A view (a split layer's part inside the concatenation its consumer reads, `hdl/_split.py`) is the slice of
+    its region's slot at its word offset: elements offset·lanes … + n; the region starts as zeros (the parts'
+    padding)."""
+
+    def __init__(self, pe: PEProgram, lanes: int = 1, widths: tuple[int, ...] = (), batch: int = 1) -> None:
         self.pe = pe
+        self.batch = batch
+        self.lanes = lanes
+        self.widths = widths  #: a view of part a<i> / e<i> holds widths[i] elements
         self.slots: dict[tuple[str, int], np.ndarray] = {}
+
+    def _view(self, buf: Buffer, index: int) -> tuple[np.ndarray, slice]:
+        region = self.pe.buffer(buf.view_of)
+        key = (region.name, index % region.depth)
+        if key not in self.slots:
+            # B samples, each with all the parts side by side (`hdl/_split.py`)
+            self.slots[key] = np.zeros((self.batch, region.slot_words // self.batch * self.lanes), dtype=np.int64)
+        start = (buf.base - region.base) * self.lanes
+        return self.slots[key], slice(start, start + buf.slot_words // self.batch * self.lanes)
 
     def read(self, name: str, index: int) -> np.ndarray:
         buf = self.pe.buffer(name)
+        if buf.view_of:
+            array, part = self._view(buf, index)
+            return array[..., part][..., :self.widths[int(name.split("@")[0][1:])]].copy()
         key = (name, index % buf.depth)
         if key not in self.slots:
             raise AssertionError(f"PE {self.pe.index} reads {name} slot {index % buf.depth} before anything wrote it")
@@ -48,13 +67,18 @@ class _Memory:
 
     def write(self, name: str, index: int, value: np.ndarray) -> None:
         buf: Buffer = self.pe.buffer(name)
+        if buf.view_of:
+            array, part = self._view(buf, index)
+            value = np.asarray(value, dtype=np.int64)
+            array[..., part.start:part.start + value.shape[-1]] = value
+            return
         self.slots[(name, index % buf.depth)] = np.array(value, dtype=np.int64)
 
 
 def run_program(program: Program, design: Any, vectors: dict[str, Any]) -> ModelRun:
     """Execute `program` for `design.samples` iterations on the inputs of `vectors` (`Design.vectors`)."""
     fmt, batch, samples = program.fmt, program.network.batch, design.samples
-    memories = [_Memory(pe) for pe in program.pes]
+    memories = [_Memory(pe, program.lanes, program.widths, batch) for pe in program.pes]
     x = np.asarray(vectors["x"], dtype=np.int64).reshape(samples, batch, -1)
     y = np.asarray(vectors["y"], dtype=np.int64).reshape(samples, batch, -1)
     for p, pe in enumerate(program.pes):
@@ -107,7 +131,10 @@ def _step(step: Step, mem: _Memory, t: int, fmt: Any, lr_shift: int) -> np.ndarr
         out = fmt.relu(z) if step.relu else z
     elif step.kind == "A":
         if step.relu:  # δ = e ⊙ (a > 0): a = relu(z), so the mask of a is the mask of z
-            out = mem.read(step.x, t) * fmt.relu_grad_mask(mem.read(step.y, t))
+            e = mem.read(step.x, t)
+            if step.x_sum:  # a split layer's partial errors: summed exactly, saturated once
+                e = fmt.saturate(sum((mem.read(name, t) for name in step.x_sum), e))
+            out = e * fmt.relu_grad_mask(mem.read(step.y, t))
         else:
             out = fmt.output_error(mem.read(step.x, t), mem.read(step.y, t))
     elif step.kind == "E":

@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -118,6 +118,16 @@ class PEConfig:
     extra_reads: tuple[str, ...] = ()
     weight_writes: int = 0  #: write ports of the weight memory for link receivers (weight copies)
     grad_writes: int = 0  #: write ports of the gradient memory for link receivers (g from another PE)
+    #: write ports of bank 0 for link receivers: a split layer's parts computed elsewhere, written into the
+    #: concatenation the consumer reads (`hdl/_split.py`), beside the parts the op engine writes
+    local_writes: int = 0
+    #: ACT_RELU may add other banks' x words to its x operand (`x_sum`, a bank mask): the errors of a split
+    #: layer's parts, summed at full width and saturated once (`hdl/_split.py`); the banks read in parallel
+    sum_banks: bool = False
+    #: per-sample strides of the vector operands come from the command (`x_stride`, `y_stride`, `d_stride`, in
+    #: words) instead of the operands' lengths: a micro-batch's vectors inside a split layer's concatenation,
+    #: each sample's parts side by side (`hdl/_split.py`)
+    strided: bool = False
     max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
 
     def __post_init__(self) -> None:
@@ -143,6 +153,7 @@ class PEConfig:
                                  f"got {target!r}")
         _check_int("weight_writes", self.weight_writes, 0, 64)
         _check_int("grad_writes", self.grad_writes, 0, 64)
+        _check_int("local_writes", self.local_writes, 0, 64)
         _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
 
     # -- derived widths --------------------------------------------------------------------------------
@@ -211,6 +222,9 @@ def command_layout(config: PEConfig) -> data.StructLayout:
         "w": unsigned(config.weight_addr_bits),
         "g": unsigned(config.grad_addr_bits),
         "dst": unsigned(max(config.vector_addr_bits, config.weight_addr_bits, config.grad_addr_bits)),
+        # Banks whose word at x's address is added to x's (a split layer's partial errors): only when enabled.
+        **({"x_sum": unsigned(config.banks)} if config.sum_banks else {}),
+        **({f"{k}_stride": unsigned(config.vector_addr_bits) for k in "xyd"} if config.strided else {}),
     })
 
 
@@ -230,6 +244,7 @@ class PEOp:
     g: int = 0
     dst: int = 0
     batch: int = 1  #: samples of the micro-batch (vectors one after another); U runs once whatever it is
+    x_sum: int = 0  #: ACT_RELU: mask of further banks whose words at x's address add into x (`PEConfig.sum_banks`)
 
     def col_words(self, lanes: int) -> int:
         return math.ceil(self.cols / lanes)
@@ -286,10 +301,17 @@ class PEOp:
     def fields(self, config: PEConfig) -> dict[str, object]:
         """The command as a dict of `command_layout(config)` fields (after `check`)."""
         self.check(config)
-        return {"op": self.op, "rows": self.rows, "cols": self.cols, "col_words": self.col_words(config.lanes),
-                "row_words": math.ceil(self.rows / config.lanes), "batch": self.batch,
-                "x": {"bank": self.x.bank, "addr": self.x.addr}, "y": {"bank": self.y.bank, "addr": self.y.addr},
-                "w": self.w, "g": self.g, "dst": self.dst}
+        fields: dict[str, object] = {
+            "op": self.op, "rows": self.rows, "cols": self.cols, "col_words": self.col_words(config.lanes),
+            "row_words": math.ceil(self.rows / config.lanes), "batch": self.batch,
+            "x": {"bank": self.x.bank, "addr": self.x.addr}, "y": {"bank": self.y.bank, "addr": self.y.addr},
+            "w": self.w, "g": self.g, "dst": self.dst}
+        if self.x_sum:
+            if not config.sum_banks or self.op != Opcode.ACT_RELU or self.x_sum >> config.banks:
+                raise InputError(f"{self.op.name} x_sum {self.x_sum:#x}: only ACT_RELU sums banks, on a PE with "
+                                 f"sum_banks (banks 0..{config.banks - 1})")
+            fields["x_sum"] = self.x_sum
+        return fields
 
     def as_const(self, config: PEConfig) -> data.Const:
         return command_layout(config).const(self.fields(config))
@@ -363,6 +385,8 @@ class ProcessingElement(wiring.Component):
               addr/en: bank 0 for the first `send_ports`, then the memories `extra_reads` names.
     - `wwrite`, `gwrite`  In(write port) × weight_writes / grad_writes: link receivers writing weight copies
               and gradients (disjoint regions from the op engine's: the compiler's memory map).
+    - `lwrite`  In(write port) × local_writes: link receivers writing bank 0 (a split layer's parts from
+              other PEs into the concatenation; words the op engine does not write).
     """
 
     def __init__(self, config: PEConfig) -> None:
@@ -383,6 +407,8 @@ class ProcessingElement(wiring.Component):
             members["wwrite"] = In(write_port_signature(config.weight_addr_bits, word)).array(config.weight_writes)
         if config.grad_writes:
             members["gwrite"] = In(write_port_signature(config.grad_addr_bits, word)).array(config.grad_writes)
+        if config.local_writes:
+            members["lwrite"] = In(write_port_signature(config.vector_addr_bits, word)).array(config.local_writes)
         super().__init__(members)
         self.weights = Memory(shape=word, depth=config.weight_depth, init=[])
         self.grads = Memory(shape=word, depth=config.grad_depth, init=[])
@@ -442,6 +468,8 @@ class ProcessingElement(wiring.Component):
         x_stride = cmd.col_words
         y_stride = Mux(is_err | is_grad, cmd.row_words, cmd.col_words)
         d_stride = Mux(is_fwd, cmd.row_words, cmd.col_words)
+        if cfg.strided:  # a micro-batch inside a concatenation: the compiler's strides
+            x_stride, y_stride, d_stride = cmd.x_stride, cmd.y_stride, cmd.d_stride
 
         def next_row() -> list:
             wrap = row_lane == lanes - 1
@@ -503,7 +531,8 @@ class ProcessingElement(wiring.Component):
 
         tag_layout = data.StructLayout({
             "valid": 1, "op": Opcode, "first": 1, "last": 1, "emit": 1, "lane": range(lanes), "mask": lanes,
-            "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1})
+            "x_bank": len(cmd.x.bank), "y_bank": len(cmd.y.bank), "dst": len(cmd.dst), "final": 1,
+            **({"x_sum": cfg.banks} if cfg.sum_banks else {})})
         s1 = Signal(tag_layout, name="tag1")
         m.d.sync += [
             s1.valid.eq(issuing), s1.op.eq(cmd.op), s1.lane.eq(row_lane), s1.mask.eq(mask),
@@ -513,6 +542,8 @@ class ProcessingElement(wiring.Component):
                            Mux(is_err, last_row, Mux(is_grad, last_sample, 1)))),
             s1.x_bank.eq(cmd.x.bank), s1.y_bank.eq(cmd.y.bank), s1.dst.eq(dst_addr), s1.final.eq(final),
         ]
+        if cfg.sum_banks:
+            m.d.sync += s1.x_sum.eq(cmd.x_sum)
         # As wide as the memories' address ports (a one-word memory has none).
         x_addr_r = Signal(max((d - 1).bit_length() for d in cfg.bank_depths))
         y_addr_r = Signal(len(x_addr_r))
@@ -524,15 +555,20 @@ class ProcessingElement(wiring.Component):
         s2 = Signal(tag_layout, name="tag2")
         s3 = Signal(tag_layout, name="tag3")
         m.d.sync += [s2.eq(s1), s3.eq(s2)]
+        x_words = []
         for k, bank in enumerate(self.banks):
             rx, ry = bank.read_port(), bank.read_port()
             m.d.comb += [rx.addr.eq(x_addr_r), rx.en.eq(s1.valid), ry.addr.eq(y_addr_r), ry.en.eq(s1.valid)]
             x_word, y_word = Signal(cfg.word, name=f"x_word{k}"), Signal(cfg.word, name=f"y_word{k}")
             m.d.sync += [x_word.eq(rx.data), y_word.eq(ry.data)]
-            with m.If(s3.x_bank == k):
-                m.d.comb += dp.x.eq(x_word)
+            x_words.append(x_word)
+            if not cfg.sum_banks:
+                with m.If(s3.x_bank == k):
+                    m.d.comb += dp.x.eq(x_word)
             with m.If(s3.y_bank == k):
                 m.d.comb += dp.y.eq(y_word)
+        if cfg.sum_banks:
+            _sum_banks(m, dp.x, x_words, s3.x_bank, s3.x_sum, lanes, cfg.fmt.total_bits)
         w_read = self.weights.read_port()
         # The host reads the weight memory while idle, its data the cycle after its address (no register).
         m.d.comb += [w_read.addr.eq(Mux(busy, w_addr_r, self.host.addr)), w_read.en.eq(1),
@@ -581,8 +617,23 @@ class ProcessingElement(wiring.Component):
         for port, target in zip(getattr(self, "send", []), targets, strict=True):
             send_read = memories[target].read_port()
             m.d.comb += [send_read.addr.eq(port.addr), send_read.en.eq(port.en), port.data.eq(send_read.data)]
-        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads)):
+        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads),
+                              (getattr(self, "lwrite", []), self.banks[0])):
             for port in ports:
                 write = memory.write_port()
                 m.d.comb += [write.addr.eq(port.addr), write.data.eq(port.data), write.en.eq(port.en)]
         return m
+
+
+def _sum_banks(m: Module, out: data.View, words: Sequence[data.View], bank: Value, mask: Value, lanes: int,
+               bits: int) -> None:
+    """out = sat(x word of `bank` + Σ the x words of the banks in `mask`), lane by lane: a split layer's partial
+    errors summed at full width and saturated once (the reference's sat(Σ_j e_j)); x itself when `mask` is 0."""
+    from layerpipe.hdl._datapath import saturate
+
+    wide = bits + max(1, (len(words) - 1).bit_length()) + 1
+    for j in range(lanes):
+        terms = [Mux((bank == k) | mask[k], word[j], 0) for k, word in enumerate(words)]
+        total = Signal(signed(wide), name=f"x_sum_lane{j}")
+        m.d.comb += total.eq(sum(terms[1:], terms[0]))
+        m.d.comb += out[j].eq(saturate(total, bits))

@@ -62,7 +62,7 @@ def _ring(index: Value, buffer: Buffer) -> Value | int:
     """Address of slot `index` mod depth (depth a power of two) of `buffer`: shifts and adds, no multiplier."""
     if buffer.depth == 1:
         return buffer.base
-    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.slot_words)
+    return buffer.base + mul_const(index[: (buffer.depth - 1).bit_length()], buffer.pitch)
 
 
 class Sequencer(wiring.Component):
@@ -264,6 +264,16 @@ class Sequencer(wiring.Component):
             if name:
                 b = pe.buffer(name)
                 m.d.comb += [port.bank.eq(pe.bank(b.memory)), port.addr.eq(_ring(t, b))]
+        if cfg.strided:  # a micro-batch's vectors: each operand's slot is B samples `pitch // B` words apart
+            for port, name in ((cmd.x_stride, step.x), (cmd.y_stride, step.y), (cmd.d_stride, step.dst)):
+                if name and step.kind != "U" and not (step.kind == "G" and name == step.dst):
+                    m.d.comb += port.eq(pe.buffer(name).pitch // step.batch)
+        if step.x_sum:  # a split layer's partial errors: x's slot in other banks (the compiler aligned them)
+            x = pe.buffer(step.x)
+            for name in step.x_sum:
+                b = pe.buffer(name)
+                assert (b.base, b.slot_words, b.depth) == (x.base, x.slot_words, x.depth), (name, step.x)
+            m.d.comb += cmd.x_sum.eq(sum(1 << pe.bank(pe.buffer(name).memory) for name in step.x_sum))
 
         def version(offset: int) -> Value | int:
             """Slot of weight version max(0, t + offset) in W's ring of versions."""

@@ -62,7 +62,10 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             send_ports=len(bank0), extra_reads=tuple(_port_of(pe, m) for _, m in read_ports(program, p)),
             weight_writes=sum("weights" in program.link_targets(src, p) for src in incoming),
             grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
-            max_dim=max(program.widths)))
+            local_writes=sum("local" in program.link_targets(src, p) for src in incoming),
+            sum_banks=any(step.x_sum for e in pe.entries for step in e.steps),
+            strided=program.network.batch > 1 and any(b.view_of for b in pe.buffers),
+            max_dim=program.max_dim))
     return out
 
 
@@ -133,10 +136,11 @@ class Accelerator(wiring.Component):
         extra_port = {p: 0 for p in range(prog.num_pes)}
         wwrite = {p: 0 for p in range(prog.num_pes)}
         gwrite = {p: 0 for p in range(prog.num_pes)}
+        lwrite = {p: 0 for p in range(prog.num_pes)}
         for p, q in prog.links():
             abits = self.link_addr_bits
             sender = LinkSender(prog, p, q, self.configs[p].word, self.iteration_bits, abits)
-            receiver = LinkReceiver(prog, self.configs[q].word, abits)
+            receiver = LinkReceiver(prog, self.configs[q].word, abits, local="local" in prog.link_targets(p, q))
             m.submodules[f"link{p}to{q}"] = sender
             m.submodules[f"recv{p}to{q}"] = receiver
             wiring.connect(m, sender.out, receiver.inp)
@@ -162,7 +166,8 @@ class Accelerator(wiring.Component):
                 m.d.comb += [wport.addr.eq(receiver.wr_addr), wport.data.eq(receiver.wr_data),
                              wport.en.eq(receiver.wr_en)]
             for memory, ports, used, enable in (("weights", "wwrite", wwrite, receiver.ww_en),
-                                                 ("grads", "gwrite", gwrite, receiver.wg_en)):
+                                                 ("grads", "gwrite", gwrite, receiver.wg_en),
+                                                 ("local", "lwrite", lwrite, getattr(receiver, "wl_en", None))):
                 if memory in targets:
                     wport = getattr(pes[q], ports)[used[q]]
                     used[q] += 1

@@ -265,9 +265,18 @@ class RTLPoint:
     lanes: int
     samples: int
     batch: int = 1
+    #: LayerPipe may pick its heavy-layer split variants here (`--split-layers`: parts of a layer on several PEs,
+    #: their outputs concatenated and errors summed in hardware, hdl/_split.py); they are weight-stationary, so
+    #: they compete in the "weights together" schedule
+    split_layers: bool = False
 
     def label(self) -> str:
-        return f"{self.network} N={self.num_pes} lanes={self.lanes}" + (f" B={self.batch}" if self.batch > 1 else "")
+        return (f"{self.network} N={self.num_pes} lanes={self.lanes}" + (f" B={self.batch}" if self.batch > 1 else "")
+                + (" split layers" if self.split_layers else ""))
+
+    def as_dict(self) -> dict:
+        """The point as rtl.json keeps it (`split_layers` only when set, so earlier points read the same)."""
+        return {k: v for k, v in vars(self).items() if k != "split_layers" or v}
 
 
 #: The RTL section's design points (issue 11, Build 5): small MLPs (cheap to simulate in Icarus) where
@@ -279,10 +288,13 @@ RTL_POINTS: tuple[RTLPoint, ...] = (
     RTLPoint("mlp:32-24-16-8", 3, 4, 24),
     RTLPoint("mlp:24-16-8", 2, 4, 24),
     RTLPoint("mlp:16-16-16-8", 4, 4, 24),
+    # A wide first layer: with split layers allowed, LayerPipe's weights-together schedule is the split variant
+    # (fc1 in 3 parts over 3 PEs, their outputs concatenated for fc2).
+    RTLPoint("mlp:64-8-4", 4, 4, 24, split_layers=True),
 )
 #: What runs on each point's hardware: (label, policy, keep_weights_together). LayerPipe may split placements;
-#: the hardware runs whole layers and one iteration per period, so the heavy-layer split and replication are off
-#: (`make_design`), and the model's prediction is taken with the same options.
+#: the hardware runs one iteration per period, so replication is off, and the heavy-layer split is off unless the
+#: point allows it (`RTLPoint.split_layers`); the model's prediction is taken with the same options.
 RTL_VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("layerpipe", "layerpipe", False),
     ("layerpipe, weights together", "layerpipe", True),
@@ -298,7 +310,7 @@ def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_toget
     from layerpipe.hdl._costs import RTLCostModel
     from layerpipe.schedule.policies import get_policy
 
-    wanted: dict[str, object] = {"replication": False, "split_layers": False,
+    wanted: dict[str, object] = {"replication": False, "split_layers": point.split_layers,
                                  "keep_weights_together": keep_weights_together}
     names = get_policy(policy).option_names
     result = make_schedule(policy, load_network(point.network, point.batch), point.num_pes, RTLCostModel(point.lanes),
@@ -321,7 +333,7 @@ def _rtl_verify(point: RTLPoint, k: int, label: str, policy: str, keep: bool) ->
     from layerpipe.hdl._verify import verify_design
 
     design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
-                         keep_weights_together=keep, batch=point.batch)
+                         keep_weights_together=keep, batch=point.batch, split_layers=point.split_layers)
     verilog = export_verilog(design)
     doc = verify_design(design)
     batch = design.network.batch
@@ -375,7 +387,7 @@ def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, 
         figures = _run_jobs([(_fpga_point, (verilog, rate, prior.get(hashlib.sha256(verilog.encode()).hexdigest())))
                              for _, verilog, rate in first], workers)
         fpga = {key: f for (key, _, _), f in zip(first, figures, strict=True) if f is not None}
-    return {"design_points": [vars(p) for p in points], "points": docs, "fpga": fpga}
+    return {"design_points": [p.as_dict() for p in points], "points": docs, "fpga": fpga}
 
 
 #: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
@@ -494,7 +506,10 @@ def rtl_section(rtl: dict) -> str:
         model_gain = _ratio(together["model_cycles_per_sample"], split["model_cycles_per_sample"])
         notes.append(f"- `{point.network}`, N = {point.num_pes}, {point.lanes} lanes: the split placement runs "
                      f"{times(rtl_gain)} faster than weights together in RTL, {times(model_gain)} in the model; "
-                     f"{times(speedups[(k, 'layerpipe')]['rtl'])} faster than PipeDream.")
+                     f"{times(speedups[(k, 'layerpipe')]['rtl'])} faster than PipeDream."
+                     + (f" With split layers allowed, weights together is the split variant `{together['network']}` "
+                        f"(each part's tasks on one PE), {times(speedups[(k, 'layerpipe, weights together')]['rtl'])} "
+                        "faster than PipeDream in RTL." if together["network"] != point.network else ""))
     equal = all(s["equal"] for s in speedups.values())
     verdict = ("On every point the RTL-measured speedups equal the model's prediction on the `rtl` interconnect."
                if equal else "On some point the RTL-measured speedup differs from the model's prediction "

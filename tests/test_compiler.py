@@ -267,21 +267,27 @@ def test_generated_placements_compile_consistently(point: tuple[list[int], dict[
     _check_design(placed_design(widths, where, n, lanes, samples, mode, batch))
 
 
-def test_heavy_layer_split_is_refused_naming_the_tasks_and_why() -> None:
-    """The layerpipe policy's split variant (mlp:96-8-4 on 2 PEs, 4 lanes: fc1 as fc1.0 and fc1.1) is not in
-    hardware: one line naming the parts and the missing operation. `make_design` itself never asks for it.
-    (The point is one where the split pays under the rtl cost model's op overhead.)"""
+def test_heavy_layer_split_runs_or_is_refused_naming_the_tasks_and_why() -> None:
+    """The layerpipe policy's split variants run in hardware (tests/test_hw_split.py): a first-layer split
+    (mlp:96-8-4 on 2 PEs, 4 lanes: fc1 as fc1.0 and fc1.1) and a hidden-layer split (mlp:8-32-64-4 on 3 PEs: fc2
+    in 3 parts, their errors summed by A1), also with micro-batches; with B = 4 a part whose rows the lanes do not
+    divide (mlp:64-8-4 on 3 PEs: 3, 3, 2 rows on 4 lanes) is refused in one line, as any such vector transfer.
+    `make_design` asks for split variants only with `split_layers=True`."""
     from layerpipe.hdl._flow import check_runnable
     from layerpipe.interconnect import Interconnect
     from layerpipe.schedule.policies import make_schedule, policy_options
 
-    net = load_network("mlp:96-8-4")
-    result = make_schedule("layerpipe", net, 2, RTLCostModel(4),
-                           policy_options("layerpipe", {"replication": False, "split_layers": True}),
-                           interconnect=Interconnect.rtl(4))
-    with pytest.raises(InputError) as info:
+    options = policy_options("layerpipe", {"replication": False, "split_layers": True})
+    for network, n, batch, split in (("mlp:96-8-4", 2, 1, ["fc1.0", "fc1.1", "fc2"]),
+                                     ("mlp:8-32-64-4", 3, 1, ["fc1", "fc2.0", "fc2.1", "fc2.2", "fc3"]),
+                                     ("mlp:64-8-4", 3, 4, ["fc1.0", "fc1.1", "fc1.2", "fc2"])):
+        net = load_network(network, batch)
+        result = make_schedule("layerpipe", net, n, RTLCostModel(4), options, interconnect=Interconnect.rtl(4))
+        assert [layer.name for layer in result.graph.network.layers] == split
         check_runnable(net, result, "layerpipe")
+    with pytest.raises(InputError) as info:  # 3, 3, 2 rows per sample: padded samples take more link beats
+        compile_program(result.graph.network, result.graph, result.periodic, 4, 4)
     message = str(info.value)
-    assert "\n" not in message and "fc1.0, fc1.1" in message and "vector add" in message
+    assert "\n" not in message and "per sample" in message and "--batch 4" in message
     design = make_design("mlp:96-8-4", "layerpipe", 2, 4, 2, keep_weights_together=False)  # whole layers
     assert [layer.name for layer in design.schedule.graph.network.layers] == ["fc1", "fc2"]

@@ -39,6 +39,9 @@ def add_design_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-weights-together", action=argparse.BooleanOptionalAction, default=True,
                    help="layerpipe: place a layer's F, E, G, U on one PE (default; with --no-keep-weights-together "
                    "the hardware streams weight versions and gradients between PEs)")
+    p.add_argument("--split-layers", action=argparse.BooleanOptionalAction, default=False,
+                   help="layerpipe: let the policy split a heavy first layer over PEs (its parts concatenated where "
+                   "their consumer reads them, hdl/_split.py); off by default")
     p.add_argument("--batch", type=positive_int("--batch"), default=1,
                    help="micro-batch B: samples per iteration (G sums over them, one U per micro-batch; default 1)")
     p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
@@ -50,7 +53,7 @@ def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
 
     return make_design(args.network, args.policy, args.num_procs, args.lanes, samples,
                        lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together,
-                       batch=args.batch)
+                       batch=args.batch, split_layers=args.split_layers)
 
 
 #: Every file `rtl --out` writes: an existing folder holding anything else is refused, never deleted.
