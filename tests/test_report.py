@@ -135,11 +135,29 @@ def test_ooo_section_is_current(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rtl_results_are_current() -> None:
+def test_rtl_results_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
     """Verification on Icarus for real; place-and-route figures reused from the committed
-    rtl.json when the Verilog hashes the same (as `generate` is called here and by the folder test)."""
+    rtl.json when the Verilog hashes the same (as `generate` is called here and by the folder test).
+
+    The jobs run in this process (workers=1: the same jobs in the same order, and test_report_rtl checks that
+    worker processes return them in that order), so two spawned interpreters do not import everything again,
+    and each design's Verilog is exported once: `_rtl_verify` exports it for its hash and `verify_design` again
+    for its run (`export_verilog` is a pure function of the design; ~2 s of amaranth per design)."""
+    import layerpipe.hdl._flow as flow
+
+    exported: dict[int, tuple[object, str]] = {}  # id -> (the design, kept alive so its id is not reused; Verilog)
+    export_verilog = flow.export_verilog
+
+    def export_once(design: flow.Design) -> str:
+        hit = exported.get(id(design))
+        if hit is None or hit[0] is not design:
+            hit = exported[id(design)] = (design, export_verilog(design))
+        return hit[1]
+
+    monkeypatch.setattr(flow, "export_verilog", export_once)
     committed = (COMMITTED / "rtl.json").read_text()
-    doc = report.rtl_results(json.loads(committed))
+    doc = report.rtl_results(json.loads(committed), workers=1)
+    assert len(exported) == len(doc["points"])  # one export per verified design
     assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == committed, STALE.format("rtl.json")
     assert {"layerpipe", "pipedream"} <= {p["policy"] for p in doc["points"]}
     assert all(p["bit_exact"] and p["cycle_exact"] for p in doc["points"])
