@@ -28,8 +28,9 @@ report fits an iCE40 part).
 
 A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, e.g. the split
 placement's weight memory written by the local U and by two links) becomes flip-flops and a read mux per
-port; the split design of that point keeps 116,736 memory bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
-before LUT mapping: more FFs than the 85F has), and its LUT mapping then runs past any limit. The script
+port; the split design of that point keeps 116,736 weight bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
+before LUT mapping: more FFs than the 85F has); under ABC9 it sat over 30 min in the ABC9 pass, under `abc` it
+was still in the LUT mapping of those read muxes after 13 min. The script
 writes yosys's statistics after RAM mapping (`MEMORY_STAT`), and the flow stops yosys as soon as they show
 more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories, not a time-out.
 """
