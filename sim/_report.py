@@ -261,9 +261,11 @@ _DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
 
 
 def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
-    """Words per ordered processor pair, over every cross-processor (producer, consumer) pair."""
+    """Words per ordered processor pair, over every cross-processor (producer, consumer) pair. A pair's words
+    are the sum of its dependencies' words, so the sums run over the dependencies directly (no pairing sort);
+    a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
     proc = np.asarray(c.proc, dtype=np.int64)
-    producer, consumer, words = c.pairs
+    producer, consumer, words = c.prod_idx, c.consumer_of_edge, c.prod_words
     src, dst = proc[producer], proc[consumer]
     cross = src != dst
     if not cross.any():

@@ -304,8 +304,7 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         return schedule.procs[p][i - bounds[p]]
 
     proc = np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds)).tolist()
-    slot = np.sort(task * (int(iteration.max()) + 1 if n else 1) + iteration)
-    if n > 1 and bool((slot[1:] == slot[:-1]).any()):
+    if n > 1 and _has_duplicate(task * (int(iteration.max()) + 1) + iteration, len(tasks) * (int(iteration.max()) + 1)):
         _raise_duplicate(list(itertools.chain.from_iterable(schedule.procs)))
     cost = [workload.durations.get(t, -1) for t in tasks]
     for k, c in enumerate(cost):
@@ -324,6 +323,17 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
+
+
+def _has_duplicate(slot: np.ndarray, cells: int) -> bool:
+    """Does any (task, iteration) slot number in 0 … cells − 1 occur twice? A table of cells flags where that is
+    at most a few per op (no sort), else a sort."""
+    if cells <= 4 * len(slot):
+        seen = np.zeros(cells, dtype=bool)
+        seen[slot] = True
+        return int(np.count_nonzero(seen)) < len(slot)
+    ordered = np.sort(slot)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def _proc_of(bounds: list[int], i: int) -> int:
