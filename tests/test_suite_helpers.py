@@ -132,3 +132,17 @@ def test_cached_schedule_does_not_cache_errors_or_run_without_its_folder(tmp_pat
 def test_this_run_has_one_schedule_folder_of_its_own() -> None:
     folder = os.environ.get(conftest.SCHEDULE_CACHE_ENV)
     assert folder and Path(folder).is_dir() and Path(folder).name.startswith("layerpipe-test-schedules-")
+
+
+def test_fast_over_lists_the_fast_tests_past_the_budget_and_fails(tmp_path: Path) -> None:
+    records = tmp_path / "cpu.jsonl"
+    lines = [{"nodeid": "tests/test_x.py::test_heavy", "slow": False, "cpu": 3.5, "wall": 9.0, "worker": "main"},
+             {"nodeid": "tests/test_x.py::test_light", "slow": False, "cpu": 0.2, "wall": 0.3, "worker": "main"},
+             {"nodeid": "tests/test_x.py::test_marked", "slow": True, "cpu": 40.0, "wall": 90.0, "worker": "main"}]
+    records.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    tool = [sys.executable, str(ROOT / "tools" / "test_times.py"), str(records), "--top", "0", "--fast-over"]
+    over = subprocess.run([*tool, "1"], capture_output=True, text=True, timeout=60)
+    assert over.returncode == 1, over.stderr
+    listed = over.stdout.split("fast tests over 1 s of CPU", 1)[1].strip().splitlines()
+    assert [line.split()[-1] for line in listed[1:]] == ["tests/test_x.py::test_heavy"]  # not the slow one
+    assert subprocess.run([*tool, "5"], capture_output=True, text=True, timeout=60).returncode == 0

@@ -1,7 +1,7 @@
 """Per-test CPU times recorded by tests/conftest.py (`LAYERPIPE_TEST_CPU=PATH pytest ...`).
 
     .venv/bin/python tools/test_times.py PATH [PATH...] [--top N] [--tier all|fast|slow] [--by-file] [--workers 2]
-                                         [--fast-ids FILE] [--write-order FILE [--min-cpu S]]
+                                         [--fast-ids FILE] [--write-order FILE [--min-cpu S]] [--fast-over S]
 
 Prints, per tier (fast = not marked slow, slow = marked slow): the number of tests, their CPU sum, the
 longest test, and an estimate of the wall time on W workers (max of sum/W and the longest test: a lower
@@ -14,6 +14,8 @@ today's marks without rerunning anything: FILE lists the fast tier's node ids, o
 `--write-order FILE` writes the recorded CPU of every test of at least `--min-cpu` seconds (default 0.5) as
 JSON, sorted by node id: tests/conftest.py hands tests to xdist workers longest first by that file
 (tests/cpu_times.json), so the suite does not end on one long test while the other worker idles.
+`--fast-over S` lists the fast tests of more than S CPU seconds (pyproject's slow marker says ~1 s) and exits 1
+when there are any: the fast tier is `pytest -m "not slow"`, under 60 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-ids", metavar="FILE", help="node ids of today's fast tier (re-tiers the records)")
     ap.add_argument("--write-order", metavar="FILE", help="write the CPU seconds xdist orders by")
     ap.add_argument("--min-cpu", type=float, default=0.5, help="--write-order keeps tests of at least S CPU seconds")
+    ap.add_argument("--fast-over", type=float, metavar="S", help="list fast tests over S CPU seconds; exit 1 if any")
     args = ap.parse_args(argv)
     if args.top < 0 or args.workers < 1 or args.min_cpu < 0:
         print("test_times: --top and --min-cpu must be >= 0 and --workers >= 1", file=sys.stderr)
@@ -133,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\nCPU per file and tier:")
         for (file, is_slow), cpu in sorted(per_file.items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"{cpu:8.2f} s  {count[(file, is_slow)]:>4} tests  {'slow' if is_slow else 'fast'}  {file}")
+    if args.fast_over is not None:
+        over = sorted((r for r in fast if r.cpu > args.fast_over), key=lambda r: (-r.cpu, r.nodeid))
+        print(f"\n{len(over)} fast tests over {args.fast_over:g} s of CPU" + (" (mark them slow):" if over else ""))
+        for r in over:
+            print(f"{r.cpu:8.2f} s  {r.nodeid}")
+        if over:
+            return 1
     return 0
 
 
