@@ -380,9 +380,10 @@ def _follow(proc: subprocess.Popen[str], sink: TextIO, label: str, progress: Pro
     asked = started
     for line in proc.stdout:
         sink.write(line)
-        if stop_when is not None and time.monotonic() - asked >= 1.0:
+        if time.monotonic() - asked >= 1.0:  # once a second: the log on disk follows the run; the stop rule
             asked = time.monotonic()
-            if stop_when():
+            sink.flush()
+            if stop_when is not None and stop_when():
                 proc.kill()
                 proc.wait()
                 return STOPPED
