@@ -89,8 +89,13 @@ def _check_model(design: Design) -> None:
             assert run.outputs[(where[("A", step.layer)], "A", step.layer, t)].tolist() == expected.tolist()
 
 
-@pytest.mark.parametrize(("network", "n", "lanes", "batch"),
-                         [(*p, 1) for p in POINTS] + [(*p, 4) for p in BATCH_POINTS])
+#: One point of each kind in the fast tier (the suite's fast tier is tests of about a second of CPU at most).
+FAST_MODEL = [("mlp:64-8-4", 3, 4, 1), ("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)]
+
+
+@pytest.mark.parametrize(("network", "n", "lanes", "batch"), [
+    pytest.param(*point, marks=() if point in FAST_MODEL else pytest.mark.slow)
+    for point in [(*p, 1) for p in POINTS] + [(*p, 4) for p in BATCH_POINTS]])
 def test_the_microcode_model_matches_the_reference_op_by_op(network: str, n: int, lanes: int, batch: int) -> None:
     pytest.importorskip("torch")
     _check_model(_split_design(network, n, lanes, batch=batch))
@@ -142,6 +147,7 @@ def _verify(design: Design, tmp_path: Path) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_a_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) -> None:
     """mlp:64-8-4 on 3 PEs × 4 lanes: fc1 in 3 parts of 3, 3, 2 rows (padded to one word each), every part on its
     own PE, the consumer's F reading their concatenation; monitored op by op (`run_monitored`)."""
@@ -152,6 +158,7 @@ def test_a_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) -> None:
     assert doc["period_rtl"] == design.program.period
 
 
+@pytest.mark.slow
 def test_a_hidden_layer_split_sums_the_partial_errors_bit_and_cycle_exact_in_icarus(tmp_path: Path) -> None:
     """mlp:4-16-48-4 on 3 PEs × 2 lanes: fc2 in 2 parts, their partial errors of fc1 summed by A1 in one beat
     from two banks (`x_sum`), their outputs concatenated for fc3."""
@@ -162,6 +169,7 @@ def test_a_hidden_layer_split_sums_the_partial_errors_bit_and_cycle_exact_in_ica
     _verify(design, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_micro_batch_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) -> None:
     """mlp:64-16-4 on 4 PEs × 2 lanes, B = 4: fc1 in 4 parts of 4 rows; each sample's parts side by side in the
     concatenation (strided writes and reads, the senders' jumps between runs)."""
@@ -200,6 +208,7 @@ def test_the_split_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -> None
     assert runs["split"][0]["period_rtl"] == runs["split"][1].program.period < runs["whole"][1].program.period
 
 
+@pytest.mark.slow
 def test_rtl_cli_takes_split_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`layerpipe rtl --split-layers` compiles the policy's split variant (deterministically); a split the
     hardware cannot run exits 2 with one line."""
