@@ -168,41 +168,49 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
 
 def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
                    consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
-    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`)."""
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`).
+
+    The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in the
+    next period, ahead of that period's later releases), earlier periods first on a tie; equal releases in the
+    consumer's program order — its processor, then its plan time in the same frame (a weight read is consumed
+    at least one iteration later) — as the simulator's engine queues them. A bus is compiled: the one order
+    `compiled_bus_key` defines, on plan times taken in the window of the release (the simulator applies it to
+    the absolute planned times). Each transfer's key ends with its position in `found`, so equal keys keep
+    that order (as a stable sort would)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
-    by_channel: dict[int, list[Transfer]] = {}
-    for t in found:
-        by_channel.setdefault(t.channel, []).append(t)
-    place = comm.placement
+    planned = consumer_time is not None
+    bus = comm.interconnect.kind == "bus"
+    cost, place = table.cost, comm.placement
+    by_channel: dict[int, list[tuple[tuple[object, ...], Transfer, int]]] = {}
+    for i, t in enumerate(found):
+        src, dst = t.src, t.dst
+        release = start[src] + cost[src]
+        later = period if t.weight else 0
+        if bus:
+            plan_release = key_of[src] + cost[src]
+            window = plan_release - plan_release % period
+            consumer = table.tasks[dst]
+            key: tuple[object, ...] = (
+                compiled_bus_key(plan_release - window, key_of[src] - window, place[dst],
+                                 key_of[dst] + later - window, tie_rank(consumer.kind, consumer.layer), place[src]),
+                dst, src, i)
+        else:
+            frame = (key_of[src] // period if planned else 0) + release // period
+            key = (release % period, -(release // period), place[dst], key_of[dst] - frame * period + later, dst,
+                   src, i)
+        by_channel.setdefault(t.channel, []).append((key, t, release))
     arrival: dict[tuple[int, int], int] = {}
     for queue in by_channel.values():
-        # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
-        # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
-        # releases in the consumer's program order — its processor, then its plan time in the same frame (a
-        # weight read is consumed at least one iteration later) — as the simulator's engine queues them.
-        def order(t: Transfer) -> tuple[int, ...]:
-            r = start[t.src] + table.cost[t.src]
-            frame = (key_of[t.src] // period if consumer_time is not None else 0) + r // period
-            when = key_of[t.dst] - frame * period + (period if t.weight else 0)
-            return (r % period, -(r // period), place[t.dst], when, t.dst, t.src)
-
-        def bus_order(t: Transfer) -> tuple[object, ...]:
-            # A bus is compiled: the one order `compiled_bus_key` defines, on plan times taken in the window
-            # of the release (the simulator applies it to the absolute planned times).
-            release = key_of[t.src] + table.cost[t.src]
-            window = release - release % period
-            consumer = table.tasks[t.dst]
-            return (compiled_bus_key(release - window, key_of[t.src] - window, place[t.dst],
-                                     key_of[t.dst] + (period if t.weight else 0) - window,
-                                     tie_rank(consumer.kind, consumer.layer), place[t.src]), t.dst, t.src)
-
-        queue.sort(key=bus_order if comm.interconnect.kind == "bus" else order)
-        ends = [start[t.src] + table.cost[t.src] for t in queue]
-        depart = _fifo_departures([r % period for r in ends], [t.hold for t in queue], period)
-        for t, r, d in zip(queue, ends, depart, strict=True):
+        queue.sort(key=_first)
+        depart = _fifo_departures([r % period for _, _, r in queue], [t.hold for _, t, _ in queue], period)
+        for (_, t, r), d in zip(queue, depart, strict=True):
             arrival[(t.src, t.dst)] = d + (r - r % period) + t.hold + latency
     return arrival
+
+
+def _first(entry: tuple[tuple[object, ...], Transfer, int]) -> tuple[object, ...]:
+    return entry[0]
 
 
 def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:

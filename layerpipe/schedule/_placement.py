@@ -61,47 +61,34 @@ def crossing_words(table: TaskTable, placement: Sequence[int]) -> int:
     return words + sum(w for u, x, w in table.weight_reads if placement[u] != placement[x])
 
 
-class _State:
-    """Loads, channel holds and words of a placement, kept up to date under moves of whole items.
+class _Items:
+    """What `improve` reads of a table, its items and the interconnect, whatever the placement: each item's
+    edges to tasks of other items summed per other task and direction (`nbrs`: words and holds out of the
+    item and into it, so a trial move reads one row per neighbour), the items next to each item, and the
+    edges that hold a channel. Shared by the searches from every start placement of one table (`_items`)."""
 
-    An item's tasks share one processor (`item_place`). Each item keeps its edges to tasks of other items
-    summed per other task and direction (`nbrs`: words and holds out of the item and into it), so a trial
-    move reads one row per neighbour; the channel and word changes of a move (`delta`) are memoised per
-    (item, destination) until the item or one of its neighbours moves.
-    """
-
-    def __init__(self, table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
-                 members: Sequence[Sequence[int]]) -> None:
-        self.ic, self.n = interconnect, num_procs
-        self.shared, self.bus = interconnect.is_shared, interconnect.kind == "bus"
-        self.place = list(placement)
+    def __init__(self, table: TaskTable, interconnect: Interconnect, members: Sequence[Sequence[int]]) -> None:
+        shared = interconnect.is_shared
         self.members = members
         self.item_of = [0] * len(table)
         for i, tasks in enumerate(members):
             for v in tasks:
                 self.item_of[v] = i
-        self.item_place = [self.place[tasks[0]] for tasks in members]
-        for i, tasks in enumerate(members):
-            if any(self.place[v] != self.item_place[i] for v in tasks):
-                raise ValueError(f"improve: the tasks of item {i} are not on one processor")
         self.item_cost = [sum(table.cost[v] for v in tasks) for tasks in members]
-        self.load = [0] * num_procs
-        for v, p in enumerate(self.place):
-            self.load[p] += table.cost[v]
         # Every data edge once, with its hold: (producer, consumer, words, hold).
-        edges: list[tuple[int, int, int, int]] = []
+        self.edges: list[tuple[int, int, int, int]] = []
         for v, ps in enumerate(table.preds):
             for u, w in zip(ps, table.pred_words[v], strict=True):
-                edges.append((u, v, w, interconnect.hold(w)))
+                self.edges.append((u, v, w, interconnect.hold(w)))
         for u, x, w in table.weight_reads:
-            edges.append((u, x, w, interconnect.hold(w)))
+            self.edges.append((u, x, w, interconnect.hold(w)))
         # Per item, per other task: [words out, hold out, words in, hold in] (holds only where channels exist).
         rows: list[dict[int, list[int]]] = [{} for _ in members]
-        for u, v, w, h in edges:
+        for u, v, w, h in self.edges:
             iu, iv = self.item_of[u], self.item_of[v]
             if iu == iv:
                 continue
-            h = 0 if self.shared else h
+            h = 0 if shared else h
             out = rows[iu].setdefault(v, [0, 0, 0, 0])
             out[0] += w
             out[1] += h
@@ -110,12 +97,52 @@ class _State:
             into[3] += h
         self.nbrs: list[list[tuple[int, int, int, int, int]]] = [
             [(x, wo, ho, wi, hi) for x, (wo, ho, wi, hi) in row.items()] for row in rows]
+        self.nbr_tasks = [tuple(row) for row in rows]
         self.nbr_items = [sorted({self.item_of[x] for x in row}) for row in rows]
         #: The edges that hold a channel, for the moves off the busiest channel: (producer, consumer).
-        self.held = [(u, v) for u, v, _, h in edges if h and not self.shared]
+        self.held = [(u, v) for u, v, _, h in self.edges if h and not shared]
+
+
+#: `_Items` by (table token, interconnect, items): the few last, for the start placements of one search.
+_ITEMS: dict[tuple[object, ...], _Items] = {}
+_ITEMS_KEPT = 8
+
+
+def _items(table: TaskTable, interconnect: Interconnect, members: Sequence[Sequence[int]]) -> _Items:
+    key = (table.token, interconnect, tuple(map(tuple, members)))
+    found = _ITEMS.get(key)
+    if found is None:
+        if len(_ITEMS) >= _ITEMS_KEPT:
+            _ITEMS.pop(next(iter(_ITEMS)))
+        found = _ITEMS[key] = _Items(table, interconnect, members)
+    return found
+
+
+class _State:
+    """Loads, channel holds and words of a placement, kept up to date under moves of whole items.
+
+    An item's tasks share one processor (`item_place`). The channel and word changes of a move (`delta`) are
+    memoised per (item, destination) until the item or one of its neighbours moves.
+    """
+
+    def __init__(self, table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
+                 members: Sequence[Sequence[int]]) -> None:
+        self.ic, self.n = interconnect, num_procs
+        self.shared, self.bus = interconnect.is_shared, interconnect.kind == "bus"
+        items = _items(table, interconnect, members)
+        self.members, self.item_of, self.item_cost = members, items.item_of, items.item_cost
+        self.nbrs, self.nbr_tasks, self.nbr_items, self.held = items.nbrs, items.nbr_tasks, items.nbr_items, items.held
+        self.place = list(placement)
+        self.item_place = [self.place[tasks[0]] for tasks in members]
+        for i, tasks in enumerate(members):
+            if any(self.place[v] != self.item_place[i] for v in tasks):
+                raise ValueError(f"improve: the tasks of item {i} are not on one processor")
+        self.load = [0] * num_procs
+        for v, p in enumerate(self.place):
+            self.load[p] += table.cost[v]
         self.chan: dict[int, int] = {}
         self.words = 0
-        for u, v, w, h in edges:
+        for u, v, w, h in items.edges:
             if self.place[u] != self.place[v]:
                 self.words += w
                 if h and not self.shared:
@@ -170,45 +197,43 @@ class _State:
         found = memo[dst] = ([(c, d) for c, d in changes.items() if d], dw)
         return found
 
-    def key_after(self, item: int, dst: int,
-                  beat: tuple[int, int, int] | None = None) -> tuple[int, int, int] | None:
-        """(period, resources at the period, words) if `item` moved to `dst` — or None when that key is not
-        below `beat` (a lower bound shows it first: a resource the move raises above `beat`'s period)."""
+    def key_after(self, item: int, dst: int, beat: tuple[int, int, int]) -> tuple[int, int, int] | None:
+        """(period, resources at the period, words) if `item` moved to `dst` — or None when a resource the move
+        raises passes `beat`'s period (then the key is above `beat`; the caller wants keys below it)."""
         c = self.item_cost[item]
-        src = self.item_place[item]
         load = self.load
         new_dst = load[dst] + c
-        if beat is not None and new_dst > beat[0]:
+        bound = beat[0]
+        if new_dst > bound:
             return None
-        changes, dw = self.delta(item, dst)
-        chan = self.chan
+        found = self.memo[item].get(dst)
+        changes, dw = found if found is not None else self.delta(item, dst)
         # The resources the move touches (distinct: src ≠ dst, and channels are not processors), old → new.
-        touched = [(load[src], load[src] - c), (load[dst], new_dst)]
-        for ch, d in changes:
-            old = chan.get(ch, 0)
-            touched.append((old, old + d))
-        removed: dict[int, int] = {}
-        added: dict[int, int] = {}
-        high = 0
-        for old, new in touched:
-            if old:
-                removed[old] = removed.get(old, 0) + 1
-            if new:
-                added[new] = added.get(new, 0) + 1
+        old_src = load[self.item_place[item]]
+        olds, news = [old_src, load[dst]], [old_src - c, new_dst]
+        high = max(old_src - c, new_dst)
+        if changes:
+            chan = self.chan
+            for ch, d in changes:
+                old = chan.get(ch, 0)
+                new = old + d
+                if new > bound:
+                    return None
+                olds.append(old)
+                news.append(new)
                 if new > high:
                     high = new
-        if beat is not None and high > beat[0]:
-            return None
         hist = self.hist
         top = high
         for level in self.levels:  # the largest load some untouched resource still holds
             if level <= high:
                 break
-            if hist[level] > removed.get(level, 0):
+            if hist[level] > olds.count(level):
                 top = level
                 break
-        at_top = hist.get(top, 0) - removed.get(top, 0) + added.get(top, 0)
-        return top, at_top, self.words + dw
+        if not top:  # nothing loaded at all: every resource holds 0, as counted before the move
+            return 0, hist.get(0, 0), self.words + dw
+        return top, hist.get(top, 0) - olds.count(top) + news.count(top), self.words + dw
 
     def move(self, item: int, dst: int) -> None:
         src = self.item_place[item]
@@ -231,26 +256,32 @@ class _State:
         self._histogram()
 
     def candidate_moves(self) -> list[tuple[int, int]]:
-        """(item, destination) pairs that touch a bottleneck resource, in order."""
+        """(item, destination) pairs that touch a bottleneck resource, in order — less those that would load
+        their destination processor past the period (no such move lowers the key)."""
         top, _, _ = self.key()
         moves: set[tuple[int, int]] = set()
+        load, cost = self.load, self.item_cost
         # Off a busiest processor: to one of the least loaded processors, or to where the item's data goes.
-        light = sorted(range(self.n), key=lambda q: (self.load[q], q))[:LIGHT_TARGETS]
-        busiest = {p for p, x in enumerate(self.load) if x == top}
+        light = sorted(range(self.n), key=lambda q: (load[q], q))[:LIGHT_TARGETS]
+        busiest = {p for p, x in enumerate(load) if x == top}
         if busiest:
             place = self.place
             for i, p in enumerate(self.item_place):
                 if p in busiest:
-                    near = {place[x] for x, *_ in self.nbrs[i]}
-                    moves |= {(i, q) for q in (*light, *near) if q != p}
+                    room = top - cost[i]
+                    moves.update((i, q) for q in {*light, *(place[x] for x in self.nbr_tasks[i])}
+                                 if q != p and load[q] <= room)
         hot = {ch for ch, x in self.chan.items() if x == top}
         if hot:
             place, item_of = self.place, self.item_of
             for u, v in self.held:
                 pu, pv = place[u], place[v]
                 if pu != pv and self.channel(pu, pv) in hot:
-                    moves.add((item_of[u], pv))
-                    moves.add((item_of[v], pu))
+                    iu, iv = item_of[u], item_of[v]
+                    if load[pv] + cost[iu] <= top:
+                        moves.add((iu, pv))
+                    if load[pu] + cost[iv] <= top:
+                        moves.add((iv, pu))
         return sorted(moves)
 
 
@@ -258,19 +289,38 @@ def improve(table: TaskTable, placement: Sequence[int], num_procs: int, intercon
             members: Sequence[Sequence[int]], max_words: float | None = None) -> list[int]:
     """A placement no single move of an item off a bottleneck improves, by (period, resources at the period,
     words per iteration), never exceeding `max_words` words per iteration when given. Each item's tasks must
-    share a processor in `placement`."""
+    share a processor in `placement`.
+
+    Memoised by the table's content (`TaskTable.token`) and every argument: LayerPipe's searches with and
+    without a staleness bound start from the same placements."""
+    key = (table.token, tuple(placement), num_procs, interconnect, tuple(map(tuple, members)), max_words)
+    found = _IMPROVED.get(key)
+    if found is None:
+        if len(_IMPROVED) >= _IMPROVED_KEPT:
+            _IMPROVED.pop(next(iter(_IMPROVED)))
+        found = _IMPROVED[key] = tuple(_improve(table, placement, num_procs, interconnect, members, max_words))
+    return list(found)
+
+
+#: `improve`'s memo: (table token, start, N, interconnect, items, bound) → the improved placement.
+_IMPROVED: dict[tuple[object, ...], tuple[int, ...]] = {}
+_IMPROVED_KEPT = 256
+
+
+def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
+             members: Sequence[Sequence[int]], max_words: float | None) -> list[int]:
     state = _State(table, placement, num_procs, interconnect, members)
     for _ in range(MAX_MOVES):
-        current = state.key()
-        best: tuple[tuple[int, int, int], int, int] | None = None
+        current = beat = state.key()
+        best: tuple[int, int] | None = None
         for item, dst in state.candidate_moves():  # in order: on equal keys the first move wins
-            after = state.key_after(item, dst, current if best is None else best[0])
-            if after is None or not after < (current if best is None else best[0]):
+            after = state.key_after(item, dst, beat)
+            if after is None or not after < beat:
                 continue
             if max_words is not None and after[2] > max_words and after[2] > current[2]:
                 continue
-            best = (after, item, dst)
+            beat, best = after, (item, dst)
         if best is None:
             break
-        state.move(best[1], best[2])
+        state.move(*best)
     return state.place

@@ -1,0 +1,288 @@
+"""The scheduler passes as they were before issue 13/14's speed work, kept as the slow references the fast paths
+are tested against (tests/test_schedule_fast_paths.py): `improve` re-reading every edge of an item per trial
+move, `periodic_versions` sweeping all 4D periods of reads, `_pack_channels` sorting each queue with a key
+function. Copied from commit 92d1fb8 (layerpipe/schedule/_placement.py, _validate.py, _comm.py) with only the
+names changed; not used by the package.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+from layerpipe.dfg import TrainingGraph
+from layerpipe.interconnect import Interconnect, compiled_bus_key
+from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures
+from layerpipe.schedule._ir import PeriodicSchedule, tie_rank
+from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
+from layerpipe.schedule._task_table import TaskTable
+
+__all__ = ["reference_improve", "reference_pack_channels", "reference_periodic_versions"]
+
+
+class _State:
+    """Loads, channel holds and words of a placement, kept up to date under moves of whole items."""
+
+    def __init__(self, table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
+                 members: Sequence[Sequence[int]]) -> None:
+        self.table, self.ic, self.n = table, interconnect, num_procs
+        self.place = list(placement)
+        self.members = members
+        self.item_of = [0] * len(table)
+        for i, tasks in enumerate(members):
+            for v in tasks:
+                self.item_of[v] = i
+        self.item_cost = [sum(table.cost[v] for v in tasks) for tasks in members]
+        self.load = [0] * num_procs
+        for v, p in enumerate(self.place):
+            self.load[p] += table.cost[v]
+        # Every data edge once: (producer, consumer, words, hold).
+        self.edges: list[tuple[int, int, int, int]] = []
+        for v, ps in enumerate(table.preds):
+            for u, w in zip(ps, table.pred_words[v], strict=True):
+                self.edges.append((u, v, w, interconnect.hold(w)))
+        for u, x, w in table.weight_reads:
+            self.edges.append((u, x, w, interconnect.hold(w)))
+        self.item_edges: list[list[int]] = [[] for _ in members]
+        for k, (u, v, _, _) in enumerate(self.edges):
+            iu, iv = self.item_of[u], self.item_of[v]
+            if iu != iv:
+                self.item_edges[iu].append(k)
+                self.item_edges[iv].append(k)
+        self.chan: dict[int, int] = {}
+        self.words = 0
+        for u, v, w, h in self.edges:
+            if self.place[u] != self.place[v]:
+                self.words += w
+                if h:
+                    c = interconnect.channel(self.place[u], self.place[v], num_procs)
+                    self.chan[c] = self.chan.get(c, 0) + h
+        self._histogram()
+
+    def _histogram(self) -> None:
+        """How many resources (processors and channels) carry each load, and those loads, largest first:
+        what a move's effect on (period, resources at the period) is read from without a full scan."""
+        self.hist: dict[int, int] = {}
+        for x in (*self.load, *self.chan.values()):
+            self.hist[x] = self.hist.get(x, 0) + 1
+        self.levels = sorted(self.hist, reverse=True)
+
+    def channel(self, p: int, q: int) -> int:
+        return self.ic.channel(p, q, self.n)
+
+    def key(self) -> tuple[int, int, int]:
+        top = self.levels[0]
+        return top, self.hist[top], self.words
+
+    def delta(self, item: int, dst: int) -> tuple[dict[int, int], int]:
+        """Channel hold changes and the change in words if `item` moved to `dst`."""
+        src = self.place[self.members[item][0]]
+        changes: dict[int, int] = {}
+        dw = 0
+        shared = self.ic.is_shared
+        for k in self.item_edges[item]:
+            u, v, w, h = self.edges[k]
+            mine_is_u = self.item_of[u] == item
+            other = self.place[v] if mine_is_u else self.place[u]
+            before = (src, other) if mine_is_u else (other, src)
+            after = (dst, other) if mine_is_u else (other, dst)
+            if before[0] != before[1]:
+                dw -= w
+                if h and not shared:
+                    c = self.channel(*before)
+                    changes[c] = changes.get(c, 0) - h
+            if after[0] != after[1]:
+                dw += w
+                if h and not shared:
+                    c = self.channel(*after)
+                    changes[c] = changes.get(c, 0) + h
+        return changes, dw
+
+    def key_after(self, item: int, dst: int) -> tuple[int, int, int]:
+        src = self.place[self.members[item][0]]
+        c = self.item_cost[item]
+        changes, dw = self.delta(item, dst)
+        # The resources the move touches, old value → new value; every other resource keeps its load.
+        touched = [(self.load[src], self.load[src] - c), (self.load[dst], self.load[dst] + c)]
+        touched += [(self.chan.get(ch, 0), self.chan.get(ch, 0) + d) for ch, d in changes.items() if d]
+        adjust: dict[int, int] = {}
+        for old, new in touched:
+            if old:
+                adjust[old] = adjust.get(old, 0) - 1
+            if new:
+                adjust[new] = adjust.get(new, 0) + 1
+        top = max((v for v, d in adjust.items() if d > 0), default=0)
+        for level in self.levels:  # the largest load still held after the move
+            if level <= top:
+                break
+            if self.hist[level] + adjust.get(level, 0) > 0:
+                top = level
+                break
+        at_top = self.hist.get(top, 0) + adjust.get(top, 0)
+        return top, at_top, self.words + dw
+
+    def move(self, item: int, dst: int) -> None:
+        src = self.place[self.members[item][0]]
+        changes, dw = self.delta(item, dst)
+        for ch, d in changes.items():
+            value = self.chan.get(ch, 0) + d
+            if value:
+                self.chan[ch] = value
+            else:
+                self.chan.pop(ch, None)
+        self.words += dw
+        self.load[src] -= self.item_cost[item]
+        self.load[dst] += self.item_cost[item]
+        for v in self.members[item]:
+            self.place[v] = dst
+        self._histogram()
+
+    def candidate_moves(self) -> list[tuple[int, int]]:
+        """(item, destination) pairs that touch a bottleneck resource."""
+        top, _, _ = self.key()
+        moves: set[tuple[int, int]] = set()
+        # Off a busiest processor: to one of the least loaded processors, or to where the item's data goes.
+        light = sorted(range(self.n), key=lambda q: (self.load[q], q))[:LIGHT_TARGETS]
+        for p, x in enumerate(self.load):
+            if x == top:
+                items = {self.item_of[v] for v, q in enumerate(self.place) if q == p}
+                for i in items:
+                    near = {self.place[v] for k in self.item_edges[i] for v in self.edges[k][:2]}
+                    moves |= {(i, q) for q in (*light, *near) if q != p}
+        hot = {ch for ch, x in self.chan.items() if x == top}
+        if hot:
+            for u, v, _, h in self.edges:
+                pu, pv = self.place[u], self.place[v]
+                if h and pu != pv and self.channel(pu, pv) in hot:
+                    moves.add((self.item_of[u], pv))
+                    moves.add((self.item_of[v], pu))
+        return sorted(moves)
+
+
+def reference_improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
+            members: Sequence[Sequence[int]], max_words: float | None = None) -> list[int]:
+    """A placement no single move of an item off a bottleneck improves, by (period, resources at the period,
+    words per iteration), never exceeding `max_words` words per iteration when given."""
+    state = _State(table, placement, num_procs, interconnect, members)
+    for _ in range(MAX_MOVES):
+        current = state.key()
+        best: tuple[tuple[int, int, int], int, int] | None = None
+        for item, dst in state.candidate_moves():
+            after = state.key_after(item, dst)
+            if max_words is not None and after[2] > max_words and after[2] > current[2]:
+                continue
+            if after < current and (best is None or (after, item, dst) < best):
+                best = (after, item, dst)
+        if best is None:
+            break
+        state.move(best[1], best[2])
+    return state.place
+
+
+def reference_periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph) -> dict[int, int]:
+    """Weight versions of each layer held at once in the steady state of the periodic timing: the current
+    version plus every version a forward has read and its backward has not finished with (under `stash`
+    E_l(t) uses the version F_l(t) read; without a stash edge, while the forward runs). Counted the way the
+    simulator's memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window
+    of iterations deep in the steady state, versions read from `read_pins`, update ends from the U slots.
+    """
+    stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
+    pins = schedule.read_pins()
+    slots = {(s.kind, s.layer, s.phase): s for body in schedule.bodies for s in body}
+    period, unfold = schedule.period, schedule.unfold
+    depth = max((s.lag for s in slots.values()), default=0) + 2
+    out: dict[int, int] = {}
+    for layer in graph.network.layers:
+        if not layer.has_weights:
+            continue
+        back = next((t.kind for t in graph.tasks if t.layer == layer.index and "E" in t.kind), None)
+        if layer.index not in stashing:
+            back = "F"  # no stash: a forward holds its version only while it runs (2BW's floor makes it older)
+        if back is None or ("U", layer.index) not in schedule.costs:
+            out[layer.index] = 1
+            continue
+        g, per = schedule.group(layer.index), schedule.phases("U", layer.index)
+        c_u, c_e = schedule.costs[("U", layer.index)], schedule.costs[(back, layer.index)]
+        periods = 4 * depth
+        updates = [slots[("U", layer.index, q)] for q in range(per)]
+        ends = sorted(j * period + u.start + c_u for j in range(periods) for u in updates
+                      if per * (j - u.lag) + u.phase >= 0)
+        events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
+        for j in range(periods):
+            for k in range(unfold):
+                f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
+                t = unfold * (j - f.lag) + k
+                if t < 0 or ("F", layer.index, k) not in pins:
+                    continue
+                begin = j * period + f.start
+                finish = (t // unfold + e.lag) * period + e.start + c_e
+                events.append((begin, t // g - pins[("F", layer.index, k)], finish))
+        lo, hi = 2 * depth * period, 3 * depth * period
+        out[layer.index] = _most_versions_held(events, ends, lo, hi)
+    return out
+
+
+def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo: int, hi: int) -> int:
+    """The most distinct versions held at a time τ in [lo, hi): the versions of the reads (begin, version,
+    finish) with begin ≤ τ < finish, plus the current one (updates ended by τ). A sweep over the event times
+    with a count per active version (readers of one version overlap)."""
+    begins = sorted((b, v) for b, v, _ in events)
+    finishes = sorted((f, v) for _, v, f in events)
+    active: dict[int, int] = {}
+    best, i, k = 1, 0, 0
+    for tau in sorted({b for b, _ in begins} | {f for f, _ in finishes} | set(ends)):
+        while i < len(begins) and begins[i][0] <= tau:
+            active[begins[i][1]] = active.get(begins[i][1], 0) + 1
+            i += 1
+        while k < len(finishes) and finishes[k][0] <= tau:
+            v = finishes[k][1]
+            active[v] -= 1
+            if not active[v]:
+                del active[v]
+            k += 1
+        if lo <= tau < hi:
+            current = bisect_right(ends, tau)
+            best = max(best, len(active) + (current not in active))
+    return best
+
+
+
+def reference_pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
+                   consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`)."""
+    latency = comm.interconnect.latency
+    key_of = consumer_time if consumer_time is not None else start
+    by_channel: dict[int, list[Transfer]] = {}
+    for t in found:
+        by_channel.setdefault(t.channel, []).append(t)
+    place = comm.placement
+    arrival: dict[tuple[int, int], int] = {}
+    for queue in by_channel.values():
+        # The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in
+        # the next period, ahead of that period's later releases), earlier periods first on a tie; equal
+        # releases in the consumer's program order — its processor, then its plan time in the same frame (a
+        # weight read is consumed at least one iteration later) — as the simulator's engine queues them.
+        def order(t: Transfer) -> tuple[int, ...]:
+            r = start[t.src] + table.cost[t.src]
+            frame = (key_of[t.src] // period if consumer_time is not None else 0) + r // period
+            when = key_of[t.dst] - frame * period + (period if t.weight else 0)
+            return (r % period, -(r // period), place[t.dst], when, t.dst, t.src)
+
+        def bus_order(t: Transfer) -> tuple[object, ...]:
+            # A bus is compiled: the one order `compiled_bus_key` defines, on plan times taken in the window
+            # of the release (the simulator applies it to the absolute planned times).
+            release = key_of[t.src] + table.cost[t.src]
+            window = release - release % period
+            consumer = table.tasks[t.dst]
+            return (compiled_bus_key(release - window, key_of[t.src] - window, place[t.dst],
+                                     key_of[t.dst] + (period if t.weight else 0) - window,
+                                     tie_rank(consumer.kind, consumer.layer), place[t.src]), t.dst, t.src)
+
+        queue.sort(key=bus_order if comm.interconnect.kind == "bus" else order)
+        ends = [start[t.src] + table.cost[t.src] for t in queue]
+        depart = _fifo_departures([r % period for r in ends], [t.hold for t in queue], period)
+        for t, r, d in zip(queue, ends, depart, strict=True):
+            arrival[(t.src, t.dst)] = d + (r - r % period) + t.hold + latency
+    return arrival
+
+

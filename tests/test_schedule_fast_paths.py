@@ -1,0 +1,187 @@
+"""The schedulers' fast paths (issues 13/14) give what the slow references give, on generated inputs.
+
+- `improve` (items' edges summed per neighbour, a move's change memoised, moves pruned by a bound, the whole
+  call memoised) against `reference_improve`, the search that re-reads every edge per trial move;
+- `periodic_versions` (one steady-state period of reads) against `reference_periodic_versions` (all 4D);
+- `_pack_channels` (decorated sort) against `reference_pack_channels` (a key function per queue);
+- the memos (`TaskTable.token`, `transfers`, `comm_timing`, `replicated_timing`): equal content hits, a
+  caller's copy can be changed without changing what the next caller gets.
+
+The references are the code from before the speed work (tests/schedule_reference.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import MacsModel, PEModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import load_network
+from layerpipe.schedule import make_schedule
+from layerpipe.schedule._comm import Comm, _pack_channels, transfers
+from layerpipe.schedule._comm_timing import _comm_timing, comm_timing
+from layerpipe.schedule._layerpipe import group_items, weight_groups
+from layerpipe.schedule._placement import _improve, improve
+from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._validate import periodic_versions
+from tests.schedule_reference import reference_improve, reference_pack_channels, reference_periodic_versions
+from tests.strategies import networks
+
+SPECS = ("shared", "links:0:1", "links:2:1", "links:1:1/8", "links:3:2", "bus:2:3", "bus:0:1/2", "rtl")
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _table(net, overhead: int) -> TaskTable:
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    return TaskTable.of(build_training_graph(net), model)
+
+
+@FAST
+@given(net=networks(max_layers=7, dag=True, max_width=12, max_batch=3), n=st.integers(2, 6),
+       spec=st.sampled_from(SPECS), overhead=st.integers(0, 3), together=st.booleans(), seed=st.integers(0, 2**16),
+       bounded=st.booleans())
+def test_improve_equals_the_reference(net, n, spec, overhead, together, seed, bounded) -> None:
+    table = _table(net, overhead)
+    ic = parse_interconnect(spec, lanes=4)
+    _, members = group_items(table, weight_groups(table, together))
+    rng = random.Random(seed)
+    item_proc = [rng.randrange(n) for _ in members]
+    placement = [0] * len(table)
+    for i, tasks in enumerate(members):
+        for v in tasks:
+            placement[v] = item_proc[i]
+    words = sum(w for ws in table.pred_words for w in ws) + sum(w for _, _, w in table.weight_reads)
+    max_words = rng.randrange(words + 1) if bounded else None
+    expected = reference_improve(table, placement, n, ic, members, max_words)
+    assert _improve(table, placement, n, ic, members, max_words) == expected
+    assert improve(table, placement, n, ic, members, max_words) == expected
+    again = improve(table, placement, n, ic, members, max_words)  # the memo's answer, a list of its own
+    assert again == expected
+    again.append(-1)
+    assert improve(table, placement, n, ic, members, max_words) == expected
+
+
+def test_improve_refuses_an_item_split_over_processors() -> None:
+    table = _table(load_network("mlp:8-6-4"), 0)
+    _, members = group_items(table, weight_groups(table, True))
+    split = next(m for m in members if len(m) > 1)
+    placement = [0] * len(table)
+    placement[split[0]] = 1
+    with pytest.raises(ValueError, match="not on one processor"):
+        _improve(table, placement, 2, parse_interconnect("links:2:1"), members, None)
+
+
+def test_improve_on_zoo_placements_equals_the_reference() -> None:
+    """The start placements LayerPipe's search really improves (`search_space`), on a zoo network."""
+    from layerpipe.schedule._lags import asap_times
+    from layerpipe.schedule._layerpipe import candidate_placements, pipedream_placement
+
+    net, model = load_network("lenet5"), PEModel()
+    table = TaskTable.of(build_training_graph(net), model)
+    asap = asap_times(table)
+    for spec in ("links:2:1", "rtl", "bus:2:16"):
+        ic = parse_interconnect(spec, lanes=model.lanes)
+        for n in (3, 8):
+            for together in (False, True):
+                starts = candidate_placements(table, n, weight_groups(table, together), asap)[0]
+                _, members = group_items(table, weight_groups(table, together))
+                for placement in [*starts, pipedream_placement(table, n)] if not together else starts:
+                    for bound in (None, 4000):
+                        assert _improve(table, placement, n, ic, members, bound) == \
+                            reference_improve(table, placement, n, ic, members, bound), (spec, n, together, bound)
+
+
+PERIODIC = ("layerpipe", "pipedream", "pipedream-2bw")
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12, max_batch=3), n=st.integers(1, 6),
+       spec=st.sampled_from(SPECS), policy=st.sampled_from(PERIODIC), overhead=st.integers(0, 3))
+def test_periodic_versions_equals_the_reference(net, n, spec, policy, overhead) -> None:
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    result = make_schedule(policy, net, n, model, interconnect=parse_interconnect(spec, lanes=4))
+    schedule, graph = result.periodic, result.graph
+    expected = reference_periodic_versions(schedule, graph)
+    assert periodic_versions(schedule, graph) == expected
+    assert periodic_versions(schedule, graph, schedule.read_pins()) == expected
+
+
+def test_periodic_versions_on_zoo_schedules_equals_the_reference() -> None:
+    """Replicated, unfolded and coalesced (2BW) schedules of real networks, deep lags included."""
+    model = PEModel()
+    cases = [("lenet5", spec, n) for spec in ("shared", "links:2:1", "bus:2:16") for n in (2, 5, 9)]
+    for network, spec, n in [*cases, ("resnet18", "links:2:1", 6)]:
+        net = load_network(network)
+        ic = parse_interconnect(spec, lanes=model.lanes)
+        for policy in PERIODIC:
+            result = make_schedule(policy, net, n, model, interconnect=ic)
+            assert periodic_versions(result.periodic, result.graph) == \
+                reference_periodic_versions(result.periodic, result.graph), (network, spec, policy, n)
+
+
+@FAST
+@given(net=networks(max_layers=7, dag=True, max_width=12, max_batch=3), n=st.integers(2, 6),
+       spec=st.sampled_from(tuple(s for s in SPECS if s != "shared")), overhead=st.integers(0, 3),
+       seed=st.integers(0, 2**16), planned=st.booleans(), slack=st.integers(0, 40))
+def test_pack_channels_equals_the_reference(net, n, spec, overhead, seed, planned, slack) -> None:
+    table = _table(net, overhead)
+    rng = random.Random(seed)
+    comm = Comm([rng.randrange(n) for _ in range(len(table))], parse_interconnect(spec, lanes=4), n)
+    found = transfers(table, comm)
+    busiest = max((sum(t.hold for t in found if t.channel == c) for c in {t.channel for t in found}), default=0)
+    period = max(1, busiest, max(table.cost)) + slack
+    start = [rng.randrange(period) for _ in range(len(table))]
+    consumer = [rng.randrange(4) * period + s for s in start] if planned else None
+    assert _pack_channels(table, comm, start, period, consumer, found) == \
+        reference_pack_channels(table, comm, start, period, consumer, found)
+    if busiest > 1:  # a channel over the period is refused by both
+        with pytest.raises(ValueError):
+            _pack_channels(table, comm, start, busiest - 1, consumer, found)
+        with pytest.raises(ValueError):
+            reference_pack_channels(table, comm, start, busiest - 1, consumer, found)
+
+
+def test_table_tokens_name_contents() -> None:
+    model = PEModel()
+    a = TaskTable.of(build_training_graph(load_network("lenet5")), model)
+    b = TaskTable.of(build_training_graph(load_network("lenet5")), model)
+    c = TaskTable.of(build_training_graph(load_network("lenet5"), GraphOptions(intra=False)), model)
+    d = TaskTable.of(build_training_graph(load_network("lenet5", 2)), model)
+    assert a is not b and a.token == b.token
+    assert len({a.token, c.token, d.token}) == 3
+
+
+def test_memoised_timings_are_the_computed_ones_and_private_to_each_caller() -> None:
+    net, model = load_network("resnet18"), PEModel()
+    ic = parse_interconnect("links:2:1", lanes=model.lanes)
+    table = TaskTable.of(build_training_graph(net), model)
+    rng = random.Random(7)
+    placement = [rng.randrange(4) for _ in range(len(table))]
+    comm = Comm(placement, ic, 4)
+    found = transfers(table, comm)
+    period = max(sum(t.hold for t in found if t.channel == ch) for ch in {t.channel for t in found})
+    period = max(period, sum(table.cost))
+    start = [rng.randrange(period) for _ in range(len(table))]
+    fresh = _comm_timing(table, start, period, comm)
+    first = comm_timing(table, start, period, comm)
+    assert first == fresh
+    first[0][0] += 99
+    first[1].clear()
+    assert comm_timing(table, start, period, Comm(list(placement), ic, 4)) == fresh
+    got = transfers(table, comm)
+    got.clear()
+    assert transfers(table, comm) == found
+
+    pd_table = TaskTable.of(build_training_graph(net, GraphOptions.pipedream()), model)
+    best = plan(PlanCosts(pd_table, ic), 8)
+    laid = replicated_timing(table, best, 8, ic)
+    laid.placement.append(-1)
+    laid.timing.lag[0] += 5
+    again = replicated_timing(TaskTable.of(build_training_graph(net), model), best, 8, ic)
+    assert again.placement == laid.placement[:-1] and again.timing.lag[0] == laid.timing.lag[0] - 5
