@@ -31,13 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
-
-if TYPE_CHECKING:
-    from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,7 @@ def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], in
 
 
 #: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers.
-_TRANSFERS: dict[tuple[object, ...], tuple[Transfer, ...]] = {}
+_TRANSFERS: dict[tuple[object, ...], tuple[Transfer, ...]] = memo({})
 _TRANSFERS_KEPT = 128
 
 

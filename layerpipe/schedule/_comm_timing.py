@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from layerpipe.schedule._comm import Comm, channel_timing
 from layerpipe.schedule._lags import _longest_lags, loop_spans, staleness_from_span
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 
 def minimal_lags(table: TaskTable, start: Sequence[int], period: int, comm: Comm | None = None) -> list[int]:
@@ -63,6 +63,15 @@ def comm_timing(table: TaskTable, start: Sequence[int], period: int,
 _TIMINGS: dict[tuple[object, ...], tuple[tuple[int, ...], dict[tuple[int, int], int]]] = {}
 _TIMINGS_CAP = 400_000
 _TIMINGS_HELD = 0
+
+
+def _clear_timings() -> None:
+    global _TIMINGS_HELD
+    _TIMINGS.clear()
+    _TIMINGS_HELD = 0
+
+
+memo(_TIMINGS, _clear_timings)
 
 
 def _comm_timing(table: TaskTable, start: Sequence[int], period: int,

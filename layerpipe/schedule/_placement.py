@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, transfers
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
 LIGHT_TARGETS = 3
@@ -104,7 +104,7 @@ class _Items:
 
 
 #: `_Items` by (table token, interconnect, items): the few last, for the start placements of one search.
-_ITEMS: dict[tuple[object, ...], _Items] = {}
+_ITEMS: dict[tuple[object, ...], _Items] = memo({})
 _ITEMS_KEPT = 8
 
 
@@ -303,7 +303,7 @@ def improve(table: TaskTable, placement: Sequence[int], num_procs: int, intercon
 
 
 #: `improve`'s memo: (table token, start, N, interconnect, items, bound) → the improved placement.
-_IMPROVED: dict[tuple[object, ...], tuple[int, ...]] = {}
+_IMPROVED: dict[tuple[object, ...], tuple[int, ...]] = memo({})
 _IMPROVED_KEPT = 256
 
 

@@ -51,7 +51,7 @@ from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_li
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timed, timing_of
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
@@ -198,7 +198,7 @@ def _flatten(chain: _Chain) -> tuple[Stage, ...]:
 #: `plan`'s results by (costs key, processors, replication). The pipedream policy and layerpipe's replicated
 #: candidate plan the same network on the same interconnect (design notes §11: LayerPipe's space holds
 #: PipeDream's plan), and sweeps plan one network at many N: the search is the planner's largest cost.
-_PLANS: dict[tuple[object, ...], Plan] = {}
+_PLANS: dict[tuple[object, ...], Plan] = memo({})
 _PLANS_KEPT = 256
 
 
@@ -329,7 +329,7 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
 
 
 #: `replicated_timing`'s memo (few entries: an unfolded table of a large network is large).
-_REPLICATED: dict[tuple[object, ...], Replicated] = {}
+_REPLICATED: dict[tuple[object, ...], Replicated] = memo({})
 _REPLICATED_KEPT = 16
 
 

@@ -4,21 +4,44 @@
                 each precedence edge carries and the weight reads.
 - `TaskTable.token` — one int per distinct table content, the key the memos of pure passes use (a table is
                 built again for every call on the same network, so identity would never hit).
+- `memo` / `clear_memos` — the scheduling passes' memos register here, so a benchmark can time a cold start
+                (a fresh process's) or a test can start from none; results never depend on them.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import Any, TypeVar
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import Task, TrainingGraph
 from layerpipe.schedule._deps import layer_task_edges
 
+#: How to empty each registered memo (`memo`).
+_CLEARS: list[Callable[[], None]] = []
+
+
+M = TypeVar("M", bound=dict[Any, Any])  # any memo dict
+
+
+def memo(table: M, clear: Callable[[], None] | None = None) -> M:
+    """Register a module's memo dict (or, with `clear`, how to empty it and what it counts) for `clear_memos`."""
+    _CLEARS.append(clear or table.clear)
+    return table
+
+
+def clear_memos() -> None:
+    """Empty every scheduling memo: the state of a fresh process (what `benchmarks/` time from)."""
+    for clear in _CLEARS:
+        clear()
+
+
 #: Table contents (every field but the graph, with the class) → their token; the oldest dropped past the cap. A
 #: dropped content that comes back gets a new token (the counter never repeats), so a token names one content.
-_TOKENS: dict[tuple[object, ...], int] = {}
+_TOKENS: dict[tuple[object, ...], int] = memo({})
 _TOKENS_KEPT = 64
 _NEXT_TOKEN = itertools.count()
 
