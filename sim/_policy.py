@@ -21,6 +21,7 @@ from layerpipe.schedule._result import ScheduleResult
 from layerpipe.sim._engine import compile_schedule
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
+from layerpipe.sim._streams import simulate_result as simulate_stream_result
 from layerpipe.sim._workload import Workload
 
 
@@ -94,8 +95,7 @@ def simulate_policy_result(result: ScheduleResult, network: Network, model: Cost
     config = config or SimConfig()
     # dp, dp-ooo, stream, stream-ooo overlap kernels with all-reduces or with each other: the stream engine
     # (`layerpipe.sim._streams`) times them, rebuilt from the policy's options on `config`'s interconnect.
-    for own in (_dataparallel, _streams):
-        if result.policy in own.POLICY_NAMES:
-            return own.simulate_result(result, network, model, iterations, config)
+    if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
+        return simulate_stream_result(result, network, model, iterations, config)
     schedule, workload = policy_ops(result, network, model, iterations, config.mode)
     return simulate_compiled(compile_schedule(schedule, workload), workload, config)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from layerpipe.schedule._engine import completion_times
+from layerpipe.schedule._engine import completion_times, steady_cycles_per_iteration
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._interconnect import SimConfig
@@ -191,17 +191,8 @@ class SimResult:
 
     @cached_property
     def cycles_per_iteration(self) -> float:
-        c = self.completion_times
-        k = len(c)
-        lo, hi = k // 4, k - 1 - k // 4
-        unfold = max(self.schedule.unfold, 1)  # unfolded schedules repeat every J iterations: whole periods
-        hi = lo + (hi - lo) // unfold * unfold
-        if k < 3 or hi <= lo:
-            return self.total_cycles / max(self.num_iterations, 1)
-        slope = float(c[hi] - c[lo]) / (hi - lo)
-        if self.schedule.synchronous:
-            slope /= max(self.schedule.microbatches, 1)
-        return max(slope, max(self.busy_cycles) / self.num_iterations)
+        return steady_cycles_per_iteration(self.schedule, self.completion_times, self.total_cycles,
+                                           max(self.busy_cycles, default=0))
 
     @property
     def cycles_per_sample(self) -> float:

@@ -1,311 +1,30 @@
-"""The stream engine: devices with concurrent streams that share MAC lanes, and transfers on an interconnect.
+"""The simulator's front end to the stream engine (`layerpipe.schedule._stream_engine`).
 
-The shared event engine (`layerpipe.sim._engine`) runs one op at a time per processor. Two schedules of
-Out-Of-Order BackProp (Oh et al., EuroSys'22) need more: its single-GPU scheme runs weight-gradient kernels
-on a second CUDA stream *beside* output-gradient kernels (§6 of the paper), and its data-parallel scheme
-overlaps each layer's gradient all-reduce with the remaining backward and the next forward (§5). This
-module times both, on the interconnect model of `layerpipe.interconnect` (design notes §11).
-
-A `Program` holds items of two kinds, numbered in the order they were added:
-
-- **kernels**: run on one stream of one device; a stream runs its kernels in the order given. A kernel
-  starts when its stream's previous kernel has ended and every dependency has finished. It then holds its
-  stream `overhead` cycles (the launch overhead: address setup, fill and drain — the `pe` cost model's
-  per-op overhead) without using lanes, and then computes `work` MACs on the lanes it is given.
-- **transfers**: `words` from device p to device q, on the interconnect's channel p→q (`links`), on the
-  one medium (`bus`), or free (`shared`). A transfer is ready when its dependencies have finished; it
-  leaves when the channel is free, holds it ⌈words / w⌉ cycles and arrives `latency` later — the timing of
-  `layerpipe.sim._interconnect`. Transfers waiting for a channel leave first ready, first sent (ties by
-  item number), unless they carry priorities: then the lowest priority leaves first when the channel frees
-  (non-preemptive; ByteScheduler/P3-style tensor priorities). Transfers use no stream and no lanes (a DMA
-  engine or NIC moves them).
-
-**The lane-sharing rule.** A device has `lanes` MAC lanes. A kernel can fill at most `width` of them (its
-independent outputs: one lane computes one output element's dot product — an output-stationary dataflow).
-The kernels computing on a device at a moment share its lanes by integer water-filling: kernels are taken
-in order of width (ties by stream); each gets min(width, ⌊lanes left / kernels left⌋); lanes still left
-go, in stream order, to kernels that can fill more. So two kernels that can each fill the device split
-it, and a kernel that cannot fill the lanes leaves the rest to the other stream. Shares change only when
-a kernel starts or stops computing; between such events a kernel advances `share` MACs per cycle and
-ends at the first whole cycle its work is done (⌈remaining / share⌉), so times stay integers.
-Simplifications: no memory-bandwidth or cache contention between streams; launch overheads of different
-streams overlap fully (a GPU's launch queue is not modelled); a kernel alone takes
-overhead + ⌈work / min(width, lanes)⌉ — the `pe` model's cost when it fills the lanes.
-
-With one stream per device and no transfers, this engine gives the same start and end times as the shared
-event engine on the same ops with those durations (tested).
+The engine — `Program`, `run_program`, the lane-sharing rule `share_lanes`, deadlock reports — sits in the
+schedule layer (issue 13's layering: the stream and data-parallel policies time their kernels on it without
+importing the simulator); its docstring states the rules. This module keeps the names the simulator and its
+tests always used, turns a run into a `SimResult` (`sim_result`), and simulates what those policies return
+(`simulate_result`).
 """
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerpipe.costs import CostModel
 from layerpipe.errors import InputError
-from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.interconnect import SHARED
+from layerpipe.network import Network
+from layerpipe.schedule import _dataparallel, _streams
+from layerpipe.schedule._ir import Op
+from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._stream_engine import Program, Timing, placed_rows, run_program, share_lanes
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
 
-
-@dataclass
-class Program:
-    """Kernels and transfers of a run; build it with `kernel` and `transfer`."""
-
-    lanes: list[int]  #: lanes per device
-    streams: list[int]  #: streams per device
-    names: list[Op | None] = field(default_factory=list)  #: a kernel's op (None for a transfer)
-    device: list[int] = field(default_factory=list)  #: kernel: its device; transfer: the sender
-    stream: list[int] = field(default_factory=list)  #: kernel: its stream; transfer: the receiver
-    work: list[int] = field(default_factory=list)  #: kernel: MACs; transfer: words
-    width: list[int] = field(default_factory=list)
-    overhead: list[int] = field(default_factory=list)
-    priority: list[int] = field(default_factory=list)  #: transfer: its channel priority (lower goes first)
-    deps: list[tuple[int, ...]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if len(self.lanes) != len(self.streams):
-            raise InputError("a program needs lanes and streams for every device")
-        for d, (lanes, streams) in enumerate(zip(self.lanes, self.streams, strict=True)):
-            if lanes < 1:
-                raise InputError(f"device {d}: lanes must be >= 1, got {lanes}")
-            if streams < 1:
-                raise InputError(f"device {d}: streams must be >= 1, got {streams}")
-
-    @property
-    def num_items(self) -> int:
-        return len(self.names)
-
-    def kernel(self, op: Op, device: int, stream: int, work: int, width: int, overhead: int = 0,
-               deps: tuple[int, ...] | list[int] = ()) -> int:
-        """Add a kernel at the end of `stream` of `device`; returns its item number."""
-        if not 0 <= stream < self.streams[device]:
-            raise InputError(f"kernel {op}: stream {stream} is not one of device {device}'s "
-                             f"{self.streams[device]} streams")
-        if work < 0 or width < 1 or overhead < 0:
-            raise InputError(f"kernel {op}: work >= 0, width >= 1 and overhead >= 0, got {work}, {width}, "
-                             f"{overhead}")
-        return self._add(op, device, stream, work, width, overhead, deps)
-
-    def transfer(self, src: int, dst: int, words: int, deps: tuple[int, ...] | list[int] = (),
-                 priority: int = 0) -> int:
-        """Add a transfer of `words` from device `src` to device `dst`; returns its item number. Of the
-        transfers waiting for a channel the lowest `priority` leaves first (ties: first ready, then item)."""
-        if src == dst:
-            raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
-        return self._add(None, src, dst, words, 1, 0, deps, priority)
-
-    def _add(self, name: Op | None, device: int, stream: int, work: int, width: int, overhead: int,
-             deps: tuple[int, ...] | list[int], priority: int = 0) -> int:
-        n = len(self.names)
-        deps = tuple(deps)  # a repeated dependency is counted and released once per mention: harmless
-        if deps and not (min(deps) >= 0 and max(deps) < n):
-            raise InputError(f"item {n} depends on an item that is not an earlier one: {deps}")
-        self.names.append(name)
-        self.device.append(device)
-        self.stream.append(stream)
-        self.work.append(work)
-        self.width.append(width)
-        self.overhead.append(overhead)
-        self.priority.append(priority)
-        self.deps.append(deps)
-        return n
-
-    def is_transfer(self, i: int) -> bool:
-        return self.names[i] is None
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Per item: start (a kernel's launch, a transfer's departure) and end (a kernel's end, a transfer's
-    arrival)."""
-
-    start: list[int]
-    end: list[int]
-
-    @property
-    def total_cycles(self) -> int:
-        return max(self.end, default=0)
-
-
-def share_lanes(lanes: int, widths: list[int], streams: list[int]) -> list[int]:
-    """The lane-sharing rule (module docstring): integer water-filling of `lanes` over kernels that can
-    fill `widths[k]` lanes each, on streams `streams[k]`."""
-    order = sorted(range(len(widths)), key=lambda k: (widths[k], streams[k], k))
-    share = [0] * len(widths)
-    left = lanes
-    for n, k in enumerate(order):
-        give = min(widths[k], left // (len(order) - n))
-        share[k] = give
-        left -= give
-    for k in sorted(range(len(widths)), key=lambda k: (streams[k], k)):
-        if left <= 0:
-            break
-        more = min(widths[k] - share[k], left)
-        share[k] += more
-        left -= more
-    return share
-
-
-def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing:
-    """Start and end cycle of every item (see the module docstring for the rules)."""
-    n = program.num_items
-    names, device, stream, work = program.names, program.device, program.stream, program.work
-    consumers: list[list[int]] = [[] for _ in range(n)]
-    pending = [0] * n
-    for i, deps in enumerate(program.deps):
-        pending[i] = len(deps)
-        for d in deps:
-            consumers[d].append(i)
-    queues: dict[tuple[int, int], list[int]] = {}
-    for i in range(n):
-        if names[i] is not None:
-            queues.setdefault((device[i], stream[i]), []).append(i)
-    head = dict.fromkeys(queues, 0)
-    busy = dict.fromkeys(queues, False)
-    start = [-1] * n
-    end = [-1] * n
-    # Computing kernels per device: item → remaining MACs; shares as of `since[d]`.
-    computing: list[dict[int, int]] = [{} for _ in program.lanes]
-    share: list[dict[int, int]] = [{} for _ in program.lanes]
-    since = [0] * len(program.lanes)
-    stamp = [0] * len(program.lanes)
-    channel_free: dict[int, int] = {}
-    num_devices = len(program.lanes)
-    bus = interconnect.kind == "bus"
-    holds: dict[int, int] = {}  # words → channel cycles
-    waiting_on: dict[int, list[tuple[int, int, int]]] = {}  # channel → (priority, ready time, item) heap
-    # Events: (time, order, kind, item, stamp); kind 0 = an item finished, 1 = launch overhead over,
-    # 2 = a device's projected completion (valid while its stamp is current), 3 = a channel is free.
-    heap: list[tuple[int, int, int, int, int]] = []
-    seq = 0
-
-    def push(t: int, kind: int, item: int, st: int = 0) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, item, st))
-        seq += 1
-
-    def settle(d: int, t: int) -> None:
-        """Advance device d's computing kernels to t at their current shares."""
-        dt = t - since[d]
-        if dt:
-            for k, a in share[d].items():
-                computing[d][k] -= a * dt
-        since[d] = t
-
-    def reshare(d: int, t: int) -> None:
-        kernels = list(computing[d])
-        stamp[d] += 1
-        if not kernels:
-            share[d] = {}
-            return
-        if len(kernels) == 1:  # the common case, and what share_lanes gives for one kernel
-            share[d] = {kernels[0]: min(program.width[kernels[0]], program.lanes[d])}
-        else:
-            got = share_lanes(program.lanes[d], [program.width[k] for k in kernels], [stream[k] for k in kernels])
-            share[d] = dict(zip(kernels, got, strict=True))
-        nxt = min(t + max(0, -(-computing[d][k] // a)) for k, a in share[d].items() if a > 0)
-        push(nxt, 2, d, stamp[d])
-
-    def try_launch(q: tuple[int, int], t: int) -> None:
-        if busy[q] or head[q] >= len(queues[q]):
-            return
-        i = queues[q][head[q]]
-        if pending[i]:
-            return
-        busy[q] = True
-        head[q] += 1
-        start[i] = t
-        push(t + program.overhead[i], 1, i)
-
-    def ready(i: int, t: int) -> None:
-        """Item i's dependencies have all finished (at t)."""
-        if names[i] is not None:
-            try_launch((device[i], stream[i]), t)
-            return
-        if interconnect.is_shared:
-            start[i] = t
-            push(t, 0, i)
-            return
-        c = 0 if bus else device[i] * num_devices + stream[i]  # `Interconnect.channel`
-        waiting = waiting_on.setdefault(c, [])
-        if channel_free.get(c, 0) <= t and not waiting:
-            depart(i, c, t)
-        else:  # the channel is busy: its free event takes the best waiting transfer
-            heapq.heappush(waiting, (program.priority[i], t, i))
-
-    def depart(i: int, c: int, t: int) -> None:
-        hold = holds.get(work[i])
-        if hold is None:
-            hold = holds[work[i]] = interconnect.hold(work[i])
-        channel_free[c] = t + hold
-        start[i] = t
-        push(t + hold + interconnect.latency, 0, i)
-        push(t + hold, 3, c)
-
-    def finish(i: int, t: int) -> None:
-        end[i] = t
-        if names[i] is not None:
-            q = (device[i], stream[i])
-            busy[q] = False
-        for j in consumers[i]:
-            pending[j] -= 1
-            if not pending[j]:
-                ready(j, t)
-        if names[i] is not None:
-            try_launch((device[i], stream[i]), t)
-
-    for i in range(n):
-        if not pending[i] and names[i] is None:
-            ready(i, 0)
-    for q in queues:
-        try_launch(q, 0)
-    while heap:
-        t, _, kind, item, st = heapq.heappop(heap)
-        if kind == 0:
-            finish(item, t)
-        elif kind == 1:
-            if work[item] == 0:
-                finish(item, t)
-            else:
-                d = device[item]
-                settle(d, t)
-                computing[d][item] = work[item]
-                reshare(d, t)
-        elif kind == 3:
-            waiting = waiting_on[item]
-            if waiting and channel_free[item] <= t:
-                _, _, i = heapq.heappop(waiting)
-                depart(i, item, t)
-        elif st == stamp[item]:
-            d = item
-            settle(d, t)
-            done = sorted(k for k, rem in computing[d].items() if rem <= 0)
-            for k in done:
-                del computing[d][k]
-            reshare(d, t)
-            for k in done:
-                finish(k, t)
-    if any(e < 0 for e in end):
-        _deadlock(program, end, queues, head)
-    return Timing(start, end)
-
-
-def _deadlock(program: Program, end: list[int], queues: dict[tuple[int, int], list[int]],
-              head: dict[tuple[int, int], int]) -> None:
-    parts = []
-    for (d, s), items in sorted(queues.items()):
-        if head[(d, s)] < len(items):
-            i = items[head[(d, s)]]
-            if end[i] >= 0:
-                continue
-            waits = [program.names[j] or f"transfer {j}" for j in program.deps[i] if end[j] < 0]
-            parts.append(f"device {d} stream {s} blocked at {program.names[i]} waiting for "
-                         + ", ".join(str(w) for w in waits))
-    raise InputError("deadlock: " + ("; ".join(parts) or "transfers wait on each other"))
+__all__ = ["Program", "Timing", "functional_order", "run_program", "share_lanes", "sim_result", "simulate_result"]
 
 
 def sim_result(program: Program, timing: Timing, row: list[int], num_rows: int, config: SimConfig, batch: int,
@@ -326,15 +45,8 @@ def sim_result(program: Program, timing: Timing, row: list[int], num_rows: int, 
             updates.setdefault((program.device[i], op.unit), []).append(timing.end[i])
     for ends in updates.values():
         ends.sort()
-    rows: list[list[tuple[int, int, Op]]] = [[] for _ in range(num_rows)]
-    for i in kernels:
-        op = program.names[i]
-        assert op is not None
-        placed = Op(row[i], op.kind, op.unit, op.iteration)
-        rows[row[i]].append((timing.start[i], i, placed))
-    ordered = [sorted(r) for r in rows]
-    ops = tuple(op for r in ordered for _, _, op in r)
-    items = [i for r in ordered for _, i, _ in r]
+    schedule, items = placed_rows(program, timing, row, num_rows, microbatches)
+    ops = tuple(op for r in schedule.procs for op in r)
     versions = []
     for op, i in zip(ops, items, strict=True):
         reads = op.kind in ("F", "E") and (program.device[i], op.unit) in updates
@@ -344,7 +56,6 @@ def sim_result(program: Program, timing: Timing, row: list[int], num_rows: int, 
         if program.is_transfer(i):
             key = (program.device[i], program.stream[i])
             traffic[key] = traffic.get(key, 0) + program.work[i]
-    schedule = OpSchedule("layer", tuple(tuple(op for _, _, op in r) for r in ordered), True, microbatches)
     return SimResult(schedule, config, ops, np.asarray([timing.start[i] for i in items], dtype=np.int64),
                      np.asarray([timing.end[i] for i in items], dtype=np.int64),
                      np.asarray(versions, dtype=np.int64), peak_words, traffic, batch)
@@ -368,3 +79,31 @@ def functional_order(result: SimResult) -> list[Op]:
             seen.add((op.unit, op.iteration))
         keep.append((op, s, e))
     return order_by_start(keep)
+
+
+def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
+                    config: SimConfig) -> SimResult:
+    """`layerpipe.sim.simulate_policy_result` for stream, stream-ooo, dp and dp-ooo: the run rebuilt from the
+    policy's options (stream: `iterations` iterations on one device, no transfers; dp: ⌈iterations / N⌉
+    steps on `config`'s interconnect)."""
+    if iterations < 1:
+        raise InputError(f"iterations must be >= 1, got {iterations}")
+    options = result.options
+    if result.policy in _streams.POLICY_NAMES:
+        sp = _streams.plan(network, model, result.policy == "stream-ooo", getattr(options, "streams", 1),
+                           getattr(options, "defer", 0))
+        prog = _streams.build_program(sp, iterations)
+        return sim_result(prog, run_program(prog, SHARED), list(prog.stream), sp.streams,
+                          SimConfig(mode=config.mode), network.batch, 1, (_streams.peak_words(sp),))
+    if result.policy not in _dataparallel.POLICY_NAMES:
+        raise InputError(f"policy '{result.policy}' is not timed by the stream engine")
+    k = getattr(options, "reverse_first_k", 0)
+    assert isinstance(k, int), "a dp-ooo result carries its chosen K"
+    interconnect = config.model
+    _dataparallel.check_interconnect(interconnect)
+    dp = _dataparallel.plan(network, result.num_procs, model, k, getattr(options, "bucket_words", 0),
+                            getattr(options, "comm_priority", False))
+    prog = _dataparallel.build_program(dp, -(-iterations // result.num_procs))
+    return sim_result(prog, run_program(prog, interconnect), list(prog.device), dp.num_procs,
+                      SimConfig.of(interconnect, config.mode), dp.network.batch, dp.num_procs,
+                      _dataparallel.peak_words(dp))

@@ -101,12 +101,10 @@ SIMULATOR_AND_ABOVE = ("layerpipe.sim", "layerpipe.hdl", "layerpipe.dse", "layer
 ABOVE_SIMULATOR = SIMULATOR_AND_ABOVE[2:]
 #: Known upward imports still to move down, each with what it needs; a fixed one fails its strict xfail, so
 #: it must leave this list. (The synchronous schedulers timed their step through `layerpipe.sim`: they now
-#: time it on the schedule layer's own engine, `layerpipe.schedule._engine`.)
+#: time it on the schedule layer's own engine, `layerpipe.schedule._engine`; the stream and data-parallel
+#: policies on its stream engine, `layerpipe.schedule._stream_engine`.)
 KNOWN_UPWARD = {
     "layerpipe.costs": "the `rtl` cost model's factory builds layerpipe.hdl's RTLCostModel",
-    "layerpipe.schedule._streams": "the stream policies time their kernels on layerpipe.sim._streams' engine",
-    "layerpipe.schedule._dataparallel": "dp times its replicas on layerpipe.sim._streams' engine and reads "
-                                        "layerpipe.dse's SIM_ITERATIONS_MIN",
 }
 
 

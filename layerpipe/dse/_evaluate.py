@@ -16,12 +16,10 @@ from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
+from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN  # dp times its step over it: defined below
 
 if TYPE_CHECKING:
     from layerpipe.sim import SimResult
-
-#: Iterations simulated per point: enough for several steady-state periods after the prologue.
-SIM_ITERATIONS_MIN = 16
 
 
 def simulated_iterations(result) -> int:

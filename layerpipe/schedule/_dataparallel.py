@@ -24,7 +24,8 @@ refused: the generated hardware's links join the PEs of one pipeline and have no
 data-parallel replica set exists to put on them. Simplifications: the additions of the reduce-scatter run
 in the communication engine (no compute cycles), the transfers use no processor time, and chunks round up.
 
-**Orders** (one compute stream per replica; `layerpipe.sim._streams` times kernels and transfers):
+**Orders** (one compute stream per replica; the stream engine, `layerpipe.schedule._stream_engine`, times
+kernels and transfers):
 
 - `dp` — the usual order (PyTorch DDP, Horovod): F_1..F_L, then for l = L..1: A_l, E_l, G_l; the
   all-reduce of a layer (bucket) starts when its G is done; every update U_l is applied at the end of the
@@ -46,7 +47,6 @@ in the communication engine (no compute cycles), the transfers use no processor 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
@@ -55,12 +55,8 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN, Program, cycles_per_iteration, run_program
 from layerpipe.schedule.metrics import ScheduleMetrics
-
-if TYPE_CHECKING:  # the simulator imports the schedule package: import it lazily at run time
-    from layerpipe.sim._interconnect import SimConfig
-    from layerpipe.sim._report import SimResult
-    from layerpipe.sim._streams import Program
 
 POLICY_NAMES = ("dp", "dp-ooo")
 #: Edge roles that are not data of one iteration on one replica (weights are gated by the update order).
@@ -162,8 +158,6 @@ def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_word
 def build_program(p: DPPlan, steps: int) -> Program:
     """The kernels and ring transfers of `steps` steps (see the module docstring), as a stream-engine
     `Program` with one device of one lane per replica: a kernel of c cycles is c units of work."""
-    from layerpipe.sim._streams import Program
-
     n, net, graph = p.num_procs, p.network, p.graph
     prog = Program([1] * n, [1] * n)
     local: dict[Task, list[Task]] = {t: [] for t in graph.tasks}
@@ -237,18 +231,6 @@ def build_program(p: DPPlan, steps: int) -> Program:
     return prog
 
 
-def simulate_plan(p: DPPlan, steps: int, interconnect: Interconnect, mode: str = "stash") -> SimResult:
-    """Time `steps` steps on `interconnect`; a `SimResult` with one row per replica."""
-    from layerpipe.sim._interconnect import SimConfig
-    from layerpipe.sim._streams import run_program, sim_result
-
-    prog = build_program(p, steps)
-    timing = run_program(prog, interconnect)
-    row = list(prog.device)
-    return sim_result(prog, timing, row, p.num_procs, SimConfig.of(interconnect, mode), p.network.batch,
-                      p.num_procs, peak_words(p))
-
-
 def peak_words(p: DPPlan) -> tuple[int, ...]:
     """Per replica, a static figure: the weights, one gradient buffer, and every activation a micro-batch
     keeps for its backward (a_{l−1} and z_l of each layer: the forward/backward turn holds all of them)."""
@@ -264,15 +246,14 @@ def timed_steps(num_procs: int) -> int:
     figure `compare` prints is the one `explore` and `simulate` measure. The step time is `SimResult`'s
     middle-half slope over them; on a bus FIFO order can keep shifting for many steps (about 1% on
     resnet18 × 16 between 3 and 10 steps), so it is a figure over this horizon, not a proven limit."""
-    from layerpipe.dse._evaluate import SIM_ITERATIONS_MIN
-
     return -(-max(SIM_ITERATIONS_MIN, 3 * num_procs) // num_procs)
 
 
 def step_cycles(p: DPPlan, interconnect: Interconnect) -> float:
     """Cycles of one step (N micro-batches) over `timed_steps`: exact, a fraction when the slope is one."""
-    sim = simulate_plan(p, timed_steps(p.num_procs), interconnect)
-    return sim.cycles_per_iteration * p.num_procs
+    prog = build_program(p, timed_steps(p.num_procs))
+    return cycles_per_iteration(prog, run_program(prog, interconnect), list(prog.device), p.num_procs,
+                                p.num_procs) * p.num_procs
 
 
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
@@ -358,17 +339,3 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
     return ScheduleResult(policy, options, num_procs, metrics, network, p.graph, explicit=explicit, notes=notes,
                           interconnect=interconnect)
 
-
-def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
-                    config: SimConfig) -> SimResult:
-    """`layerpipe.sim.simulate_policy_result` for dp and dp-ooo: ⌈iterations / N⌉ steps on `config`."""
-    if iterations < 1:
-        raise InputError(f"iterations must be >= 1, got {iterations}")
-    options = result.options
-    k = getattr(options, "reverse_first_k", 0)
-    assert isinstance(k, int), "a dp-ooo result carries its chosen K"
-    interconnect = config.model
-    check_interconnect(interconnect)
-    p = plan(network, result.num_procs, model, k, getattr(options, "bucket_words", 0),
-             getattr(options, "comm_priority", False))
-    return simulate_plan(p, -(-iterations // result.num_procs), interconnect, config.mode)

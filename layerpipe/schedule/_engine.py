@@ -272,6 +272,24 @@ def completion_times(schedule: OpSchedule, iteration: np.ndarray, is_update: np.
     return out
 
 
+def steady_cycles_per_iteration(schedule: OpSchedule, completions: np.ndarray, total_cycles: int,
+                                busiest: int) -> float:
+    """The steady-state slope of `completions` (C(k) per iteration or step): over the middle half, whole
+    periods of an unfolded schedule, per micro-batch of a synchronous one, and at least the busiest
+    processor's `busiest` cycles per iteration; total_cycles / iterations below 3. The one definition
+    `SimResult.cycles_per_iteration` (whose docstring states the rule) and the stream policies share."""
+    k = len(completions)
+    lo, hi = k // 4, k - 1 - k // 4
+    unfold = max(schedule.unfold, 1)  # unfolded schedules repeat every J iterations: whole periods
+    hi = lo + (hi - lo) // unfold * unfold
+    if k < 3 or hi <= lo:
+        return total_cycles / max(schedule.num_iterations, 1)
+    slope = float(completions[hi] - completions[lo]) / (hi - lo)
+    if schedule.synchronous:
+        slope /= max(schedule.microbatches, 1)
+    return max(slope, busiest / schedule.num_iterations)
+
+
 def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
     values, cuts = flat.tolist(), ptr.tolist()
     with gc_paused():

@@ -3,7 +3,8 @@
 Source: Out-Of-Order BackProp (Oh et al., EuroSys'22), §6 (single-GPU training: weight-gradient kernels
 on a separate CUDA stream, run beside the output-gradient kernels; for DenseNet the last block's weight
 gradients are deferred into the next iteration's forward) and its public code (`expr/single_gpu/`). Our
-own model of the scheme, timed by `layerpipe.sim._streams` (the lane-sharing rule is stated there).
+own model of the scheme, timed by the stream engine (`layerpipe.schedule._stream_engine`, where the
+lane-sharing rule is stated; `layerpipe.sim._streams` simulates these policies on it).
 
 The device is the `pe` cost model's processor: `lanes` MAC lanes and a fixed launch overhead per kernel
 (`overhead`, the model's per-op overhead); `macs` is one lane with no overhead. A task is one kernel; its
@@ -27,7 +28,6 @@ reads the layer, so both policies are plain SGD, one update per micro-batch (no 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from layerpipe.costs import CostModel, MacsModel, PEModel, atomic_work
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
@@ -36,12 +36,8 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Layer, Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._stream_engine import Program, cycles_per_iteration, run_program
 from layerpipe.schedule.metrics import ScheduleMetrics
-
-if TYPE_CHECKING:  # the simulator imports the schedule package: import it lazily at run time
-    from layerpipe.sim._interconnect import SimConfig
-    from layerpipe.sim._report import SimResult
-    from layerpipe.sim._streams import Program
 
 POLICY_NAMES = ("stream", "stream-ooo")
 #: Iterations simulated for a policy's figures: those `layerpipe explore` simulates (`layerpipe.dse._evaluate.
@@ -116,8 +112,6 @@ def plan(network: Network, model: CostModel, ooo: bool, streams: int, defer: int
 
 def build_program(p: StreamPlan, iterations: int) -> Program:
     """The kernels of `iterations` iterations on one device (module docstring)."""
-    from layerpipe.sim._streams import Program
-
     net, graph, dev = p.network, p.graph, p.device
     prog = Program([dev.lanes], [p.streams])
     local: dict[Task, list[Task]] = {t: [] for t in graph.tasks}
@@ -166,15 +160,11 @@ def build_program(p: StreamPlan, iterations: int) -> Program:
     return prog
 
 
-def simulate_plan(p: StreamPlan, iterations: int, mode: str = "stash") -> SimResult:
-    """Time `iterations` iterations; a `SimResult` with one row per stream of the one device."""
-    from layerpipe.sim._interconnect import SimConfig
-    from layerpipe.sim._streams import run_program, sim_result
-
+def step_cycles(p: StreamPlan, iterations: int) -> float:
+    """Steady-state cycles per iteration over `iterations` iterations: the `SimResult.cycles_per_iteration`
+    that simulating them measures (`layerpipe.sim._streams.simulate_result`), one row per stream."""
     prog = build_program(p, iterations)
-    timing = run_program(prog, SHARED)
-    return sim_result(prog, timing, list(prog.stream), p.streams, SimConfig(mode=mode), p.network.batch, 1,
-                      (peak_words(p),))
+    return cycles_per_iteration(prog, run_program(prog, SHARED), list(prog.stream), p.streams, 1)
 
 
 def peak_words(p: StreamPlan) -> int:
@@ -190,8 +180,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
     if num_procs != 1:
         raise InputError(f"{policy} models one device with concurrent streams: -n must be 1, got {num_procs}")
     p = plan(network, model, ooo, streams, defer)
-    sim = simulate_plan(p, TIMED_ITERATIONS)
-    step = sim.cycles_per_iteration  # exactly what simulating the same iterations measures
+    step = step_cycles(p, TIMED_ITERATIONS)  # exactly what simulating the same iterations measures
     lay = {layer.index: layer for layer in network.layers}
     work = sum(atomic_work(lay[t.layer], t.kind, network.batch) for t in p.graph.tasks)
     launches = len(p.graph.tasks) * p.device.overhead
@@ -231,13 +220,3 @@ def schedule_stream_ooo(network: Network, num_procs: int, model: CostModel, opti
                         interconnect: Interconnect = SHARED) -> ScheduleResult:
     return _schedule("stream-ooo", network, num_procs, model, options, True, options.streams, options.defer)
 
-
-def simulate_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
-                    config: SimConfig) -> SimResult:
-    """`layerpipe.sim.simulate_policy_result` for stream and stream-ooo (one device: no transfers)."""
-    if iterations < 1:
-        raise InputError(f"iterations must be >= 1, got {iterations}")
-    o = result.options
-    ooo = result.policy == "stream-ooo"
-    p = plan(network, model, ooo, getattr(o, "streams", 1), getattr(o, "defer", 0))
-    return simulate_plan(p, iterations, config.mode)
