@@ -32,7 +32,10 @@ port; the split design of that point keeps 116,736 weight bits in flip-flops (12
 before LUT mapping: more FFs than the 85F has); under ABC9 it sat over 30 min in the ABC9 pass, under `abc` it
 was still in the LUT mapping of those read muxes after 13 min. The script
 writes yosys's statistics after RAM mapping (`MEMORY_STAT`), and the flow stops yosys as soon as they show
-more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories, not a time-out.
+more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories. KNOWN MISS (measured
+on that design): yosys 0.70's `stat` there lists the three left-over `$mem_v2` cells but `num_memory_bits` 0
+(it counts only unpacked memories), so the stop does not fire yet; it needs the cells' SIZE x WIDTH (e.g. from
+`write_json` of `t:$mem_v2`, or the Verilog's declarations of the memories the log names).
 """
 
 from __future__ import annotations
