@@ -54,7 +54,7 @@ def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, ca
 def _run_design(tmp_path: Path, design: Design, cases: tuple[str, ...], sim: str = "icarus") -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     verilog_path = tmp_path / "accel.v"
-    verilog_path.write_text(export_verilog(design))
+    verilog_path.write_text(export_verilog(design, debug=True))
     vectors = design.vectors(SEED)
     write_vectors(vectors, tmp_path / "vectors.json")
     result = tmp_path / "result.json"
