@@ -223,7 +223,8 @@ class HostInterface(wiring.Component):
 
         # ---- CSR writes (after the auto-increments above: a written ADDR wins) ------------------------
         start_cmd = Signal()
-        too_many = samples > self.max_samples  # such a START does not start (the rings would never fill)
+        # Such a START does not start (the rings would never fill); no check when the register cannot exceed it.
+        too_many = samples > self.max_samples if self.max_samples < (1 << len(samples)) - 1 else Const(0, 1)
         m.d.comb += self.start.eq(start_cmd & ~too_many)
         targets = {"MODE": mode, "PE": pe, "ADDR": addr, "COUNT": count, "SAMPLES": samples}
         with m.If(self.csr_we), m.Switch(self.csr_addr):

@@ -167,14 +167,14 @@ class Sequencer(wiring.Component):
         entry = Signal.like(self.push_entry)
         cmd = Signal(command_layout(self.config))
         # Per arrival counter of the PE: the current row waits on it (need) until it exceeds t − delay (thr).
-        # The samples delivered (x, then y) are two more counters, waited on with delay 0 by the entries that
-        # read them.
+        need = [Signal(name=f"need{k}") for k in range(len(counts))]
+        thr = [Signal(signed(ibits + 2), name=f"thr{k}") for k in range(len(counts))]
+        # The samples delivered (x, then y): the head of an entry that reads them waits until they exceed t.
         sample_waits = self._sample_waits()
-        watched: list[Value] = list(counts)
-        if any(sample_waits.values()):
-            watched += [self.x_loaded, self.y_loaded]
-        need = [Signal(name=f"need{k}") for k in range(len(watched))]
-        thr = [Signal(signed(ibits + 2), name=f"thr{k}") for k in range(len(watched))]
+        loaded = [(value, port) for value, port in (("x", self.x_loaded), ("y", self.y_loaded))
+                  if any(value in names for names in sample_waits.values())]
+        need_sample = [Signal(name=f"need_{value}") for value, _ in loaded]
+        t_wait = Signal(ibits)
         cmd_next = Signal.like(cmd)
         with m.Switch(pc_in):
             for i, row in enumerate(rows):
@@ -183,18 +183,19 @@ class Sequencer(wiring.Component):
                     binding: dict[int, int] = {}  # two waits on one counter: the smaller delay binds
                     for k, delay in row.waits:
                         binding[k] = min(delay, binding.get(k, delay))
-                    if row.head:
-                        for k, value in enumerate(("x", "y")):
-                            if value in sample_waits[row.entry]:
-                                binding[len(self.pe.counters) + k] = 0
-                    for k in range(len(watched)):
+                    for (value, _), flag in zip(loaded, need_sample, strict=True):
+                        m.d.sync += flag.eq(row.head and value in sample_waits[row.entry])
+                    for k in range(len(counts)):
                         m.d.sync += need[k].eq(k in binding)
                         if k in binding:
                             m.d.sync += thr[k].eq(t_in - binding[k])
                     self._command(m, cmd_next, row.step, t_in)
         m.d.sync += cmd.eq(cmd_next)
+        if loaded:
+            m.d.sync += t_wait.eq(t_in)
         ready_in = Signal()
-        waits = [~need[k] | (watched[k] > thr[k]) for k in range(len(watched))]
+        waits = [~need[k] | (counts[k] > thr[k]) for k in range(len(counts))]
+        waits += [~flag | (port > t_wait) for (_, port), flag in zip(loaded, need_sample, strict=True)]
         m.d.comb += ready_in.eq(_all(waits))
         issue = Signal()
         m.d.comb += [

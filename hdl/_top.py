@@ -2,8 +2,9 @@
 
 Host side: the narrow interface of `layerpipe.hdl._host` — one stream port (`stream_in`: samples and initial
 weights; `stream_out`: weights read back) and a CSR bus (`csr_addr`, `csr_we`, `csr_wdata`, `csr_rdata`) for
-start, clear, status, the cycle and command counters and T. 2 + 2·(stream_bits + 2) + CSR pins in all: 37
-with the default 8-bit stream and 4-bit CSR data, whatever the design (`host_port_bits`).
+start, clear, status, the cycle and command counters and T. 2 + 2·(stream_bits + 2) + CSR pins in all
+(`host_port_bits`): 36 or 37 for the report's designs with the default 8-bit stream and 4-bit CSR data (the CSR
+address takes 5 or 6 bits, by the widths of the design's registers).
 
 Samples stream in during the run: x(t) and y(t) go to slot t mod D of the sample rings (D = the compiled
 sample depth, a power of two), and the loader takes the words of iteration t only once iteration t − D is
