@@ -68,7 +68,7 @@ class Design:
         from layerpipe.hdl._top import Accelerator
 
         acc = Accelerator(self.program, self.lr_shift, self.host)
-        acc._MustUse__silence = True  # type: ignore[attr-defined]  # only its port layout is wanted here
+        acc._MustUse__silence = True  # only its port layout is wanted here (no UnusedElaboratable warning)
         return {"stream_bits": self.host.stream_bits, "beats_per_word": acc.beats_per_word,
                 "sample_depth": acc.sample_depth, **acc.register_map.to_json()}
 
