@@ -175,6 +175,7 @@ def test_split_placement_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -
 
 # ---- the narrow host interface: samples streamed in during the run through bounded rings (hdl/_host.py) -------
 
+@pytest.mark.slow
 def test_samples_refilled_during_the_run_icarus(tmp_path: Path) -> None:
     """T = 12 iterations through rings of 8 (the default: the smallest power of two above the deadlock bound
     of 4): with the host keeping the rings full every op issues in the simulator's cycle (the monitored trace)
