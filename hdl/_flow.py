@@ -69,8 +69,13 @@ class Design:
 
         acc = Accelerator(self.program, self.lr_shift, self.host)
         acc._MustUse__silence = True  # only its port layout is wanted here (no UnusedElaboratable warning)
+        words = self.network.batch * (ceil_div(self.program.widths[0], self.lanes)
+                                      + ceil_div(self.program.widths[-1], self.lanes))
+        # The host keeps up (and the run takes the simulator's cycles) only if an iteration's samples stream
+        # in within about a period: beats_per_iteration against the period is the first thing to check.
         return {"stream_bits": self.host.stream_bits, "beats_per_word": acc.beats_per_word,
-                "sample_depth": acc.sample_depth, **acc.register_map.to_json()}
+                "beats_per_iteration": words * acc.beats_per_word, "sample_depth": acc.sample_depth,
+                **acc.register_map.to_json()}
 
     @property
     def fmt(self) -> FixedFormat:

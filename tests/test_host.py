@@ -60,6 +60,8 @@ def test_the_report_point_pin_count() -> None:
     wide = Accelerator(design.program, design.lr_shift, HostConfig(stream_bits=16))
     wide._MustUse__silence = True  # type: ignore[attr-defined]
     assert _top_bits(wide) == 37 + 2 * 8  # both streams widen
+    # An iteration's samples: (8 + 2) words of 64 bits, 8 beats each, well within the period of 416 cycles.
+    assert design.host_map()["beats_per_iteration"] == 80 < design.program.period == 416
 
 
 def test_verilog_ports_are_the_signatures() -> None:
