@@ -121,7 +121,7 @@ for label, design in (("split", split), ("padded", make_design("mlp:7-6-5-3", "l
     with tempfile.TemporaryDirectory(prefix="layerpipe-mutant-") as tmp:
         tmp = Path(tmp)
         try:
-            (tmp / "accel.v").write_text(export_verilog(design))
+            (tmp / "accel.v").write_text(export_verilog(design, debug=True))  # run_stalled drives the taps
             write_vectors(design.vectors(3), tmp / "vectors.json")
         except Exception as exc:
             killed(f"rtl {label} build ({type(exc).__name__})")

@@ -418,7 +418,7 @@ class _Transfer:
 
 def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSchedule, lanes: int,
                      max_samples: int, *, policy: str = "the schedule", fmt: FixedFormat = DEFAULT_FORMAT,
-                     limits: HardwareLimits = DEFAULT_LIMITS) -> Program:
+                     limits: HardwareLimits = DEFAULT_LIMITS, sample_depth: int | None = None) -> Program:
     """Compile a periodic schedule of `network` into per-PE microcode and memory maps.
 
     Any placement of the atomic F, A, E, G, U tasks compiles (the owner of W_l is the PE running U_l). Values
@@ -426,6 +426,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     vectors; g_l from G_l's PE to the owner; a weight version from U_l(i) to every F_l / E_l reader elsewhere,
     as pinned by the schedule's timing (`PeriodicSchedule.read_staleness`: X_l(t) reads version t − s, sent
     by U_l(t − s − 1)); under `stash`, F_l(t)'s version to E_l(t) when they run on different PEs.
+    `sample_depth` (a power of two): slots of the x / y sample rings, which the host refills during the run
+    (hdl/_host.py); None keeps all `max_samples` iterations on chip.
     """
     widths = mlp_widths(network, fmt, limits)
     check_lanes(lanes, limits)
@@ -711,7 +713,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
 
     def vector_depth(p: int, buf: str) -> int:
         if memory_of(p, buf) == "samples":
-            return _pow2_at_least(max_samples)
+            return _pow2_at_least(max_samples if sample_depth is None else sample_depth)
         # A concatenation and its views share slots: every reader of any of them against every writer.
         members = [b for q, b in vreaders if q == p and (b == buf or (view_region(p, b) or ("",))[0] == buf)]
         readers_of = set().union(*(vreaders.get((p, b), set()) for b in members), vreaders.get((p, buf), set()))

@@ -7,14 +7,16 @@ RTL must reproduce — and `Design.vectors(seed)` computes, with the integer PyT
 weights the RTL must reproduce bit for bit, as a JSON-ready document (`write_vectors`). The benches read
 that file, so torch never runs in the simulator process.
 
-Host protocol (`HostLayout`): weights are loaded as rows of ⌈n_in/lanes⌉ words at version 0's slot of W_l's
-ring on its owner PE and read back at version T's slot; samples stream as x(t) words then y(t) words.
+Host protocol (`hdl/_host.py`, the register map in the vectors' `host`): weights are streamed in as rows of
+⌈n_in/lanes⌉ words at version 0's slot of W_l's ring on its owner PE and streamed out from version T's slot;
+samples stream as x(t) words then y(t) words, into sample rings of `sample_depth` iterations (a power of two,
+by default the smallest above the deadlock bound `min_sample_depth`) refilled during the run.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from layerpipe.hdl._compiler import (
     mlp_widths,
 )
 from layerpipe.hdl._costs import RTLCostModel
+from layerpipe.hdl._host import HostConfig
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
 
@@ -51,6 +54,28 @@ class Design:
     lr_shift: int
     schedule: Any  #: the policy's `ScheduleResult`
     program: Program
+    host: HostConfig = field(default_factory=HostConfig)  #: the host interface's widths
+
+    @property
+    def sample_depth(self) -> int:
+        """Iterations the on-chip sample rings hold (the host refills them during the run)."""
+        from layerpipe.hdl._top import sample_depth
+
+        return sample_depth(self.program)
+
+    def host_map(self) -> dict[str, Any]:
+        """The host interface as a driver needs it: widths, beats per word, the CSR register map."""
+        from layerpipe.hdl._top import Accelerator
+
+        acc = Accelerator(self.program, self.lr_shift, self.host)
+        acc._MustUse__silence = True  # only its port layout is wanted here (no UnusedElaboratable warning)
+        words = self.network.batch * (ceil_div(self.program.widths[0], self.lanes)
+                                      + ceil_div(self.program.widths[-1], self.lanes))
+        # The host keeps up (and the run takes the simulator's cycles) only if an iteration's samples stream
+        # in within about a period: beats_per_iteration against the period is the first thing to check.
+        return {"stream_bits": self.host.stream_bits, "beats_per_word": acc.beats_per_word,
+                "beats_per_iteration": words * acc.beats_per_word, "sample_depth": acc.sample_depth,
+                **acc.register_map.to_json()}
 
     @property
     def fmt(self) -> FixedFormat:
@@ -102,7 +127,7 @@ class Design:
             "y": expected["y"].reshape(rows, -1).tolist(),
             "layers": layers, "cycles_sim": int(sim.total_cycles), "max_samples": prog.max_samples,
             "links": [list(link) for link in prog.links()],
-            "trace": self.expected_trace(), "link_traffic": self.expected_link_traffic(),
+            "trace": self.expected_trace(), "link_traffic": self.expected_link_traffic(), "host": self.host_map(),
             "commands": sum(len(op.kind) for op in sim.schedule.ops()),  # one PE command per atomic step
         }
 
@@ -161,18 +186,46 @@ def _float_reference(design: Design, versions: dict, seed: int) -> dict[str, Any
 
 def make_design(network: Network | str, policy: str, num_pes: int, lanes: int, samples: int, *,
                 lr_shift: int = DEFAULT_LR_SHIFT, keep_weights_together: bool = True, batch: int = 1,
-                split_layers: bool = False) -> Design:
+                split_layers: bool = False, sample_depth: int | None = None,
+                host: HostConfig | None = None) -> Design:
     """Schedule `network` with `policy` on `num_pes` PEs under the `rtl` cost model and compile it; `samples`
-    is T, the iterations (micro-batches of `batch` samples) the sample memories hold. `split_layers` lets
-    `layerpipe` pick its heavy-layer split variants (`hdl/_split.py`); the design's network is then the variant."""
+    is T, the iterations (micro-batches of `batch` samples) of a run, streamed in through sample rings of
+    `sample_depth` iterations (see `_compile`). `split_layers` lets `layerpipe` pick its heavy-layer split
+    variants (`hdl/_split.py`); the design's network is then the variant."""
     net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch, split_layers)
-    program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
-    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+    program = _compile(net, result, lanes, samples, policy, sample_depth)
+    return Design(net, policy, num_pes, lanes, samples, lr_shift, result, program, host or HostConfig())
+
+
+def _compile(net: Network, result: Any, lanes: int, samples: int, policy: str, sample_depth: int | None) -> Program:
+    """The program with sample rings of `sample_depth` iterations: a power of two, at least `min_sample_depth`
+    (below it the in-order sequencers would deadlock) unless it holds all T; by default the smallest power of
+    two above that bound (one iteration of slack for the host's refill), at most T's."""
+    from layerpipe.hdl._compiler import _pow2_at_least
+    from layerpipe.hdl._top import min_sample_depth
+
+    whole = _pow2_at_least(samples)
+    probe = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy, sample_depth=1)
+    bound = min_sample_depth(probe)
+    if sample_depth is None:
+        sample_depth = min(whole, _pow2_at_least(bound + 1))
+    elif (not isinstance(sample_depth, int) or isinstance(sample_depth, bool) or sample_depth < 1
+          or sample_depth & (sample_depth - 1)):
+        raise InputError(f"the sample buffer depth must be a power of two, got {sample_depth!r}")
+    elif sample_depth < min(bound, samples):
+        raise InputError(f"a sample buffer of {sample_depth} iterations deadlocks this schedule: G_1(t) frees x(t)'s "
+                         f"slot {bound - 1} periods after F_1(t) reads it; use at least {_pow2_at_least(bound)}")
+    sample_depth = min(sample_depth, whole)
+    if sample_depth == 1:
+        return probe
+    return compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy,
+                           sample_depth=sample_depth)
 
 
 def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int, *, lr_shift: int = DEFAULT_LR_SHIFT,
                   keep_weights_together: bool = True, batch: int = 1, fewest: int = 4, most: int = 64,
-                  split_layers: bool = False) -> Design:
+                  split_layers: bool = False, sample_depth: int | None = None,
+                  host: HostConfig | None = None) -> Design:
     """`make_design` with the fewest iterations T (at least `fewest`) whose run has a steady middle, so that the
     RTL's steady-state period is measurable (`cocotb_accel.measured_period`): measured on the simulator's op
     trace, which a cycle-exact RTL run reproduces issue for issue, it must equal the schedule's period. The
@@ -181,8 +234,8 @@ def steady_design(network: Network | str, policy: str, num_pes: int, lanes: int,
 
     net, result = _schedule(network, policy, num_pes, lanes, keep_weights_together, batch, split_layers)
     for samples in range(max(fewest, 4), most + 1):
-        program = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy)
-        design = Design(net, policy, num_pes, lanes, samples, lr_shift, result, program)
+        program = _compile(net, result, lanes, samples, policy, sample_depth)
+        design = Design(net, policy, num_pes, lanes, samples, lr_shift, result, program, host or HostConfig())
         measured = measured_period(design.expected_trace())
         if measured is not None and measured["period_rtl"] == program.period:
             return design
@@ -254,13 +307,15 @@ def write_vectors(doc: dict[str, Any], path: str | Path) -> None:
 TOPLEVEL = "layerpipe_accel"
 
 
-def export_verilog(design: Design) -> str:
-    """The accelerator as Verilog (deterministic: no source locations)."""
+def export_verilog(design: Design, *, debug: bool = False) -> str:
+    """The accelerator as Verilog (deterministic: no source locations); `debug` adds the cocotb bench's
+    observation taps and stall injector (hdl/_top.py), never wanted on an FPGA."""
     from amaranth.back import verilog
 
     from layerpipe.hdl._top import Accelerator
 
-    return verilog.convert(Accelerator(design.program, design.lr_shift), name=TOPLEVEL, emit_src=False)
+    return verilog.convert(Accelerator(design.program, design.lr_shift, design.host, debug=debug), name=TOPLEVEL,
+                           emit_src=False)
 
 
 def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: str = "icarus",

@@ -107,8 +107,9 @@ _HX_DS = "Lattice FPGA-DS-02029 (iCE40 LP/HX Family Data Sheet), Table 1.1"
 
 #: Parts by CLI name. The data sheets round ECP5 LUTs to "24K / 44K / 84K"; the exact counts (one FF per LUT)
 #: are nextpnr's device database's, which also gives every other figure here (tests/test_fpga.py checks the 25k);
-#: each ECP5 part is in its package with the most user I/O, since the accelerator's host ports are wide
-#: parallel buses (issue 16 item 3 narrows them); iCE40 UP5K comes only in SG48 (39 I/O) or UWG30.
+#: each ECP5 part is in its package with the most user I/O (chosen while the host ports were wide parallel
+#: buses; the narrow host interface, hdl/_host.py, needs 37 pins); iCE40 UP5K comes only in SG48 (39 I/O) or
+#: UWG30.
 PARTS: Mapping[str, Part] = {p.name: p for p in (
     Part("ecp5-25k", "ecp5", "LFE5U-25F", "CABGA381", ("--25k", "--package", "CABGA381"),
          luts=24288, ffs=24288, brams=56, dsps=28, ios=197, source=_ECP5_DS),

@@ -7,8 +7,9 @@ replays a stimulus file of host operations (poke a port, run n cycles, wait for 
 writes what it read. Everything that knows the host protocol stays here in Python:
 
 - `HostProtocol` writes the stimulus from a vectors document (`Design.vectors`, the same file the cocotb
-  bench reads): reset, load the initial weights, stream the samples, start, wait for `done`, read the
-  counters and every final weight — the cocotb bench's `Driver`/`Monitor` sequence, cycle for cycle;
+  bench reads): reset, stream in the initial weights, fill the sample rings, start, stream the other
+  samples as the run takes them, wait for DONE, read the counters and stream out every final weight — the
+  cocotb bench's `Driver`/`Monitor` sequence over the host interface of hdl/_host.py;
 - `build_harness(verilog)` verilates once per Verilog text (cached by its hash) and binds the top-level
   ports the model really has: the table `ports.h` is generated from Verilator's own header, so a change of
   the accelerator's ports needs no change here beyond the names the protocol uses;
@@ -172,12 +173,17 @@ def _unpack(word: int, lanes: int, bits: int) -> list[int]:
 class HostProtocol:
     """Writes the host's side of a run (the cocotb bench's Driver and Monitor) as harness commands.
 
-    The ports it uses are those of `hdl/_top.py`'s host side: rst, start, samples_count, samples__valid /
-    samples__payload, host_pe / host_addr / host_w_en / host_w_data / host_r_data, done, cycles, ops, error."""
+    The ports it uses are those of `hdl/_host.py`'s interface: rst, the CSR bus (csr_addr / csr_we / csr_wdata /
+    csr_rdata, the register map from the vectors' `host`) and the stream port (stream_in__*, stream_out__*).
+    Samples of the first D iterations (the sample rings' depth) are streamed before START, the rest during the
+    run, each beat waiting for `ready` (back-pressure); the weights are read out beat by beat."""
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = doc
         self.lanes, self.bits = int(doc["lanes"]), int(doc["total_bits"])
+        self.host = doc["host"]
+        self.csr_bits, self.stream_bits = int(self.host["csr_bits"]), int(self.host["stream_bits"])
+        self.beats = int(self.host["beats_per_word"])
         self.lines: list[str] = []
         self.reads: list[tuple[str, Any]] = []  # what each R line means, in order
 
@@ -191,62 +197,102 @@ class HostProtocol:
         self.lines.append(f"R {port}")
         self.reads.append((port, meaning))
 
+    def _register(self, name: str) -> tuple[int, int]:
+        address, width, _ = self.host["registers"][name]
+        return int(address), -(-int(width) // self.csr_bits)
+
+    def csr_write(self, name: str, value: int) -> None:
+        address, chunks = self._register(name)
+        self.poke("csr_we", 1)
+        for k in range(chunks):
+            self.poke("csr_addr", address + k)
+            self.poke("csr_wdata", (value >> (k * self.csr_bits)) & ((1 << self.csr_bits) - 1))
+            self.step()
+        self.poke("csr_we", 0)
+
+    def csr_read(self, name: str) -> None:
+        """The register's chunks, each read the cycle after its address (meaning: (name, chunk))."""
+        address, chunks = self._register(name)
+        for k in range(chunks):
+            self.poke("csr_addr", address + k)
+            self.step()
+            self.read("csr_rdata", (name, k))
+
+    def send(self, words: Sequence[int], wait: int) -> None:
+        """The words as beats on stream_in, each held until ready (at most `wait` cycles)."""
+        mask = (1 << self.stream_bits) - 1
+        self.poke("stream_in__valid", 1)
+        for word in words:
+            for b in range(self.beats):
+                self.poke("stream_in__payload", (word >> (b * self.stream_bits)) & mask)
+                self.lines.append(f"W stream_in__ready 1 {wait}")
+                self.step()
+        self.poke("stream_in__valid", 0)
+
     def reset(self, cycles: int = 2) -> None:
-        for port in ("start", "samples__valid", "host_w_en"):
+        for port in ("csr_we", "stream_in__valid", "stream_out__ready"):
             self.poke(port, 0)
         self.poke("rst", 1)
         self.step(cycles)
         self.poke("rst", 0)
 
     def load_weights(self) -> None:
+        self.csr_write("MODE", 1)
         for layer in self.doc["layers"]:
             # The owner's ring and every received copy (split placements: F / E away from the owner).
             for pe, base in [[layer["pe"], layer["init_addr"]], *layer.get("copies", [])]:
-                self.poke("host_pe", pe)
-                for r, row in enumerate(layer["init"]):
-                    for k, word in enumerate(_words(row, self.lanes, self.bits)):
-                        self.poke("host_addr", base + r * layer["row_words"] + k)
-                        self.poke("host_w_data", word)
-                        self.poke("host_w_en", 1)
-                        self.step()
-        self.poke("host_w_en", 0)
+                self.csr_write("PE", pe)
+                self.csr_write("ADDR", base)
+                self.send([w for row in layer["init"] for w in _words(row, self.lanes, self.bits)], 1)
+        self.csr_write("MODE", 0)
 
-    def stream_samples(self) -> None:
-        self.poke("samples__valid", 1)
-        batch = self.doc.get("batch", 1)  # iteration t: its micro-batch's x rows, then their y rows
+    def sample_words(self) -> list[list[int]]:
+        """Per iteration t: its micro-batch's x rows' words, then their y rows'."""
+        batch = self.doc.get("batch", 1)
         xs, ys = self.doc["x"], self.doc["y"]
+        out = []
         for t in range(0, len(xs), batch):
             words = [w for x in xs[t:t + batch] for w in _words(x, self.lanes, self.bits)]
-            words += [w for y in ys[t:t + batch] for w in _words(y, self.lanes, self.bits)]
-            for word in words:
-                self.poke("samples__payload", word)
-                self.step()
-        self.poke("samples__valid", 0)
+            out.append(words + [w for y in ys[t:t + batch] for w in _words(y, self.lanes, self.bits)])
+        return out
 
     def run(self, max_cycles: int) -> None:
-        self.poke("samples_count", int(self.doc["samples"]))
+        """T, the rings filled, START, the other samples as the run takes them, then wait for DONE (STATUS = done
+        alone: an error, or a run that never ends, runs out of `max_cycles`) and read the counters."""
+        samples = int(self.doc["samples"])
+        ahead = min(samples, int(self.host["sample_depth"]))
+        iterations = self.sample_words()
+        self.csr_write("SAMPLES", samples)
+        for words in iterations[:ahead]:
+            self.send(words, 1)
         self.lines.append("T0")
-        self.poke("start", 1)
+        self.csr_write("CTRL", 1)
+        for words in iterations[ahead:]:
+            self.send(words, max_cycles)
+        self.poke("csr_addr", self._register("STATUS")[0])
         self.step()
-        self.poke("start", 0)
-        self.lines.append(f"W done 1 {max_cycles}")
+        self.lines.append(f"W csr_rdata 2 {max_cycles}")
         self.lines.append("T1")
-        for counter in ("cycles", "ops", "error"):
-            self.read(counter, counter)
+        for name in ("CYCLES", "OPS", "STATUS"):
+            self.csr_read(name)
 
     def read_weights(self) -> None:
         for layer in self.doc["layers"]:
-            self.poke("host_pe", layer["pe"])
-            for r in range(layer["rows"]):
-                for k in range(layer["row_words"]):
-                    self.poke("host_addr", layer["final_addr"] + r * layer["row_words"] + k)
-                    self.step()  # host_r_data follows host_addr by one cycle
-                    self.read("host_r_data", (layer["layer"], r))
+            words = layer["rows"] * layer["row_words"]
+            self.csr_write("PE", layer["pe"])
+            self.csr_write("ADDR", layer["final_addr"])
+            self.csr_write("COUNT", words)
+            self.csr_write("CTRL", 4)
+            self.poke("stream_out__ready", 1)
+            for _ in range(words * self.beats):
+                self.lines.append("W stream_out__valid 1 8")
+                self.read("stream_out__payload", ("beat", layer["layer"]))
+                self.step()
+            self.poke("stream_out__ready", 0)
 
     def full_run(self) -> None:
         self.reset()
         self.load_weights()
-        self.stream_samples()
         self.run(50 * int(self.doc["cycles_sim"]) + 10_000)
         self.read_weights()
 
@@ -258,22 +304,33 @@ def _observations(doc: Mapping[str, Any], reads: Sequence[tuple[str, Any]], valu
                   timings: Sequence[tuple[float, float, int]], repeat: int) -> list[dict[str, Any]]:
     """The harness's reads grouped per repetition into the cocotb bench's result fields."""
     lanes, bits = int(doc["lanes"]), int(doc["total_bits"])
+    host = doc["host"]
+    csr_bits, stream_bits, beats = int(host["csr_bits"]), int(host["stream_bits"]), int(host["beats_per_word"])
+    word_mask = (1 << (lanes * bits)) - 1
     per_run = len(reads) // repeat
     expected = {layer["layer"]: layer["final"] for layer in doc["layers"]}
-    cols = {layer["layer"]: layer["cols"] for layer in doc["layers"]}
+    shape = {layer["layer"]: (layer["rows"], layer["row_words"], layer["cols"]) for layer in doc["layers"]}
     out = []
     for i in range(repeat):
         counters: dict[str, int] = {}
-        rows: dict[tuple[int, int], list[int]] = {}
+        streamed: dict[int, list[int]] = {}
         for (port, meaning), value in zip(reads[i * per_run:(i + 1) * per_run],
                                           values[i * per_run:(i + 1) * per_run], strict=True):
-            if port == "host_r_data":
-                rows.setdefault(meaning, []).extend(_unpack(value, lanes, bits))
+            if port == "stream_out__payload":
+                streamed.setdefault(meaning[1], []).append(value)
             else:
-                counters[meaning] = value
-        final = {layer: [rows[(layer, r)][: cols[layer]] for r in range(len(expected[layer]))] for layer in expected}
+                name, chunk = meaning
+                counters[name] = counters.get(name, 0) | value << (chunk * csr_bits)
+        final = {}
+        for layer, (rows, row_words, cols) in shape.items():
+            data = streamed.get(layer, [])
+            words = [sum(data[w * beats + b] << (b * stream_bits) for b in range(beats)) & word_mask
+                     for w in range(len(data) // beats)]
+            final[layer] = [[v for word in words[r * row_words:(r + 1) * row_words]
+                             for v in _unpack(word, lanes, bits)][:cols] for r in range(rows)]
         seconds, cpu_seconds, cycles = timings[i]
-        out.append({"cycles_rtl": counters["cycles"], "ops_rtl": counters["ops"], "link_error": counters["error"],
+        out.append({"cycles_rtl": counters["CYCLES"], "ops_rtl": counters["OPS"],
+                    "link_error": int(bool(counters["STATUS"] & 4)),
                     "bit_exact": final == expected, "run_wall_s": seconds, "run_cpu_s": cpu_seconds,
                     "run_cycles": cycles,
                     "final": {str(k): v for k, v in final.items()}})
@@ -290,7 +347,7 @@ def run_harness(verilog: str, doc: Mapping[str, Any], build_root: Path, *, repea
     if repeat < 1:
         raise InputError(f"repeat must be at least 1, got {repeat}")
     build = build_harness(verilog, build_root, jobs=jobs)
-    for name in ("clk", "rst", "start", "done", "cycles", "host_r_data", "samples__payload"):
+    for name in ("clk", "rst", "csr_addr", "csr_rdata", "stream_in__payload", "stream_out__payload"):
         build.port(name)  # a clear error when the accelerator's host ports changed under the protocol
     protocol = HostProtocol(doc)
     for _ in range(repeat):

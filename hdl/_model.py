@@ -81,11 +81,17 @@ def run_program(program: Program, design: Any, vectors: dict[str, Any]) -> Model
     memories = [_Memory(pe, program.lanes, program.widths, batch) for pe in program.pes]
     x = np.asarray(vectors["x"], dtype=np.int64).reshape(samples, batch, -1)
     y = np.asarray(vectors["y"], dtype=np.int64).reshape(samples, batch, -1)
-    for p, pe in enumerate(program.pes):
-        for b in pe.buffers:
-            if b.memory == "samples":
-                for t in range(samples):
-                    memories[p].write(b.name, t, x[t] if b.name == "x" else y[t])
+    # The sample rings hold `depth` iterations: the host fills them before the run and writes x(t + depth),
+    # y(t + depth) once the entry holding G_1(t) has ended (hdl/_top.py's release rule).
+    rings = [(p, b) for p, pe in enumerate(program.pes) for b in pe.buffers if b.memory == "samples"]
+
+    def deliver(t: int) -> None:
+        for p, b in rings:
+            memories[p].write(b.name, t, x[t] if b.name == "x" else y[t])
+
+    depth = min(b.depth for _, b in rings)
+    for t in range(min(samples, depth)):
+        deliver(t)
     for layer in vectors["layers"]:
         init = np.asarray(layer["init"], dtype=np.int64)
         memories[layer["pe"]].write(f"W{layer['layer']}", 0, init)
@@ -109,6 +115,8 @@ def run_program(program: Program, design: Any, vectors: dict[str, Any]) -> Model
                 run.outputs[(op.proc, step.kind, step.layer, t)] = out
         else:
             _send(entry, op.proc, t, samples, memories)
+            if any(step.kind == "G" and step.layer == 1 for step in entry.steps) and t + depth < samples:
+                deliver(t + depth)
     for layer in vectors["layers"]:
         run.weights[f"W{layer['layer']}"] = memories[layer["pe"]].read(f"W{layer['layer']}", samples)
     return run

@@ -14,7 +14,10 @@ inputs have arrived, as the simulator assumes:
   exceeds t − delay (the counters count transfers received, in iteration order; a weight copy sent by
   U_l(t − s − 1) to F_l(t) waits with delay s + 1), or when it continues an entry;
 - the PE accepts it in that cycle if it is idle (`cmd.ready`);
-- when the entry's last step ends (the PE's `done`), (entry, t) is pushed to the link senders.
+- when the entry's last step ends (the PE's `done`), (entry, t) is pushed to the link senders;
+- an entry that reads a sample (x or y from the PE's sample ring) also waits until the host's stream has
+  delivered it (`x_loaded` / `y_loaded` > t: iterations loaded so far); while the host keeps the ring full
+  that wait is always met, so the timing is the simulator's.
 
 Addresses are computed from t with constant strides per row: vector slot t mod depth, weight version
 max(0, t + c) mod ring (U: reads version t, writes t + 1), gradient slot t mod depth.
@@ -81,6 +84,9 @@ class Sequencer(wiring.Component):
             "cmd": Out(stream.Signature(command_layout(config))),
             "pe_done": In(1),
             "arrived": In(1).array(counters),  # one pulse per received transfer, per counter
+            # Iterations whose x / y the host has delivered into the sample rings (hdl/_host.py).
+            "x_loaded": In(unsigned(iteration_bits + 1)),
+            "y_loaded": In(unsigned(iteration_bits + 1)),
             "push_valid": Out(1),
             "push_entry": Out(range(max(2, len(pe.entries)))),
             "push_iter": Out(unsigned(iteration_bits)),
@@ -163,6 +169,12 @@ class Sequencer(wiring.Component):
         # Per arrival counter of the PE: the current row waits on it (need) until it exceeds t − delay (thr).
         need = [Signal(name=f"need{k}") for k in range(len(counts))]
         thr = [Signal(signed(ibits + 2), name=f"thr{k}") for k in range(len(counts))]
+        # The samples delivered (x, then y): the head of an entry that reads them waits until they exceed t.
+        sample_waits = self._sample_waits()
+        loaded = [(value, port) for value, port in (("x", self.x_loaded), ("y", self.y_loaded))
+                  if any(value in names for names in sample_waits.values())]
+        need_sample = [Signal(name=f"need_{value}") for value, _ in loaded]
+        t_wait = Signal(ibits)
         cmd_next = Signal.like(cmd)
         with m.Switch(pc_in):
             for i, row in enumerate(rows):
@@ -171,14 +183,19 @@ class Sequencer(wiring.Component):
                     binding: dict[int, int] = {}  # two waits on one counter: the smaller delay binds
                     for k, delay in row.waits:
                         binding[k] = min(delay, binding.get(k, delay))
+                    for (value, _), flag in zip(loaded, need_sample, strict=True):
+                        m.d.sync += flag.eq(row.head and value in sample_waits[row.entry])
                     for k in range(len(counts)):
                         m.d.sync += need[k].eq(k in binding)
                         if k in binding:
                             m.d.sync += thr[k].eq(t_in - binding[k])
                     self._command(m, cmd_next, row.step, t_in)
         m.d.sync += cmd.eq(cmd_next)
+        if loaded:
+            m.d.sync += t_wait.eq(t_in)
         ready_in = Signal()
         waits = [~need[k] | (counts[k] > thr[k]) for k in range(len(counts))]
+        waits += [~flag | (port > t_wait) for (_, port), flag in zip(loaded, need_sample, strict=True)]
         m.d.comb += ready_in.eq(_all(waits))
         issue = Signal()
         m.d.comb += [
@@ -238,6 +255,12 @@ class Sequencer(wiring.Component):
         stages), then the min tree's stages (`tree_levels_per_stage` levels each, the root registered)."""
         levels = max(0, (len(self.rows) - 1).bit_length())
         return 2 + -(-levels // self.tree_levels_per_stage)
+
+    def _sample_waits(self) -> dict[int, set[str]]:
+        """Per entry, the samples ("x", "y") its steps read from this PE's sample ring."""
+        ring = {b.name for b in self.pe.buffers if b.memory == "samples"}
+        return {e: {name for step in entry.steps for name in (step.x, step.y) if name in ring}
+                for e, entry in enumerate(self.pe.entries)}
 
     def _lag_of(self, m: Module, pc: Value) -> Value:
         lag = Signal(max(1, self.pe.max_lag).bit_length() + 1, name="lag")

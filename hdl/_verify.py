@@ -60,7 +60,8 @@ def verify_design(design: Any, *, sim: str = "icarus", seed: int = 0, stall: flo
     with tempfile.TemporaryDirectory(prefix="layerpipe-verify-") as tmp:
         build = Path(build_dir) if build_dir else Path(tmp)
         build.mkdir(parents=True, exist_ok=True)
-        verilog = export_verilog(design)  # seconds of amaranth for a small design: once
+        # The harness drives the synthesized top; the cocotb bench needs the debug top's monitor taps.
+        verilog = export_verilog(design, debug=sim != "harness")  # seconds of amaranth for a small design: once
         (build / "layerpipe_accel.v").write_text(verilog)
         if sim == "harness":  # the Verilator C++ harness (hdl/_harness.py): same observation, no cocotb
             from layerpipe.hdl._harness import run_harness

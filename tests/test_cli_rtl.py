@@ -21,7 +21,7 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
     for name in ("layerpipe_accel.v", "microcode.txt", "design.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     verilog = (tmp_path / "a" / "layerpipe_accel.v").read_text()
-    assert "module layerpipe_accel(" in verilog and "samples__valid" in verilog and "/work" not in verilog
+    assert "module layerpipe_accel(" in verilog and "stream_in__valid" in verilog and "/work" not in verilog
     microcode = (tmp_path / "a" / "microcode.txt").read_text()
     assert microcode.startswith("# layerpipe microcode v1 network=mlp:6-5-3 pes=2 lanes=4")
     assert "AEG2" in microcode and "send a1->pe1.a1@0 5 elements" in microcode

@@ -58,47 +58,77 @@ def test_ports_from_a_verilated_header(ports: list[tuple[str, int, str]]) -> Non
 
 
 def test_amaranth_names_decode() -> None:
-    assert _decode("samples___05Fvalid") == "samples__valid"
+    assert _decode("stream_in___05Fvalid") == "stream_in__valid"
     assert _decode("host_w_data") == "host_w_data"
 
 
+def _host_map(lanes: int, bits: int = 16, stream_bits: int = 8, depth: int = 1) -> dict:
+    from layerpipe.hdl._host import HostConfig, host_widths, register_map
+
+    regs = register_map(HostConfig(stream_bits=stream_bits), host_widths(pe_bits=1, addr_bits=6, iteration_bits=2,
+                                                                         max_samples=2, depth=depth))
+    return {"stream_bits": stream_bits, "beats_per_word": -(-lanes * bits // stream_bits), "sample_depth": depth,
+            **regs.to_json()}
+
+
 DOC = {"lanes": 2, "total_bits": 16, "samples": 2, "cycles_sim": 100, "seed": 1,
-       "x": [[1, -2, 3], [4, 5, -6]], "y": [[7], [-8]],
+       "x": [[1, -2, 3], [4, 5, -6]], "y": [[7], [-8]], "host": _host_map(2),
        "layers": [{"layer": 1, "pe": 0, "rows": 1, "cols": 3, "row_words": 2, "init_addr": 0, "final_addr": 4,
                    "init": [[1, 2, 3]], "final": [[-1, 0, 5]]}]}
 
 
 def test_host_protocol_is_the_cocotb_sequence() -> None:
+    """Reset, the weights streamed in, the first D iterations' samples before START and the rest during the
+    run (every beat waits for ready), DONE awaited on STATUS, the counters read in CSR chunks, the weights
+    streamed out beat by beat."""
     proto = HostProtocol(DOC)
     proto.full_run()
     text = proto.text()
-    # reset, 2 weight words, 2 × (2 x words + 1 y word), the start cycle, the wait, 2 read-back words
-    assert text.startswith("P start 0\nP samples__valid 0\nP host_w_en 0\nP rst 1\nS 2\nP rst 0\n")
-    assert sum(int(n) for n in re.findall(r"^S (\d+)$", text, flags=re.MULTILINE)) == 2 + 2 + 6 + 1 + 2
-    assert "P host_addr 5\nS 1\nR host_r_data\n" in text  # read data follows the address by one cycle
-    assert re.search(r"^T0\nP start 1\nS 1\nP start 0\nW done 1 \d+\nT1$", text, flags=re.MULTILINE)
-    assert [port for port, _ in proto.reads] == ["cycles", "ops", "error", "host_r_data", "host_r_data"]
+    regs = DOC["host"]["registers"]
+    assert text.startswith("P csr_we 0\nP stream_in__valid 0\nP stream_out__ready 0\nP rst 1\nS 2\nP rst 0\n")
+    beats = DOC["host"]["beats_per_word"]  # 32-bit words, 8-bit beats
+    # 2 weight words in, 3 words per iteration (x: 2, y: 1) for 2 iterations, 2 words out: one W per beat.
+    assert text.count("W stream_in__ready 1 ") == (2 + 2 * 3) * beats
+    assert text.count("W stream_out__valid 1 ") == 2 * beats
+    start = text.index(f"P csr_addr {regs['CTRL'][0]:x}\nP csr_wdata 1\nS 1\n")
+    assert text.rindex("T0", 0, start) > text.rindex("W stream_in__ready", 0, start)  # iteration 0 is in first
+    assert text.count("W stream_in__ready", start) == 3 * beats  # iteration 1 streams during the run
+    assert re.search(r"^W csr_rdata 2 \d+\nT1$", text, flags=re.MULTILINE)
+    chunks = [("CYCLES", k) for k in range(8)] + [("OPS", k) for k in range(8)] + [("STATUS", 0)]
+    assert [m for port, m in proto.reads if port == "csr_rdata"] == chunks
+    assert [m for port, m in proto.reads if port == "stream_out__payload"] == [("beat", 1)] * (2 * beats)
+
+
+def _chunks(value: int, count: int) -> list[int]:
+    return [(value >> (4 * k)) & 15 for k in range(count)]
+
+
+def _beats(words: list[int], beats: int) -> list[int]:
+    return [(w >> (8 * b)) & 255 for w in words for b in range(beats)]
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(-(2**15), 2**15 - 1), min_size=1, max_size=9), st.integers(1, 4),
        st.integers(1, 3))
 def test_observations_regroup_reads_per_run(row: list[int], lanes: int, repeat: int) -> None:
-    """Words read back unpack to the row (padding dropped); every repetition is judged on its own."""
+    """Counters from their CSR chunks, words from their beats, unpacked to the row (padding dropped); every
+    repetition is judged on its own."""
     words = _words(row, lanes, 16)
     layer = {"layer": 1, "pe": 0, "rows": 1, "cols": len(row), "row_words": len(words), "init_addr": 0,
              "final_addr": 0, "init": [row], "final": [row]}
-    doc = {**DOC, "lanes": lanes, "layers": [layer]}
+    doc = {**DOC, "lanes": lanes, "layers": [layer], "host": _host_map(lanes)}
+    beats = doc["host"]["beats_per_word"]
     proto = HostProtocol(doc)
     for _ in range(repeat):
         proto.full_run()
     values = []
     for i in range(repeat):
-        values += [500, 42, 0] + ([w ^ 1 for w in words] if i == repeat - 1 else words)  # the last run is wrong
+        streamed = [w ^ 1 for w in words] if i == repeat - 1 else words  # the last run is wrong
+        values += _chunks(500, 8) + _chunks(42, 8) + [2] + _beats(streamed, beats)
     runs = _observations(doc, proto.reads, values, [(0.1, 0.05, 500)] * repeat, repeat)
     assert [r["bit_exact"] for r in runs] == [True] * (repeat - 1) + [False]
     assert runs[-1]["final"]["1"] == [[v for w in words for v in _unpack(w ^ 1, lanes, 16)][: len(row)]]
-    assert all(r["cycles_rtl"] == 500 and r["ops_rtl"] == 42 for r in runs)
+    assert all(r["cycles_rtl"] == 500 and r["ops_rtl"] == 42 and r["link_error"] == 0 for r in runs)
 
 
 # ---- the real harness ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def _planted(verilog: str) -> str:
     head = f"module {TOPLEVEL}("
     start = verilog.index(head)
     end = verilog.index(";\n", start) + 2
-    probe = "  wire [3:0] lint_probe;\n  assign lint_probe = host_w_data;\n"
+    probe = "  wire [3:0] lint_probe;\n  assign lint_probe = stream_in__payload;\n"
     return verilog[:end] + probe + verilog[end:]
 
 
@@ -60,7 +60,7 @@ def test_split_accelerator_lints_clean_and_a_real_bug_is_not_waived() -> None:
     bad = lint_accelerator(_planted(verilog), TOPLEVEL)
     assert not bad.ok
     assert len(bad.unexplained) == 1 and "WIDTHTRUNC" in bad.unexplained[0]
-    assert "'host_w_data' generates 32 bits" in bad.unexplained[0]
+    assert "'stream_in__payload' generates 8 bits" in bad.unexplained[0]
     assert bad.remaining == bad.unexplained  # not waived: Verilator still prints it
 
 

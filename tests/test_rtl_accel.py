@@ -54,7 +54,7 @@ def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, ca
 def _run_design(tmp_path: Path, design: Design, cases: tuple[str, ...], sim: str = "icarus") -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     verilog_path = tmp_path / "accel.v"
-    verilog_path.write_text(export_verilog(design))
+    verilog_path.write_text(export_verilog(design, debug=True))
     vectors = design.vectors(SEED)
     write_vectors(vectors, tmp_path / "vectors.json")
     result = tmp_path / "result.json"
@@ -172,3 +172,38 @@ def test_split_placement_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -
     assert runs["split"]["cycles_rtl"] < runs["together"]["cycles_rtl"]
     assert (runs["together"]["cycles_rtl"] / runs["split"]["cycles_rtl"]
             == together.sim.total_cycles / split.sim.total_cycles)
+
+
+# ---- the narrow host interface: samples streamed in during the run through bounded rings (hdl/_host.py) -------
+
+@pytest.mark.slow
+def test_samples_refilled_during_the_run_icarus(tmp_path: Path) -> None:
+    """T = 12 iterations through rings of 8 (the default: the smallest power of two above the deadlock bound
+    of 4): with the host keeping the rings full every op issues in the simulator's cycle (the monitored trace)
+    and the weights are bit-exact; with random valid gaps on the stream and ready-low on the read-out the
+    weights are the same."""
+    design = make_design("mlp:6-5-3", "layerpipe", 3, 4, 12)
+    assert design.sample_depth == 8 < design.samples
+    observed = _run_design(tmp_path, design, ("run_monitored", "run_host_stalls"))
+    assert observed["bit_exact"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("network", "policy", "n", "lanes", "samples", "depth", "stream_bits", "cases"), [
+    # One PE runs all of iteration t in period t: a ring of one iteration, still cycle-exact.
+    ("mlp:6-5-3", "layerpipe", 1, 1, 6, 1, 8, ("run_monitored", "run_host_stalls")),
+    # At the deadlock bound: G_1(t) frees x(t)'s slot just in time or a little late; the weights hold.
+    ("mlp:6-5-3", "layerpipe", 3, 4, 12, 4, 8, ("run_host_stalls",)),
+    # Wider beats: 16 bits (4 beats a 64-bit word) and a whole word per beat.
+    ("mlp:9-8-4-6-2", "pipedream", 2, 4, 12, None, 16, ("run_monitored", "run_stalled")),
+    ("mlp:7-6-5-3", "layerpipe", 2, 1, 10, None, 64, ("run_monitored", "run_protocol")),
+], ids=["depth1-n1", "depth-at-bound", "stream16", "stream64"])
+def test_sample_rings_and_stream_widths_icarus(tmp_path: Path, network: str, policy: str, n: int, lanes: int,
+                                               samples: int, depth: int | None, stream_bits: int,
+                                               cases: tuple[str, ...]) -> None:
+    from layerpipe.hdl._host import HostConfig
+
+    design = make_design(network, policy, n, lanes, samples, sample_depth=depth, host=HostConfig(stream_bits))
+    assert design.sample_depth < samples
+    observed = _run_design(tmp_path, design, cases)
+    assert observed["bit_exact"]
