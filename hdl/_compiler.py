@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
+from layerpipe.hdl._conv import Window, check_window_layer, matrix_shape, window_of
 from layerpipe.hdl._distances import DataEdge, Distances, TaskKey, UnrolledDistances
 from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
 from layerpipe.network import Network
@@ -113,10 +114,14 @@ class Step:
     dst: str = ""
     version: int = 0
     batch: int = 1  #: samples of the micro-batch the op walks (U: 1, once per micro-batch)
+    #: conv2d / pooling F, E, G: the window engine's loop nest (`hdl/_conv.py`); None for the matrix walks
+    window: Window | None = None
+    mask: str = ""  #: max-pooling F: where it writes the argmax mask (E reads it as y)
+    copy: bool = False  #: flatten F / E: a copy of the vector (n_in = n_out elements)
 
     @property
     def rows(self) -> int:
-        return 1 if self.kind == "A" else self.n_out
+        return 1 if self.kind == "A" or self.copy else self.n_out
 
     @property
     def cols(self) -> int:
@@ -309,7 +314,9 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
     last = network.layers[-1].index
     for layer in network.layers:
         if layer.kind != "linear":
-            raise InputError(f"the RTL runs MLPs (linear layers only); layer '{layer.name}' is {layer.kind}")
+            check_window_layer(layer, layer.index == last)
+            if not layer.has_weights:
+                continue
         if layer.op.bias:  # type: ignore[union-attr]
             raise InputError(f"the RTL has no biases; layer '{layer.name}' has bias=true")
         want = "identity" if layer.index == last else "relu"
@@ -317,7 +324,8 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
             raise InputError(f"the RTL needs ReLU hidden layers and an identity output; layer '{layer.name}' "
                              f"has {layer.activation}")
     widths = (network.input_size, *(layer.out_size for layer in network.layers))
-    for w in widths:
+    shapes = [matrix_shape(layer) for layer in network.layers if layer.has_weights]
+    for w in (*widths, *(n for shape in shapes for n in shape)):
         if w > limits.max_width:
             raise InputError(f"layer width {w} exceeds the RTL limit of {limits.max_width} elements per "
                              "operand dimension")
@@ -415,6 +423,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     bodies = _normalise(schedule)
     owner = _check_placement(graph, bodies, policy)
     num_layers = len(widths) - 1
+    weighted = [layer.index for layer in network.layers if layer.has_weights]
+    matrix = {index: matrix_shape(network.layer(index)) for index in weighted}
     pe_of = {(s.kind, s.layer): p for p, body in enumerate(bodies) for s in body}
     slot_of = {(s.kind, s.layer): s for body in bodies for s in body}
     index_of = {(s.kind, s.layer): i for body in bodies for i, s in enumerate(body)}
@@ -446,11 +456,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             add_transfer(src, dst, _Transfer(e.words, 0, {"gradient": "gradient", "stash": "stash"}.get(e.role,
                                                                                                       "vector")))
     readers = {layer: [(t.kind, t.layer) for t in graph.tasks if t.layer == layer and "U" not in t.kind
-                       and ("F" in t.kind or "E" in t.kind)] for layer in range(1, num_layers + 1)}
+                       and ("F" in t.kind or "E" in t.kind)] for layer in weighted}
     # Version reads are the graph's weight edges (U_l → F_l; U_l → E_l under `latest`; under `stash` E_l gets
     # F_l's version over the stash edge instead).
     versioned = {(e.dst.kind, e.dst.layer) for e in graph.edges if e.role == "weights"}
-    for layer in range(1, num_layers + 1):
+    for layer in weighted:
         u = task(layer, "U")
         for key in readers[layer]:
             if key not in versioned:
@@ -467,9 +477,9 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                                  f"(staleness {pinned[key]}); the schedule is invalid")
             data_edges.append((u, key, delay))
             if pe_of[key] != owner[layer]:
-                add_transfer(u, key, _Transfer(widths[layer] * widths[layer - 1], delay, "weights"))
+                add_transfer(u, key, _Transfer(matrix[layer][0] * matrix[layer][1], delay, "weights"))
     for (src, dst), tr in transfers.items():
-        n_in = widths[src[1] - 1]
+        n_in = matrix[src[1]][1] if tr.kind != "vector" else 0
         if tr.kind == "vector" and batch > 1 and (tr.words // batch) % lanes:
             per = tr.words // batch
             raise InputError(f"task {name(dst)} on PE {pe_of[dst]} receives a vector of {per} elements per sample "
@@ -522,7 +532,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         require(p, buf, dist.versions(reader, task(layer, "U"), offset))
 
     reads: dict[tuple[TaskKey, str], tuple[str, int]] = {}
-    for layer in range(1, num_layers + 1):
+    for layer in weighted:
         for key in readers[layer]:
             p = pe_of[key]
             for atomic in key[0]:
@@ -547,8 +557,14 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     produced: dict[str, TaskKey] = {}
     order = ["x", "y"]
     for layer in range(1, num_layers + 1):
-        produced[f"a{layer}"], produced[f"d{layer}"] = task(layer, "F"), task(layer, "A")
-        order += [f"a{layer}", f"d{layer}"]
+        produced[f"a{layer}"] = task(layer, "F")
+        order.append(f"a{layer}")
+        if layer in matrix:
+            produced[f"d{layer}"] = task(layer, "A")
+            order.append(f"d{layer}")
+        elif _is_max_pool(network, layer):
+            produced[f"m{layer}"] = task(layer, "F")
+            order.append(f"m{layer}")
         if layer > 1:
             produced[f"e{layer - 1}"] = task(layer, "E")
             order.append(f"e{layer - 1}")
@@ -559,6 +575,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             return (task(layer - 1, "F") if layer > 1 else None), below
         if atomic == "G":
             return (task(layer, "F"), below) if which == "x" else (task(layer, "A"), f"d{layer}")
+        if atomic == "E" and layer not in matrix:  # pooling, flatten: e_l, and max pooling's argmax mask
+            return (task(layer + 1, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"m{layer}")
         if atomic == "E":
             return task(layer, "A"), f"d{layer}"
         if layer < num_layers:  # A of a hidden layer: e_l and the mask a_l
@@ -592,7 +610,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for k, atomic in enumerate(key[0]):
             if atomic == "U":
                 continue
-            for which in ("x", "y") if atomic in "GA" else ("x",) if atomic == "F" else ("y",):
+            for which in _operands(atomic, key[1] in matrix, _is_max_pool(network, key[1])):
                 producer, value = source(atomic, key[1], which)
                 buf = operands[(key, k, which)] = location(p, producer, value)
                 use(p, buf, key)
@@ -604,6 +622,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             continue
         values = {source(atomic, dst[1], which)[1] for k, atomic in enumerate(dst[0]) if atomic != "U"
                   for which in ("x", "y") if (dst, k, which) in operands and source(atomic, dst[1], which)[0] == src}
+        if not values and dst[1] not in matrix:
+            raise InputError(f"layer '{network.layer(dst[1]).name}' runs {name(src)} on PE {pe_of[src]} and "
+                             f"{name(dst)} on PE {pe_of[dst]}: the schedule moves its kept input between them, "
+                             "which the RTL's pooling / flatten backward does not read; use "
+                             "--keep-weights-together, another -n or policy")
         if len(values) != 1:
             raise InputError(f"tasks {name(src)} and {name(dst)} exchange {len(values)} vectors on different PEs; the "
                              "RTL sends one vector per transfer")
@@ -632,9 +655,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for buf in sorted((b for q, b in vreaders if q == p), key=lambda b: (order.index(b.split("@")[0]), b)):
             value = buf.split("@")[0]
             elements = widths[0] if value == "x" else widths[-1] if value == "y" else widths[int(value[1:])]
+            if value.startswith("m"):  # sized as the DFG's kept edge (the pooling's input): its link beats
+                elements = widths[int(value[1:]) - 1]
             add(buf, memory_of(buf), batch * ceil_div(elements, lanes), vector_depth(p, buf))
-        for layer in range(1, num_layers + 1):
-            matrix_words = widths[layer] * ceil_div(widths[layer - 1], lanes)
+        for layer in weighted:
+            matrix_words = matrix[layer][0] * ceil_div(matrix[layer][1], lanes)
             for ring in (f"W{layer}", f"C{layer}", f"S{layer}"):
                 if (p, ring) in need:
                     add(ring, "weights", matrix_words, _pow2_at_least(need[(p, ring)]))
@@ -654,7 +679,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             key = (s.kind, s.layer)
             steps: list[Step] = []
             for atomic in s.kind:
-                step = _step(atomic, s.layer, widths)
+                step = _step(atomic, s.layer, widths, network)
                 if atomic != "U":
                     step = replace(step, batch=batch)
                 if (key, len(steps), "x") in operands:
@@ -707,11 +732,29 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits)
 
 
-def _step(atomic: str, layer: int, widths: Sequence[int]) -> Step:
+def _is_max_pool(network: Network, layer: int) -> bool:
+    op = network.layer(layer).op
+    return getattr(op, "kind", "") == "pool" and getattr(op, "mode", "") == "max"
+
+
+def _operands(atomic: str, weighted: bool, max_pool: bool) -> tuple[str, ...]:
+    """The vector operands (x, y) step `atomic` reads; U reads none."""
+    if atomic in "GA":
+        return ("x", "y")
+    if atomic == "F":
+        return ("x",)
+    if weighted:
+        return ("y",)  # E: δ
+    return ("x", "y") if max_pool else ("x",)  # pooling / flatten E: e_l (and the argmax mask)
+
+
+def _step(atomic: str, layer: int, widths: Sequence[int], network: Network | None = None) -> Step:
     """Step `atomic` of `layer` reading the owner's ring at the current version (weight reads are set after)."""
     n_in, n_out = widths[layer - 1], widths[layer]
     hidden = layer < len(widths) - 1
     below = f"a{layer - 1}" if layer > 1 else "x"
+    if network is not None and network.layer(layer).kind != "linear":
+        return _window_step(atomic, layer, widths, network)
     if atomic == "F":
         return Step("F", layer, n_in, n_out, hidden, x=below, w=f"W{layer}", dst=f"a{layer}")
     if atomic == "A":
@@ -725,3 +768,32 @@ def _step(atomic: str, layer: int, widths: Sequence[int]) -> Step:
     if atomic == "U":
         return Step("U", layer, n_in, n_out, hidden, w=f"W{layer}", g=f"g{layer}", dst=f"W{layer}")
     raise AssertionError(atomic)
+
+
+def _window_step(atomic: str, layer: int, widths: Sequence[int], network: Network) -> Step:
+    """A step of a conv2d, pooling or flatten layer: window ops carry their loop nest; conv A and U are the
+    vector and matrix walks of a linear layer over the flattened output and the (O, C·K·K) weights."""
+    info = network.layer(layer)
+    below = f"a{layer - 1}" if layer > 1 else "x"
+    n_in, n_out = widths[layer - 1], widths[layer]
+    window = window_of(info, atomic, network.batch) if info.kind != "flatten" and atomic in "FEG" else None
+    if info.kind == "flatten":
+        if atomic == "F":
+            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", copy=True)
+        return Step("E", layer, n_out, n_in, False, x=f"e{layer}", dst=f"e{layer - 1}", copy=True)
+    if info.kind == "pool":
+        if atomic == "F":
+            mask = f"m{layer}" if _is_max_pool(network, layer) else ""
+            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", window=window, mask=mask)
+        y = f"m{layer}" if _is_max_pool(network, layer) else ""
+        return Step("E", layer, n_in, n_out, False, x=f"e{layer}", y=y, dst=f"e{layer - 1}", window=window)
+    rows, cols = matrix_shape(info)
+    if atomic == "F":
+        return Step("F", layer, n_in, n_out, True, x=below, w=f"W{layer}", dst=f"a{layer}", window=window)
+    if atomic == "A":
+        return Step("A", layer, n_in, n_out, True, x=f"e{layer}", y=f"a{layer}", dst=f"d{layer}")
+    if atomic == "E":
+        return Step("E", layer, n_in, n_out, True, y=f"d{layer}", w=f"W{layer}", dst=f"e{layer - 1}", window=window)
+    if atomic == "G":
+        return Step("G", layer, n_in, n_out, True, x=below, y=f"d{layer}", dst=f"g{layer}", window=window)
+    return Step("U", layer, cols, rows, True, w=f"W{layer}", g=f"g{layer}", dst=f"W{layer}")

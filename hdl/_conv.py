@@ -40,7 +40,8 @@ from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
 from layerpipe.network import Conv2d, Layer, Pool2d
 
-__all__ = ["Nest", "Window", "flatten_cycles", "nest", "run_window", "window_cycles", "window_of"]
+__all__ = ["Nest", "Window", "check_window_layer", "flatten_cycles", "matrix_shape", "nest", "run_window",
+           "window_cycles", "window_of"]
 
 #: The op kinds of the window engine.
 WINDOW_OPS = ("conv_f", "conv_e", "conv_g", "pool_f", "pool_e")
@@ -254,3 +255,37 @@ def run_window(window: Window, fmt: FixedFormat, p_operand: np.ndarray, q_operan
 def _round_shift(values: np.ndarray, shift: int) -> np.ndarray:
     """(v + 2^(shift−1)) >> shift: round half up, as `fixedpoint` (and the reference's divide by 2^shift)."""
     return values if shift == 0 else (values + (1 << (shift - 1))) >> shift
+
+
+def matrix_shape(layer: Layer) -> tuple[int, int]:
+    """(rows, cols) of a weight layer's W as the PE stores it: linear (n_out, n_in), conv2d (O, C·K·K)."""
+    if isinstance(layer.op, Conv2d):
+        return layer.out_shape[0], layer.in_shapes[0][0] * layer.op.kernel_size ** 2
+    return layer.out_size, layer.in_size
+
+
+def check_window_layer(layer: Layer, last: bool) -> None:
+    """Refuse, in one line, a conv2d / pooling / flatten layer the window engine cannot run."""
+    op = layer.op
+    if last:
+        raise InputError(f"the RTL needs a linear output layer; layer '{layer.name}' is {layer.kind}")
+    if isinstance(op, Conv2d):
+        if op.groups != 1:
+            raise InputError(f"the RTL runs conv2d with groups = 1; layer '{layer.name}' has groups={op.groups}")
+        if len(layer.inputs) != 1:
+            raise InputError(f"the RTL runs chains; layer '{layer.name}' reads {len(layer.inputs)} inputs")
+    elif isinstance(op, Pool2d):
+        if layer.takes_network_input:
+            raise InputError(f"the RTL runs pooling on a layer's output, not on the network input "
+                             f"(layer '{layer.name}')")
+        if op.mode == "avg":
+            _log2_exact(op.kernel_size**2, f"layer '{layer.name}'")
+        elif op.kernel_size < 2:
+            raise InputError(f"the RTL runs max pooling over windows of at least 2x2; layer '{layer.name}' has "
+                             f"kernel_size={op.kernel_size}")
+    elif layer.kind == "flatten":
+        if layer.takes_network_input:
+            raise InputError(f"the RTL flattens a layer's output, not the network input (layer '{layer.name}')")
+    else:
+        raise InputError(f"the RTL runs linear, conv2d, pooling and flatten layers; layer '{layer.name}' is "
+                         f"{layer.kind}")

@@ -29,6 +29,7 @@ from layerpipe.hdl._compiler import (
     compile_program,
     mlp_widths,
 )
+from layerpipe.hdl._conv import matrix_shape
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
@@ -81,16 +82,21 @@ class Design:
         prog, lanes = self.program, self.lanes
         layers = []
         for index in range(1, prog.num_layers + 1):
+            if not self.network.layer(index).has_weights:
+                continue  # pooling, flatten
             owner = prog.pes[prog.owner(index)]
             ring = owner.buffer(f"W{index}")
+            # The PE's matrix of W: linear (n_out, n_in), conv2d (O, C·K·K) — row o is W[o] flattened.
+            m_rows, m_cols = matrix_shape(self.network.layer(index))
             layers.append({
-                "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.widths[index - 1],
-                "row_words": ceil_div(prog.widths[index - 1], lanes), "init_addr": ring.address(0),
+                "layer": index, "pe": owner.index, "rows": m_rows, "cols": m_cols,
+                "row_words": ceil_div(m_cols, lanes), "init_addr": ring.address(0),
                 "final_addr": ring.address(self.samples),
                 # Received copies of W (F / E away from the owner) start from version 0 too.
                 "copies": [[pe, buf.address(0)] for pe, buf in prog.weight_copies(index)],
-                "init": expected[f"init_W{index}"].tolist(), "final": expected[f"final_W{index}"].tolist(),
-                "final_float": float_final[f"W{index}"].tolist(),
+                "init": expected[f"init_W{index}"].reshape(m_rows, m_cols).tolist(),
+                "final": expected[f"final_W{index}"].reshape(m_rows, m_cols).tolist(),
+                "final_float": float_final[f"W{index}"].reshape(m_rows, m_cols).tolist(),
             })
         return {
             "version": 1, "network": self.network.name, "policy": self.policy, "num_pes": self.num_pes,
