@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
-from layerpipe.hdl._conv import Window, check_window_layer, matrix_shape, window_of
+from layerpipe.hdl._conv import Window, check_window_layer, copy_window, matrix_shape, window_of
 from layerpipe.hdl._distances import DataEdge, Distances, TaskKey, UnrolledDistances
 from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
 from layerpipe.network import Network
@@ -117,11 +117,10 @@ class Step:
     #: conv2d / pooling F, E, G: the window engine's loop nest (`hdl/_conv.py`); None for the matrix walks
     window: Window | None = None
     mask: str = ""  #: max-pooling F: where it writes the argmax mask (E reads it as y)
-    copy: bool = False  #: flatten F / E: a copy of the vector (n_in = n_out elements)
 
     @property
     def rows(self) -> int:
-        return 1 if self.kind == "A" or self.copy else self.n_out
+        return 1 if self.kind == "A" else self.n_out
 
     @property
     def cols(self) -> int:
@@ -778,9 +777,10 @@ def _window_step(atomic: str, layer: int, widths: Sequence[int], network: Networ
     n_in, n_out = widths[layer - 1], widths[layer]
     window = window_of(info, atomic, network.batch) if info.kind != "flatten" and atomic in "FEG" else None
     if info.kind == "flatten":
+        copy = copy_window(n_in, network.batch)
         if atomic == "F":
-            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", copy=True)
-        return Step("E", layer, n_out, n_in, False, x=f"e{layer}", dst=f"e{layer - 1}", copy=True)
+            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", window=copy)
+        return Step("E", layer, n_out, n_in, False, x=f"e{layer}", dst=f"e{layer - 1}", window=copy)
     if info.kind == "pool":
         if atomic == "F":
             mask = f"m{layer}" if _is_max_pool(network, layer) else ""

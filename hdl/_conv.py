@@ -21,8 +21,8 @@ masked to 0: a regular nest keeps the cycle count a closed formula). The nests, 
 so one op takes `beats` = B · |outer| · |inner| cycles (G: |outer| · B · |inner|) plus the PE's op overhead
 (`op_overhead(lanes)`), plus one cycle for max-pool F, which writes the argmax mask the cycle after its last
 value. The engine multiplies on one lane: lanes widen the word memories and the linear layers' ops, not a
-window op. Flatten is a copy of the (C·H·W, row-major) vector in both directions: the linear layers' vector
-walk, B·⌈n/lanes⌉ beats. The arithmetic is `layerpipe.fixedpoint`'s (full-width sums, one rounding): the same
+window op. Flatten is a copy of the (C·H·W, row-major) vector in both directions, through the same engine:
+B·n beats (nest b, n | one beat). The arithmetic is `layerpipe.fixedpoint`'s (full-width sums, one rounding): the same
 rules as the integer reference (`layerpipe._torch_fixed`) and the functional simulator (`sim/_conv.py`).
 
 `nest(window)` gives the beats as index tables (what the address generator computes, beat by beat);
@@ -40,11 +40,11 @@ from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
 from layerpipe.network import Conv2d, Layer, Pool2d
 
-__all__ = ["Nest", "Window", "check_window_layer", "flatten_cycles", "matrix_shape", "nest", "run_window",
-           "window_cycles", "window_of"]
+__all__ = ["Nest", "Window", "check_window_layer", "copy_window", "flatten_cycles", "matrix_shape", "nest",
+           "run_window", "window_cycles", "window_of"]
 
-#: The op kinds of the window engine.
-WINDOW_OPS = ("conv_f", "conv_e", "conv_g", "pool_f", "pool_e")
+#: The op kinds of the window engine (copy: flatten's F and E, one element per beat).
+WINDOW_OPS = ("conv_f", "conv_e", "conv_g", "pool_f", "pool_e", "copy")
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,16 @@ class Window:
                 "conv_e": (self.channels, self.height, self.width),
                 "conv_g": (self.out_channels, self.channels, k, k),
                 "pool_f": (self.channels, self.out_h, self.out_w),
-                "pool_e": (self.channels, self.height, self.width)}[self.op]
+                "pool_e": (self.channels, self.height, self.width),
+                "copy": (self.in_elements,)}[self.op]
 
     @property
     def inner(self) -> tuple[int, ...]:
         """Counts of the reduction loops (G: the batch is its outermost reduction loop)."""
         k = self.kernel
         return {"conv_f": (self.channels, k, k), "conv_e": (self.out_channels, k, k),
-                "conv_g": (self.batch, self.out_h, self.out_w), "pool_f": (k, k), "pool_e": (k, k)}[self.op]
+                "conv_g": (self.batch, self.out_h, self.out_w), "pool_f": (k, k), "pool_e": (k, k),
+                "copy": (1,)}[self.op]
 
     @property
     def reduction(self) -> int:
@@ -135,11 +137,14 @@ def window_cycles(window: Window, lanes: int) -> int:
     return window.beats + op_overhead(lanes) + window.extra_cycles
 
 
-def flatten_cycles(elements: int, lanes: int, batch: int) -> int:
-    """Cycles of flatten's F or E: a copy of B vectors of `elements`, word by word."""
-    from layerpipe.hdl._pe import op_cycles
+def copy_window(elements: int, batch: int) -> Window:
+    """Flatten's F or E: a copy of B vectors of `elements` (C·H·W row-major is already the flat order)."""
+    return Window("copy", elements, 1, 1, elements, 1, 1, 1, 1, 0, batch=batch)
 
-    return op_cycles(1, elements, lanes, batch)
+
+def flatten_cycles(elements: int, lanes: int, batch: int) -> int:
+    """Cycles of flatten's F or E: the window engine's copy, one element per beat."""
+    return window_cycles(copy_window(elements, batch), lanes)
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,9 @@ def nest(window: Window) -> Nest:
     """The beats of `window`'s loop nest (see the module docstring), as index tables."""
     wd = window
     k, s, p = wd.kernel, wd.stride, wd.padding
+    if wd.op == "copy":
+        b, n = (g.reshape(-1, 1) for g in np.meshgrid(np.arange(wd.batch), np.arange(wd.in_elements), indexing="ij"))
+        return Nest((b, n), (b, n), np.ones_like(b, dtype=bool), np.zeros_like(b), (b[:, 0], n[:, 0]))
     if wd.op == "conv_g":
         grid = np.meshgrid(*(np.arange(n) for n in (*wd.outer, *wd.inner)), indexing="ij")
         o, c, i, j, b, h, w = (g.reshape(math.prod(wd.outer), wd.reduction) for g in grid)
@@ -217,6 +225,8 @@ def run_window(window: Window, fmt: FixedFormat, p_operand: np.ndarray, q_operan
     pool E (e (B, C·Ho·Wo), mask (B, C·Ho·Wo) for max). Results: (B, n) vectors, G an (O, C·K·K) matrix."""
     beats = nest(window)
     first = np.asarray(p_operand, dtype=np.int64)[beats.p]
+    if window.op == "copy":
+        return np.asarray(p_operand, dtype=np.int64).copy(), None
     shape = (window.out_channels, window.taps) if window.op == "conv_g" else (window.batch, -1)
     n_out = window.out_elements if window.op in ("conv_f", "pool_f") else window.in_elements
     out = np.zeros((window.batch, n_out) if window.op != "conv_g" else shape, dtype=np.int64)

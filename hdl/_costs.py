@@ -9,7 +9,8 @@ B·rows·⌈cols/lanes⌉ + op_overhead(lanes) cycles (`op_cycles`; 10 up to 4 l
 
 Conv2d and pooling layers run F, E (and conv G) on the window engine (`hdl/_conv.py`): the loop nest's beats
 plus the overhead (`window_cycles`); conv A and U are the vector and matrix walks above over the flattened
-output (O·Ho·Wo elements) and weights (O rows of C·K·K); flatten's F and E copy B vectors (rows = 1).
+output (O·Ho·Wo elements) and weights (O rows of C·K·K); flatten's F and E copy B vectors on the window
+engine, one element per beat (B·n beats).
 
 The unit benches check that the hardware takes exactly these cycles.
 """

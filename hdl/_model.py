@@ -103,7 +103,7 @@ def _step(step: Step, mem: _Memory, t: int, fmt: Any, lr_shift: int) -> np.ndarr
     def version(offset: int) -> int:
         return max(0, t + offset)
 
-    if step.window is not None or step.copy:
+    if step.window is not None:
         return _window(step, mem, t, fmt, version(step.version))
     if step.kind == "F":
         z = fmt.matvec(mem.read(step.w, version(step.version)), mem.read(step.x, t))
@@ -130,11 +130,11 @@ def _window(step: Step, mem: _Memory, t: int, fmt: Any, version: int) -> np.ndar
     """A conv2d / pooling step (the window engine's loop nest) or a flatten copy; returns its main output."""
     from layerpipe.hdl._conv import run_window
 
-    if step.copy:
+    window = step.window
+    assert window is not None
+    if window.op == "copy":
         out = mem.read(step.x, t)
     else:
-        window = step.window
-        assert window is not None
         if window.op in ("conv_f", "conv_e"):
             operands = (mem.read(step.x if window.op == "conv_f" else step.y, t), mem.read(step.w, version))
         elif window.op == "conv_g":
