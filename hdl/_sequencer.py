@@ -264,6 +264,10 @@ class Sequencer(wiring.Component):
             if name:
                 b = pe.buffer(name)
                 m.d.comb += [port.bank.eq(pe.bank(b.memory)), port.addr.eq(_ring(t, b))]
+        if step.window is not None:  # the window engine's op (hdl/_window.py); max pooling's mask goes to y
+            m.d.comb += [cmd.window.eq(1), cmd.geom.eq(cfg.windows.index(step.window))]
+            if step.mask:
+                m.d.comb += [cmd.y.bank.eq(0), cmd.y.addr.eq(_ring(t, pe.buffer(step.mask)))]
 
         def version(offset: int) -> Value | int:
             """Slot of weight version max(0, t + offset) in W's ring of versions."""
@@ -275,7 +279,7 @@ class Sequencer(wiring.Component):
             m.d.comb += v.eq(Mux(shifted < 0, 0, shifted) if offset < 0 else shifted)
             return _ring(v, b)
 
-        if step.kind in "FE":
+        if step.kind in "FE" and step.w:
             m.d.comb += cmd.w.eq(version(step.version))
         if step.kind == "U":
             m.d.comb += [cmd.w.eq(version(0)), cmd.dst.eq(version(1)), cmd.g.eq(_ring(t, pe.buffer(step.g)))]

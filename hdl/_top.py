@@ -22,6 +22,8 @@ A run's cycle count is exactly the Python simulator's under the `rtl` cost model
 
 from __future__ import annotations
 
+from typing import Any
+
 from amaranth.hdl import Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -62,8 +64,19 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             send_ports=len(bank0), extra_reads=tuple(_port_of(pe, m) for _, m in read_ports(program, p)),
             weight_writes=sum("weights" in program.link_targets(src, p) for src in incoming),
             grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
-            max_dim=max(program.widths)))
+            **{"max_dim": max(program.widths), **window_config(program, pe)}))
     return out
+
+
+def window_config(program: Program, pe: PEProgram) -> dict[str, Any]:
+    """The window geometries PE `pe` runs (conv2d, pooling, flatten) and a `max_dim` covering conv matrices."""
+    from layerpipe.hdl._conv import matrix_shape
+
+    windows = tuple(dict.fromkeys(s.window for e in pe.entries for s in e.steps if s.window is not None))
+    if not windows and all(layer.kind == "linear" for layer in program.network.layers):
+        return {}
+    dims = [n for layer in program.network.layers if layer.has_weights for n in matrix_shape(layer)]
+    return {"windows": windows, "max_dim": max(*program.widths, *dims)}
 
 
 def rtl_sim_config(lanes: int, mode: str = "stash") -> SimConfig:
