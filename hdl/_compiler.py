@@ -286,6 +286,11 @@ class Program:
                     ops = " ".join(f"{k}={v}" for k, v in (("x", s.x), ("y", s.y), ("w", s.w), ("g", s.g),
                                                            ("dst", s.dst)) if v)
                     version = f" version=t{s.version:+d}" if s.w else ""
+                    if s.window is not None:  # the window engine's nest: op, input → output, kernel/stride/pad
+                        wd = s.window
+                        version += (f" {wd.op}{'.' + wd.mode if wd.mode else ''} {wd.channels}x{wd.height}x{wd.width}"
+                                    f"->{wd.out_channels}x{wd.out_h}x{wd.out_w} k{wd.kernel}s{wd.stride}p{wd.padding}"
+                                    f"{' mask=' + s.mask if s.mask else ''}")
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
                                  f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
