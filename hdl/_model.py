@@ -135,6 +135,7 @@ def _window(step: Step, mem: _Memory, t: int, fmt: Any, version: int) -> np.ndar
     if window.op == "copy":
         out = mem.read(step.x, t)
     else:
+        operands: tuple[np.ndarray, np.ndarray | None]
         if window.op in ("conv_f", "conv_e"):
             operands = (mem.read(step.x if window.op == "conv_f" else step.y, t), mem.read(step.w, version))
         elif window.op == "conv_g":

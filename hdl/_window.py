@@ -102,7 +102,7 @@ class WindowEngine(Elaboratable):
 
     def _table(self, m: Module, geom: Value, values: list[int], shape: object, name: str) -> Value:
         """A per-geometry constant (a mux on the command's geometry)."""
-        out = Signal(shape, name=name)  # type: ignore[arg-type]
+        out = Signal(shape, name=name)
         if len(set(values)) == 1:
             m.d.comb += out.eq(values[0])
             return out
