@@ -102,3 +102,12 @@ def test_conv_shape_verilator(tmp_path: Path) -> None:
 def test_lenet5_shaped_network(tmp_path: Path, sim: str, policy: str) -> None:
     design = make_design(load_network(str(LENET)), policy, 2, 4, 2)
     _verify(design, tmp_path, sim=sim)
+
+
+@needs_verilator
+@pytest.mark.slow
+def test_lenet5_full_size_on_the_harness(tmp_path: Path) -> None:
+    """`layerpipe verify lenet5` itself (1×32×32, 2.3M cycles for T = 2): the Verilator C++ harness."""
+    design = make_design("lenet5", "pipedream", 2, 4, 2)
+    result = _verify(design, tmp_path, sim="harness")
+    assert result["cycles_rtl"] == 2_298_819
