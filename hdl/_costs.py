@@ -30,8 +30,8 @@ __all__ = ["RTLCostModel", "conv_task_cost", "task_shape"]
 def task_shape(layer: Layer, kind: str) -> tuple[int, int]:
     """(rows, cols) of the PE command that runs atomic task `kind` of `layer`."""
     if layer.kind != "linear":
-        raise InputError(f"the rtl cost model covers fully connected layers only; layer '{layer.name}' is "
-                         f"{layer.kind}")
+        raise InputError(f"the rtl cost model covers linear, conv2d, pooling and flatten layers; layer "
+                         f"'{layer.name}' is {layer.kind}")
     if kind == "A":
         return 1, layer.out_size
     if kind in "FEGU" and len(kind) == 1:
