@@ -26,7 +26,7 @@ then a delay line to `latency(lanes)`; max pooling's mask word is written the cy
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Const, Elaboratable, Module, Mux, Signal, Value, signed, unsigned
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
@@ -60,9 +60,12 @@ def _words(elements: int, lanes: int) -> int:
     return -(-elements // lanes)
 
 
-def _signed(v: Value) -> Value:
-    """v (unsigned) as a signed value of one more bit."""
-    return Cat(v, Const(0, 1)).as_signed()
+def _signed(m: Module, v: Value, name: str) -> Value:
+    """v (unsigned) as a signed signal of one more bit (a plain zero-extending assignment, so the arithmetic
+    cells after it add signed wires)."""
+    out = Signal(signed(len(v) + 1), name=name)
+    m.d.comb += out.eq(v)
+    return out
 
 
 class WindowEngine(Elaboratable):
@@ -153,9 +156,12 @@ class WindowEngine(Elaboratable):
             for g, wd in enumerate(wins):
                 with m.Case(g):
                     self._beat(m, wd, ctr, x_el, y_el, w_el, w_row, x_sample, y_sample, inwin, tap)
-        m.d.comb += [self.x_addr.eq(x_base + x_sample + (x_el >> lg)),
-                     self.y_addr.eq(y_base + y_sample + (y_el >> lg)),
-                     self.w_addr.eq(w_base + w_row + (w_el >> lg))]
+        # Word offsets as unsigned address-wide values (an element outside the image is masked: its address,
+        # whatever it wraps to, is read and ignored).
+        x_off, y_off, w_off = Signal.like(self.x_addr), Signal.like(self.y_addr), Signal.like(self.w_addr)
+        m.d.comb += [x_off.eq(x_el >> lg), y_off.eq(y_el >> lg), w_off.eq(w_el >> lg)]
+        m.d.comb += [self.x_addr.eq(x_base + x_sample + x_off), self.y_addr.eq(y_base + y_sample + y_off),
+                     self.w_addr.eq(w_base + w_row + w_off)]
         mask = lanes - 1
         ctl = {"valid": 1, "inwin": 1, "first": 1, "last": 1, "row_end": 1, "final": 1,
                "tap": len(tap), "xl": max(1, lg), "yl": max(1, lg), "wl": max(1, lg)}
@@ -195,7 +201,7 @@ class WindowEngine(Elaboratable):
         q_sel = self._table(m, geom, [{"conv_f": 2, "conv_e": 2, "conv_g": 0}.get(w.op, 1) for w in wins], 2, "q_sel")
         pe, qe = Signal(signed(n)), Signal(signed(n))
         m.d.sync += [pe.eq(Mux(p_from_y, ye, xe)), qe.eq(Mux(q_sel == 2, we_, Mux(q_sel == 1, ye, xe)))]
-        e1 = self._delay(m, stage, "e1")
+        e1 = self._delay(m, stage, "e1", ("valid", "inwin", "first", "last", "row_end", "final", "tap"))
 
         # ---- E1: the term ------------------------------------------------------------------------------
         mode = self._table(m, geom, [_MODES[_mode(w)] for w in wins], range(len(_MODES)), "mode")
@@ -217,7 +223,7 @@ class WindowEngine(Elaboratable):
                 m.d.sync += term.eq(Mux(e1["inwin"], pe, 0))
             with m.Default():  # max F, copy: the element itself
                 m.d.sync += term.eq(pe)
-        e2 = self._delay(m, e1, "e2")
+        e2 = self._delay(m, e1, "e2", ("valid", "inwin", "first", "last", "row_end", "final", "tap"))
 
         # ---- E2: accumulate ----------------------------------------------------------------------------
         acc = Signal(signed(self.acc_bits))
@@ -232,7 +238,7 @@ class WindowEngine(Elaboratable):
                     m.d.sync += [acc.eq(term), arg.eq(e2["tap"]), have.eq(1)]
             with m.Else():
                 m.d.sync += acc.eq(Mux(e2["first"], 0, acc) + term)
-        e3 = self._delay(m, e2, "e3")
+        e3 = self._delay(m, e2, "e3", ("valid", "last", "row_end", "final"))
 
         # ---- E3: finish --------------------------------------------------------------------------------
         relu = self._table(m, geom, [int(w.relu) for w in wins], 1, "relu")
@@ -255,7 +261,7 @@ class WindowEngine(Elaboratable):
             with m.Default():  # max F (the maximum), pool E (a saturated sum), copy
                 m.d.comb += finished.eq(saturate(acc, n))
         m.d.sync += [res.eq(finished), res_mask.eq(arg), res_valid.eq(e3["valid"] & e3["last"])]
-        e4 = self._delay(m, e3, "e4")
+        e4 = self._delay(m, e3, "e4", ("row_end", "final"))
 
         # ---- E4: pack elements into words --------------------------------------------------------------
         out_lane = Signal(range(lanes))
@@ -303,9 +309,10 @@ class WindowEngine(Elaboratable):
         return m
 
     @staticmethod
-    def _delay(m: Module, stage: dict[str, Signal], name: str) -> dict[str, Signal]:
-        nxt = {k: Signal.like(v, name=f"{name}_{k}") for k, v in stage.items()}
-        m.d.sync += [nxt[k].eq(stage[k]) for k in stage]
+    def _delay(m: Module, stage: dict[str, Signal], name: str, keep: tuple[str, ...]) -> dict[str, Signal]:
+        """The fields `keep` of a beat's control, one stage down the pipeline."""
+        nxt = {k: Signal.like(stage[k], name=f"{name}_{k}") for k in keep}
+        m.d.sync += [nxt[k].eq(stage[k]) for k in keep]
         return nxt
 
     def _beat(self, m: Module, wd: Window, ctr: list[Signal], x_el: Signal, y_el: Signal, w_el: Signal,
@@ -319,10 +326,10 @@ class WindowEngine(Elaboratable):
 
         def forward_input(c: Value, h: Value, i: Value, w: Value, j: Value) -> tuple[Value, Value]:
             """Element of x_pad[c, h·s + i − p, w·s + j − p] and whether it is inside the image."""
-            row = _signed(mul_const(h, s)) + _signed(i) - p
-            col = _signed(mul_const(w, s)) + _signed(j) - p
+            row = _signed(m, mul_const(h, s), "hs") + _signed(m, i, "i_s") - p
+            col = _signed(m, mul_const(w, s), "ws") + _signed(m, j, "j_s") - p
             ok = (row >= 0) & (row < wd.height) & (col >= 0) & (col < wd.width)
-            return _signed(mul_const(c, wd.height * wd.width)) + _mul_signed(row, wd.width) + col, ok
+            return _signed(m, mul_const(c, wd.height * wd.width), "chw") + _mul_signed(row, wd.width) + col, ok
 
         def backward_output(y: Value, i: Value, size: int, out: int, name: str) -> tuple[Value, Value]:
             """(y + p − i) / s when exact and inside the output (a table on y + p − i + K − 1 ≥ 0)."""
