@@ -163,13 +163,14 @@ class WindowEngine(Elaboratable):
         m.d.comb += [self.x_addr.eq(x_base + x_sample + x_off), self.y_addr.eq(y_base + y_sample + y_off),
                      self.w_addr.eq(w_base + w_row + w_off)]
         mask = lanes - 1
-        ctl = {"valid": 1, "inwin": 1, "first": 1, "last": 1, "row_end": 1, "final": 1,
-               "tap": len(tap), "xl": max(1, lg), "yl": max(1, lg), "wl": max(1, lg)}
+        ctl = {"valid": 1, "inwin": 1, "first": 1, "last": 1, "row_end": 1, "final": 1, "tap": len(tap),
+               **({"xl": lg, "yl": lg, "wl": lg} if lanes > 1 else {})}  # the elements' lanes
         stage = {k: Signal(v, name=f"s0_{k}") for k, v in ctl.items()}
         m.d.comb += [stage["valid"].eq(self.issuing & ~self.start), stage["inwin"].eq(inwin),
                      stage["first"].eq(first), stage["last"].eq(last), stage["row_end"].eq(row_end),
-                     stage["final"].eq(final), stage["tap"].eq(tap), stage["xl"].eq(x_el & mask),
-                     stage["yl"].eq(y_el & mask), stage["wl"].eq(w_el & mask)]
+                     stage["final"].eq(final), stage["tap"].eq(tap)]
+        if lanes > 1:
+            m.d.comb += [stage["xl"].eq(x_el & mask), stage["yl"].eq(y_el & mask), stage["wl"].eq(w_el & mask)]
         for s in range(1, 4):  # S1 (memory read), S2 (read-data registers), E0
             nxt = {k: Signal(v, name=f"s{s}_{k}") for k, v in ctl.items()}
             m.d.sync += [nxt[k].eq(stage[k]) for k in ctl]
@@ -195,7 +196,9 @@ class WindowEngine(Elaboratable):
             return out
 
         xw, yw = pick(self.x_words, x_bank), pick(self.y_words, y_bank)
-        xe, ye, we_ = lane(xw, stage["xl"], "xe"), lane(yw, stage["yl"], "ye"), lane(self.w_word, stage["wl"], "wle")
+        zero = Const(0, 1)
+        xe, ye = lane(xw, stage.get("xl", zero), "xe"), lane(yw, stage.get("yl", zero), "ye")
+        we_ = lane(self.w_word, stage.get("wl", zero), "wle")
         kind = {w.op for w in wins}
         p_from_y = self._table(m, geom, [int(w.op in ("conv_e", "conv_g")) for w in wins], 1, "p_from_y")
         q_sel = self._table(m, geom, [{"conv_f": 2, "conv_e": 2, "conv_g": 0}.get(w.op, 1) for w in wins], 2, "q_sel")
@@ -223,20 +226,23 @@ class WindowEngine(Elaboratable):
                 m.d.sync += term.eq(Mux(e1["inwin"], pe, 0))
             with m.Default():  # max F, copy: the element itself
                 m.d.sync += term.eq(pe)
-        e2 = self._delay(m, e1, "e2", ("valid", "inwin", "first", "last", "row_end", "final", "tap"))
+        e2 = self._delay(m, e1, "e2", ("valid", "first", "last", "row_end", "final",
+                                       *(("inwin", "tap") if "pool_f" in kind else ())))  # max pooling's arg max
 
         # ---- E2: accumulate ----------------------------------------------------------------------------
         acc = Signal(signed(self.acc_bits))
         arg = Signal.like(tap)
         have = Signal()
-        is_max = mode == _MODES["max_f"] if "pool_f" in kind else Const(0, 1)
         with m.If(e2["valid"]):
-            with m.If(is_max):
-                with m.If(e2["first"]):
-                    m.d.sync += [acc.eq(term), arg.eq(e2["tap"]), have.eq(e2["inwin"])]
-                with m.Elif(e2["inwin"] & (~have | (term > acc))):  # strictly greater: the first maximum wins
-                    m.d.sync += [acc.eq(term), arg.eq(e2["tap"]), have.eq(1)]
-            with m.Else():
+            if "pool_f" in kind:  # max pooling: the maximum and its first arg max (padding never wins)
+                with m.If(mode == _MODES["max_f"]):
+                    with m.If(e2["first"]):
+                        m.d.sync += [acc.eq(term), arg.eq(e2["tap"]), have.eq(e2["inwin"])]
+                    with m.Elif(e2["inwin"] & (~have | (term > acc))):  # strictly greater: the first maximum wins
+                        m.d.sync += [acc.eq(term), arg.eq(e2["tap"]), have.eq(1)]
+                with m.Else():
+                    m.d.sync += acc.eq(Mux(e2["first"], 0, acc) + term)
+            else:
                 m.d.sync += acc.eq(Mux(e2["first"], 0, acc) + term)
         e3 = self._delay(m, e2, "e3", ("valid", "last", "row_end", "final"))
 
