@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat
+from layerpipe.hdl._conv import Window, check_window_layer, copy_window, matrix_shape, window_of
 from layerpipe.hdl._distances import DataEdge, Distances, TaskKey, UnrolledDistances
 from layerpipe.hdl._pe import MAX_BATCH, MAX_DEPTH, MAX_DIM, MAX_LANES
 from layerpipe.hdl._split import SplitShapes, split_shapes
@@ -125,6 +126,9 @@ class Step:
     batch: int = 1  #: samples of the micro-batch the op walks (U: 1, once per micro-batch)
     #: A of a split layer's producer: the other parts' partial errors, added into x (same address, other banks)
     x_sum: tuple[str, ...] = ()
+    #: conv2d / pooling F, E, G: the window engine's loop nest (`hdl/_conv.py`); None for the matrix walks
+    window: Window | None = None
+    mask: str = ""  #: max-pooling F: where it writes the argmax mask (E reads it as y)
 
     @property
     def rows(self) -> int:
@@ -308,6 +312,11 @@ class Program:
                                                            ("dst", s.dst)) if v)
                     version = f" version=t{s.version:+d}" if s.w else ""
                     version += f" x+={'+'.join(s.x_sum)}" if s.x_sum else ""
+                    if s.window is not None:  # the window engine's nest: op, input → output, kernel/stride/pad
+                        wd = s.window
+                        version += (f" {wd.op}{'.' + wd.mode if wd.mode else ''} {wd.channels}x{wd.height}x{wd.width}"
+                                    f"->{wd.out_channels}x{wd.out_h}x{wd.out_w} k{wd.kernel}s{wd.stride}p{wd.padding}"
+                                    f"{' mask=' + s.mask if s.mask else ''}")
                     lines.append(f"       {s.kind}{s.layer} {s.rows}x{s.cols}{f' b{s.batch}' if s.batch > 1 else ''}"
                                  f"{' relu' if s.relu and s.kind in 'FAE' else ''} "
                                  f"{ops}{version}")
@@ -335,7 +344,9 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
     last = network.layers[-1].index
     for layer in network.layers:
         if layer.kind != "linear":
-            raise InputError(f"the RTL runs MLPs (linear layers only); layer '{layer.name}' is {layer.kind}")
+            check_window_layer(layer, layer.index == last)
+            if not layer.has_weights:
+                continue
         if layer.op.bias:  # type: ignore[union-attr]
             raise InputError(f"the RTL has no biases; layer '{layer.name}' has bias=true")
         want = "identity" if layer.index == last else "relu"
@@ -343,7 +354,8 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
             raise InputError(f"the RTL needs ReLU hidden layers and an identity output; layer '{layer.name}' "
                              f"has {layer.activation}")
     widths = (network.input_size, *(layer.out_size for layer in network.layers))
-    for w in widths:
+    shapes = [matrix_shape(layer) for layer in network.layers if layer.has_weights]
+    for w in (*widths, *(n for shape in shapes for n in shape)):
         if w > limits.max_width:
             raise InputError(f"layer width {w} exceeds the RTL limit of {limits.max_width} elements per "
                              "operand dimension")
@@ -444,6 +456,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     bodies = _normalise(schedule)
     owner = _check_placement(graph, bodies, policy)
     num_layers = len(widths) - 1
+    weighted = [layer.index for layer in network.layers if layer.has_weights]
+    matrix = {index: matrix_shape(network.layer(index)) for index in weighted}
     pe_of = {(s.kind, s.layer): p for p, body in enumerate(bodies) for s in body}
     slot_of = {(s.kind, s.layer): s for body in bodies for s in body}
     index_of = {(s.kind, s.layer): i for body in bodies for i, s in enumerate(body)}
@@ -475,11 +489,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             add_transfer(src, dst, _Transfer(e.words, 0, {"gradient": "gradient", "stash": "stash"}.get(e.role,
                                                                                                       "vector")))
     readers = {layer: [(t.kind, t.layer) for t in graph.tasks if t.layer == layer and "U" not in t.kind
-                       and ("F" in t.kind or "E" in t.kind)] for layer in range(1, num_layers + 1)}
+                       and ("F" in t.kind or "E" in t.kind)] for layer in weighted}
     # Version reads are the graph's weight edges (U_l → F_l; U_l → E_l under `latest`; under `stash` E_l gets
     # F_l's version over the stash edge instead).
     versioned = {(e.dst.kind, e.dst.layer) for e in graph.edges if e.role == "weights"}
-    for layer in range(1, num_layers + 1):
+    for layer in weighted:
         u = task(layer, "U")
         for key in readers[layer]:
             if key not in versioned:
@@ -496,10 +510,10 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
                                  f"(staleness {pinned[key]}); the schedule is invalid")
             data_edges.append((u, key, delay))
             if pe_of[key] != owner[layer]:
-                add_transfer(u, key, _Transfer(widths[layer] * network.layer(layer).in_size, delay, "weights"))
+                add_transfer(u, key, _Transfer(matrix[layer][0] * matrix[layer][1], delay, "weights"))
     for (src, dst), tr in transfers.items():
-        n_in = network.layer(src[1]).in_size
-        if tr.kind != "vector" and shapes.cols[src[1] - 1] != n_in:
+        n_in = matrix[src[1]][1] if tr.kind != "vector" else 0
+        if tr.kind != "vector" and shapes.cols[src[1] - 1] != network.layer(src[1]).in_size:
             raise InputError(f"task {name(dst)} on PE {pe_of[dst]} needs a matrix of layer {src[1]} from {name(src)} "
                              f"on PE {pe_of[src]}, whose columns are a split layer's parts padded to whole words: its "
                              "transfer would take more link beats than the rtl interconnect's ⌈words/lanes⌉; use "
@@ -556,7 +570,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         require(p, buf, dist.versions(reader, task(layer, "U"), offset))
 
     reads: dict[tuple[TaskKey, str], tuple[str, int]] = {}
-    for layer in range(1, num_layers + 1):
+    for layer in weighted:
         for key in readers[layer]:
             p = pe_of[key]
             for atomic in key[0]:
@@ -584,8 +598,14 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     produced: dict[str, TaskKey] = {}
     order = ["x", "y"]
     for layer in range(1, num_layers + 1):
-        produced[f"a{layer}"], produced[f"d{layer}"] = task(layer, "F"), task(layer, "A")
-        order += [f"a{layer}", f"d{layer}"]
+        produced[f"a{layer}"] = task(layer, "F")
+        order.append(f"a{layer}")
+        if layer in matrix:
+            produced[f"d{layer}"] = task(layer, "A")
+            order.append(f"d{layer}")
+        elif _is_max_pool(network, layer):
+            produced[f"m{layer}"] = task(layer, "F")
+            order.append(f"m{layer}")
         if shapes.inputs[layer - 1] != (0,):
             produced[shapes.error_value(layer)] = task(layer, "E")
             order.append(shapes.error_value(layer))
@@ -624,6 +644,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             return (task(ins[0], "F") if ins != (0,) else None), below
         if atomic == "G":
             return (task(layer, "F"), below) if which == "x" else (task(layer, "A"), f"d{layer}")
+        if atomic == "E" and layer not in matrix:  # pooling, flatten: e_l, and max pooling's argmax mask
+            return (task(layer + 1, "E"), f"e{layer}") if which == "x" else (task(layer, "F"), f"m{layer}")
         if atomic == "E":
             return task(layer, "A"), f"d{layer}"
         if layer < num_layers:  # A of a hidden layer: e_l (from its consumer's E) and the mask a_l
@@ -665,7 +687,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for k, atomic in enumerate(key[0]):
             if atomic == "U":
                 continue
-            for which in ("x", "y") if atomic in "GA" else ("x",) if atomic == "F" else ("y",):
+            for which in _operands(atomic, key[1] in matrix, _is_max_pool(network, key[1])):
                 producer, value = source(atomic, key[1], which)
                 buf = operands[(key, k, which)] = location(p, producer, value)
                 use(p, buf, key)
@@ -699,6 +721,11 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         if any("-" in v for v in values):
             raise InputError(f"tasks {name(src)} and {name(dst)} would exchange the concatenation of a split layer's "
                              "parts across PEs; the RTL keeps it where its consumer's F runs (--keep-weights-together)")
+        if not values and dst[1] not in matrix:
+            raise InputError(f"layer '{network.layer(dst[1]).name}' runs {name(src)} on PE {pe_of[src]} and "
+                             f"{name(dst)} on PE {pe_of[dst]}: the schedule moves its kept input between them, "
+                             "which the RTL's pooling / flatten backward does not read; use "
+                             "--keep-weights-together, another -n or policy")
         if len(values) != 1:
             raise InputError(f"tasks {name(src)} and {name(dst)} exchange {len(values)} vectors on different PEs; the "
                              "RTL sends one vector per transfer")
@@ -726,6 +753,8 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     def elements_of(value: str) -> int:
         if value in ("x", "y"):
             return widths[0] if value == "x" else widths[-1]
+        if value.startswith("m"):  # sized as the DFG's kept edge (the pooling's input): its link beats
+            return widths[int(value[1:]) - 1]
         return widths[int(value[1:].split("_")[0])]
 
     programs = []
@@ -749,7 +778,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
         for s in body:  # what the PE's steps write (a part's slice of a concatenation may have no reader of its own)
             for atomic in s.kind:
                 if atomic in "FAE":
-                    held.add(_step(atomic, s.layer, widths, shapes).dst)
+                    held.add(_step(atomic, s.layer, widths, shapes, network).dst)
         views = {b: view_region(p, b) for b in held}
         held |= {v[0] for v in views.values() if v is not None}
         for group in groups:  # first: the partial errors one A sums, the same slots of distinct banks
@@ -777,8 +806,10 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             part_words = batch * ceil_div(widths[int(buf.split("@")[0][1:])], lanes)  # B runs, `pitch // B` apart
             buffers.append(Buffer(buf, "local", region.base + offset, part_words, region.depth, region_name,
                                   region.slot_words))
-        for layer in range(1, num_layers + 1):
-            matrix_words = widths[layer] * ceil_div(shapes.cols[layer - 1], lanes)
+        for layer in weighted:
+            # W as the PE stores it: conv2d (O, C·K·K); a split layer's consumer with its parts' columns padded
+            stored_cols = shapes.cols[layer - 1] if shapes.is_cat(layer) else matrix[layer][1]
+            matrix_words = matrix[layer][0] * ceil_div(stored_cols, lanes)
             for ring in (f"W{layer}", f"C{layer}", f"S{layer}"):
                 if (p, ring) in need:
                     add(ring, "weights", matrix_words, _pow2_at_least(need[(p, ring)]))
@@ -798,7 +829,7 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
             key = (s.kind, s.layer)
             steps: list[Step] = []
             for atomic in s.kind:
-                step = _step(atomic, s.layer, widths, shapes)
+                step = _step(atomic, s.layer, widths, shapes, network)
                 if atomic != "U":
                     step = replace(step, batch=batch)
                 if (key, len(steps), "x") in operands:
@@ -854,11 +885,29 @@ def compile_program(network: Network, graph: TrainingGraph, schedule: PeriodicSc
     return Program(network, widths, lanes, max_samples, schedule.period, mode, tuple(result), fmt, limits, cols)
 
 
-def _step(atomic: str, layer: int, widths: Sequence[int], shapes: SplitShapes) -> Step:
+def _is_max_pool(network: Network, layer: int) -> bool:
+    op = network.layer(layer).op
+    return getattr(op, "kind", "") == "pool" and getattr(op, "mode", "") == "max"
+
+
+def _operands(atomic: str, weighted: bool, max_pool: bool) -> tuple[str, ...]:
+    """The vector operands (x, y) step `atomic` reads; U reads none."""
+    if atomic in "GA":
+        return ("x", "y")
+    if atomic == "F":
+        return ("x",)
+    if weighted:
+        return ("y",)  # E: δ
+    return ("x", "y") if max_pool else ("x",)  # pooling / flatten E: e_l (and the argmax mask)
+
+
+def _step(atomic: str, layer: int, widths: Sequence[int], shapes: SplitShapes, network: Network | None = None) -> Step:
     """Step `atomic` of `layer` reading the owner's ring at the current version (weight reads are set after)."""
     n_in, n_out = shapes.cols[layer - 1], widths[layer]
     hidden = layer < len(widths) - 1
     below = shapes.input_value(layer)
+    if network is not None and network.layer(layer).kind != "linear":
+        return _window_step(atomic, layer, widths, network)
     if atomic == "F":
         return Step("F", layer, n_in, n_out, hidden, x=below, w=f"W{layer}", dst=f"a{layer}")
     if atomic == "A":
@@ -872,3 +921,33 @@ def _step(atomic: str, layer: int, widths: Sequence[int], shapes: SplitShapes) -
     if atomic == "U":
         return Step("U", layer, n_in, n_out, hidden, w=f"W{layer}", g=f"g{layer}", dst=f"W{layer}")
     raise AssertionError(atomic)
+
+
+def _window_step(atomic: str, layer: int, widths: Sequence[int], network: Network) -> Step:
+    """A step of a conv2d, pooling or flatten layer: window ops carry their loop nest; conv A and U are the
+    vector and matrix walks of a linear layer over the flattened output and the (O, C·K·K) weights."""
+    info = network.layer(layer)
+    below = f"a{layer - 1}" if layer > 1 else "x"
+    n_in, n_out = widths[layer - 1], widths[layer]
+    window = window_of(info, atomic, network.batch) if info.kind != "flatten" and atomic in "FEG" else None
+    if info.kind == "flatten":
+        copy = copy_window(n_in, network.batch)
+        if atomic == "F":
+            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", window=copy)
+        return Step("E", layer, n_out, n_in, False, x=f"e{layer}", dst=f"e{layer - 1}", window=copy)
+    if info.kind == "pool":
+        if atomic == "F":
+            mask = f"m{layer}" if _is_max_pool(network, layer) else ""
+            return Step("F", layer, n_in, n_out, False, x=below, dst=f"a{layer}", window=window, mask=mask)
+        y = f"m{layer}" if _is_max_pool(network, layer) else ""
+        return Step("E", layer, n_in, n_out, False, x=f"e{layer}", y=y, dst=f"e{layer - 1}", window=window)
+    rows, cols = matrix_shape(info)
+    if atomic == "F":
+        return Step("F", layer, n_in, n_out, True, x=below, w=f"W{layer}", dst=f"a{layer}", window=window)
+    if atomic == "A":
+        return Step("A", layer, n_in, n_out, True, x=f"e{layer}", y=f"a{layer}", dst=f"d{layer}")
+    if atomic == "E":
+        return Step("E", layer, n_in, n_out, True, y=f"d{layer}", w=f"W{layer}", dst=f"e{layer - 1}", window=window)
+    if atomic == "G":
+        return Step("G", layer, n_in, n_out, True, x=below, y=f"d{layer}", dst=f"g{layer}", window=window)
+    return Step("U", layer, cols, rows, True, w=f"W{layer}", g=f"g{layer}", dst=f"W{layer}")

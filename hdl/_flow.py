@@ -31,6 +31,7 @@ from layerpipe.hdl._compiler import (
     compile_program,
     mlp_widths,
 )
+from layerpipe.hdl._conv import matrix_shape
 from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._host import HostConfig
 from layerpipe.interconnect import Interconnect
@@ -106,18 +107,28 @@ class Design:
         prog, lanes = self.program, self.lanes
         layers = []
         for index in range(1, prog.num_layers + 1):
+            if not self.network.layer(index).has_weights:
+                continue  # pooling, flatten
             owner = prog.pes[prog.owner(index)]
             ring = owner.buffer(f"W{index}")
-            stored = self.stored_weights  # a split layer's consumer: W in the padded column layout
+            # The PE's matrix of W: linear (n_out, n_in), conv2d (O, C·K·K) — row o is W[o] flattened; a split
+            # layer's consumer in the padded column layout (`stored_weights`).
+            m_rows, m_cols = matrix_shape(self.network.layer(index))
+
+            def stored(matrix: Any, index: int = index, shape: tuple[int, int] = (m_rows, m_cols)) -> Any:
+                return self.stored_weights(index, matrix.reshape(shape))
+
+            init = stored(expected[f"init_W{index}"])
+            cols = init.shape[1]
             layers.append({
-                "layer": index, "pe": owner.index, "rows": prog.widths[index], "cols": prog.layer_cols(index),
-                "row_words": ceil_div(prog.layer_cols(index), lanes), "init_addr": ring.address(0),
+                "layer": index, "pe": owner.index, "rows": m_rows, "cols": cols,
+                "row_words": ceil_div(cols, lanes), "init_addr": ring.address(0),
                 "final_addr": ring.address(self.samples),
                 # Received copies of W (F / E away from the owner) start from version 0 too.
                 "copies": [[pe, buf.address(0)] for pe, buf in prog.weight_copies(index)],
-                "init": stored(index, expected[f"init_W{index}"]).tolist(),
-                "final": stored(index, expected[f"final_W{index}"]).tolist(),
-                "final_float": stored(index, float_final[f"W{index}"]).tolist(),
+                "init": init.tolist(),
+                "final": stored(expected[f"final_W{index}"]).tolist(),
+                "final_float": stored(float_final[f"W{index}"]).tolist(),
             })
         return {
             "version": 1, "network": self.network.name, "policy": self.policy, "num_pes": self.num_pes,

@@ -9,7 +9,8 @@ wrong slot) shows up as wrong values here, in pure Python, before any RTL runs. 
 (`ModelRun.outputs`, per-op values) and the final weights, which must equal the integer reference's.
 
 Simplification: memories hold values per buffer slot (element arrays), not packed words; the packing is the
-PE's, checked by its unit benches.
+PE's, checked by its unit benches. Conv2d, pooling and flatten steps run their window engine's loop nest
+(`hdl/_conv.run_window`) on the slots' element arrays; conv weights are their (O, C·K·K) matrix.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def _step(step: Step, mem: _Memory, t: int, fmt: Any, lr_shift: int) -> np.ndarr
     def version(offset: int) -> int:
         return max(0, t + offset)
 
+    if step.window is not None:
+        return _window(step, mem, t, fmt, version(step.version))
     if step.kind == "F":
         z = fmt.matvec(mem.read(step.w, version(step.version)), mem.read(step.x, t))
         out = fmt.relu(z) if step.relu else z
@@ -154,5 +157,29 @@ def _step(step: Step, mem: _Memory, t: int, fmt: Any, lr_shift: int) -> np.ndarr
         out = fmt.sgd_update(mem.read(step.w, t), mem.read(step.g, t), lr_shift)
         mem.write(step.dst, t + 1, out)
         return out
+    mem.write(step.dst, t, out)
+    return out
+
+
+def _window(step: Step, mem: _Memory, t: int, fmt: Any, version: int) -> np.ndarray:
+    """A conv2d / pooling step (the window engine's loop nest) or a flatten copy; returns its main output."""
+    from layerpipe.hdl._conv import run_window
+
+    window = step.window
+    assert window is not None
+    if window.op == "copy":
+        out = mem.read(step.x, t)
+    else:
+        operands: tuple[np.ndarray, np.ndarray | None]
+        if window.op in ("conv_f", "conv_e"):
+            operands = (mem.read(step.x if window.op == "conv_f" else step.y, t), mem.read(step.w, version))
+        elif window.op == "conv_g":
+            operands = (mem.read(step.y, t), mem.read(step.x, t))
+        else:
+            operands = (mem.read(step.x, t), mem.read(step.y, t) if step.y else None)
+        out, mask = run_window(window, fmt, *operands)
+        if step.mask:
+            assert mask is not None
+            mem.write(step.mask, t, mask)
     mem.write(step.dst, t, out)
     return out

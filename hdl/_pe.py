@@ -60,6 +60,7 @@ from amaranth.lib.wiring import In, Out
 
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat, check_lr_shift
+from layerpipe.hdl._conv import Window
 from layerpipe.hdl._datapath import Datapath, Opcode, latency, word_layout
 
 __all__ = [
@@ -129,6 +130,9 @@ class PEConfig:
     #: each sample's parts side by side (`hdl/_split.py`)
     strided: bool = False
     max_dim: int = 1024  #: largest rows / cols of an op; sets counter and accumulator widths
+    #: geometries of the window ops (conv2d, pooling, flatten: `hdl/_window.py`) the PE runs; a window command
+    #: names its row (`geom`). Empty: no window engine, and the command has no window fields.
+    windows: tuple[Window, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.lanes, int) and not isinstance(self.lanes, bool) and self.lanes < 1:
@@ -155,6 +159,10 @@ class PEConfig:
         _check_int("grad_writes", self.grad_writes, 0, 64)
         _check_int("local_writes", self.local_writes, 0, 64)
         _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
+        if self.windows:
+            from layerpipe.hdl._window import check_window_lanes
+
+            check_window_lanes(self.lanes)
 
     # -- derived widths --------------------------------------------------------------------------------
 
@@ -225,6 +233,8 @@ def command_layout(config: PEConfig) -> data.StructLayout:
         # Banks whose word at x's address is added to x's (a split layer's partial errors): only when enabled.
         **({"x_sum": unsigned(config.banks)} if config.sum_banks else {}),
         **({f"{k}_stride": unsigned(config.vector_addr_bits) for k in "xyd"} if config.strided else {}),
+        # A window op (the engine of `hdl/_window.py`) and its geometry; only on a PE that has window ops.
+        **({"window": unsigned(1), "geom": unsigned(_bits(len(config.windows)))} if config.windows else {}),
     })
 
 
@@ -450,9 +460,22 @@ class ProcessingElement(wiring.Component):
         # While idle the command and the loop counters are loaded every cycle (the payload of a command that is
         # not offered is loaded and then ignored): only `busy` and `issuing` depend on `cmd.valid`, so the
         # sequencer's issue decision drives two flip-flops, not the whole command register.
+        engine = None
+        if cfg.windows:  # the window engine takes window commands; the matrix walk does not issue for them
+            from layerpipe.hdl._window import WindowEngine
+
+            abits = max(cfg.vector_addr_bits, cfg.weight_addr_bits, cfg.grad_addr_bits)
+            m.submodules.window = engine = WindowEngine(cfg.windows, lanes, cfg.fmt, cfg.banks, cfg.vector_addr_bits,
+                                                        cfg.weight_addr_bits, abits)
+            payload = self.cmd.payload
+            m.d.comb += [engine.start.eq(~busy & self.cmd.valid & payload.window), engine.geom.eq(payload.geom),
+                         engine.x_base.eq(payload.x.addr), engine.y_base.eq(payload.y.addr),
+                         engine.x_bank.eq(payload.x.bank), engine.y_bank.eq(payload.y.bank),
+                         engine.w_base.eq(payload.w), engine.dst.eq(payload.dst)]
+        walk = self.cmd.valid & ~self.cmd.payload.window if cfg.windows else self.cmd.valid
         with m.If(~busy):
             payload = self.cmd.payload
-            m.d.sync += [cmd.eq(payload), busy.eq(self.cmd.valid), issuing.eq(self.cmd.valid), row.eq(0),
+            m.d.sync += [cmd.eq(payload), busy.eq(self.cmd.valid), issuing.eq(walk), row.eq(0),
                          row_lane.eq(0), row_word.eq(0), col.eq(0), col_elem.eq(0), lin.eq(0), w_col.eq(payload.w),
                          w_err.eq(payload.w), sample.eq(0), x_off.eq(0), y_off.eq(0), d_off.eq(0)]
 
@@ -549,7 +572,12 @@ class ProcessingElement(wiring.Component):
         y_addr_r = Signal(len(x_addr_r))
         w_addr_r = Signal((cfg.weight_depth - 1).bit_length())
         g_addr_r = Signal((cfg.grad_depth - 1).bit_length())
+        if engine is not None:  # a window op's beats: the engine's addresses
+            x_addr = Mux(engine.issuing, engine.x_addr, x_addr)
+            y_addr = Mux(engine.issuing, engine.y_addr, y_addr)
+            w_addr = Mux(engine.issuing, engine.w_addr, w_addr)
         m.d.sync += [x_addr_r.eq(x_addr), y_addr_r.eq(y_addr), w_addr_r.eq(w_addr), g_addr_r.eq(g_addr)]
+        reading = s1.valid if engine is None else s1.valid | engine.beat_valid
 
         # ---- S1: the memories read at the registered addresses; S2: their words are registered ----------
         s2 = Signal(tag_layout, name="tag2")
@@ -558,10 +586,12 @@ class ProcessingElement(wiring.Component):
         x_words = []
         for k, bank in enumerate(self.banks):
             rx, ry = bank.read_port(), bank.read_port()
-            m.d.comb += [rx.addr.eq(x_addr_r), rx.en.eq(s1.valid), ry.addr.eq(y_addr_r), ry.en.eq(s1.valid)]
+            m.d.comb += [rx.addr.eq(x_addr_r), rx.en.eq(reading), ry.addr.eq(y_addr_r), ry.en.eq(reading)]
             x_word, y_word = Signal(cfg.word, name=f"x_word{k}"), Signal(cfg.word, name=f"y_word{k}")
             m.d.sync += [x_word.eq(rx.data), y_word.eq(ry.data)]
             x_words.append(x_word)
+            if engine is not None:
+                m.d.comb += [engine.x_words[k].eq(x_word), engine.y_words[k].eq(y_word)]
             if not cfg.sum_banks:
                 with m.If(s3.x_bank == k):
                     m.d.comb += dp.x.eq(x_word)
@@ -577,6 +607,8 @@ class ProcessingElement(wiring.Component):
         m.d.comb += [g_read.addr.eq(g_addr_r), g_read.en.eq(s1.valid)]
         w_word, g_word = Signal(cfg.word), Signal(cfg.word)
         m.d.sync += [w_word.eq(w_read.data), g_word.eq(g_read.data)]
+        if engine is not None:
+            m.d.comb += engine.w_word.eq(w_word)
         # ---- S3: the datapath's D0 ------------------------------------------------------------------
         m.d.comb += [dp.valid.eq(s3.valid), dp.op.eq(s3.op), dp.first.eq(s3.first), dp.last.eq(s3.last),
                      dp.emit.eq(s3.emit), dp.lane.eq(s3.lane), dp.mask.eq(s3.mask), dp.w.eq(w_word),
@@ -592,9 +624,19 @@ class ProcessingElement(wiring.Component):
         grad_write = self.grads.write_port()
         weight_write = self.weights.write_port()
         for port in (bank0_write, grad_write):
-            m.d.comb += [port.addr.eq(tag.dst), port.data.eq(dp.out_data)]
+            if engine is None:
+                m.d.comb += [port.addr.eq(tag.dst), port.data.eq(dp.out_data)]
+            else:  # the engine writes only while the matrix walk is idle (one op at a time)
+                m.d.comb += [port.addr.eq(Mux(engine.we, engine.waddr, tag.dst)),
+                             port.data.eq(Mux(engine.we, engine.wdata, dp.out_data))]
         m.d.comb += [bank0_write.en.eq(dp.out_valid & (tag.op != Opcode.GRAD) & (tag.op != Opcode.UPD)),
                      grad_write.en.eq(dp.out_valid & (tag.op == Opcode.GRAD))]
+        if engine is not None:
+            m.d.comb += [bank0_write.en.eq(engine.we & ~engine.w_grads),
+                         grad_write.en.eq(engine.we & engine.w_grads)]
+            with m.If(~engine.we):
+                m.d.comb += [bank0_write.en.eq(dp.out_valid & (tag.op != Opcode.GRAD) & (tag.op != Opcode.UPD)),
+                             grad_write.en.eq(dp.out_valid & (tag.op == Opcode.GRAD))]
         # The weight memory's one write port is the op engine's while busy and the host's while idle.
         with m.If(busy):
             m.d.comb += [weight_write.addr.eq(tag.dst), weight_write.data.eq(dp.out_data),
@@ -603,6 +645,8 @@ class ProcessingElement(wiring.Component):
             m.d.comb += [weight_write.addr.eq(self.host.addr), weight_write.data.eq(self.host.w_data),
                          weight_write.en.eq(self.host.w_en)]
         done = tag.valid & tag.final
+        if engine is not None:
+            done = done | engine.done
         m.d.comb += self.done.eq(done)
         with m.If(done):
             m.d.sync += busy.eq(0)

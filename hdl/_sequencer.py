@@ -297,6 +297,10 @@ class Sequencer(wiring.Component):
                 b = pe.buffer(name)
                 assert (b.base, b.slot_words, b.depth) == (x.base, x.slot_words, x.depth), (name, step.x)
             m.d.comb += cmd.x_sum.eq(sum(1 << pe.bank(pe.buffer(name).memory) for name in step.x_sum))
+        if step.window is not None:  # the window engine's op (hdl/_window.py); max pooling's mask goes to y
+            m.d.comb += [cmd.window.eq(1), cmd.geom.eq(cfg.windows.index(step.window))]
+            if step.mask:
+                m.d.comb += [cmd.y.bank.eq(0), cmd.y.addr.eq(_ring(t, pe.buffer(step.mask)))]
 
         def version(offset: int) -> Value | int:
             """Slot of weight version max(0, t + offset) in W's ring of versions."""
@@ -308,7 +312,7 @@ class Sequencer(wiring.Component):
             m.d.comb += v.eq(Mux(shifted < 0, 0, shifted) if offset < 0 else shifted)
             return _ring(v, b)
 
-        if step.kind in "FE":
+        if step.kind in "FE" and step.w:
             m.d.comb += cmd.w.eq(version(step.version))
         if step.kind == "U":
             m.d.comb += [cmd.w.eq(version(0)), cmd.dst.eq(version(1)), cmd.g.eq(_ring(t, pe.buffer(step.g)))]

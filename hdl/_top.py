@@ -24,6 +24,8 @@ are cleared); the loader rewinds to t = 0 when the run ends (or on CLEAR), ready
 
 from __future__ import annotations
 
+from typing import Any
+
 from amaranth.hdl import Module, Mux, Shape, Signal, Value, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -67,8 +69,19 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             local_writes=sum("local" in program.link_targets(src, p) for src in incoming),
             sum_banks=any(step.x_sum for e in pe.entries for step in e.steps),
             strided=program.network.batch > 1 and any(b.view_of for b in pe.buffers),
-            max_dim=program.max_dim))
+            **{"max_dim": program.max_dim, **window_config(program, pe)}))
     return out
+
+
+def window_config(program: Program, pe: PEProgram) -> dict[str, Any]:
+    """The window geometries PE `pe` runs (conv2d, pooling, flatten) and a `max_dim` covering conv matrices."""
+    from layerpipe.hdl._conv import matrix_shape
+
+    windows = tuple(dict.fromkeys(s.window for e in pe.entries for s in e.steps if s.window is not None))
+    if not windows and all(layer.kind == "linear" for layer in program.network.layers):
+        return {}
+    dims = [n for layer in program.network.layers if layer.has_weights for n in matrix_shape(layer)]
+    return {"windows": windows, "max_dim": max(*program.widths, *dims)}
 
 
 def rtl_sim_config(lanes: int, mode: str = "stash") -> SimConfig:

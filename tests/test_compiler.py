@@ -80,8 +80,7 @@ def test_microcode_text_is_deterministic_and_complete() -> None:
 
 
 @pytest.mark.parametrize(("network", "message"), [
-    ("lenet5", "linear layers only"),
-    ("resnet18", "not a chain"),
+    ("resnet18", "not a chain"),  # conv2d, pooling and flatten compile (tests/test_hw_conv*.py)
 ])
 def test_rejects_networks_that_are_not_mlps(network: str, message: str) -> None:
     with pytest.raises(InputError, match=message):

@@ -31,7 +31,8 @@ from layerpipe.errors import InputError
 
 def add_design_args(p: argparse.ArgumentParser) -> None:
     """Arguments shared by `rtl` and `verify`: the design point."""
-    p.add_argument("network", help="mlp:W0-W1-..., or FILE.yaml of an MLP")
+    p.add_argument("network", help="mlp:W0-W1-..., lenet5, or FILE.yaml of a chain of linear, conv2d, pooling and "
+                   "flatten layers")
     p.add_argument("--policy", required=True, help="layerpipe or pipedream (the policies the hardware runs)")
     p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs"), required=True,
                    help="number of processing elements N")
