@@ -19,8 +19,8 @@ A schedule whose period P exceeds that ratio λ has slack the simulator does not
 `settled` re-times the same bodies, lags and pins at ⌈λ⌉ — the least solution of the graph's difference
 constraints x_dst ≥ x_src + t_src − ⌈λ⌉·periods, one more retiming — which is a valid timing of the same
 orders whose reads are at least as fresh, so its own ratio is λ again (it can only be tighter, and ⌈λ⌉
-admits it). Where λ is not an integer the run settles at λ < ⌈λ⌉: a period of one iteration cannot equal it,
-and the result says so (`SettledTiming.exact`). The bounded search of `_layerpipe` (a staleness bound) is the
+admits it). Where λ is not an integer the run settles at λ < ⌈λ⌉: a period of one iteration cannot equal it
+(`SettledTiming.ratio` keeps λ). The bounded search of `_layerpipe` (a staleness bound) is the
 policy that produced slack; unbounded schedules have P = the busiest processor or channel, which is a cycle of
 this graph, so λ = P there.
 
@@ -140,11 +140,6 @@ class SettledTiming:
     timing: Timing
     #: The self-timed run's period λ of the timing given (cycles per iteration).
     ratio: Fraction
-
-    @property
-    def exact(self) -> bool:
-        """The simulator's steady period equals `period` (λ is an integer)."""
-        return self.ratio == self.period
 
 
 def settled(table: TaskTable, placement: Sequence[int], num_procs: int, timing: Timing, period: int,
