@@ -141,23 +141,25 @@ def test_rtl_results_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
 
     The jobs run in this process (workers=1: the same jobs in the same order, and test_report_rtl checks that
     worker processes return them in that order), so two spawned interpreters do not import everything again,
-    and each design's Verilog is exported once: `_rtl_verify` exports it for its hash and `verify_design` again
-    for its run (`export_verilog` is a pure function of the design; ~2 s of amaranth per design)."""
+    and each design's Verilog is exported once per top: `_rtl_verify` exports the synthesized top for its hash,
+    `verify_design` the debug top for its run and the harness the synthesized one again (`export_verilog` is a pure function of the design; ~2 s of amaranth per design)."""
     import layerpipe.hdl._flow as flow
 
-    exported: dict[int, tuple[object, str]] = {}  # id -> (the design, kept alive so its id is not reused; Verilog)
+    # (id, debug) -> (the design, kept alive so its id is not reused; Verilog)
+    exported: dict[tuple[int, bool], tuple[object, str]] = {}
     export_verilog = flow.export_verilog
 
-    def export_once(design: flow.Design) -> str:
-        hit = exported.get(id(design))
+    def export_once(design: flow.Design, *, debug: bool = False) -> str:
+        hit = exported.get((id(design), debug))
         if hit is None or hit[0] is not design:
-            hit = exported[id(design)] = (design, export_verilog(design))
+            hit = exported[(id(design), debug)] = (design, export_verilog(design, debug=debug))
         return hit[1]
 
     monkeypatch.setattr(flow, "export_verilog", export_once)
     committed = (COMMITTED / "rtl.json").read_text()
     doc = report.rtl_results(json.loads(committed), workers=1)
-    assert len(exported) == len(doc["points"])  # one export per verified design
+    # one synthesized top (hashed) and one debug top (run by the cocotb bench) per verified design
+    assert sorted(debug for _, debug in exported) == sorted([False, True] * len(doc["points"]))
     assert json.dumps(doc, indent=1, sort_keys=True) + "\n" == committed, STALE.format("rtl.json")
     assert {"layerpipe", "pipedream"} <= {p["policy"] for p in doc["points"]}
     assert all(p["bit_exact"] and p["cycle_exact"] for p in doc["points"])
