@@ -17,9 +17,9 @@ interconnect) under which `layerpipe.sim` is cycle-exact with it. `_model.run_pr
 program in Python op by op; `cocotb_accel` is the whole-accelerator bench.
 """
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
 from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_program
-from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._datapath import Opcode
 from layerpipe.hdl._flow import Design, make_design
 from layerpipe.hdl._link import LINK_LATENCY

@@ -36,116 +36,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerpipe._rtl_costs import Window, copy_window, flatten_cycles, window_cycles, window_of
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
 from layerpipe.network import Conv2d, Layer, Pool2d
 
 __all__ = ["Nest", "Window", "check_window_layer", "copy_window", "flatten_cycles", "matrix_shape", "nest",
            "run_window", "window_cycles", "window_of"]
-
-#: The op kinds of the window engine (copy: flatten's F and E, one element per beat).
-WINDOW_OPS = ("conv_f", "conv_e", "conv_g", "pool_f", "pool_e", "copy")
-
-
-@dataclass(frozen=True)
-class Window:
-    """The geometry of one window op: input (channels, height, width), output (out_channels, out_h, out_w)."""
-
-    op: str  #: one of WINDOW_OPS
-    channels: int
-    height: int
-    width: int
-    out_channels: int
-    out_h: int
-    out_w: int
-    kernel: int
-    stride: int
-    padding: int
-    mode: str = ""  #: pooling: "max" or "avg"
-    relu: bool = False  #: conv F of a ReLU layer
-    batch: int = 1
-
-    @property
-    def in_elements(self) -> int:
-        return self.channels * self.height * self.width
-
-    @property
-    def out_elements(self) -> int:
-        return self.out_channels * self.out_h * self.out_w
-
-    @property
-    def taps(self) -> int:
-        """C·K·K: the columns of a conv layer's weight matrix (row o = W[o] flattened)."""
-        return self.channels * self.kernel * self.kernel
-
-    @property
-    def outer(self) -> tuple[int, ...]:
-        """Counts of the output loops (without the batch, which is outermost except for G)."""
-        k = self.kernel
-        return {"conv_f": (self.out_channels, self.out_h, self.out_w),
-                "conv_e": (self.channels, self.height, self.width),
-                "conv_g": (self.out_channels, self.channels, k, k),
-                "pool_f": (self.channels, self.out_h, self.out_w),
-                "pool_e": (self.channels, self.height, self.width),
-                "copy": (self.in_elements,)}[self.op]
-
-    @property
-    def inner(self) -> tuple[int, ...]:
-        """Counts of the reduction loops (G: the batch is its outermost reduction loop)."""
-        k = self.kernel
-        return {"conv_f": (self.channels, k, k), "conv_e": (self.out_channels, k, k),
-                "conv_g": (self.batch, self.out_h, self.out_w), "pool_f": (k, k), "pool_e": (k, k),
-                "copy": (1,)}[self.op]
-
-    @property
-    def reduction(self) -> int:
-        return math.prod(self.inner)
-
-    @property
-    def beats(self) -> int:
-        """Beats of the whole op (every sample of the micro-batch)."""
-        samples = 1 if self.op == "conv_g" else self.batch
-        return samples * math.prod(self.outer) * self.reduction
-
-    @property
-    def extra_cycles(self) -> int:
-        """Cycles after the last value's write: max-pool F writes its argmax mask word one cycle later."""
-        return 1 if self.op == "pool_f" and self.mode == "max" else 0
-
-
-def window_of(layer: Layer, kind: str, batch: int) -> Window:
-    """The window op that runs atomic task `kind` (F, E or G) of a conv2d or pooling layer."""
-    op = layer.op
-    (c, h, w), (o, ho, wo) = layer.in_shapes[0], layer.out_shape
-    if isinstance(op, Conv2d):
-        if kind not in "FEG" or len(kind) != 1:
-            raise ValueError(f"a conv2d layer's window ops are F, E, G, got {kind!r}")
-        return Window(f"conv_{kind.lower()}", c, h, w, o, ho, wo, op.kernel_size, op.stride, op.padding,
-                      relu=kind == "F" and op.activation == "relu", batch=batch)
-    if isinstance(op, Pool2d):
-        if kind not in "FE" or len(kind) != 1:
-            raise ValueError(f"a pooling layer's window ops are F, E, got {kind!r}")
-        return Window(f"pool_{kind.lower()}", c, h, w, o, ho, wo, op.kernel_size, op.effective_stride, op.padding,
-                      mode=op.mode, batch=batch)
-    raise InputError(f"layer '{layer.name}' is {layer.kind}, not a conv2d or pooling layer")
-
-
-def window_cycles(window: Window, lanes: int) -> int:
-    """Cycles the PE is busy with a window op: its beats, the op overhead, the mask write of max pooling."""
-    from layerpipe.hdl._pe import op_overhead
-
-    return window.beats + op_overhead(lanes) + window.extra_cycles
-
-
-def copy_window(elements: int, batch: int) -> Window:
-    """Flatten's F or E: a copy of B vectors of `elements` (C·H·W row-major is already the flat order)."""
-    return Window("copy", elements, 1, 1, elements, 1, 1, 1, 1, 0, batch=batch)
-
-
-def flatten_cycles(elements: int, lanes: int, batch: int) -> int:
-    """Cycles of flatten's F or E: the window engine's copy, one element per beat."""
-    return window_cycles(copy_window(elements, batch), lanes)
-
 
 @dataclass(frozen=True)
 class Nest:

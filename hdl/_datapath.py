@@ -33,29 +33,11 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed, unsigne
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
+from layerpipe._rtl_costs import TREE_LEVELS_PER_STAGE, latency, tree_levels, tree_stages
 from layerpipe.fixedpoint import FixedFormat
 
 __all__ = ["Datapath", "Opcode", "latency", "mul_const", "rescale", "round_shift", "saturate", "tree_levels",
            "tree_stages", "word_layout"]
-
-#: Adder-tree levels per pipeline stage (two carry chains of the product width fit a 10 ns cycle on ECP5).
-TREE_LEVELS_PER_STAGE = 2
-
-
-def tree_levels(lanes: int) -> int:
-    """Levels of the balanced adder tree over `lanes` products: ⌈log2 lanes⌉."""
-    return max(0, (lanes - 1).bit_length())
-
-
-def tree_stages(lanes: int) -> int:
-    """Pipeline stages of the adder tree (at least one: the stage also selects each lane's addend)."""
-    return max(1, -(-tree_levels(lanes) // TREE_LEVELS_PER_STAGE))
-
-
-def latency(lanes: int) -> int:
-    """Cycles from a beat's operands on the datapath's inputs (D0) to its result on `out_data`."""
-    return 5 + tree_stages(lanes)
-
 
 class Opcode(enum.Enum, shape=3):  # type: ignore[call-arg]  # amaranth.lib.enum takes shape
     """The operations the PE executes; one microcode entry runs one of them over one layer."""

@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
 from layerpipe.hdl._compiler import (
@@ -32,7 +33,6 @@ from layerpipe.hdl._compiler import (
     mlp_widths,
 )
 from layerpipe.hdl._conv import matrix_shape
-from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._host import HostConfig
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network

@@ -58,10 +58,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from layerpipe._rtl_costs import FRONT_STAGES, MAX_BATCH, MAX_LANES, op_cycles, op_overhead
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT, FixedFormat, check_lr_shift
 from layerpipe.hdl._conv import Window
-from layerpipe.hdl._datapath import Datapath, Opcode, latency, word_layout
+from layerpipe.hdl._datapath import Datapath, Opcode, word_layout
 
 __all__ = [
     "FRONT_STAGES", "MAX_BATCH", "MAX_DEPTH", "MAX_DIM", "MAX_LANES", "PEConfig", "PEOp", "ProcessingElement",
@@ -69,26 +70,8 @@ __all__ = [
     "unpack_vector",
 ]
 
-#: Cycles from a beat's issue (S0) to its operands on the datapath's inputs: address registers (1), memory
-#: read (1), read-data registers (1).
-FRONT_STAGES = 3
-MAX_LANES = 256
 MAX_DIM = 65535  #: largest rows / cols of one op, in elements
 MAX_DEPTH = 1 << 20  #: largest memory, in words
-MAX_BATCH = 256  #: largest micro-batch of one op, in samples (the command's batch field)
-
-
-def op_overhead(lanes: int) -> int:
-    """Cycles an op takes beyond its beats on a PE of `lanes` multipliers: accept (1) + the front of the
-    pipeline (`FRONT_STAGES`) + the datapath (`latency(lanes)`: 6 up to 4 lanes, one more per two adder-tree
-    levels beyond)."""
-    return 1 + FRONT_STAGES + latency(lanes)
-
-
-def op_cycles(rows: int, cols: int, lanes: int, batch: int = 1) -> int:
-    """Cycles the PE is busy with one op over a rows × cols operand (A: rows = 1, cols = n) for `batch`
-    samples (U: batch 1, it runs once per micro-batch)."""
-    return batch * rows * math.ceil(cols / lanes) + op_overhead(lanes)
 
 
 def _bits(count: int) -> int:

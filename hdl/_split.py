@@ -13,7 +13,7 @@ e = Wᵀδ is that concatenation's error, each part's A reading its own slice. I
 - The consumer's W has the same padded column layout: S = Σ_j ⌈r_j/lanes⌉ words per row, zero columns at
   the parts' padding (`pad_columns`; the host loads it so, reads it back so). Zero columns stay zero: G's
   padding is δ·0, U subtracts 0. So F_c, E_c, G_c and U_c are plain commands of cols = S·lanes, and the `rtl`
-  cost model charges them B·rows·S (`hdl/_costs.py`): the simulator times exactly what the hardware does.
+  cost model charges them B·rows·S (`layerpipe/_rtl_costs.py`): the simulator times exactly what the hardware does.
 - E_c writes the error region `e<first>-<last>` in the same layout; part j's error `e<i>` is a view of it (read
   in place by an A on that PE, or sent from there: a view's transfer is its ⌈r_j/lanes⌉ words).
 

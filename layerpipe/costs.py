@@ -10,7 +10,7 @@ Models:
                per atomic part.
 - `profiled` — per-layer, per-task times measured with PyTorch on this CPU, saved to and loaded from JSON
                (`layerpipe.profile`), in nanoseconds.
-- `rtl`      — the closed cycle formula of the generated hardware (registered by `layerpipe.hdl`).
+- `rtl`      — the closed cycle formula of the generated hardware (`layerpipe/_rtl_costs.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.errors import InputError
 from layerpipe.network import Layer, Network
 
@@ -151,10 +152,6 @@ def _profiled(profile: str | None) -> CostModel:
 
 
 def _rtl(lanes: int) -> CostModel:
-    try:  # the hdl extra (amaranth) is optional: only this model needs it
-        from layerpipe.hdl import RTLCostModel
-    except ImportError as exc:
-        raise InputError(f"cost model 'rtl' needs the hdl extra: {exc}") from None
     return RTLCostModel(lanes=lanes)
 
 

@@ -307,7 +307,7 @@ def rtl_model_cycles_per_sample(point: RTLPoint, policy: str, keep_weights_toget
     """The model's steady-state cycles per sample for `policy` at `point`: the `rtl` cost model on the `rtl`
     interconnect, the options the hardware runs (what `layerpipe compare NETWORK -n N --cost-model rtl --lanes V
     --interconnect rtl --no-split-layers --no-replication [--keep-weights-together]` prints)."""
-    from layerpipe.hdl._costs import RTLCostModel
+    from layerpipe._rtl_costs import RTLCostModel
     from layerpipe.schedule.policies import get_policy
 
     wanted: dict[str, object] = {"replication": False, "split_layers": point.split_layers,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.hdl._compiler import compile_program
-from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._flow import DEFAULT_LR_SHIFT, Design
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import mlp

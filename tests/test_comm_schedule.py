@@ -194,8 +194,8 @@ def test_a_compiled_bus_does_not_run_ahead_of_its_plan() -> None:
     weights (no transfers), and a bus served in planned order only ran ahead of the plan and gave the slack
     back over many periods — `explore`'s run showed 7.95 cycles per sample against a scheduled 8.33. No
     transfer leaving before the plan's bus does, that run shows the period."""
+    from layerpipe._rtl_costs import RTLCostModel
     from layerpipe.dse._evaluate import simulated_iterations
-    from layerpipe.hdl._costs import RTLCostModel
 
     net, model, ic = _mlp((1, 9), ("relu",)), RTLCostModel(4), parse_interconnect("bus:1:2")
     result = make_schedule("layerpipe", net, 13, model, interconnect=ic)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.hdl._compiler import HardwareLimits, Program, compile_program
-from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._flow import Design, make_design
 from layerpipe.network import Linear, NetworkBuilder, load_network, mlp
 from layerpipe.schedule import PeriodicSchedule, Slot

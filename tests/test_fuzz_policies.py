@@ -88,7 +88,7 @@ def cases(draw: st.DrawFn, policy: str) -> Case:
     elif name == "pe":
         model = PEModel(draw(st.integers(1, 64)), draw(st.sampled_from((0, 0, 1, 16))))  # overhead 0: zero costs
     elif name == "rtl":
-        from layerpipe.hdl._costs import RTLCostModel
+        from layerpipe._rtl_costs import RTLCostModel
 
         model = RTLCostModel(draw(st.sampled_from((1, 2, 4))))
     else:  # a measured profile, zeros included

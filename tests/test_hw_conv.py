@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import DEFAULT_FORMAT
 from layerpipe.hdl._conv import Window, nest, run_window, window_cycles, window_of
-from layerpipe.hdl._costs import RTLCostModel
 from layerpipe.hdl._pe import op_overhead
 from layerpipe.network import Conv2d, Flatten, Linear, NetworkBuilder, Pool2d
 

@@ -103,9 +103,7 @@ ABOVE_SIMULATOR = SIMULATOR_AND_ABOVE[2:]
 #: it must leave this list. (The synchronous schedulers timed their step through `layerpipe.sim`: they now
 #: time it on the schedule layer's own engine, `layerpipe.schedule._engine`; the stream and data-parallel
 #: policies on its stream engine, `layerpipe.schedule._stream_engine`.)
-KNOWN_UPWARD = {
-    "layerpipe.costs": "the `rtl` cost model's factory builds layerpipe.hdl's RTLCostModel",
-}
+KNOWN_UPWARD: dict[str, str] = {}
 
 
 def _within(name: str, layers: tuple[str, ...]) -> bool:

@@ -142,7 +142,8 @@ def test_rtl_results_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
     The jobs run in this process (workers=1: the same jobs in the same order, and test_report_rtl checks that
     worker processes return them in that order), so two spawned interpreters do not import everything again,
     and each design's Verilog is exported once per top: `_rtl_verify` exports the synthesized top for its hash,
-    `verify_design` the debug top for its run and the harness the synthesized one again (`export_verilog` is a pure function of the design; ~2 s of amaranth per design)."""
+    `verify_design` the debug top for its run (`export_verilog` is a pure function of the design; ~2 s of
+    amaranth per design)."""
     import layerpipe.hdl._flow as flow
 
     # (id, debug) -> (the design, kept alive so its id is not reused; Verilog)
