@@ -147,8 +147,8 @@ AREA_PART = "ecp5-85k"
 @functools.lru_cache(maxsize=64)
 def synthesize_design(network: str, policy: str, num_pes: int, lanes: int, target: str = "ice40",
                       samples: int = 4, part: str | None = AREA_PART) -> dict[str, Any] | None:
-    """Area figures of the whole accelerator for a design point, or None when the RTL cannot run it (not an
-    MLP, a policy it does not support, limits) or no synthesis tool is installed. Cached: synthesis takes
+    """Area figures of the whole accelerator for a design point, or None when the RTL cannot run it (not a
+    chain, a policy it does not support, limits) or no synthesis tool is installed. Cached: synthesis takes
     minutes (and the FPGA flow caches on disk by Verilog hash as well).
 
     With the PyPI FPGA tools installed and `part` given, the FPGA flow (hdl/_fpga.py) on that part: `part`,

@@ -308,7 +308,7 @@ def _conflict_rows() -> Iterator[tuple[str, list[str], list[str]]]:
         (["schedule", "mlp:4-3-2", "--policy", "pipedream", "-n", "2", "--max-staleness", "1"], "--max-staleness"),
         (["compare", "mlp:4-3-2", "-n", "2", "--policies", ",,"], "--policies"),
         (["compare", "mlp:4-3-2", "-n", "2", "--baseline", "nope"], "unknown policy 'nope'"),
-        (["rtl", "lenet5", "--policy", "layerpipe", "-n", "2", "--lanes", "4", "--out", "{w}/rtl"], "MLP"),
+        (["rtl", "resnet18", "--policy", "layerpipe", "-n", "2", "--lanes", "4", "--out", "{w}/rtl"], "not a chain"),
         (["rtl", "mlp:4-3-2", "--policy", "gpipe", "-n", "2", "--lanes", "4", "--out", "{w}/rtl"], "gpipe"),
         (["nosuchcommand"], "invalid choice"),
         ([], "COMMAND"),

@@ -352,5 +352,6 @@ def test_a_profile_of_the_unsplit_layers_gets_no_split() -> None:
              for layer in net.layers}
     profiled = ProfiledModel(HEAVY, 1, times)
     result, _ = _layerpipe(net, 8, profiled, "links:2:16")
-    assert result.network is net
+    # equal, not necessarily the same object: schedules are memoised by their inputs' values
+    assert result.network == net and "|split" not in result.network.name
     assert result.metrics == _layerpipe(net, 8, profiled, "links:2:16", split_layers=False)[0].metrics
