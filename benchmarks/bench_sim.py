@@ -1,6 +1,6 @@
 """Speed of the timing simulator (`layerpipe.sim`).
 
-    .venv/bin/python benchmarks/bench_sim.py [--iterations 1000] [--repeats 15] [--sections 1,2,3]
+    .venv/bin/python benchmarks/bench_sim.py [--iterations 1000] [--repeats 15] [--sections 1,2,3,4]
 
 1. Against torch.distributed.pipelining's `_simulate_comms_compute` (torch 2.13), on the same schedules:
    1F1B and ZB-H1 with p = 8 stages and m = 64 micro-batches, and p = 32, m = 256 (SIR's generators, handed to
@@ -23,9 +23,15 @@
    of compilation, of the engine (shared and links) and of the reports; then the memory per op: the peak of
    Python allocations (tracemalloc) while unrolling, compiling and simulating `--memory-iterations` iterations,
    over the ops.
+3. (printed under 2) The memory per op of section 2's path, as described there.
+4. LeNet-5 on N = 4 processors, LayerPipe policy, at `--lenet-iterations` iterations: the whole path a user runs
+   (schedule, unroll, compile, simulate, every figure read) in a fresh child process of this interpreter, so
+   the parent's imports and data do not count; the child's peak resident memory (`ru_maxrss` of
+   RUSAGE_CHILDREN), ops and CPU seconds.
 
 Every row prints the machine's load average and the target its figure is held to (issue 14's "done when"):
-full `simulate()` ≥ 10× torch's function; resnet50 schedule + simulate < 0.5 s; ≤ 150 B per op.
+full `simulate()` ≥ 10× torch's function; resnet50 schedule + simulate < 0.5 s; ≤ 150 B per op; lenet5 at 100k
+iterations under 400 MiB.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -58,6 +66,24 @@ STAGE_COSTS = (7, 9, 5)  # F, I (input gradient), W (weight gradient) cycles
 TARGET_VS_TORCH = 10.0  # full simulate() at least this many times faster than torch's dry run
 TARGET_RESNET50_SECONDS = 0.5  # resnet50, N = 16, 1000 iterations: schedule + simulate
 TARGET_BYTES_PER_OP = 150  # memory per op
+TARGET_LENET_MIB = 400  # lenet5, N = 4, 100k iterations: peak resident memory of the whole path
+
+#: Section 4's child: the path a user runs, every figure read; prints ops and CPU seconds (its memory is read by
+#: the parent from RUSAGE_CHILDREN, which covers only children waited for, so only this one).
+LENET_CHILD = """
+import sys, time
+from layerpipe.costs import PEModel
+from layerpipe.network import load_network
+from layerpipe.schedule.policies import make_schedule
+from layerpipe.sim import SimConfig, Workload, compile_schedule, simulate_compiled
+t0 = time.process_time()
+network, model = load_network("lenet5", 1), PEModel(64, 16)
+result = make_schedule("layerpipe", network, 4, model)
+workload = Workload.of_graph(result.graph, model)
+compiled = compile_schedule(result.periodic.unroll(int(sys.argv[1])), workload)
+simulate_compiled(compiled, workload, SimConfig()).metrics()
+print(compiled.num_ops, time.process_time() - t0)
+"""
 
 
 def load() -> str:
@@ -231,13 +257,30 @@ def memory_per_op(iterations: int) -> None:
           f"(target <= {TARGET_BYTES_PER_OP} B: {verdict}); {load()}")
 
 
+def lenet_memory(iterations: int) -> None:
+    """Peak resident memory of lenet5's whole path at `iterations` iterations, in a fresh child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    done = subprocess.run([sys.executable, "-c", LENET_CHILD, str(iterations)], capture_output=True, text=True,
+                          check=True)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux: the largest child so far
+    if peak_kib <= before:
+        print(f"   (a child run earlier had a larger peak, {before / 1024:.0f} MiB: this one's is not separable)")
+    ops, cpu = done.stdout.split()
+    mib = peak_kib / 1024
+    verdict = "met" if mib < TARGET_LENET_MIB else "NOT met"
+    print(f"\n4. lenet5, N=4, policy layerpipe, {iterations} iterations, schedule + unroll + compile + simulate "
+          f"with reports in a fresh process: {int(ops)} ops, max RSS {mib:.0f} MiB "
+          f"(target < {TARGET_LENET_MIB} MiB: {verdict}), {float(cpu):.1f} s CPU; {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--memory-iterations", type=int, default=200)
-    parser.add_argument("--sections", default="1,2,3", help="which sections to run (1: vs torch, 2: resnet50, "
-                                                             "3: memory per op)")
+    parser.add_argument("--lenet-iterations", type=int, default=100_000)
+    parser.add_argument("--sections", default="1,2,3,4", help="which sections to run (1: vs torch, 2: resnet50, "
+                                                               "3: memory per op, 4: lenet5's peak memory)")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
@@ -247,6 +290,8 @@ def main() -> None:
         resnet50(args.iterations)
     if "3" in sections:
         memory_per_op(args.memory_iterations)
+    if "4" in sections:
+        lenet_memory(args.lenet_iterations)
 
 
 if __name__ == "__main__":
