@@ -37,42 +37,33 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
                 workload: Workload, mode: str, distributed: bool = False) -> list[int]:
     """The largest number of words each processor holds at any time (`distributed`: every reader of a
     weight holds its own copy, see the module docstring)."""
-    procs: list[np.ndarray] = []
-    times: list[np.ndarray] = []
-    deltas: list[np.ndarray] = []
-
-    def add(p: np.ndarray, lo: np.ndarray, hi: np.ndarray, words: np.ndarray) -> None:
-        procs.extend([p, p])
-        times.extend([lo, hi])
-        deltas.extend([words, -words])
-
     if workload.level == "layer":
-        add(*_kept_intervals(c, start, end))
+        where, lo, hi, words = _kept_intervals(c, start, end)
     else:
-        add(*_stage_activation_intervals(c, start, end, workload))
+        where, lo, hi, words = _stage_activation_intervals(c, start, end, workload)
+    steps: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for p, t, d in _weight_steps(c, start, end, versions, workload, mode, distributed):
-        procs.append(np.full(len(t), p, dtype=np.int64))
-        times.append(t)
-        deltas.append(d)
+        steps.setdefault(p, []).append((t, d))
+    # Processor by processor (issue 14: no array of every change of every processor at once). Within one, the
+    # changes by time, releases (negative) first; changes equal in both are equal, so their order is not seen.
     peaks = [0] * c.num_procs
-    all_p, all_t, all_d = np.concatenate(procs), np.concatenate(times), np.concatenate(deltas)
-    if not len(all_p):
-        return peaks
-    order = np.lexsort((all_d, all_t, all_p))  # by processor, then time, releases (negative) first
-    all_p, all_d = all_p[order], all_d[order]
-    bounds = np.searchsorted(all_p, np.arange(c.num_procs + 1))
     for p in range(c.num_procs):
-        lo, hi = int(bounds[p]), int(bounds[p + 1])
-        if hi > lo:
-            peaks[p] = max(0, int(np.cumsum(all_d[lo:hi]).max()))
+        mine = np.flatnonzero(where == p)
+        t_parts = [lo[mine], hi[mine], *(t for t, _ in steps.get(p, ()))]
+        d_parts = [words[mine], -words[mine], *(d for _, d in steps.get(p, ()))]
+        times, deltas = np.concatenate(t_parts), np.concatenate(d_parts)
+        if len(times):
+            peaks[p] = max(0, int(np.cumsum(deltas[np.lexsort((deltas, times))]).max()))
     return peaks
 
 
 def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray):
-    proc = np.asarray(c.proc, dtype=np.int64)
+    proc = c.proc_array()
     codes = [k for k, role in enumerate(c.roles) if role in KEPT_ROLES]
-    mask = np.isin(c.prod_role, codes)
-    consumer, producer, words = c.consumer_of_edge[mask], c.prod_idx[mask], c.prod_words[mask]
+    entries = np.flatnonzero(np.isin(c.prod_role, codes))
+    # The consumer of each kept entry from the CSR pointer (no consumer array over every entry: issue 14).
+    consumer = np.searchsorted(c.prod_ptr, entries, side="right") - 1
+    producer, words = c.prod_idx[entries], c.prod_words[entries]
     local = proc[producer] == proc[consumer]
     where = np.where(local, proc[producer], proc[consumer])
     lo = np.where(local, start[producer], end[producer])
@@ -88,14 +79,14 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
     np.maximum.at(release, key, end)  # the last end among the unit's ops of that micro-batch
     f = np.flatnonzero(forward)
     words = np.asarray([workload.activation_words.get(u, 0) for u in range(len(release) // span)], dtype=np.int64)
-    return np.asarray(c.proc, dtype=np.int64)[f], start[f], release[key[f]], words[unit[f]]
+    return c.proc_array(np.int64)[f], start[f], release[key[f]], words[unit[f]]
 
 
 def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
                   workload: Workload, mode: str, distributed: bool = False):
     """Per weight unit and holding processor: (processor, change times, word deltas) of the words held."""
     extra = 1 if mode == "ema" else 0
-    proc = np.asarray(c.proc, dtype=np.int64)
+    proc = c.proc_array()
     kinds = [k for k, _ in c.tasks]
     unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
     is_update = np.asarray([k == "U" for k in kinds], dtype=bool)[c.task]

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -102,7 +103,7 @@ class SimResult:
     @cached_property
     def proc(self) -> np.ndarray:
         if self._from_compiled:
-            return np.asarray(self._compiled.proc, dtype=np.int64)  # type: ignore[union-attr]
+            return self._compiled.proc_array(np.int64)  # type: ignore[union-attr]
         return np.fromiter((op.proc for op in self.ops), np.int64, len(self.ops))
 
     @cached_property
@@ -140,6 +141,10 @@ class SimResult:
     # --- processors -------------------------------------------------------------------------------------
     @cached_property
     def busy_cycles(self) -> tuple[int, ...]:
+        if self._from_compiled:  # processor-major ops: a slice per processor, no array per op (issue 14)
+            cuts = self._compiled.bounds  # type: ignore[union-attr]
+            return tuple(int(self.end[lo:hi].sum()) - int(self.start[lo:hi].sum())
+                         for lo, hi in itertools.pairwise(cuts))
         dur = self.end - self.start
         return tuple(int(x) for x in np.bincount(self.proc, weights=dur, minlength=self.num_procs).astype(np.int64))
 
@@ -255,13 +260,20 @@ def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     """Words per ordered processor pair, over every cross-processor (producer, consumer) pair. A pair's words
     are the sum of its dependencies' words, so the sums run over the dependencies directly (no pairing sort);
     a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
-    proc = np.asarray(c.proc, dtype=np.int64)
-    producer, consumer, words = c.prod_idx, c.consumer_of_edge, c.prod_words
-    src, dst = proc[producer], proc[consumer]
-    cross = src != dst
-    if not cross.any():
-        return {}
-    pair = src[cross] * c.num_procs + dst[cross]
-    sums = np.bincount(pair, weights=words[cross], minlength=c.num_procs ** 2).astype(np.int64)
-    present = np.bincount(pair, minlength=c.num_procs ** 2) > 0
-    return {(int(k) // c.num_procs, int(k) % c.num_procs): int(sums[k]) for k in np.flatnonzero(present)}
+    proc = c.proc_array()
+    procs = c.num_procs
+    # Consumers are numbered processor-major: consumer processor q's entries are one slice of the CSR arrays,
+    # taken in turn (no array over every entry: issue 14). Each pair's sum adds its entries in the same order
+    # as one bincount over all of them would.
+    cuts = np.asarray(c.prod_ptr)[np.asarray(c.bounds, dtype=np.int64)].tolist()
+    traffic: dict[tuple[int, int], int] = {}
+    for q in range(procs):
+        src = proc[c.prod_idx[cuts[q]:cuts[q + 1]]]
+        cross = src != q
+        if not cross.any():
+            continue
+        sums = np.bincount(src[cross], weights=c.prod_words[cuts[q]:cuts[q + 1]][cross], minlength=procs)
+        present = np.bincount(src[cross], minlength=procs) > 0
+        for p in np.flatnonzero(present).tolist():
+            traffic[(p, q)] = int(sums[p].astype(np.int64))
+    return dict(sorted(traffic.items()))

@@ -79,7 +79,7 @@ def _remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:
     pinned = c.schedule.read_staleness_map()
     if not pinned or not getattr(c.schedule, "simple", True):
         return  # unfolded / grouped schedules pin per phase and update group: their own rule
-    proc = np.asarray(c.proc)
+    proc = c.proc_array()
     task_ids = {t: k for k, t in enumerate(c.tasks)}
     owner = {}
     for (kind, unit), k in task_ids.items():

@@ -49,7 +49,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -100,15 +100,18 @@ class DeadlockError(InputError):
 class CompiledSchedule:
     """A schedule as arrays. Op i runs on `proc[i]`; processor p owns ops bounds[p]..bounds[p+1]−1.
 
-    Op i is task `tasks[task[i]]` = (kind, unit) of iteration `iteration[i]`. Its producers are
-    prod_idx[prod_ptr[i]:prod_ptr[i+1]] (CSR), with the words each sends and the dependency role
+    Op i is task `tasks[task[i]]` = (kind, unit) of iteration `iteration[i]` and takes `cost[task[i]]` cycles.
+    Its producers are prod_idx[prod_ptr[i]:prod_ptr[i+1]] (CSR), with the words each sends and the dependency role
     (`roles[prod_role[k]]`).
+
+    Memory per op (issue 14): the per-op lists `proc` and `dur` (what the op-by-op and event-driven engines index)
+    are built when first read, not at compile time — the run sweep of `shared` and the reports never read them;
+    `proc_array()` and `dur_array()` give the same values as arrays, built when asked and not kept.
     """
 
     schedule: OpSchedule
-    proc: list[int]
     bounds: list[int]
-    dur: list[int]
+    cost: tuple[int, ...]  #: cycles per task
     tasks: tuple[tuple[str, int], ...]
     task: np.ndarray
     iteration: np.ndarray
@@ -125,6 +128,26 @@ class CompiledSchedule:
         return self.bounds[-1]
 
     @cached_property
+    def proc(self) -> list[int]:
+        """The processor of every op, a list (the engines' view; `proc_array` for arrays)."""
+        return self.proc_array(np.int64).tolist()
+
+    @cached_property
+    def dur(self) -> list[int]:
+        """The cycles of every op, a list: every op of a task shares its duration's int object."""
+        with gc_paused():
+            return list(map(self.cost.__getitem__, self.task.tolist()))
+
+    def proc_array(self, dtype: type = np.int32) -> np.ndarray:
+        """The processor of every op, from `bounds` (int32 by default: processor pairs p·N + q still fit)."""
+        counts: np.ndarray = np.diff(np.asarray(self.bounds, dtype=np.int64))
+        return np.repeat(np.arange(self.num_procs, dtype=dtype), counts)
+
+    def dur_array(self) -> np.ndarray:
+        """The cycles of every op, an int64 array."""
+        return np.asarray(self.cost, dtype=np.int64)[self.task] if self.num_ops else np.zeros(0, dtype=np.int64)
+
+    @cached_property
     def ops(self) -> tuple[Op, ...]:
         """The `Op`s in compiled numbering (the schedule's rows, built on first read for a schedule of columns)."""
         return tuple(itertools.chain.from_iterable(self.schedule.procs))
@@ -135,12 +158,13 @@ class CompiledSchedule:
 
     def completion_times(self, end: np.ndarray) -> np.ndarray:
         """`completion_times` of this schedule's ops given their ends (compiled numbering)."""
+        # Block by block, each block's flags and keys from per-task tables: no array per op (issue 14).
         is_update = np.asarray([kind == "U" for kind, _ in self.tasks], dtype=bool)
         sizes = self.schedule.groups_map()
         group = np.asarray([sizes.get(unit, 1) if kind == "U" else 1 for kind, unit in self.tasks], dtype=np.int64)
         task = self.task
-        return completion_times(self.schedule, self.iteration, is_update[task] if len(task) else np.zeros(0, bool),
-                                group[task] if len(task) else np.zeros(0, np.int64), end)
+        return _completions(self.schedule, self.iteration, end, lambda lo, hi: (is_update[task[lo:hi]],
+                                                                                group[task[lo:hi]]))
 
     @property
     def consumer_of_edge(self) -> np.ndarray:
@@ -179,7 +203,7 @@ class CompiledSchedule:
         stage-level schedule (nearly every stage op waits for another processor), or too few ops merged."""
         if self.schedule.level == "stage":
             return None
-        return make_runs(self.bounds, self.dur, self.prod_ptr, self.prod_idx)
+        return make_runs(self.bounds, self.dur_array(), self.prod_ptr, self.prod_idx)
 
     @cached_property
     def link_runs(self) -> Runs | None:
@@ -188,7 +212,7 @@ class CompiledSchedule:
         if self.schedule.level == "stage":
             return None
         plan = self.link_plan
-        return make_runs(self.bounds, self.dur, plan.input_ptr, plan.input_src, plan.send_producer,
+        return make_runs(self.bounds, self.dur_array(), plan.input_ptr, plan.input_src, plan.send_producer,
                          plan.send_input, plan.send_link)
 
     @cached_property
@@ -204,7 +228,7 @@ class CompiledSchedule:
     def link_plan(self) -> LinkPlan:
         """The transfers of the `links` model: inputs n, n+1, ... (see the module docstring)."""
         n, procs = self.num_ops, self.num_procs
-        proc = np.asarray(self.proc, dtype=np.int64)
+        proc = self.proc_array(np.int64)
         producer, consumer, words = self.pairs  # sorted by producer, then consumer: each op's send order
         cross = proc[producer] != proc[consumer]
         i, j, w = producer[cross], consumer[cross], words[cross]
@@ -262,14 +286,34 @@ def completion_times(schedule: OpSchedule, iteration: np.ndarray, is_update: np.
     iteration is its step; the others' is their micro-batch, step t // m) — of every op, given per op its
     iteration, whether it is an update and its update group size g (grouped updates complete their group's
     last iteration). The one definition `SimResult.completion_times` and the synchronous schedulers share."""
-    key = iteration.astype(np.int64, copy=True)
-    if schedule.synchronous:
-        key = np.where(is_update, key, key // max(schedule.microbatches, 1))
-    elif schedule.groups:
-        key = np.minimum((key + 1) * group - 1, max(schedule.num_iterations - 1, 0))
-    out = np.zeros(int(key.max()) + 1 if len(key) else 0, dtype=np.int64)
-    np.maximum.at(out, key, end)
-    return out
+    return _completions(schedule, iteration, end, lambda lo, hi: (is_update[lo:hi], group[lo:hi]))
+
+
+#: Ops per block of `completion_times` (its scratch arrays stay this long, whatever the run: issue 14).
+COMPLETION_BLOCK = 1 << 16
+
+
+def _completions(schedule: OpSchedule, iteration: np.ndarray, end: np.ndarray,
+                 flags: Callable[[int, int], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """`completion_times` block by block; `flags(lo, hi)` gives ops lo … hi − 1's (is update, group size). Every
+    key is at most the largest iteration (or the last one, grouped), so the table is allocated that long and cut
+    to the largest key."""
+    n = len(iteration)
+    cap = max(schedule.num_iterations - 1, 0) if schedule.groups and not schedule.synchronous else 0
+    out = np.zeros(max(int(iteration.max()), cap) + 1 if n else 0, dtype=np.int64)
+    top = -1
+    for lo in range(0, n, COMPLETION_BLOCK):
+        hi = min(lo + COMPLETION_BLOCK, n)
+        key = np.asarray(iteration[lo:hi], dtype=np.int64)
+        if schedule.synchronous:
+            is_update, _ = flags(lo, hi)
+            key = np.where(is_update, key, key // max(schedule.microbatches, 1))
+        elif schedule.groups:
+            _, group = flags(lo, hi)
+            key = np.minimum((key + 1) * group - 1, cap)
+        np.maximum.at(out, key, end[lo:hi])
+        top = max(top, int(key.max()))
+    return out[:top + 1].copy() if top + 1 < len(out) else out
 
 
 def steady_cycles_per_iteration(schedule: OpSchedule, completions: np.ndarray, total_cycles: int,
@@ -321,14 +365,12 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         p = _proc_of(bounds, i)
         return schedule.procs[p][i - bounds[p]]
 
-    proc = np.repeat(np.arange(len(bounds) - 1, dtype=np.int64), np.diff(bounds)).tolist()
     if n > 1 and _has_duplicate(task * (int(iteration.max()) + 1) + iteration, len(tasks) * (int(iteration.max()) + 1)):
         _raise_duplicate(list(itertools.chain.from_iterable(schedule.procs)))
     cost = [workload.durations.get(t, -1) for t in tasks]
     for k, c in enumerate(cost):
         if c < 0:
             cost[k] = workload.duration(op_at(int(np.flatnonzero(task == k)[0])))  # raises: no such task
-    dur = list(map(cost.__getitem__, task.tolist()))  # every op of a task shares its duration's int object
     csr: Csr | None
     if workload.level == "layer" and not schedule.synchronous and schedule.simple:
         csr = _task_edge_dependencies(schedule, op_at, tasks, task, iteration, workload)
@@ -337,7 +379,7 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
-    compiled = CompiledSchedule(schedule, proc, bounds, dur, tasks, task, iteration, *csr, plan_time=plan_time)
+    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, *csr, plan_time=plan_time)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
@@ -435,7 +477,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
         return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, latency, words_per_cycle, bus=True)
-    if any(d == 0 for d in c.dur) and _zero_duration_sender(c):
+    if 0 in c.cost and _zero_duration_sender(c):  # some op takes 0 cycles (`cost` lists present tasks only)
         return _run_links_events(c, latency, words_per_cycle)
     plan = c.link_plan
     hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle).tolist()
@@ -457,7 +499,7 @@ def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int]
         at = [runs.head[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
         _check_finished(c, at, done, plan.inputs if plan is not None else c.prods,
                         plan.producer if plan is not None else [])
-    return op_times(runs, known, c.dur)
+    return op_times(runs, known, c.dur_array())
 
 
 def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.ndarray:

@@ -50,7 +50,7 @@ class Runs:
 MAX_HEAD_SHARE = 0.75
 
 
-def make_runs(bounds: list[int], dur: list[int], ptr: np.ndarray, src: np.ndarray,
+def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, src: np.ndarray,
               send_producer: np.ndarray | None = None, send_input: np.ndarray | None = None,
               send_link: np.ndarray | None = None, max_head_share: float = MAX_HEAD_SHARE) -> Runs | None:
     """Runs of ops numbered processor-major (processor p owns bounds[p] … bounds[p+1] − 1) whose inputs are
@@ -177,7 +177,7 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
     return known, nxt, finished
 
 
-def op_times(r: Runs, known: list[int], dur: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def op_times(r: Runs, known: list[int], dur: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every op (int64 arrays) from its run's start (an op of a run never started gets
     meaningless values: the caller raises its deadlock first)."""
     n = len(dur)
