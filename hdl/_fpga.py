@@ -26,16 +26,16 @@ the captured log; the flow now has yosys write its own log (`-l yosys.log`), and
 the pass and yosys's ERROR (`tool_error`). iCE40 keeps `synth_ice40 -dsp` as it is (no LayerPipe design of the
 report fits an iCE40 part).
 
-A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, e.g. the split
-placement's weight memory written by the local U and by two links) becomes flip-flops and a read mux per
-port; the split design of that point keeps 116,736 weight bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
+A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, as the free placement's
+weight memory once had: written by the local U and by two links) becomes flip-flops and a read mux per port;
+that design of mlp:32-24-16-8 N=3 kept 116,736 weight bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
 before LUT mapping: more FFs than the 85F has); under ABC9 it sat over 30 min in the ABC9 pass, under `abc` it
-was still in the LUT mapping of those read muxes after 13 min. The script
-writes yosys's statistics after RAM mapping (`MEMORY_STAT`), and the flow stops yosys as soon as they show
-more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories. KNOWN MISS (measured
-on that design): yosys 0.70's `stat` there lists the three left-over `$mem_v2` cells but `num_memory_bits` 0
-(it counts only unpacked memories), so the stop does not fire yet; it needs the cells' SIZE x WIDTH (e.g. from
-`write_json` of `t:$mem_v2`, or the Verilog's declarations of the memories the log names).
+was still in the LUT mapping of those read muxes after 13 min. The PE now gives each link receiver a memory of
+its own (`hdl/_pe.py`, "One write port per memory"), but the flow still guards against such a design: the
+script writes the `$mem_v2` cells left after RAM mapping (`FF_MEMORY_CELLS`, a `dump`; they become flip-flops
+next) and then yosys's statistics (`MEMORY_STAT`), and the flow stops yosys as soon as the cells' SIZE x WIDTH
+(`ff_memory_bits`) plus the flip-flops so far exceed the part's FFs: a misfit verdict naming those memories.
+(yosys 0.70's `stat` gives these packed cells `num_memory_bits` 0, which is why flow 2's stop never fired.)
 """
 
 from __future__ import annotations
@@ -323,8 +323,8 @@ def ff_memory_bits(rtlil: str) -> dict[str, int]:
     """SIZE x WIDTH of each `$mem_v2` cell in a `dump` of them (`FF_MEMORY_CELLS`), by memory name (MEMID)."""
     out: dict[str, int] = {}
     for cell in _CELL.finditer(rtlil):
-        params = dict(_PARAM.findall(cell.group(2)))
-        name = params.get("MEMID", cell.group(1)).strip().strip('"').lstrip("\\")
+        params: dict[str, str] = dict(_PARAM.findall(cell.group(2)))
+        name = params.get("MEMID", str(cell.group(1))).strip().strip('"').lstrip("\\")
         out[name] = out.get(name, 0) + _param_int(params["SIZE"]) * _param_int(params["WIDTH"])
     return out
 

@@ -17,6 +17,17 @@ Memories of one PE (all `amaranth.lib.memory.Memory`, synchronous read, one cycl
            receiver or the host's sample stream), read by the op engine.
 Vector operands are addressed (bank, word); the compiler assigns all addresses (the memory map).
 
+One write port per memory. Block RAM (ECP5 DP16KD, iCE40 EBR) takes one write port; yosys keeps a memory with
+more in flip-flops. So a link receiver that writes weights (a received copy C_l or stash ring S_l: `wwrite`),
+gradients (`gwrite`) or bank 0 (a split layer's part: `lwrite`) writes a memory of its own — `weights_in<k>`,
+`grads_in<k>`, `bank0_in<k>` — as deep as the memory it extends, at the same addresses. The compiler's memory map
+gives every buffer exactly one writer and never reuses a word for another buffer, so each word is written in
+one of these memories only and stays zero (its initial value) in the others: a read of the address space is the
+OR of all of them, with no select and no address decode on the read paths, in the same cycle as before (timing
+unchanged, cycle for cycle). The host's loads of version 0 into a received copy go to that receiver's memory
+(`PEConfig.weight_write_regions`, the copy rings' word ranges; its write port is the host's whenever the link
+does not write, and the host loads weights only while no run is going); all other host words go to `weights`.
+
 Commands (`command_layout(config)`; build them with `PEOp(...).as_const(config)`)
 ----------------------------------------------------------------------------------
     op        rows    cols    x (bank,addr)   y (bank,addr)   w        g     dst (bank 0 / grads / weights)

@@ -2,10 +2,12 @@
 EBR): link receivers that write weight copies, gradients or bank 0 each have a memory of their own
 (`hdl/_pe.py`, "One write port per memory"). Checked on the elaborated Amaranth design for generated placements
 and the designs of the report; the report's free-placement design is also run through yosys's ECP5 RAM mapping
-(slow) to see that none of its memories is left to flip-flops."""
+(slow): none of its memories is left to flip-flops for its ports (yosys still keeps one 4-word bank in 256 FFs,
+its own cost choice for a tiny memory)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -63,7 +65,8 @@ def test_report_and_split_designs_have_one_write_port_per_memory(network: str, p
 @pytest.mark.slow
 def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path) -> None:
     """yosys's ECP5 RAM mapping (`synth_ecp5` up to its flip-flop memory step) on the report's free-placement
-    design leaves no `$mem_v2` cell: every memory became block or LUT RAM."""
+    design: the weight memories and their link receivers' memories are block RAM; what is left for flip-flops
+    (the `$mem_v2` cells at that step) has one write port and at most 1,024 bits (was 116,736)."""
     from layerpipe.hdl._fpga import FF_MEMORY_CELLS, _tool, ff_memory_bits, fpga_tools_missing, get_part
 
     reason = fpga_tools_missing(get_part("ecp5-85k"))
@@ -79,6 +82,10 @@ def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path)
                          text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-2000:]
     log = (tmp_path / "yosys.log").read_text(errors="replace")
-    assert "using FF mapping for memory" not in log
-    assert ff_memory_bits((tmp_path / FF_MEMORY_CELLS).read_text()) == {}
-    assert "mapping memory layerpipe_accel.pe0.weights_in0 via $__ECP5_DP16KD_" in log
+    for name in ("weights", "weights_in0", "weights_in1"):  # once one memory with 3 write ports, in FFs
+        assert re.search(rf"^mapping memory layerpipe_accel\.pe0\.{name} via \$__(PDPW16KD|DP16KD)_$", log, re.M), name
+    # What yosys still keeps in flip-flops is its own cost choice for a tiny memory (pe2's 4-word bank 0, 4 read
+    # ports: 256 FFs rather than 4 copies of 16 LUT RAMs), never a memory its write ports rule out of RAM.
+    left = (tmp_path / FF_MEMORY_CELLS).read_text()
+    assert set(re.findall(r"parameter \\WR_PORTS (\d+)", left)) <= {"1"}
+    assert sum(ff_memory_bits(left).values()) <= 1024, ff_memory_bits(left)
