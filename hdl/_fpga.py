@@ -26,16 +26,16 @@ the captured log; the flow now has yosys write its own log (`-l yosys.log`), and
 the pass and yosys's ERROR (`tool_error`). iCE40 keeps `synth_ice40 -dsp` as it is (no LayerPipe design of the
 report fits an iCE40 part).
 
-A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, e.g. the split
-placement's weight memory written by the local U and by two links) becomes flip-flops and a read mux per
-port; the split design of that point keeps 116,736 weight bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
+A memory yosys can map to neither block nor LUT RAM (more write ports than a DP16KD has, as the free placement's
+weight memory once had: written by the local U and by two links) becomes flip-flops and a read mux per port;
+that design of mlp:32-24-16-8 N=3 kept 116,736 weight bits in flip-flops (126,279 TRELLIS_FF, 437k `$_MUX_`
 before LUT mapping: more FFs than the 85F has); under ABC9 it sat over 30 min in the ABC9 pass, under `abc` it
-was still in the LUT mapping of those read muxes after 13 min. The script
-writes yosys's statistics after RAM mapping (`MEMORY_STAT`), and the flow stops yosys as soon as they show
-more flip-flop memory bits than the part has FFs: a misfit verdict naming those memories. KNOWN MISS (measured
-on that design): yosys 0.70's `stat` there lists the three left-over `$mem_v2` cells but `num_memory_bits` 0
-(it counts only unpacked memories), so the stop does not fire yet; it needs the cells' SIZE x WIDTH (e.g. from
-`write_json` of `t:$mem_v2`, or the Verilog's declarations of the memories the log names).
+was still in the LUT mapping of those read muxes after 13 min. The PE now gives each link receiver a memory of
+its own (`hdl/_pe.py`, "One write port per memory"), but the flow still guards against such a design: the
+script writes the `$mem_v2` cells left after RAM mapping (`FF_MEMORY_CELLS`, a `dump`; they become flip-flops
+next) and then yosys's statistics (`MEMORY_STAT`), and the flow stops yosys as soon as the cells' SIZE x WIDTH
+(`ff_memory_bits`) plus the flip-flops so far exceed the part's FFs: a misfit verdict naming those memories.
+(yosys 0.70's `stat` gives these packed cells `num_memory_bits` 0, which is why flow 2's stop never fired.)
 """
 
 from __future__ import annotations
@@ -69,12 +69,16 @@ DEFAULT_FREQ_MHZ = 100.0
 #: nextpnr's placement seed; fixed so that the same Verilog gives the same placement and Fmax.
 SEED = 1
 #: Bumped when the flow's scripts or result fields change, so old cache entries are not reused (2: ECP5 maps
-#: LUTs with abc, not abc9; yosys's own log file; the early stop on flip-flop memories).
-FLOW_VERSION = 2
+#: LUTs with abc, not abc9; yosys's own log file; the early stop on flip-flop memories. 3: the flip-flop
+#: memories' sizes from their cells, `FF_MEMORY_CELLS`).
+FLOW_VERSION = 3
 #: nextpnr's options besides the part, the netlist and the report (one seed, one thread: reproducible).
 NEXTPNR_OPTIONS = ("--seed", str(SEED), "--threads", "1", "--timing-allow-fail")
 #: yosys's statistics after block/LUT RAM mapping (ECP5): memories still unmapped there become flip-flops.
 MEMORY_STAT = "memory.json"
+#: The `$mem_v2` cells left at that point, as RTLIL (`dump`): their SIZE x WIDTH are the flip-flop memory bits,
+#: which yosys 0.70's `stat` counts as 0 for these packed cells (`ff_memory_bits`).
+FF_MEMORY_CELLS = "ffmem.il"
 
 
 @dataclass(frozen=True)
@@ -303,8 +307,32 @@ def _utilization(part: Part, used: Mapping[str, int]) -> tuple[dict[str, dict[st
     return table, over
 
 
-def _yosys_figures(stat: Mapping[str, Any], family: str) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Resources known exactly or bounded from below after synthesis, and the DSP/BRAM mapping."""
+_CELL = re.compile(r"^\s*cell \$mem_v2 (\S+)$(.*?)^\s*end$", flags=re.MULTILINE | re.DOTALL)
+_PARAM = re.compile(r"^\s*parameter \\(\w+) (.+)$", flags=re.MULTILINE)
+
+
+def _param_int(text: str) -> int:
+    """An RTLIL parameter value: a decimal integer, or a sized constant such as 32'00000000000000000000010011000000."""
+    text = text.strip()
+    if "'" in text:
+        return int(text.split("'", 1)[1], 2)
+    return int(text)
+
+
+def ff_memory_bits(rtlil: str) -> dict[str, int]:
+    """SIZE x WIDTH of each `$mem_v2` cell in a `dump` of them (`FF_MEMORY_CELLS`), by memory name (MEMID)."""
+    out: dict[str, int] = {}
+    for cell in _CELL.finditer(rtlil):
+        params: dict[str, str] = dict(_PARAM.findall(cell.group(2)))
+        name = params.get("MEMID", str(cell.group(1))).strip().strip('"').lstrip("\\")
+        out[name] = out.get(name, 0) + _param_int(params["SIZE"]) * _param_int(params["WIDTH"])
+    return out
+
+
+def _yosys_figures(stat: Mapping[str, Any], family: str, memory_bits: int = 0
+                   ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Resources known exactly or bounded from below after synthesis, and the DSP/BRAM mapping. `memory_bits`:
+    those of memories still unmapped that `stat` does not count (`ff_memory_bits`), one flip-flop a bit."""
     design = stat["design"] if "design" in stat else next(iter(stat["modules"].values()))
     cells: dict[str, int] = {k: int(v) for k, v in design["num_cells_by_type"].items()}
     def count(types: tuple[str, ...]) -> int:
@@ -314,7 +342,7 @@ def _yosys_figures(stat: Mapping[str, Any], family: str) -> tuple[dict[str, int]
         # A CCU2C carry cell takes two TRELLIS_COMB slots; LUT RAMs and packing add more (nextpnr counts them).
         luts = cells.get("LUT4", 0) + 2 * cells.get("CCU2C", 0)
         # Memories still unmapped (the statistics of an early stop, `MEMORY_STAT`) become one flip-flop a bit.
-        ffs = cells.get("TRELLIS_FF", 0) + int(design.get("num_memory_bits", 0))
+        ffs = cells.get("TRELLIS_FF", 0) + max(int(design.get("num_memory_bits", 0)), memory_bits)
         brams, dsps = count(("DP16KD",)), count(("MULT18X18D",))
     else:
         luts = cells.get("SB_LUT4", 0)
@@ -426,7 +454,8 @@ def _ff_memories(log: str) -> list[str]:
 
 #: The tool outputs a result is derived from; the cache keeps them (and the logs), so a fix of the parsing
 #: applies to cached runs without placing them again.
-ARTIFACTS = ("coarse.json", MEMORY_STAT, "stat.json", "report.json", "nextpnr.log", "yosys.log", "status.json")
+ARTIFACTS = ("coarse.json", FF_MEMORY_CELLS, MEMORY_STAT, "stat.json", "report.json", "nextpnr.log", "yosys.log",
+             "status.json")
 
 
 def _tools(part: Part) -> dict[str, str]:
@@ -504,7 +533,9 @@ def _yosys_script(part: Part, top: str) -> str:
         # synth_ecp5's own map_luts step, with abc in place of abc9 (-W 300 there).
         # The statistics after the block and LUT RAMs are mapped (what is left of the memories becomes flip-flops
         # next) let the flow stop early on a design whose flip-flop memories alone overflow the part.
-        synth = (f"synth_ecp5 -top {top} -run :map_ffram; tee -q -o {MEMORY_STAT} stat -json; "
+        # The left-over memories' cells are written before the statistics, which are the signal that both exist.
+        synth = (f"synth_ecp5 -top {top} -run :map_ffram; dump -o {FF_MEMORY_CELLS} t:$mem_v2; "
+                 f"tee -q -o {MEMORY_STAT} stat -json; "
                  f"synth_ecp5 -top {top} -run map_ffram:map_luts; check -latchonly -assert; "
                  f"techmap -map +/lattice/latches_map.v; {ECP5_LUT_MAPPING}; clean; "
                  f"synth_ecp5 -top {top} -run map_cells: -json netlist.json")
@@ -530,7 +561,7 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
         if checked or not (work / MEMORY_STAT).is_file():
             return False
         try:
-            used, _ = _yosys_figures(json.loads((work / MEMORY_STAT).read_text()), part.family)
+            used, _ = _yosys_figures(json.loads((work / MEMORY_STAT).read_text()), part.family, _ff_bits(work))
         except ValueError:  # yosys is still writing it
             return False
         checked.append(True)
@@ -559,14 +590,21 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
     (work / "status.json").write_text(json.dumps(status) + "\n")
 
 
+def _ff_bits(work: Path) -> int:
+    """The flip-flop memory bits of a run's `FF_MEMORY_CELLS` (0 without that file: iCE40, older cache entries)."""
+    path = work / FF_MEMORY_CELLS
+    return sum(ff_memory_bits(path.read_text(errors="replace")).values()) if path.is_file() else 0
+
+
 def _derive(work: Path, part: Part, base: dict[str, Any], seconds: dict[str, float], cached: bool) -> FpgaResult:
     """The result from the tools' outputs in `work` (a run's folder or a cache entry)."""
     status = json.loads((work / "status.json").read_text())
     coarse = json.loads((work / "coarse.json").read_text())
     coarse_design = coarse["design"] if "design" in coarse else next(iter(coarse["modules"].values()))
     # An early stop has the statistics after RAM mapping only: its FFs are the flip-flop memories (a lower bound).
-    stat = work / ("stat.json" if (work / "stat.json").is_file() else MEMORY_STAT)
-    used, mapping = _yosys_figures(json.loads(stat.read_text()), part.family)
+    early = not (work / "stat.json").is_file()
+    stat = work / (MEMORY_STAT if early else "stat.json")
+    used, mapping = _yosys_figures(json.loads(stat.read_text()), part.family, _ff_bits(work) if early else 0)
     mapping["multipliers"] = {"$mul": sum(int(n) for c, n in coarse_design["num_cells_by_type"].items()
                                           if c in ("$mul", "$macc"))}
     ff_memories = _ff_memories((work / "yosys.log").read_text(errors="replace"))

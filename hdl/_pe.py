@@ -17,6 +17,17 @@ Memories of one PE (all `amaranth.lib.memory.Memory`, synchronous read, one cycl
            receiver or the host's sample stream), read by the op engine.
 Vector operands are addressed (bank, word); the compiler assigns all addresses (the memory map).
 
+One write port per memory. Block RAM (ECP5 DP16KD, iCE40 EBR) takes one write port; yosys keeps a memory with
+more in flip-flops. So a link receiver that writes weights (a received copy C_l or stash ring S_l: `wwrite`),
+gradients (`gwrite`) or bank 0 (a split layer's part: `lwrite`) writes a memory of its own — `weights_in<k>`,
+`grads_in<k>`, `bank0_in<k>` — as deep as the memory it extends, at the same addresses. The compiler's memory map
+gives every buffer exactly one writer and never reuses a word for another buffer, so each word is written in
+one of these memories only and stays zero (its initial value) in the others: a read of the address space is the
+OR of all of them, with no select and no address decode on the read paths, in the same cycle as before (timing
+unchanged, cycle for cycle). The host's loads of version 0 into a received copy go to that receiver's memory
+(`PEConfig.weight_write_regions`, the copy rings' word ranges; its write port is the host's whenever the link
+does not write, and the host loads weights only while no run is going); all other host words go to `weights`.
+
 Commands (`command_layout(config)`; build them with `PEOp(...).as_const(config)`)
 ----------------------------------------------------------------------------------
     op        rows    cols    x (bank,addr)   y (bank,addr)   w        g     dst (bank 0 / grads / weights)
@@ -100,10 +111,15 @@ class PEConfig:
     send_ports: int = 1  #: read ports of bank 0 for link senders
     #: further sender read ports, by memory: "bank<k>" (a receive bank passed on), "weights", "grads"
     extra_reads: tuple[str, ...] = ()
-    weight_writes: int = 0  #: write ports of the weight memory for link receivers (weight copies)
-    grad_writes: int = 0  #: write ports of the gradient memory for link receivers (g from another PE)
-    #: write ports of bank 0 for link receivers: a split layer's parts computed elsewhere, written into the
-    #: concatenation the consumer reads (`hdl/_split.py`), beside the parts the op engine writes
+    #: link receivers writing weight copies (C_l, S_l): each its own memory beside `weights` (see "One write
+    #: port per memory" above)
+    weight_writes: int = 0
+    #: per `weight_writes` port, the (first, end) word ranges it owns in the weights address space: the host's
+    #: loads there (version 0 of a received copy) go to that port's memory, all others to `weights`
+    weight_write_regions: tuple[tuple[tuple[int, int], ...], ...] = ()
+    grad_writes: int = 0  #: link receivers writing gradients (g from another PE), each its own memory
+    #: link receivers writing bank 0, each its own memory: a split layer's parts computed elsewhere, written into
+    #: the concatenation the consumer reads (`hdl/_split.py`), beside the parts the op engine writes
     local_writes: int = 0
     #: ACT_RELU may add other banks' x words to its x operand (`x_sum`, a bank mask): the errors of a split
     #: layer's parts, summed at full width and saturated once (`hdl/_split.py`); the banks read in parallel
@@ -139,6 +155,12 @@ class PEConfig:
                 raise InputError(f"extra_reads[{k}] must be one of {', '.join((*banks, 'weights', 'grads'))}, "
                                  f"got {target!r}")
         _check_int("weight_writes", self.weight_writes, 0, 64)
+        regions = self.weight_write_regions
+        if not isinstance(regions, tuple) or len(regions) not in (0, self.weight_writes) or not all(
+                isinstance(r, tuple) and all(isinstance(a, tuple) and len(a) == 2 and 0 <= a[0] <= a[1]
+                                             <= self.weight_depth for a in r) for r in regions):
+            raise InputError(f"weight_write_regions must give each of the {self.weight_writes} weight write ports "
+                             f"its (first, end) word ranges within 0..{self.weight_depth}, got {regions!r}")
         _check_int("grad_writes", self.grad_writes, 0, 64)
         _check_int("local_writes", self.local_writes, 0, 64)
         _check_int("max_dim", self.max_dim, 1, MAX_DIM, "elements")
@@ -406,6 +428,21 @@ class ProcessingElement(wiring.Component):
         self.weights = Memory(shape=word, depth=config.weight_depth, init=[])
         self.grads = Memory(shape=word, depth=config.grad_depth, init=[])
         self.banks = [Memory(shape=word, depth=depth, init=[]) for depth in config.bank_depths]
+        # One memory per link receiver that writes weights, gradients or bank 0, as deep as the memory it
+        # extends (same addresses): each memory then has one write port, which block RAM needs.
+        self.weight_copies = [Memory(shape=word, depth=config.weight_depth, init=[])
+                              for _ in range(config.weight_writes)]
+        self.grad_copies = [Memory(shape=word, depth=config.grad_depth, init=[]) for _ in range(config.grad_writes)]
+        self.local_copies = [Memory(shape=word, depth=config.local_depth, init=[])
+                             for _ in range(config.local_writes)]
+
+    def memory_groups(self) -> dict[str, list[Memory]]:
+        """Each memory the op engine and the senders address, as the memories that hold its words: the first
+        written by the op engine (and the host), each further one by one link receiver."""
+        groups = {f"bank{k}": [bank] for k, bank in enumerate(self.banks)}
+        groups["bank0"] += self.local_copies
+        groups.update(weights=[self.weights, *self.weight_copies], grads=[self.grads, *self.grad_copies])
+        return groups
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
@@ -415,6 +452,11 @@ class ProcessingElement(wiring.Component):
         m.submodules.grads = self.grads
         for k, bank in enumerate(self.banks):
             m.submodules[f"bank{k}"] = bank
+        for prefix, copies in (("weights_in", self.weight_copies), ("grads_in", self.grad_copies),
+                               ("bank0_in", self.local_copies)):
+            for k, memory in enumerate(copies):
+                m.submodules[f"{prefix}{k}"] = memory
+        groups = self.memory_groups()
         m.submodules.datapath = dp = Datapath(lanes, cfg.fmt, cfg.lr_shift, cfg.acc_bits)
 
         # ---- accept a command ------------------------------------------------------------------------
@@ -567,11 +609,10 @@ class ProcessingElement(wiring.Component):
         s3 = Signal(tag_layout, name="tag3")
         m.d.sync += [s2.eq(s1), s3.eq(s2)]
         x_words = []
-        for k, bank in enumerate(self.banks):
-            rx, ry = bank.read_port(), bank.read_port()
-            m.d.comb += [rx.addr.eq(x_addr_r), rx.en.eq(reading), ry.addr.eq(y_addr_r), ry.en.eq(reading)]
+        for k in range(cfg.banks):
             x_word, y_word = Signal(cfg.word, name=f"x_word{k}"), Signal(cfg.word, name=f"y_word{k}")
-            m.d.sync += [x_word.eq(rx.data), y_word.eq(ry.data)]
+            m.d.sync += [x_word.eq(_read(m, groups[f"bank{k}"], x_addr_r, reading)),
+                         y_word.eq(_read(m, groups[f"bank{k}"], y_addr_r, reading))]
             x_words.append(x_word)
             if engine is not None:
                 m.d.comb += [engine.x_words[k].eq(x_word), engine.y_words[k].eq(y_word)]
@@ -582,14 +623,11 @@ class ProcessingElement(wiring.Component):
                 m.d.comb += dp.y.eq(y_word)
         if cfg.sum_banks:
             _sum_banks(m, dp.x, x_words, s3.x_bank, s3.x_sum, lanes, cfg.fmt.total_bits)
-        w_read = self.weights.read_port()
         # The host reads the weight memory while idle, its data the cycle after its address (no register).
-        m.d.comb += [w_read.addr.eq(Mux(busy, w_addr_r, self.host.addr)), w_read.en.eq(1),
-                     self.host.r_data.eq(w_read.data)]
-        g_read = self.grads.read_port()
-        m.d.comb += [g_read.addr.eq(g_addr_r), g_read.en.eq(s1.valid)]
+        w_data = _read(m, groups["weights"], Mux(busy, w_addr_r, self.host.addr), 1)
+        m.d.comb += self.host.r_data.eq(w_data)
         w_word, g_word = Signal(cfg.word), Signal(cfg.word)
-        m.d.sync += [w_word.eq(w_read.data), g_word.eq(g_read.data)]
+        m.d.sync += [w_word.eq(w_data), g_word.eq(_read(m, groups["grads"], g_addr_r, s1.valid))]
         if engine is not None:
             m.d.comb += engine.w_word.eq(w_word)
         # ---- S3: the datapath's D0 ------------------------------------------------------------------
@@ -620,13 +658,19 @@ class ProcessingElement(wiring.Component):
             with m.If(~engine.we):
                 m.d.comb += [bank0_write.en.eq(dp.out_valid & (tag.op != Opcode.GRAD) & (tag.op != Opcode.UPD)),
                              grad_write.en.eq(dp.out_valid & (tag.op == Opcode.GRAD))]
-        # The weight memory's one write port is the op engine's while busy and the host's while idle.
+        # The weight memory's one write port is the op engine's while busy and the host's while idle. A host
+        # word in a region a link receiver owns goes to that receiver's memory instead (its write port is the
+        # host's whenever the link does not write: the host loads weights only while no run is going).
+        host_in = [_in_regions(self.host.addr, regions) for regions in cfg.weight_write_regions]
+        host_main = self.host.w_en
+        for inside in host_in:
+            host_main = host_main & ~inside
         with m.If(busy):
             m.d.comb += [weight_write.addr.eq(tag.dst), weight_write.data.eq(dp.out_data),
                          weight_write.en.eq(dp.out_valid & (tag.op == Opcode.UPD))]
         with m.Else():
             m.d.comb += [weight_write.addr.eq(self.host.addr), weight_write.data.eq(self.host.w_data),
-                         weight_write.en.eq(self.host.w_en)]
+                         weight_write.en.eq(host_main)]
         done = tag.valid & tag.final
         if engine is not None:
             done = done | engine.done
@@ -639,17 +683,42 @@ class ProcessingElement(wiring.Component):
             recv_write = self.banks[k + 1].write_port()
             m.d.comb += [recv_write.addr.eq(port.addr), recv_write.data.eq(port.data), recv_write.en.eq(port.en)]
         targets = ("bank0",) * cfg.send_ports + cfg.extra_reads
-        memories = {f"bank{k}": bank for k, bank in enumerate(self.banks)}
-        memories.update(weights=self.weights, grads=self.grads)
         for port, target in zip(getattr(self, "send", []), targets, strict=True):
-            send_read = memories[target].read_port()
-            m.d.comb += [send_read.addr.eq(port.addr), send_read.en.eq(port.en), port.data.eq(send_read.data)]
-        for ports, memory in ((getattr(self, "wwrite", []), self.weights), (getattr(self, "gwrite", []), self.grads),
-                              (getattr(self, "lwrite", []), self.banks[0])):
-            for port in ports:
+            m.d.comb += port.data.eq(_read(m, groups[target], port.addr, port.en))
+        for k, port in enumerate(getattr(self, "wwrite", [])):
+            write = self.weight_copies[k].write_port()
+            host = ~busy & self.host.w_en & host_in[k] if host_in else Value.cast(0)
+            m.d.comb += [write.addr.eq(Mux(port.en, port.addr, self.host.addr)),
+                         write.data.eq(Mux(port.en, port.data.as_value(), self.host.w_data.as_value())),
+                         write.en.eq(port.en | host)]
+        for ports, copies in ((getattr(self, "gwrite", []), self.grad_copies),
+                              (getattr(self, "lwrite", []), self.local_copies)):
+            for port, memory in zip(ports, copies, strict=True):
                 write = memory.write_port()
                 m.d.comb += [write.addr.eq(port.addr), write.data.eq(port.data), write.en.eq(port.en)]
         return m
+
+
+def _read(m: Module, memories: Sequence[Memory], addr: Value, en: Value | int) -> Value:
+    """A synchronous read of one address space held by several memories: each word is written in exactly one
+    of them (the compiler's memory map gives every buffer one writer) and stays zero in the others, so the
+    word is the OR of their read data — no select, no address decode on the read paths."""
+    out: Value | None = None
+    for memory in memories:
+        port = memory.read_port()
+        m.d.comb += [port.addr.eq(addr), port.en.eq(en)]
+        out = port.data.as_value() if out is None else out | port.data.as_value()
+    assert out is not None
+    return out
+
+
+def _in_regions(addr: Value, regions: Sequence[tuple[int, int]]) -> Value:
+    """addr lies in one of the (first, end) word ranges."""
+    inside: Value = Value.cast(0)
+    for first, end in regions:
+        if first < end:
+            inside = inside | ((addr >= first) & (addr < end))
+    return inside
 
 
 def _sum_banks(m: Module, out: data.View, words: Sequence[data.View], bank: Value, mask: Value, lanes: int,

@@ -51,6 +51,13 @@ def read_ports(program: Program, p: int) -> list[tuple[int, str]]:
     return [(q, m) for q in program.pes[p].senders for m in program.link_sources(p, q) if m != "local"]
 
 
+def _written_regions(program: Program, p: int, q: int, memory: str) -> tuple[tuple[int, int], ...]:
+    """The (first, end) word ranges of PE q's `memory` that the link p→q writes (its receiver's own memory)."""
+    dst = program.pes[q]
+    names = {s.dst for e in program.pes[p].entries for s in e.sends if s.dest == q}
+    return tuple(sorted((b.base, b.base + b.words) for b in dst.buffers if b.memory == memory and b.name in names))
+
+
 def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
     """The generation parameters of every PE, sized by the compiler's memory map."""
     out = []
@@ -65,6 +72,8 @@ def pe_configs(program: Program, lr_shift: int) -> list[PEConfig]:
             recv_depths=tuple(max(1, pe.memory_words(bank)) for bank in pe.receive_banks),
             send_ports=len(bank0), extra_reads=tuple(_port_of(pe, m) for _, m in read_ports(program, p)),
             weight_writes=sum("weights" in program.link_targets(src, p) for src in incoming),
+            weight_write_regions=tuple(_written_regions(program, src, p, "weights") for src in incoming
+                                       if "weights" in program.link_targets(src, p)),
             grad_writes=sum("grads" in program.link_targets(src, p) for src in incoming),
             local_writes=sum("local" in program.link_targets(src, p) for src in incoming),
             sum_banks=any(step.x_sum for e in pe.entries for step in e.steps),

@@ -341,13 +341,14 @@ def test_a_tool_failure_is_one_line_with_its_pass_and_error() -> None:
 def test_ecp5_script_maps_luts_with_abc_between_the_halves_of_synth_ecp5() -> None:
     """The flags: no ABC9 (its reintegration asserts on LayerPipe's designs), synth_ecp5's own steps around the
     LUT mapping, the statistics after RAM mapping for the early stop, and the same script for every design."""
-    from layerpipe.hdl._fpga import ECP5_LUT_MAPPING, MEMORY_STAT, _yosys_script
+    from layerpipe.hdl._fpga import ECP5_LUT_MAPPING, FF_MEMORY_CELLS, MEMORY_STAT, _yosys_script
 
     script = _yosys_script(PARTS["ecp5-85k"], "top")
     steps = [s.strip() for s in script.split(";")]
     assert "abc9" not in script and ECP5_LUT_MAPPING == "abc -dress -lut 4:7"
     at = steps.index
-    assert (at("synth_ecp5 -top top -run :map_ffram") < at(f"tee -q -o {MEMORY_STAT} stat -json")
+    assert (at("synth_ecp5 -top top -run :map_ffram") < at(f"dump -o {FF_MEMORY_CELLS} t:$mem_v2")
+            < at(f"tee -q -o {MEMORY_STAT} stat -json")
             < at("synth_ecp5 -top top -run map_ffram:map_luts") < at("techmap -map +/lattice/latches_map.v")
             < at(ECP5_LUT_MAPPING) < at("synth_ecp5 -top top -run map_cells: -json netlist.json")
             < at("tee -q -o stat.json stat -json"))
@@ -428,3 +429,58 @@ def test_rtl_part_tool_failure_is_one_line_exit_2_and_writes_nothing(tmp_path: P
         "layerpipe: error: yosys failed (exit 1) in ABC_OPS_REINTEGRATE: ERROR: Assert `GetSize(conn.first) == "
         "GetSize(conn.second)' failed in kernel/rtlil.cc:3091."], err
     assert not (tmp_path / "o").exists()
+
+
+#: A `dump` of the `$mem_v2` cells yosys 0.70 leaves after `synth_ecp5 -run :map_ffram` (trimmed: one cell with
+#: 3 write ports, as the free placement's `weights` once had, and one with a sized-constant SIZE).
+FF_MEMORY_DUMP = r"""
+  attribute \src "design.v:12"
+  cell $mem_v2 $auto$memory_collect.cc:327:execute$4121
+    parameter \MEMID "\\pe0.weights"
+    parameter \WIDTH 64
+    parameter \OFFSET 0
+    parameter \SIZE 1216
+    parameter \WR_PORTS 3
+    parameter \INIT 77824'x
+    connect \RD_EN 1'1
+  end
+  cell $mem_v2 \pe1.weights
+    parameter \WIDTH 64
+    parameter \SIZE 32'00000000000000000000001001100000
+  end
+"""
+
+
+def test_flip_flop_memory_bits_are_the_cells_size_times_width() -> None:
+    """yosys 0.70's `stat` gives these packed cells `num_memory_bits` 0; their SIZE x WIDTH are the real bits."""
+    from layerpipe.hdl._fpga import _yosys_figures, ff_memory_bits
+
+    bits = ff_memory_bits(FF_MEMORY_DUMP)
+    assert bits == {"pe0.weights": 1216 * 64, "pe1.weights": 608 * 64} and sum(bits.values()) == 116736
+    assert ff_memory_bits("") == {}
+    stat = {"modules": {"top": {"num_memory_bits": 0, "num_port_bits": 37, "num_cells_by_type": {"TRELLIS_FF": 10}}}}
+    assert _yosys_figures(stat, "ecp5", 116736)[0]["ffs"] == 116746
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+def test_a_real_memory_over_the_part_in_flip_flops_stops_yosys_early(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 512 x 64 memory with two write ports (no DP16KD takes it) on the 25F, whose 24,288 FFs it overflows:
+    the real yosys stops after RAM mapping and the verdict names the memory, with its 32,768 bits."""
+    monkeypatch.setenv("LAYERPIPE_FPGA_CACHE", str(tmp_path / "cache"))
+    verilog = """module top(input clk, input [8:0] a1, a2, ra, input [63:0] d, input e1, e2, output reg [63:0] q);
+  reg [63:0] mem [0:511];
+  always @(posedge clk) begin
+    if (e1) mem[a1] <= d;
+    if (e2) mem[a2] <= ~d;
+    q <= mem[ra];
+  end
+endmodule
+"""
+    result = run_fpga_flow(verilog, PARTS["ecp5-25k"], top="top", keep_dir=tmp_path / "work")
+    status = json.loads((tmp_path / "work" / "status.json").read_text())
+    assert status == {"yosys": "stopped: memories over the FFs", "nextpnr": None}
+    assert not result.fits and result.ff_memories == ["mem"] and result.overflow == ["ffs 32768 of 24288 (+8480)"]
+    assert result.misfit_line() == ("design does not fit ecp5-25k (LFE5U-25F, CABGA381): ffs 32768 of 24288 (+8480) "
+                                    "(memories in flip-flops: mem)")
