@@ -56,33 +56,56 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     """Runs of ops numbered processor-major (processor p owns bounds[p] … bounds[p+1] − 1) whose inputs are
     src[ptr[i]:ptr[i+1]] (op numbers < n, or transfer input numbers ≥ n); sends (links only) by producer op,
     in each producer's queueing order. None when more than `max_head_share` of the ops head a run."""
+    # Intermediate arrays are dropped as soon as they are used (issue 14: this is the simulator's largest peak).
     n = bounds[-1]
     counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
     consumer, keep = needed_inputs(bounds, ptr, src)
+    kept_consumer = consumer[keep]
+    del consumer
+    kept_src = src[keep]
+    del keep
     head = np.zeros(n, dtype=bool)
     head[np.asarray(bounds[:-1], dtype=np.int64)[counts > 0]] = True
-    head[consumer[keep]] = True
+    head[kept_consumer] = True
     heads = np.flatnonzero(head)
     if len(heads) > max_head_share * n:
         return None
-    index = np.arange(n, dtype=np.int64)
-    run_of = np.maximum.accumulate(np.where(head, index, 0)) if n else index
+    run_of = np.where(head, np.arange(n, dtype=np.int64), 0)
+    if n:
+        np.maximum.accumulate(run_of, out=run_of)
     d = np.asarray(dur, dtype=np.int64)
-    total = np.cumsum(d)
-    off = total - total[run_of] + d[run_of]
+    off = np.cumsum(d)  # running sum of durations up to each op's end; then less its run head's start
+    before = off - d  # … to its start
+    off -= before[run_of]
+    del before, d
     last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
     length = off[last]
-    kept_src, kept_consumer = src[keep], consumer[keep]
     kept_is_op = kept_src < n
-    key = np.where(kept_is_op, run_of[np.minimum(kept_src, max(n - 1, 0))], kept_src)
-    add = np.where(kept_is_op, off[np.minimum(kept_src, max(n - 1, 0))], 0)
-    head_number = np.cumsum(head) - 1  # op → number of its run's head
+    all_ops = bool(kept_is_op.all())
+    if all_ops:
+        key, add = run_of[kept_src], off[kept_src]
+    else:
+        at = np.minimum(kept_src, max(n - 1, 0))
+        key = np.where(kept_is_op, run_of[at], kept_src)
+        add = np.where(kept_is_op, off[at], 0)
+        del at
+    head_number = np.cumsum(head, dtype=np.int64)  # op → number of its run's head
+    head_number -= 1
+    del head
     in_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
     np.cumsum(np.bincount(head_number[kept_consumer], minlength=len(heads)), out=in_ptr[1:])
+    del kept_consumer
     head_bounds = np.searchsorted(heads, np.asarray(bounds, dtype=np.int64)).tolist()
     with gc_paused():
-        pairs = list(zip(key.tolist(), add.tolist(), strict=True))
+        head_list = heads.tolist()
+        # Every key of an op input is a head op: the head list's own int objects (a run's head number is the
+        # same for every op of the run, so the source's own number gives it).
+        keys = list(map(head_list.__getitem__, head_number[kept_src].tolist())) if all_ops else key.tolist()
+        del key, kept_src
+        pairs = list(zip(keys, shared_ints(add), strict=True))
+        del keys, add
         inputs = [pairs[a:b] for a, b in itertools.pairwise(in_ptr.tolist())]
+        del pairs
         sends = None
         if send_producer is not None and send_input is not None and send_link is not None:
             owner = head_number[send_producer]
@@ -90,7 +113,29 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
             np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
             sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
-    return Runs(heads.tolist(), head_bounds, length.tolist(), inputs, sends, run_of, off)
+    return Runs(head_list, head_bounds, shared_ints(length), inputs, sends, _narrow(run_of), _narrow(off))
+
+
+def shared_ints(values: np.ndarray) -> list[int]:
+    """`values.tolist()` with one int object per distinct value (issue 14: memory per op). Offsets and run lengths
+    repeat period after period, and an int object costs 32 bytes where a list slot costs 8. Small ranges map
+    through a table of every value, others through `np.unique`'s inverse."""
+    if not len(values):
+        return []
+    lo, hi = int(values.min()), int(values.max())
+    if lo >= 0 and hi <= max(256, len(values) // 8):
+        table = list(range(hi + 1))
+        return list(map(table.__getitem__, values.tolist()))
+    distinct, inverse = np.unique(values, return_inverse=True)
+    table = distinct.tolist()
+    return list(map(table.__getitem__, inverse.ravel().tolist()))
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """`values` as int32 when every value fits (half the memory; sums with int64 arrays stay int64)."""
+    if len(values) and np.iinfo(np.int32).min <= int(values.min()) and int(values.max()) <= np.iinfo(np.int32).max:
+        return values.astype(np.int32)
+    return values
 
 
 def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,14 +143,23 @@ def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[
     has ended by the time the processor reaches the consumer, so a sweep need not look at it (nor can a
     processor ever wait for it: dropping it changes no time and no deadlock report)."""
     n = bounds[-1]
-    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
-    proc = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     per_op: np.ndarray = np.diff(np.asarray(ptr, dtype=np.int64))
     consumer = np.repeat(np.arange(n, dtype=np.int64), per_op)
-    is_op = src < n
-    local = np.zeros(len(src), dtype=bool)
-    local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
-    return consumer, ~(local & (src < consumer))
+    del per_op
+    # Processor by processor (consumers are numbered processor-major, so each is one slice of the entries): no
+    # array of every entry's processors (issue 14: memory).
+    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
+    proc = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    cuts = np.asarray(ptr, dtype=np.int64)[np.asarray(bounds, dtype=np.int64)].tolist()
+    keep = np.ones(len(src), dtype=bool)
+    for p in range(len(counts)):
+        lo, hi = cuts[p], cuts[p + 1]
+        x = src[lo:hi]
+        is_op = x < n
+        local = np.zeros(hi - lo, dtype=bool)
+        local[is_op] = proc[x[is_op]] == p
+        keep[lo:hi] = ~(local & (x < consumer[lo:hi]))
+    return consumer, keep
 
 
 def needed_input_lists(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> list[list[int]]:
