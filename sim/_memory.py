@@ -37,13 +37,14 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
                 workload: Workload, mode: str, distributed: bool = False) -> list[int]:
     """The largest number of words each processor holds at any time (`distributed`: every reader of a
     weight holds its own copy, see the module docstring)."""
+    # The weight steps first: their scratch arrays are gone before the activation intervals are built (peak).
+    steps: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for p, t, d in _weight_steps(c, start, end, versions, workload, mode, distributed):
+        steps.setdefault(p, []).append((t, d))
     if workload.level == "layer":
         where, lo, hi, words = _kept_intervals(c, start, end)
     else:
         where, lo, hi, words = _stage_activation_intervals(c, start, end, workload)
-    steps: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for p, t, d in _weight_steps(c, start, end, versions, workload, mode, distributed):
-        steps.setdefault(p, []).append((t, d))
     # Processor by processor (issue 14: no array of every change of every processor at once). Within one, the
     # changes by time, releases (negative) first; changes equal in both are equal, so their order is not seen.
     peaks = [0] * c.num_procs
@@ -64,9 +65,12 @@ def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray):
     # The consumer of each kept entry from the CSR pointer (no consumer array over every entry: issue 14).
     consumer = np.searchsorted(c.prod_ptr, entries, side="right") - 1
     producer, words = c.prod_idx[entries], c.prod_words[entries]
-    local = proc[producer] == proc[consumer]
-    where = np.where(local, proc[producer], proc[consumer])
-    lo = np.where(local, start[producer], end[producer])
+    del entries
+    where = proc[producer]
+    local = where == proc[consumer]
+    where[~local] = proc[consumer[~local]]
+    lo = end[producer]
+    lo[local] = start[producer[local]]
     return where, lo, end[consumer], words
 
 
@@ -88,7 +92,7 @@ def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versi
     extra = 1 if mode == "ema" else 0
     proc = c.proc_array()
     kinds = [k for k, _ in c.tasks]
-    unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
+    unit = _unit_per_op(c)
     is_update = np.asarray([k == "U" for k in kinds], dtype=bool)[c.task]
     is_forward = np.asarray(["F" in k for k in kinds], dtype=bool)[c.task]
     is_backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)[c.task]
@@ -147,3 +151,12 @@ def _held_version_counts(lo: np.ndarray, hi: np.ndarray, update_ends: np.ndarray
     cur = np.minimum(current, max(len(lo) - 1, 0))
     current_held = known & (lo[cur] <= times) & (times < hi[cur]) if len(lo) else np.zeros(len(times), bool)
     return times, active + (~current_held).astype(np.int64)
+
+
+def _unit_per_op(c: CompiledSchedule) -> np.ndarray:
+    """Every op's unit (layer or stage), in the smallest of int16 / int32 / int64 that holds them (an array per
+    op: issue 14's memory; compared and sorted only, never multiplied)."""
+    units = [u for _, u in c.tasks]
+    top = max((abs(u) for u in units), default=0)
+    dtype = np.int16 if top < 2**15 - 1 else np.int32 if top < 2**31 - 1 else np.int64  # u + 1 fits too
+    return np.asarray(units, dtype=dtype)[c.task]

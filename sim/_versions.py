@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from layerpipe.sim._engine import CompiledSchedule
+from layerpipe.sim._memory import _unit_per_op
 from layerpipe.sim._workload import Workload
 
 
@@ -40,7 +41,7 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
         return versions
     if workload.level == "stage":
         return versions
-    unit = np.asarray([u for _, u in c.tasks], dtype=np.int64)[c.task]
+    unit = _unit_per_op(c)  # int16 / int32 where they fit (memory per op)
     updates = np.flatnonzero(np.asarray([k == "U" for k, _ in c.tasks], dtype=bool)[c.task])
     updates = updates[np.lexsort((end[updates], unit[updates]))]  # by layer, then end time
     update_units, update_ends = unit[updates], end[updates]
@@ -102,10 +103,10 @@ def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.n
     if not len(backward) or not len(forward):
         return
     span = int(c.iteration.max()) + 1
-    forward_key = unit[forward] * span + c.iteration[forward]
+    forward_key = unit[forward].astype(np.int64) * span + c.iteration[forward]
     order = np.argsort(forward_key)
     forward, forward_key = forward[order], forward_key[order]
-    key = unit[backward] * span + c.iteration[backward]
+    key = unit[backward].astype(np.int64) * span + c.iteration[backward]
     pos = np.minimum(np.searchsorted(forward_key, key), len(forward_key) - 1)
     found = forward_key[pos] == key
     versions[backward[found]] = versions[forward[pos[found]]]
