@@ -405,11 +405,14 @@ def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int],
     """(bounds, tasks, task, iteration) of a schedule of columns, tasks numbered in order of first appearance
     (as `_from_ops` numbers them)."""
     task = np.asarray(columns.task, dtype=np.int64)
-    present, first = np.unique(task, return_index=True)
-    order = present[np.argsort(first, kind="stable")]
+    first = columns.first_positions()
+    present = np.flatnonzero(first < columns.num_ops)
+    order = present[np.argsort(first[present], kind="stable")]
+    tasks = tuple(columns.tasks[int(k)] for k in order)
+    if (order == np.arange(len(order))).all():  # numbered so already (`PeriodicSchedule.unroll`): share the column
+        return list(columns.bounds), tasks, task, np.asarray(columns.iteration, dtype=np.int64)
     renumber = np.zeros(len(columns.tasks), dtype=np.int64)
     renumber[order] = np.arange(len(order), dtype=np.int64)
-    tasks = tuple(columns.tasks[int(k)] for k in order)
     return list(columns.bounds), tasks, renumber[task], np.asarray(columns.iteration, dtype=np.int64)
 
 

@@ -134,6 +134,42 @@ class OpColumns:
             return tuple(tuple(Op(p, kinds[k], units[k], t) for k, t in zip(task[lo:hi], iteration[lo:hi], strict=True))
                          for p, (lo, hi) in enumerate(itertools.pairwise(self.bounds)))
 
+    def first_positions(self) -> np.ndarray:
+        """Per task id, the position of its first op (`num_ops` for a task without ops). Row by row, each row's
+        missing tasks looked for in blocks that double in length: a periodic row shows all its tasks within its
+        first period, so this reads a few blocks per row, not every op (no sort of the whole column)."""
+        import numpy as np
+
+        n, k = self.num_ops, len(self.tasks)
+        first = np.full(k, n, dtype=np.int64)
+        for lo, hi in itertools.pairwise(self.bounds):
+            if hi <= lo:
+                continue
+            missing = (np.bincount(self.task[lo:hi], minlength=k) > 0) & (first == n)
+            left, a, block = int(missing.sum()), lo, 4096
+            while left and a < hi:
+                b = min(a + block, hi)
+                found, at = np.unique(self.task[a:b], return_index=True)
+                new = missing[found]
+                first[found[new]] = a + at[new]
+                missing[found[new]] = False
+                left -= int(new.sum())
+                a, block = b, block * 2
+        return first
+
+    def in_first_appearance_order(self) -> OpColumns:
+        """The same ops with task ids numbered in order of first appearance (tasks without ops last, in their
+        order): what `compile_schedule` numbers them by, so it can share this column instead of renumbering."""
+        import numpy as np
+
+        first = self.first_positions()
+        order = np.argsort(first, kind="stable")
+        if (order == np.arange(len(order))).all():
+            return self
+        renumber = np.empty(len(order), dtype=np.int64)
+        renumber[order] = np.arange(len(order), dtype=np.int64)
+        return OpColumns(self.bounds, tuple(self.tasks[int(t)] for t in order), renumber[self.task], self.iteration)
+
     def padded(self, num_procs: int) -> OpColumns:
         """The same ops with idle processors appended up to `num_procs`."""
         extra = (self.bounds[-1],) * max(0, num_procs - self.num_procs)
@@ -592,7 +628,7 @@ class PeriodicSchedule:
             bounds.append(bounds[-1] + len(order))
         empty = np.zeros(0, dtype=np.int64)
         columns = OpColumns(tuple(bounds), tuple(task_id), np.concatenate(task_parts) if task_parts else empty,
-                            np.concatenate(iteration_parts) if iteration_parts else empty)
+                            np.concatenate(iteration_parts) if iteration_parts else empty).in_first_appearance_order()
         pins = self.read_pins()
         phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
         phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
