@@ -115,7 +115,7 @@ class CompiledSchedule:
     tasks: tuple[tuple[str, int], ...]
     task: np.ndarray
     iteration: np.ndarray
-    prod_ptr: np.ndarray
+    prod_ptr: np.ndarray  #: int32 when the values fit (as `prod_idx` and `prod_words`), else int64
     prod_idx: np.ndarray
     prod_words: np.ndarray
     prod_role: np.ndarray
@@ -188,13 +188,13 @@ class CompiledSchedule:
         one transfer each when they sit on different processors. Computed when asked, not kept (the traffic
         report and the link plan, itself kept, read it once each)."""
         n = self.num_ops
-        key = self.prod_idx * n + self.consumer_of_edge
+        key = self.prod_idx.astype(np.int64) * n + self.consumer_of_edge  # int64: the CSR may be int32
         if not len(key):
             return key, key.copy(), np.zeros(0, dtype=np.int64)
         order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
         key = key[order]
         starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-        words = np.add.reduceat(self.prod_words[order], starts).astype(np.int64)  # exact integer sums
+        words = np.add.reduceat(self.prod_words[order].astype(np.int64), starts)  # exact integer sums in int64
         return key[starts] // n, key[starts] % n, words
 
     @cached_property
@@ -379,10 +379,21 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
     if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
-    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, *csr, plan_time=plan_time)
+    ptr, producer, words, role, roles = csr
+    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow(ptr), _narrow(producer),
+                                _narrow(words), role, roles, plan_time=plan_time)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """A CSR array as int32 when every value fits (issue 14: memory per dependency). Readers index with it,
+    compare it and widen it to int64 before any product or sum that could leave int32."""
+    if values.dtype == np.int64 and (not len(values) or (int(values.min()) >= np.iinfo(np.int32).min
+                                                          and int(values.max()) <= np.iinfo(np.int32).max)):
+        return values.astype(np.int32)
+    return values
 
 
 def _has_duplicate(slot: np.ndarray, cells: int) -> bool:
