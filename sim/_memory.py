@@ -90,36 +90,45 @@ def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versi
                   workload: Workload, mode: str, distributed: bool = False):
     """Per weight unit and holding processor: (processor, change times, word deltas) of the words held."""
     extra = 1 if mode == "ema" else 0
-    proc = c.proc_array()
+    # Per-task tables and per-unit subsets rather than flags and processors per op (issue 14: memory per op).
     kinds = [k for k, _ in c.tasks]
+    is_update = np.asarray([k == "U" for k in kinds], dtype=bool)
+    is_forward = np.asarray(["F" in k for k in kinds], dtype=bool)
+    is_backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)
+    cuts = np.asarray(c.bounds, dtype=np.int64)
+
+    def proc(ops: np.ndarray) -> np.ndarray:  # the processors of some ops (numbered processor-major)
+        return np.searchsorted(cuts, ops, side="right") - 1
+
     unit = _unit_per_op(c)
-    is_update = np.asarray([k == "U" for k in kinds], dtype=bool)[c.task]
-    is_forward = np.asarray(["F" in k for k in kinds], dtype=bool)[c.task]
-    is_backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)[c.task]
     by_unit = np.argsort(unit, kind="stable")  # stable: program order within a unit's ops
     sorted_units = unit[by_unit]
+    del unit
     finish = int(end.max()) + 1 if len(end) else 0
     for u, size in sorted(workload.weight_words.items()):
         lo_i, hi_i = np.searchsorted(sorted_units, [u, u + 1])
         members = by_unit[lo_i:hi_i]
         if not len(members):
             continue
-        updates = members[is_update[members]]
-        owners = updates if len(updates) else members[is_forward[members]]
+        member_task = c.task[members]
+        updates = members[is_update[member_task]]
+        owners = updates if len(updates) else members[is_forward[member_task]]
+        del member_task
         if not len(owners):
             continue
         readers = members[versions[members] >= 0]
         count = int(versions[readers].max()) + 1 if len(readers) else 0
-        owner = int(proc[owners[0]])
+        owner = int(proc(owners[:1])[0])
         update_ends = np.sort(end[updates])
         if not distributed:
             yield owner, *_held_words(readers, count, start, end, versions, update_ends, size, extra * size,
                                       finish)
             continue
-        holders = sorted({int(q) for q in proc[readers]} | {owner})
-        buffered = {int(q) for q in proc[readers[is_backward[readers]]]} or {owner}
+        reader_proc = proc(readers)
+        holders = sorted({int(q) for q in reader_proc} | {owner})
+        buffered = {int(q) for q in reader_proc[is_backward[c.task[readers]]]} or {owner}
         for q in holders:
-            mine = readers[proc[readers] == q]
+            mine = readers[reader_proc == q]
             yield q, *_held_words(mine, count, start, end, versions, update_ends, size,
                                   extra * size if q in buffered else 0, finish)
 

@@ -100,11 +100,11 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
         head_list = heads.tolist()
         # Every key of an op input is a head op: the head list's own int objects (a run's head number is the
         # same for every op of the run, so the source's own number gives it).
-        keys = list(map(head_list.__getitem__, head_number[kept_src].tolist())) if all_ops else key.tolist()
+        keys = list(map(head_list.__getitem__, _ints(head_number[kept_src]))) if all_ops else key.tolist()
         del key, kept_src
         pairs = list(zip(keys, shared_ints(add), strict=True))
         del keys, add
-        inputs = [pairs[a:b] for a, b in itertools.pairwise(in_ptr.tolist())]
+        inputs = [pairs[a:b] for a, b in itertools.pairwise(_ints(in_ptr))]
         del pairs
         sends = None
         if send_producer is not None and send_input is not None and send_link is not None:
@@ -125,10 +125,17 @@ def shared_ints(values: np.ndarray) -> list[int]:
     lo, hi = int(values.min()), int(values.max())
     if lo >= 0 and hi <= max(256, len(values) // 8):
         table = list(range(hi + 1))
-        return list(map(table.__getitem__, values.tolist()))
+        return list(map(table.__getitem__, _ints(values)))
     distinct, inverse = np.unique(values, return_inverse=True)
     table = distinct.tolist()
-    return list(map(table.__getitem__, inverse.ravel().tolist()))
+    return list(map(table.__getitem__, _ints(inverse.ravel())))
+
+
+def _ints(values: np.ndarray) -> memoryview:
+    """The values as an iterable of Python ints made one at a time, each freed once used — not `tolist()`'s list
+    of them all: a burst of small objects freed after the run's lists were built would leave the allocator's
+    arenas full of holes the process keeps (resident memory, issue 14)."""
+    return memoryview(np.ascontiguousarray(values, dtype=np.int64))
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
