@@ -135,7 +135,7 @@ def _ints(values: np.ndarray) -> memoryview:
     """The values as an iterable of Python ints made one at a time, each freed once used — not `tolist()`'s list
     of them all: a burst of small objects freed after the run's lists were built would leave the allocator's
     arenas full of holes the process keeps (resident memory, issue 14)."""
-    return memoryview(np.ascontiguousarray(values, dtype=np.int64))
+    return memoryview(np.ascontiguousarray(values, dtype=np.int64).data)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
