@@ -18,6 +18,7 @@ head, not per op.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,9 +101,9 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
         head_list = heads.tolist()
         # Every key of an op input is a head op: the head list's own int objects (a run's head number is the
         # same for every op of the run, so the source's own number gives it).
-        keys = list(map(head_list.__getitem__, _ints(head_number[kept_src]))) if all_ops else key.tolist()
+        keys = map(head_list.__getitem__, _ints(head_number[kept_src])) if all_ops else iter(key.tolist())
         del key, kept_src
-        pairs = list(zip(keys, shared_ints(add), strict=True))
+        pairs = list(zip(keys, _shared(add), strict=True))  # iterators: no list of the keys, none of the adds
         del keys, add
         inputs = [pairs[a:b] for a, b in itertools.pairwise(_ints(in_ptr))]
         del pairs
@@ -117,18 +118,23 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
 
 
 def shared_ints(values: np.ndarray) -> list[int]:
+    """`values.tolist()` with one int object per distinct value (see `_shared`)."""
+    return list(_shared(values))
+
+
+def _shared(values: np.ndarray) -> Iterator[int]:
     """`values.tolist()` with one int object per distinct value (issue 14: memory per op). Offsets and run lengths
     repeat period after period, and an int object costs 32 bytes where a list slot costs 8. Small ranges map
     through a table of every value, others through `np.unique`'s inverse."""
     if not len(values):
-        return []
+        return iter(())
     lo, hi = int(values.min()), int(values.max())
     if lo >= 0 and hi <= max(256, len(values) // 8):
         table = list(range(hi + 1))
-        return list(map(table.__getitem__, _ints(values)))
+        return map(table.__getitem__, _ints(values))
     distinct, inverse = np.unique(values, return_inverse=True)
     table = distinct.tolist()
-    return list(map(table.__getitem__, _ints(inverse.ravel())))
+    return map(table.__getitem__, _ints(inverse.ravel()))
 
 
 def _ints(values: np.ndarray) -> memoryview:
@@ -244,5 +250,7 @@ def op_times(r: Runs, known: list[int], dur: list[int] | np.ndarray) -> tuple[np
     n = len(dur)
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    end = np.asarray(known[:n], dtype=np.int64)[r.run_of] + r.off
+    # The heads' starts read straight from the list (a slice would copy n pointers first: peak memory).
+    end = np.fromiter(itertools.islice(known, n), dtype=np.int64, count=n)[r.run_of]
+    end += r.off
     return end - np.asarray(dur, dtype=np.int64), end
