@@ -252,6 +252,9 @@ class SimResult:
                 for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
 
 
+#: Dependencies up to which the traffic sums take every entry at once (above it, one consumer processor at a time).
+SMALL_ENTRIES = 1 << 16
+
 #: The fields a `SimResult.deferred` result computes when first read.
 _DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
 
@@ -262,6 +265,15 @@ def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
     proc = c.proc_array()
     procs = c.num_procs
+    if len(c.prod_idx) <= SMALL_ENTRIES:  # at once: a pass per processor costs more than it saves here
+        src, dst = proc[c.prod_idx], proc[c.consumer_of_edge]
+        cross = src != dst
+        if not cross.any():
+            return {}
+        pair = src[cross].astype(np.int64) * procs + dst[cross]
+        sums = np.bincount(pair, weights=c.prod_words[cross], minlength=procs ** 2).astype(np.int64)
+        present = np.bincount(pair, minlength=procs ** 2) > 0
+        return {(int(k) // procs, int(k) % procs): int(sums[k]) for k in np.flatnonzero(present)}
     # Consumers are numbered processor-major: consumer processor q's entries are one slice of the CSR arrays,
     # taken in turn (no array over every entry: issue 14). Each pair's sum adds its entries in the same order
     # as one bincount over all of them would.

@@ -104,6 +104,10 @@ def parse_op(text: str, proc: int) -> Op:
     return Op(proc, m.group(1), int(m.group(2)), int(m.group(3)))
 
 
+#: Ops up to which column passes take the whole column at once (below it, per-row passes cost more than they save).
+SMALL_COLUMNS = 1 << 16
+
+
 @dataclass(frozen=True, eq=False)
 class OpColumns:
     """A schedule's ops as columns, no object per op (issue 14: generators, expansions and the timing engine
@@ -142,6 +146,10 @@ class OpColumns:
 
         n, k = self.num_ops, len(self.tasks)
         first = np.full(k, n, dtype=np.int64)
+        if n <= SMALL_COLUMNS:  # one sort of a short column is cheaper than a pass per row
+            present, at = np.unique(self.task, return_index=True)
+            first[present] = at
+            return first
         for lo, hi in itertools.pairwise(self.bounds):
             if hi <= lo:
                 continue

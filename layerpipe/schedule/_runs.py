@@ -46,6 +46,9 @@ class Runs:
     off: np.ndarray  #: per op, cycles from its run's start to its end
 
 
+#: Inputs up to which `needed_inputs` takes them all at once (above it, one processor at a time: memory).
+SMALL_INPUTS = 1 << 16
+
 #: Runs pay when they merge ops: with more heads than this share of the ops (stage-level pipelines, where
 #: nearly every op waits for another processor) the op-by-op sweep is faster than building the runs.
 MAX_HEAD_SHARE = 0.75
@@ -163,6 +166,11 @@ def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[
     # array of every entry's processors (issue 14: memory).
     counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
     proc = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    if len(src) <= SMALL_INPUTS:  # at once: a pass per processor costs more than it saves here
+        is_op = src < n
+        local = np.zeros(len(src), dtype=bool)
+        local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
+        return consumer, ~(local & (src < consumer))
     cuts = np.asarray(ptr, dtype=np.int64)[np.asarray(bounds, dtype=np.int64)].tolist()
     keep = np.ones(len(src), dtype=bool)
     for p in range(len(counts)):
