@@ -194,7 +194,10 @@ class CompiledSchedule:
         order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
         key = key[order]
         starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-        words = np.add.reduceat(self.prod_words[order].astype(np.int64), starts)  # exact integer sums in int64
+        words = self.prod_words[order]
+        if words.dtype == np.int32:  # narrowed at compile time: sum in int64 (exact)
+            words = words.astype(np.int64)
+        words = np.add.reduceat(words, starts).astype(np.int64)  # summed before any cast (words may be floats)
         return key[starts] // n, key[starts] % n, words
 
     @cached_property
