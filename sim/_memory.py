@@ -48,7 +48,7 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
     # Processor by processor (issue 14: no array of every change of every processor at once). Within one, the
     # changes by time, releases (negative) first; changes equal in both are equal, so their order is not seen.
     peaks = [0] * c.num_procs
-    if len(where) <= SMALL_INTERVALS:  # at once (the rule before issue 14): a pass per processor costs more here
+    if len(where) <= SMALL_INTERVALS * max(c.num_procs, 1):  # at once (as before issue 14): cheaper here
         return _peaks_at_once(c.num_procs, where, lo, hi, words, steps)
     for p in range(c.num_procs):
         mine = np.flatnonzero(where == p)
@@ -60,8 +60,8 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
     return peaks
 
 
-#: Intervals up to which the peaks are found with one sort of every change (above it, one processor at a time).
-SMALL_INTERVALS = 1 << 15
+#: Intervals per processor up to which the peaks come from one sort of every change (above, one at a time).
+SMALL_INTERVALS = 1024
 
 
 def _peaks_at_once(num_procs: int, where: np.ndarray, lo: np.ndarray, hi: np.ndarray, words: np.ndarray,

@@ -252,8 +252,8 @@ class SimResult:
                 for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
 
 
-#: Dependencies up to which the traffic sums take every entry at once (above it, one consumer processor at a time).
-SMALL_ENTRIES = 1 << 16
+#: Dependencies per processor up to which the traffic sums take every entry at once (above, one at a time).
+SMALL_ENTRIES = 2048
 
 #: The fields a `SimResult.deferred` result computes when first read.
 _DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
@@ -265,7 +265,7 @@ def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
     proc = c.proc_array()
     procs = c.num_procs
-    if len(c.prod_idx) <= SMALL_ENTRIES:  # at once: a pass per processor costs more than it saves here
+    if len(c.prod_idx) <= SMALL_ENTRIES * max(procs, 1):  # at once: a pass per processor costs more here
         src, dst = proc[c.prod_idx], proc[c.consumer_of_edge]
         cross = src != dst
         if not cross.any():

@@ -104,8 +104,8 @@ def parse_op(text: str, proc: int) -> Op:
     return Op(proc, m.group(1), int(m.group(2)), int(m.group(3)))
 
 
-#: Ops up to which column passes take the whole column at once (below it, per-row passes cost more than they save).
-SMALL_COLUMNS = 1 << 16
+#: Ops per row up to which column passes take the whole column at once (per-row passes cost more than they save).
+SMALL_COLUMNS = 2048
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,7 +146,7 @@ class OpColumns:
 
         n, k = self.num_ops, len(self.tasks)
         first = np.full(k, n, dtype=np.int64)
-        if n <= SMALL_COLUMNS:  # one sort of a short column is cheaper than a pass per row
+        if n <= SMALL_COLUMNS * max(self.num_procs, 1):  # short rows: one sort beats a pass per row
             present, at = np.unique(self.task, return_index=True)
             first[present] = at
             return first

@@ -40,14 +40,14 @@ class Runs:
     head: list[int]
     head_bounds: list[int]
     length: list[int]
-    inputs: list[list[tuple[int, int]]]
+    inputs: list[tuple[tuple[int, int], ...]]
     sends: list[list[tuple[int, int, int]]] | None
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
 
 
-#: Inputs up to which `needed_inputs` takes them all at once (above it, one processor at a time: memory).
-SMALL_INPUTS = 1 << 16
+#: Inputs per processor up to which `needed_inputs` takes them all at once (above, a processor at a time: memory).
+SMALL_INPUTS = 2048
 
 #: Runs pay when they merge ops: with more heads than this share of the ops (stage-level pipelines, where
 #: nearly every op waits for another processor) the op-by-op sweep is faster than building the runs.
@@ -108,7 +108,8 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
         del key, kept_src
         pairs = list(zip(keys, _shared(add), strict=True))  # iterators: no list of the keys, none of the adds
         del keys, add
-        inputs = [pairs[a:b] for a, b in itertools.pairwise(_ints(in_ptr))]
+        # A tuple per head, not a list: 48 bytes for one input where a list takes 72 (most heads have one).
+        inputs = list(map(tuple, map(pairs.__getitem__, itertools.starmap(slice, itertools.pairwise(_ints(in_ptr))))))
         del pairs
         sends = None
         if send_producer is not None and send_input is not None and send_link is not None:
@@ -166,7 +167,7 @@ def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[
     # array of every entry's processors (issue 14: memory).
     counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
     proc = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    if len(src) <= SMALL_INPUTS:  # at once: a pass per processor costs more than it saves here
+    if len(src) <= SMALL_INPUTS * max(len(counts), 1):  # at once: a pass per processor costs more here
         is_op = src < n
         local = np.zeros(len(src), dtype=bool)
         local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
