@@ -30,17 +30,19 @@ def conv_networks(draw: st.DrawFn) -> Network:
     size = draw(st.integers(4, 8))
     b = NetworkBuilder("gen", (channels, size, size), batch)
     kernel = draw(st.integers(1, 3))
-    b.add("conv1", Conv2d(draw(st.integers(1, 3)), kernel, draw(st.integers(1, 2)), draw(st.integers(0, kernel - 1)),
-                          activation="relu"))
-    pool = draw(st.sampled_from(["none", "max", "avg"]))
-    if pool != "none":
-        b.add("pool1", Pool2d(pool, 2, draw(st.integers(1, 2))))
-    if draw(st.booleans()):
-        b.add("conv2", Conv2d(draw(st.integers(1, 3)), draw(st.integers(1, 2)), activation="relu"))
-    b.add("flatten", Flatten())
-    b.add("fc1", Linear(draw(st.integers(2, 6)), activation="relu"))
-    b.add("fc2", Linear(draw(st.integers(1, 4))))
+    # A drawn kernel or window may not fit what the layers before leave (the builder checks each layer as it is
+    # added): such draws are rejected, not failures.
     try:
+        b.add("conv1", Conv2d(draw(st.integers(1, 3)), kernel, draw(st.integers(1, 2)),
+                              draw(st.integers(0, kernel - 1)), activation="relu"))
+        pool = draw(st.sampled_from(["none", "max", "avg"]))
+        if pool != "none":
+            b.add("pool1", Pool2d(pool, 2, draw(st.integers(1, 2))))
+        if draw(st.booleans()):
+            b.add("conv2", Conv2d(draw(st.integers(1, 3)), draw(st.integers(1, 2)), activation="relu"))
+        b.add("flatten", Flatten())
+        b.add("fc1", Linear(draw(st.integers(2, 6)), activation="relu"))
+        b.add("fc2", Linear(draw(st.integers(1, 4))))
         return b.build()
     except InputError:
         reject()
