@@ -5,7 +5,9 @@
   the suite. Tests import it: `from tests.conftest import run_cli`.
 - Hypothesis profiles, chosen by `HYPOTHESIS_PROFILE` (default `dev`; `ci` when CI is set):
   `dev`   — no per-example deadline: ~8 developers share 2 cores, so wall-clock deadlines are noise;
-  `ci`    — the same, and failing examples print their reproduction blob for the log;
+  `ci`    — the same, failing examples print their reproduction blob for the log, and the examples are
+            derandomized (a function of each test): CI's verdict is the one a clean clone gives here with CI set,
+            not a draw. The dev profile keeps exploring at random (and stores what it finds in .hypothesis/);
   `quick` — 10 examples per property, for a fast local loop (`HYPOTHESIS_PROFILE=quick pytest -m "not slow"`).
   A test that sets `max_examples` itself keeps it in every profile.
 - cocotb's Verilator builds run at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the caller set it).
@@ -53,7 +55,8 @@ if TYPE_CHECKING:
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 settings.register_profile("dev", deadline=None)
-settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow],
+                          derandomize=True)
 settings.register_profile("quick", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 # cocotb's Verilator models built at -O0: a bench runs for seconds, and -O0 halves the minute the default -Os
