@@ -716,8 +716,13 @@ def _in_regions(addr: Value, regions: Sequence[tuple[int, int]]) -> Value:
     """addr lies in one of the (first, end) word ranges."""
     inside: Value = Value.cast(0)
     for first, end in regions:
-        if first < end:
-            inside = inside | ((addr >= first) & (addr < end))
+        if first < end:  # bounds the address cannot cross are left out (a constant comparison is a lint warning)
+            term: Value = Value.cast(1)
+            if first > 0:
+                term = term & (addr >= first)
+            if end < 1 << len(addr):
+                term = term & (addr < end)
+            inside = inside | term
     return inside
 
 
