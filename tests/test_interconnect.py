@@ -137,8 +137,8 @@ def _assert_never_late(result, net, model, ic) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="open: the replicated plan (PipeDream's stages x replicas, unfold 6; "
-                   "LayerPipe's replicated candidate is the same plan on its tasks) plans its bus in another order than the "
-                   "compiled bus the simulator serves; layerpipe's U1.4 starts at 275 against a plan of 274, "
+                   "LayerPipe's replicated candidate is the same plan on its tasks) plans its bus in another "
+                   "order than the compiled bus the simulator serves; layerpipe's U1.4 starts at 275 against a plan of 274, "
                    "pipedream's ops up to 11 cycles late (found by a stored hypothesis example)")
 @pytest.mark.parametrize("policy", ["layerpipe", "pipedream"])
 def test_the_replicated_plan_on_a_bus_runs_no_later_than_planned(policy: str) -> None:
