@@ -428,17 +428,12 @@ def rtl_conv_design() -> Any:
 
 def _conv_area(previous: dict | None) -> dict | None:
     """Place and route of `rtl_conv_design()` on `RTL_PART` (a worker's job), with what it is of; None without
-    the PyPI tools."""
-    import hashlib
-
+    the PyPI tools. `previous` is reused by `_fpga_point`'s own rule (the same Verilog and flow)."""
     from layerpipe.hdl._flow import export_verilog
 
     design = rtl_conv_design()
-    verilog = export_verilog(design)
     rate = float(design.sim.cycles_per_sample)
-    prior = previous if previous and previous.get("verilog_sha256") == hashlib.sha256(verilog.encode()).hexdigest() \
-        else None
-    figures = _fpga_point(verilog, rate, prior)
+    figures = _fpga_point(export_verilog(design), rate, previous)
     if figures is None:
         return None
     policy, pes, lanes, samples = RTL_CONV_DESIGN
