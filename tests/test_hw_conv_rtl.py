@@ -48,6 +48,7 @@ def _verify(design: Design, tmp_path: Path, sim: str = "icarus", stall: float = 
     return result
 
 
+@pytest.mark.slow  # an Icarus run: ~2.6 s of CPU
 @needs_icarus
 def test_conv_flatten_linear_slice_icarus(tmp_path: Path) -> None:
     net = (NetworkBuilder("slice", (1, 5, 5)).add("conv1", Conv2d(2, 2, activation="relu"))
@@ -115,8 +116,11 @@ def test_lenet5_full_size_on_the_harness(tmp_path: Path) -> None:
 
 @needs_verilator
 @pytest.mark.parametrize(("network", "policy", "pes", "lanes", "batch"), [
-    pytest.param(lambda: conv_net(1, 7, 2, 3, 2, 0, "avg"), "pipedream", 2, 1, 1, id="avg-pool-1-lane"),
-    pytest.param(lambda: conv_net(1, 9, 2, 2, 1, 0, "max", batch=2), "layerpipe", 3, 4, 2, id="mask-link-B2"),
+    # Verilator's lint of a whole accelerator: 5-9 s of CPU each.
+    pytest.param(lambda: conv_net(1, 7, 2, 3, 2, 0, "avg"), "pipedream", 2, 1, 1, id="avg-pool-1-lane",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: conv_net(1, 9, 2, 2, 1, 0, "max", batch=2), "layerpipe", 3, 4, 2, id="mask-link-B2",
+                 marks=pytest.mark.slow),
     pytest.param(lambda: load_network(str(LENET)), "pipedream", 2, 4, 1, id="lenet5-12x12",
                  marks=pytest.mark.slow),
 ])

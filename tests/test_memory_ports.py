@@ -32,6 +32,7 @@ def _assert_one_write_port(design: Design) -> list[MemoryPorts]:
     return memories
 
 
+@pytest.mark.slow  # 25 elaborated accelerators: ~7 s of CPU
 @settings(max_examples=25, deadline=None)
 @given(point=placements(max_layers=3, max_width=8), mode=st.sampled_from(["stash", "latest"]))
 def test_generated_placements_have_one_write_port_per_memory(point: tuple[list[int], dict[str, int], int, int],
