@@ -117,7 +117,8 @@ def busiest_channel(table: TaskTable, comm: Comm) -> int:
     return max(channel_loads(table, comm).values(), default=0)
 
 
-#: Rounds of re-planning an unfolded table's weight reads from the copies the timing pins them to.
+#: Rounds of re-planning an unfolded table's weight reads from the copies the timing pins them to, before the
+#: pins may only move to older copies (then the rounds end: each moves a pin, and a pin can only grow older).
 SOURCE_ROUNDS = 4
 
 
@@ -134,6 +135,12 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     changing; each is reported under the read `table.weight_reads` lists, as its arrival after the listed
     copy's end plus the delay after the read copy's end — so `read_delays` (arrival − end of the listed copy)
     is the delay of the transfer the simulator makes.
+
+    The copies need not settle: a newer copy's transfer can make a full bus late enough that the reader pins
+    an older one, and without that transfer the newer copy would be in time again. After `SOURCE_ROUNDS`
+    free rounds a pin only moves to older copies, so the rounds end; a read whose plan then holds it to an
+    older copy than its planned arrival would pin is reported with the least delay that pins that copy
+    (`_unfold.pinning_delay`), so the run reads — and the bus carries — what the plan packed.
     """
     found = transfers(table, comm)
     if not found:
@@ -141,25 +148,42 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     arrival = _pack_channels(table, comm, start, period, consumer_time, found)
     if consumer_time is None or not any(t.weight for t in found):
         return arrival
-    from layerpipe.schedule._unfold import UnfoldedTable, pinned_weight_sources  # _unfold imports this module
+    from layerpipe.schedule._unfold import (  # _unfold imports this module
+        UnfoldedTable,
+        pinned_weight_sources,
+        pinning_delay,
+    )
 
     if not isinstance(table, UnfoldedTable):
         return arrival
     lag = [(at - s) // period for at, s in zip(consumer_time, start, strict=True)]
     sources = {(u, x): u for u, x, _ in table.weight_reads}
-    for _ in range(SOURCE_ROUNDS):
-        delay = {t.dst: arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src] for t in found if t.weight}
-        again = pinned_weight_sources(table, comm.placement, start, lag, period, delay)
+
+    def delays() -> dict[int, int]:
+        return {t.dst: arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src] for t in found if t.weight}
+
+    settled = False
+    for round_ in range(SOURCE_ROUNDS + len(sources) * max(1, table.unfold)):
+        newest = sources if round_ >= SOURCE_ROUNDS else None
+        again = pinned_weight_sources(table, comm.placement, start, lag, period, delays(), newest)
         if again == sources:
+            settled = True
             break
         sources = again
         found = transfers(table, comm, sources)
         arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+    assert settled, "the weight-read pins did not settle"
     out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
     for t in found:
         if t.weight:
             out[(t.listed, t.dst)] = (arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src]
                                       + start[t.listed] + table.cost[t.listed])
+    delay = delays()
+    natural = pinned_weight_sources(table, comm.placement, start, lag, period, delay)
+    for (u, x), source in sources.items():
+        if natural[(u, x)] != source:  # held to an older copy: report the delay that pins it
+            held = pinning_delay(table, comm.placement, start, lag, period, x, source, delay.get(x, 0))
+            out[(u, x)] = start[u] + table.cost[u] + held
     return out
 
 

@@ -520,13 +520,18 @@ def latest_update(reader_start: int, reader_lag: int, copies: Sequence[tuple[int
     of copy q, f_q = ⌊(reader_start − start_q − offset_q − delay)/P⌋; returns best = max_q ((J/g)·(f_q − lag_q +
     reader_lag) + phase_q) (relative to the reader's lag) and the first copy attaining it.
     """
-    best, which = None, 0
-    for q, (start, lag, phase, offset) in enumerate(copies):
-        seen = per * ((reader_start - start - offset - delay) // period - lag + reader_lag) + phase
-        if best is None or seen > best:
-            best, which = seen, q
-    assert best is not None, "a reader needs an update copy"
-    return best, which
+    seen = seen_updates(reader_start, reader_lag, copies, per, period, delay)
+    assert seen, "a reader needs an update copy"
+    best = max(seen)
+    return best, seen.index(best)
+
+
+def seen_updates(reader_start: int, reader_lag: int, copies: Sequence[tuple[int, int, int, int]], per: int,
+                 period: int, delay: int) -> list[int]:
+    """Per update copy, the update of it a periodic reader sees (relative to the reader's lag; `latest_update`
+    takes the newest)."""
+    return [per * ((reader_start - start - offset - delay) // period - lag + reader_lag) + phase
+            for start, lag, phase, offset in copies]
 
 
 class RunPlan(Protocol):

@@ -390,9 +390,10 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
                             comm))
     candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
     for found in trials:
-        lags = update_chain_lags(unfolded, found.start, found.lag, period)
-        if lags is not None:
-            timing = timing_of(unfolded, found.start, lags, period, found.arrival)
+        settled = _settled_lags(unfolded, found, period, comm)
+        if settled is not None:
+            lags, arrival = settled
+            timing = timing_of(unfolded, found.start, lags, period, arrival)
             schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
             pins = schedule.read_pins()
             stale = periodic_staleness(schedule, table.graph, pins=pins)
@@ -403,6 +404,36 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert candidates, "no body order keeps the update copies in order"
     return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+#: Rounds of re-planning a replicated timing's transfers on its raised update lags.
+SETTLE_ROUNDS = 8
+
+
+def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
+                  comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]] | None:
+    """`found`'s lags raised until the update order holds (`update_chain_lags`), with the transfers planned on
+    those lags: the raised update lags move the updates' plan times, so the weight copies readers pin and the
+    bus's order change with them, and the arrivals `found` was timed with would not be the plan's. Re-planned
+    (`channel_timing` on the new plan times, then the least lags those arrivals allow, raised again) until the
+    lags stop changing; None when the update order admits no lags or the rounds run out."""
+    lags = update_chain_lags(table, found.start, found.lag, period)
+    if lags is None or not found.arrival:
+        return None if lags is None else (lags, found.arrival)
+    from layerpipe.schedule._comm import channel_timing
+    from layerpipe.schedule._lags import _longest_lags
+
+    for _ in range(SETTLE_ROUNDS):
+        arrival = channel_timing(table, comm, found.start, period,
+                                 [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
+        need = _longest_lags(table, found.start, period, arrival)
+        again = update_chain_lags(table, found.start, [max(a, b) for a, b in zip(lags, need, strict=True)], period)
+        if again is None:
+            return None
+        if again == lags:
+            return lags, arrival
+        lags = again
+    return None
 
 
 def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:

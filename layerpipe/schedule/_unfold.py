@@ -34,7 +34,7 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, latest_update, read_offset
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._task_table import TaskTable
 
@@ -150,26 +150,62 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
 
 
 def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
-                          period: int, delay: Mapping[int, int]) -> dict[tuple[int, int], int]:
+                          period: int, delay: Mapping[int, int],
+                          newest: Mapping[tuple[int, int], int] | None = None) -> dict[tuple[int, int], int]:
     """The update copy each weight read (u, x) of `table.weight_reads` really reads from under a timing: the
     copy `layerpipe.schedule._ir.latest_update` picks — the rule `PeriodicSchedule.read_pins` pins the
     unrolled reads with, so the planned transfer is the one the simulator makes. `delay[x]` is the cycles from
-    that copy's end to its weights reaching reader x (its planned transfer; 0 when local or unknown)."""
-    groups = dict(table.groups)
+    that copy's end to its weights reaching reader x (its planned transfer; 0 when local or unknown).
+
+    `newest[(u, x)]`, when given, is a copy the read may not be newer than: the newest update the reader sees
+    among those no newer than that copy's (`channel_timing` moves pins only to older copies, so that its
+    re-planning converges). Ties go to the first copy, as in `latest_update`."""
+    by_layer = _update_copies_by_layer(table)
+    out = {}
+    for u, x, _ in table.weight_reads:
+        us, copies, per = _reader_copies(table, placement, start, lag, by_layer, x)
+        seen = seen_updates(start[x], lag[x], copies, per, period, delay.get(x, 0))
+        cap = seen[us.index(newest[(u, x)])] if newest is not None else max(seen)
+        best = max(v for v in seen if v <= cap)
+        out[(u, x)] = us[seen.index(best)]
+    return out
+
+
+def pinning_delay(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
+                  period: int, x: int, source: int, delay: int) -> int:
+    """The least delay d >= `delay` under which reader x's pin (`latest_update`, the rule of `read_pins`) is the
+    update `source` writes when its weights arrive `delay` cycles after its end: the read delay to report for x
+    when the transfer plan holds x to an older copy than its arrival alone would pin (a newer copy's weights
+    might arrive in time once the bus no longer carries them, but the plan does not send them). Every copy's
+    seen update drops as d grows, the newest seen one by one (updates end in order), so the search stops at
+    the source's update."""
+    us, copies, per = _reader_copies(table, placement, start, lag, _update_copies_by_layer(table), x)
+    target = seen_updates(start[x], lag[x], copies, per, period, delay)[us.index(source)]
+    d = delay
+    for _ in range(per * (len(us) + 2) + 2):
+        if max(seen_updates(start[x], lag[x], copies, per, period, d)) <= target:
+            return d
+        # The next delay at which some copy's seen update drops: (X - d) // P falls when d passes X mod P.
+        d += min((start[x] - s - o - d) % period + 1 for s, _, _, o in copies)
+    raise AssertionError(f"no delay pins reader {x} to copy {source}")  # updates out of order: not a timing
+
+
+def _update_copies_by_layer(table: UnfoldedTable) -> dict[int, list[int]]:
     copies: dict[int, list[int]] = {}
     for v, t in enumerate(table.tasks):
         if t.kind == "U":
             copies.setdefault(t.layer, []).append(v)
-    out = {}
-    for u, x, _ in table.weight_reads:
-        layer = table.tasks[x].layer
-        us = copies[layer]
-        found = [(start[q], lag[q], table.phase[q],
-                  read_offset(table.cost[q], table.cost[x], placement[q] == placement[x])) for q in us]
-        _, which = latest_update(start[x], lag[x], found, table.unfold // groups.get(layer, 1), period,
-                                 delay.get(x, 0))
-        out[(u, x)] = us[which]
-    return out
+    return copies
+
+
+def _reader_copies(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
+                   by_layer: Mapping[int, list[int]], x: int) -> tuple[list[int], list[tuple[int, int, int, int]], int]:
+    """Reader x's layer's update copies, their (start, lag, phase, `read_offset`) and J/g."""
+    layer = table.tasks[x].layer
+    us = by_layer[layer]
+    copies = [(start[q], lag[q], table.phase[q],
+               read_offset(table.cost[q], table.cost[x], placement[q] == placement[x])) for q in us]
+    return us, copies, table.unfold // dict(table.groups).get(layer, 1)
 
 
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
