@@ -72,8 +72,11 @@ SEED = 1
 #: LUTs with abc, not abc9; yosys's own log file; the early stop on flip-flop memories. 3: the flip-flop
 #: memories' sizes from their cells, `FF_MEMORY_CELLS`).
 FLOW_VERSION = 3
-#: nextpnr's options besides the part, the netlist and the report (one seed, one thread: reproducible).
-NEXTPNR_OPTIONS = ("--seed", str(SEED), "--threads", "1", "--timing-allow-fail")
+#: nextpnr's options besides the part, the netlist and the report (one seed, one thread: reproducible). router2,
+#: not the default router1: on the report's weights-together design (mlp:32-24-16-8 N=3, 4 lanes, T=24, ECP5-85F)
+#: router1 was still resolving overused wires after 60 min (1000 iterations per ~200 s at the end); router2
+#: routed the same placement in 85 s (76.9 MHz), nextpnr 4:04 wall in all.
+NEXTPNR_OPTIONS = ("--seed", str(SEED), "--threads", "1", "--router", "router2", "--timing-allow-fail")
 #: yosys's statistics after block/LUT RAM mapping (ECP5): memories still unmapped there become flip-flops.
 MEMORY_STAT = "memory.json"
 #: The `$mem_v2` cells left at that point, as RTLIL (`dump`): their SIZE x WIDTH are the flip-flop memory bits,
