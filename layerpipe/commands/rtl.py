@@ -46,15 +46,48 @@ def add_design_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int("--batch"), default=1,
                    help="micro-batch B: samples per iteration (G sums over them, one U per micro-batch; default 1)")
     p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
+    p.add_argument("--stream-bits", type=_int_in("--stream-bits", 1, 1024), default=8,
+                   help="data bits per beat of the host's two streams (samples in, weights out; default 8): a wider "
+                   "stream costs I/O pins and loads a sample in fewer cycles")
+    p.add_argument("--csr-bits", type=_int_in("--csr-bits", 4, 32), default=4,
+                   help="data bits of the host's control/status register bus (default 4)")
+    p.add_argument("--sample-depth", type=_power_of_two("--sample-depth"), default=None,
+                   help="iterations the on-chip sample rings hold while the host refills them (a power of two; "
+                   "default the smallest that leaves the host an iteration of slack, at most T's)")
+
+
+def _int_in(field: str, lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got '{text}'") from None
+        if not lo <= value <= hi:
+            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _power_of_two(field: str):
+    def parse(text: str) -> int:
+        value = positive_int(field)(text)
+        if value & (value - 1):
+            raise ArgumentValueError(f"{field} must be a power of two (1, 2, 4, ...), got {value}")
+        return value
+
+    return parse
 
 
 def make_design_from_args(args: argparse.Namespace, samples: int) -> Any:
     from layerpipe.fixedpoint import check_lr_shift
     from layerpipe.hdl._flow import make_design
+    from layerpipe.hdl._host import HostConfig
 
     return make_design(args.network, args.policy, args.num_procs, args.lanes, samples,
                        lr_shift=check_lr_shift(args.lr_shift), keep_weights_together=args.keep_weights_together,
-                       batch=args.batch, split_layers=args.split_layers)
+                       batch=args.batch, split_layers=args.split_layers, sample_depth=args.sample_depth,
+                       host=HostConfig(stream_bits=args.stream_bits, csr_bits=args.csr_bits))
 
 
 #: Every file `rtl --out` writes: an existing folder holding anything else is refused, never deleted.
@@ -102,6 +135,8 @@ def design_summary(design: Any) -> dict[str, Any]:
         "period_cycles": prog.period, "cycles_sim": int(sim.total_cycles),
         "cycles_per_sample_sim": round(float(sim.cycles_per_sample), 3),
         "links": [list(link) for link in prog.links()],
+        "host": {"stream_bits": design.host.stream_bits, "csr_bits": design.host.csr_bits,
+                 "sample_depth": design.sample_depth},
         "pes": [{"pe": pe.index, "entries": len(pe.entries),
                  "memory_words": {m: pe.memory_words(m) for m in pe.memories}} for pe in prog.pes],
     }
