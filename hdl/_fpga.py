@@ -58,8 +58,9 @@ from typing import Any, TextIO
 
 from layerpipe.errors import InputError
 
-__all__ = ["DEFAULT_FREQ_MHZ", "PARTS", "RESOURCES", "FlowTimeout", "FpgaResult", "Part", "cache_dir",
-           "fpga_tools_missing", "get_part", "parse_nextpnr_report", "parse_utilisation_log", "run_fpga_flow"]
+__all__ = ["DEFAULT_FREQ_MHZ", "DEFAULT_ROUTER", "PARTS", "RESOURCES", "ROUTERS", "FlowTimeout", "FpgaResult", "Part",
+           "cache_dir", "fpga_tools_missing", "get_part", "nextpnr_options", "parse_nextpnr_report",
+           "parse_utilisation_log", "run_fpga_flow"]
 
 #: The resources reported for every part, in this order.
 RESOURCES = ("luts", "ffs", "brams", "dsps", "ios")
@@ -72,11 +73,21 @@ SEED = 1
 #: LUTs with abc, not abc9; yosys's own log file; the early stop on flip-flop memories. 3: the flip-flop
 #: memories' sizes from their cells, `FF_MEMORY_CELLS`).
 FLOW_VERSION = 3
-#: nextpnr's options besides the part, the netlist and the report (one seed, one thread: reproducible). router2,
-#: not the default router1: on the report's weights-together design (mlp:32-24-16-8 N=3, 4 lanes, T=24, ECP5-85F)
-#: router1 was still resolving overused wires after 60 min (1000 iterations per ~200 s at the end); router2
-#: routed the same placement in 85 s (76.9 MHz), nextpnr 4:04 wall in all.
-NEXTPNR_OPTIONS = ("--seed", str(SEED), "--threads", "1", "--router", "router2", "--timing-allow-fail")
+#: nextpnr's routers (`--router`). router2 is the default: on the report's weights-together design (mlp:32-24-16-8
+#: N=3, 4 lanes, T=24, ECP5-85F) router1 was still resolving overused wires after 60 min (1000 iterations per
+#: ~200 s at the end) while router2 routed the same placement in 85 s; but router2's routes are slower — on the
+#: report's four designs 8-15 % lower Fmax than router1's (74.3 → 64.8, 98.3 → 84.1, 61.5 → 57.6 MHz; router1:
+#: no result for the fourth). `layerpipe rtl --router router1` trades the time for the clock.
+ROUTERS = ("router1", "router2")
+DEFAULT_ROUTER = "router2"
+
+
+def nextpnr_options(router: str = DEFAULT_ROUTER) -> tuple[str, ...]:
+    """nextpnr's options besides the part, the netlist, the target and the report (one seed, one thread:
+    reproducible)."""
+    return ("--seed", str(SEED), "--threads", "1", "--router", router, "--timing-allow-fail")
+
+
 #: yosys's statistics after block/LUT RAM mapping (ECP5): memories still unmapped there become flip-flops.
 MEMORY_STAT = "memory.json"
 #: The `$mem_v2` cells left at that point, as RTLIL (`dump`): their SIZE x WIDTH are the flip-flop memory bits,
@@ -466,7 +477,7 @@ def _tools(part: Part) -> dict[str, str]:
             "nextpnr": f"{_TOOLS[part.family]} {_tool_version(_TOOLS[part.family])}"}
 
 
-def flow_id(part: Part, freq_mhz: float = DEFAULT_FREQ_MHZ) -> str:
+def flow_id(part: Part, freq_mhz: float = DEFAULT_FREQ_MHZ, router: str = DEFAULT_ROUTER) -> str:
     """What a result depends on besides the Verilog and the part, in one line: the flow's version, the tools,
     the yosys script (its LUT mapping by name, the whole script by digest) and nextpnr's options. The disk cache
     is keyed by it, and the report keeps it beside each figure and each failure and reruns a design whose stored
@@ -475,13 +486,15 @@ def flow_id(part: Part, freq_mhz: float = DEFAULT_FREQ_MHZ) -> str:
     script = hashlib.sha256(_yosys_script(part, "top").encode()).hexdigest()[:8]
     lut = ECP5_LUT_MAPPING if part.family == "ecp5" else "abc9"
     return (f"flow {FLOW_VERSION}: {tools['yosys']} (synth_{part.family}, {lut}; script {script}), "
-            f"{tools['nextpnr']} --freq {freq_mhz:g} {' '.join(NEXTPNR_OPTIONS)}")
+            f"{tools['nextpnr']} --freq {freq_mhz:g} {' '.join(nextpnr_options(router))}")
 
 
 def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", freq_mhz: float = DEFAULT_FREQ_MHZ,
                   progress: Progress | None = None, use_cache: bool = True,
-                  keep_dir: Path | None = None, time_limit_s: float | None = None) -> FpgaResult:
-    """Synthesize, place and route `verilog` (its top module `top`) on `part`; see the module docstring.
+                  keep_dir: Path | None = None, time_limit_s: float | None = None,
+                  router: str = DEFAULT_ROUTER) -> FpgaResult:
+    """Synthesize, place and route `verilog` (its top module `top`) on `part` with nextpnr's `router`; see the
+    module docstring.
 
     Raises InputError when the tools are missing, RuntimeError (with the log's tail) when a tool fails for a
     reason other than the design not fitting, `FlowTimeout` when `time_limit_s` (wall seconds for the whole
@@ -491,9 +504,11 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
         raise InputError(reason)
     if not 1.0 <= freq_mhz <= 1000.0:
         raise InputError(f"--freq must be between 1 and 1000 MHz, got {freq_mhz}")
+    if router not in ROUTERS:
+        raise InputError(f"--router must be one of {', '.join(ROUTERS)}, got {router!r}")
     tools = _tools(part)
     digest = hashlib.sha256(verilog.encode()).hexdigest()
-    flow = flow_id(part, freq_mhz)
+    flow = flow_id(part, freq_mhz, router)
     key_text = json.dumps({"verilog": digest, "top": top, "part": asdict(part), "flow": flow}, sort_keys=True)
     entry = cache_dir() / hashlib.sha256(key_text.encode()).hexdigest()[:24]
     base = {"part": part.name, "device": part.device, "package": part.package, "family": part.family,
@@ -507,7 +522,7 @@ def run_fpga_flow(verilog: str, part: Part, *, top: str = "layerpipe_accel", fre
         seconds: dict[str, float] = {}
         try:
             deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
-            _synthesize_and_route(work, part, top, freq_mhz, progress, seconds, deadline)
+            _synthesize_and_route(work, part, top, freq_mhz, progress, seconds, deadline, router)
         finally:
             if progress is not None:
                 progress("")
@@ -552,7 +567,8 @@ def _yosys_script(part: Part, top: str) -> str:
 
 
 def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, progress: Progress | None,
-                          seconds: dict[str, float], deadline: float | None = None) -> None:
+                          seconds: dict[str, float], deadline: float | None = None,
+                          router: str = DEFAULT_ROUTER) -> None:
     """Run the tools in `work`; `status.json` says which ran and how they exited."""
     yosys, nextpnr = _tool(_TOOLS["yosys"]), _tool(_TOOLS[part.family])
     assert yosys is not None and nextpnr is not None  # fpga_tools_missing said so
@@ -586,7 +602,7 @@ def _synthesize_and_route(work: Path, part: Part, top: str, freq_mhz: float, pro
     _, over = _utilization(part, used)
     if not over:  # exact counts (DSP, BRAM, I/O) or a lower bound (LUTs) over the part: no placement
         command = [nextpnr, *part.nextpnr_args, "--json", "netlist.json", "--freq", f"{freq_mhz:g}",
-                   "--report", "report.json", *NEXTPNR_OPTIONS]
+                   "--report", "report.json", *nextpnr_options(router)]
         began = time.monotonic()
         status["nextpnr"] = _run_tool(command, work, work / "nextpnr.log", "nextpnr", progress, deadline)
         seconds["place_and_route"] = time.monotonic() - began

@@ -42,6 +42,8 @@ def test_rtl_writes_deterministic_verilog_microcode_and_design(tmp_path: Path, c
      "--stream-bits must be an integer in 1..1024, got 'wide'"),
     (["--policy", "pipedream", "-n", "2", "--lanes", "1", "--csr-bits", "33"],
      "--csr-bits must be an integer in 4..32, got 33"),
+    (["--policy", "pipedream", "-n", "2", "--lanes", "1", "--part", "ecp5-25k", "--router", "fast"],
+     "must be one of router1, router2, got 'fast'"),
     (["--policy", "pipedream", "-n", "2", "--lanes", "1", "--sample-depth", "3"],
      "--sample-depth must be a power of two (1, 2, 4, ...), got 3"),
     (["--policy", "pipedream", "-n", "2", "--lanes", "1", "--sample-depth", "1", "--samples", "8"],

