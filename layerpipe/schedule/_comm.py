@@ -162,8 +162,11 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     def delays() -> dict[int, int]:
         return {t.dst: arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src] for t in found if t.weight}
 
+    # After the free rounds a pin only moves older, by at most J/g updates per period of its transfer's delay,
+    # which is under 2P + latency (the queue and the hold each under a period): a bound on the rounds.
     settled = False
-    for round_ in range(SOURCE_ROUNDS + len(sources) * max(1, table.unfold)):
+    moves = table.unfold * (3 + comm.interconnect.latency // max(1, period))
+    for round_ in range(SOURCE_ROUNDS + len(sources) * moves):
         newest = sources if round_ >= SOURCE_ROUNDS else None
         again = pinned_weight_sources(table, comm.placement, start, lag, period, delays(), newest)
         if again == sources:
