@@ -74,7 +74,7 @@ SEED = 1
 #: memories' sizes from their cells, `FF_MEMORY_CELLS`).
 FLOW_VERSION = 3
 #: nextpnr's routers (`--router`). router2 is the default: on the report's weights-together design (mlp:32-24-16-8
-#: N=3, 4 lanes, T=24, ECP5-85F) router1 was still resolving overused wires after 60 min (1000 iterations per
+#: N=3, 4 lanes, T=24, ECP5-85F) router1 was still resolving overused wires after 57 min (1000 iterations per
 #: ~200 s at the end) while router2 routed the same placement in 85 s; but router2's routes are slower — on the
 #: report's four designs 8-15 % lower Fmax than router1's (74.3 → 64.8, 98.3 → 84.1, 61.5 → 57.6 MHz; router1:
 #: no result for the fourth). `layerpipe rtl --router router1` trades the time for the clock.
