@@ -36,6 +36,20 @@ def positive_int(field: str, maximum: int | None = None):
     return parse
 
 
+def int_in(field: str, lo: int, hi: int) -> Callable[[str], int]:
+    """An integer in lo..hi (--stream-bits, --csr-bits), refused naming the field and the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got '{text}'") from None
+        if not lo <= value <= hi:
+            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got {value}")
+        return value
+
+    return parse
+
+
 def positive_float(field: str) -> Callable[[str], float]:
     """The one parser of a finite number > 0 (--lr, --time-limit): '0.0625', '2e-4' and '3' are fine;
     'nan', 'inf', '0' and '-1' are refused naming the field."""

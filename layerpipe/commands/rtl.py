@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from layerpipe._files import check_output_folder, owns_names, staged_folder, write_atomic
-from layerpipe.commands._common import ArgumentValueError, format_table, positive_int, to_json
+from layerpipe.commands._common import ArgumentValueError, format_table, int_in, positive_int, to_json
 from layerpipe.errors import InputError
 
 
@@ -46,27 +46,14 @@ def add_design_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int("--batch"), default=1,
                    help="micro-batch B: samples per iteration (G sums over them, one U per micro-batch; default 1)")
     p.add_argument("--lr-shift", type=int, default=4, help="learning rate 2^-K (default K = 4)")
-    p.add_argument("--stream-bits", type=_int_in("--stream-bits", 1, 1024), default=8,
+    p.add_argument("--stream-bits", type=int_in("--stream-bits", 1, 1024), default=8,
                    help="data bits per beat of the host's two streams (samples in, weights out; default 8): a wider "
                    "stream costs I/O pins and loads a sample in fewer cycles")
-    p.add_argument("--csr-bits", type=_int_in("--csr-bits", 4, 32), default=4,
+    p.add_argument("--csr-bits", type=int_in("--csr-bits", 4, 32), default=4,
                    help="data bits of the host's control/status register bus (default 4)")
     p.add_argument("--sample-depth", type=_power_of_two("--sample-depth"), default=None,
                    help="iterations the on-chip sample rings hold while the host refills them (a power of two; "
                    "default the smallest that leaves the host an iteration of slack, at most T's)")
-
-
-def _int_in(field: str, lo: int, hi: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got '{text}'") from None
-        if not lo <= value <= hi:
-            raise ArgumentValueError(f"{field} must be an integer in {lo}..{hi}, got {value}")
-        return value
-
-    return parse
 
 
 def _power_of_two(field: str):
@@ -130,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "ecp5-25k, ecp5-45k, ecp5-85k, ice40-up5k, ice40-hx8k (default: yosys statistics only)")
     p.add_argument("--freq", type=float, default=None,
                    help="nextpnr target frequency in MHz with --part (default 100; Fmax is reported either way)")
-    p.add_argument("--router", default="router2", type=_router_name,
+    p.add_argument("--router", default=None, type=_router_name,
                    help="nextpnr's router with --part: router2 (default: finishes in minutes) or router1 (8-15 %% "
                    "higher Fmax on the report's designs, but it can route for an hour: hdl/_fpga.py)")
     p.set_defaults(handler=run)
@@ -185,14 +172,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _place_and_route(verilog: str, part_name: str, freq: float | None, router: str, summary: dict[str, Any],
+def _place_and_route(verilog: str, part_name: str, freq: float | None, router: str | None, summary: dict[str, Any],
                      target: Path) -> tuple[Any, str]:
     """The FPGA flow (hdl/_fpga.py) on `part_name`; writes its figures and samples per second to `target`."""
-    from layerpipe.hdl._fpga import DEFAULT_FREQ_MHZ, get_part, run_fpga_flow, terminal_progress
+    from layerpipe.hdl._fpga import DEFAULT_FREQ_MHZ, DEFAULT_ROUTER, get_part, run_fpga_flow, terminal_progress
 
     try:
         result = run_fpga_flow(verilog, get_part(part_name), freq_mhz=DEFAULT_FREQ_MHZ if freq is None else freq,
-                               progress=terminal_progress(), router=router)
+                               progress=terminal_progress(), router=router or DEFAULT_ROUTER)
     except RuntimeError as failure:  # a tool failed: its one line (pass and ERROR), nothing written
         raise InputError(str(failure).splitlines()[0]) from None
     doc = result.to_dict()

@@ -164,23 +164,25 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
 
     # After the free rounds a pin only moves older, by at most J/g updates per period of its transfer's delay,
     # which is under 2P + latency (the queue and the hold each under a period): a bound on the rounds.
-    settled = False
+    settled_at: int | None = None
     moves = table.unfold * (3 + comm.interconnect.latency // max(1, period))
     for round_ in range(SOURCE_ROUNDS + len(sources) * moves):
         newest = sources if round_ >= SOURCE_ROUNDS else None
         again = pinned_weight_sources(table, comm.placement, start, lag, period, delays(), newest)
         if again == sources:
-            settled = True
+            settled_at = round_
             break
         sources = again
         found = transfers(table, comm, sources)
         arrival = _pack_channels(table, comm, start, period, consumer_time, found)
-    assert settled, "the weight-read pins did not settle"
+    assert settled_at is not None, "the weight-read pins did not settle"
     out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
     for t in found:
         if t.weight:
             out[(t.listed, t.dst)] = (arrival[(t.src, t.dst)] - start[t.src] - table.cost[t.src]
                                       + start[t.listed] + table.cost[t.listed])
+    if settled_at < SOURCE_ROUNDS:  # settled in a free round: every pin is the one its arrival gives
+        return out
     delay = delays()
     natural = pinned_weight_sources(table, comm.placement, start, lag, period, delay)
     for (u, x), source in sources.items():

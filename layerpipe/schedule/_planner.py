@@ -48,9 +48,9 @@ from fractions import Fraction
 
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
-from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
 from layerpipe.schedule._comm_timing import Timing, timed, timing_of
-from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._lags import _longest_lags, asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
@@ -420,9 +420,6 @@ def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
     lags = update_chain_lags(table, found.start, found.lag, period)
     if lags is None or not found.arrival:
         return None if lags is None else (lags, found.arrival)
-    from layerpipe.schedule._comm import channel_timing
-    from layerpipe.schedule._lags import _longest_lags
-
     for _ in range(SETTLE_ROUNDS):
         arrival = channel_timing(table, comm, found.start, period,
                                  [lag * period + s for lag, s in zip(lags, found.start, strict=True)])

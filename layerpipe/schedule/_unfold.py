@@ -160,10 +160,10 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     `newest[(u, x)]`, when given, is a copy the read may not be newer than: the newest update the reader sees
     among those no newer than that copy's (`channel_timing` moves pins only to older copies, so that its
     re-planning converges). Ties go to the first copy, as in `latest_update`."""
-    by_layer = _update_copies_by_layer(table)
+    by_layer, groups = _update_copies_by_layer(table), dict(table.groups)
     out = {}
     for u, x, _ in table.weight_reads:
-        us, copies, per = _reader_copies(table, placement, start, lag, by_layer, x)
+        us, copies, per = _reader_copies(table, placement, start, lag, by_layer, groups, x)
         seen = seen_updates(start[x], lag[x], copies, per, period, delay.get(x, 0))
         cap = seen[us.index(newest[(u, x)])] if newest is not None else max(seen)
         best = max(v for v in seen if v <= cap)
@@ -179,7 +179,8 @@ def pinning_delay(table: UnfoldedTable, placement: Sequence[int], start: Sequenc
     might arrive in time once the bus no longer carries them, but the plan does not send them). Every copy's
     seen update drops as d grows, the newest seen one by one (updates end in order), so the search stops at
     the source's update."""
-    us, copies, per = _reader_copies(table, placement, start, lag, _update_copies_by_layer(table), x)
+    us, copies, per = _reader_copies(table, placement, start, lag, _update_copies_by_layer(table), dict(table.groups),
+                                     x)
     target = seen_updates(start[x], lag[x], copies, per, period, delay)[us.index(source)]
     d = delay
     for _ in range(per * (len(us) + 2) + 2):
@@ -199,13 +200,14 @@ def _update_copies_by_layer(table: UnfoldedTable) -> dict[int, list[int]]:
 
 
 def _reader_copies(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],
-                   by_layer: Mapping[int, list[int]], x: int) -> tuple[list[int], list[tuple[int, int, int, int]], int]:
+                   by_layer: Mapping[int, list[int]], groups: Mapping[int, int],
+                   x: int) -> tuple[list[int], list[tuple[int, int, int, int]], int]:
     """Reader x's layer's update copies, their (start, lag, phase, `read_offset`) and J/g."""
     layer = table.tasks[x].layer
     us = by_layer[layer]
     copies = [(start[q], lag[q], table.phase[q],
                read_offset(table.cost[q], table.cost[x], placement[q] == placement[x])) for q in us]
-    return us, copies, table.unfold // dict(table.groups).get(layer, 1)
+    return us, copies, table.unfold // groups.get(layer, 1)
 
 
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
