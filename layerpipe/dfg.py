@@ -118,13 +118,27 @@ class TrainingGraph:
     tasks: tuple[Task, ...]
     edges: tuple[Edge, ...]
     _owner: dict[tuple[int, str], Task] = field(default_factory=dict, compare=False, repr=False)
+    #: `costs` per cost model (models are frozen values): the schedulers and the delay solver ask for the same
+    #: model's costs many times per graph.
+    _costs: dict[object, dict[Task, int]] = field(default_factory=dict, compare=False, repr=False)
 
     def task_of(self, layer: int, atomic: str) -> Task | None:
         """The task that performs atomic kind `atomic` of `layer` (fused or not), or None."""
         return self._owner.get((layer, atomic))
 
     def costs(self, model: CostModel) -> dict[Task, int]:
-        return {t: task_cost(model, self.network.layer(t.layer), t.kind, self.network.batch) for t in self.tasks}
+        """Cycles of every task under `model` (a new dict each call: the caller may change it)."""
+        try:
+            known = self._costs.get(model)
+        except TypeError:  # a model that is not hashable is not remembered
+            known, model_key = None, None
+        else:
+            model_key = model
+        if known is None:
+            known = {t: task_cost(model, self.network.layer(t.layer), t.kind, self.network.batch) for t in self.tasks}
+            if model_key is not None:
+                self._costs[model_key] = known
+        return dict(known)
 
     def layer_tasks(self, layer: int) -> list[Task]:
         return [t for t in self.tasks if t.layer == layer]
@@ -144,14 +158,25 @@ class TrainingGraph:
         return out
 
     @cached_property
+    def task_index(self) -> dict[Task, int]:
+        """Task → its position in `tasks` (built once: hashing `Task`s is what graph passes spend on)."""
+        return {t: i for i, t in enumerate(self.tasks)}
+
+    @cached_property
+    def edge_ends(self) -> tuple[list[int], list[int]]:
+        """Per edge (edge order), the task indices of its source and its destination."""
+        index = self.task_index
+        return [index[e.src] for e in self.edges], [index[e.dst] for e in self.edges]
+
+    @cached_property
     def _zero_delay(self) -> nx.DiGraph[int]:
         """One iteration's precedence: the delay-0 edges over task indices (ints hash faster than `Task`s)."""
         import networkx as nx  # ~0.1 s of import: loaded when a graph is built, not at every CLI start
 
-        index = {t: i for i, t in enumerate(self.tasks)}
+        src, dst = self.edge_ends
         dag: nx.DiGraph[int] = nx.DiGraph()
         dag.add_nodes_from(range(len(self.tasks)))
-        dag.add_edges_from((index[e.src], index[e.dst]) for e in self.edges if e.delay == 0)
+        dag.add_edges_from((u, v) for u, v, e in zip(src, dst, self.edges, strict=True) if e.delay == 0)
         return dag
 
     def intra_iteration_order(self) -> list[Task]:

@@ -147,14 +147,16 @@ def _cyclic_edges(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
 
 
 def max_cycle_ratio(
-    n: int, src: Sequence[int], dst: Sequence[int], time: Sequence[int], delay: Sequence[int]
+    n: int, src: Sequence[int], dst: Sequence[int], time: Sequence[int], delay: Sequence[int], *,
+    zero_delay_acyclic: bool = False,
 ) -> tuple[Fraction, list[int], list[int]]:
     """The maximum over cycles of Σ time / Σ delay, and one cycle attaining it as node and edge indices.
 
     The cycle's nodes are in edge order (edge i leaves node i). Returns (0, [], []) for an acyclic graph.
-    Raises `ZeroDelayCycleError` if some cycle has no delay.
+    Raises `ZeroDelayCycleError` if some cycle has no delay; `zero_delay_acyclic` says the caller knows there
+    is none (a training graph's delay-0 edges are acyclic by construction) and skips the search.
     """
-    zero = find_zero_delay_cycle(n, src, dst, delay)
+    zero = None if zero_delay_acyclic else find_zero_delay_cycle(n, src, dst, delay)
     if zero is not None:
         raise ZeroDelayCycleError(zero)
     inside = _cyclic_edges(n, src, dst)

@@ -51,10 +51,8 @@ from layerpipe.dfg import Edge, Task, TrainingGraph, iter_loops
 from layerpipe.errors import InputError
 from layerpipe.retiming._leiserson_saxe import (
     IterationBound,
-    TimedEdge,
     TimedGraph,
     iteration_bound,
-    retimed_delays,
     solve_difference_constraints,
 )
 
@@ -76,11 +74,11 @@ def timed_graph(graph: TrainingGraph, costs: Mapping[Task, int],
                 delays: Mapping[int, int] | None = None) -> TimedGraph:
     """A training graph as a timed graph; `delays` adds D_l delays on each layer's G_l → U_l edge."""
     delays = delays or {}
-    edges = []
-    for e in graph.edges:
-        extra = delays.get(e.src.layer, 0) if e.role == "gradient" else 0
-        edges.append(TimedEdge(e.src, e.dst, e.delay + extra))
-    return TimedGraph(graph.tasks, {t: int(costs[t]) for t in graph.tasks}, tuple(edges))
+    w = [e.delay + delays.get(e.src.layer, 0) if e.role == "gradient" else e.delay for e in graph.edges]
+    src, dst = graph.edge_ends
+    # The delay-0 edges are a subset of the training graph's, which are acyclic (one iteration's precedence).
+    return TimedGraph.of_indices(graph.tasks, [int(costs[t]) for t in graph.tasks], src, dst, w, graph.task_index,
+                                 zero_delay_acyclic=True)
 
 
 @dataclass(frozen=True)
@@ -143,11 +141,17 @@ def min_added_delays(
 
     Raises ValueError when no x works (a cycle without group edges needs more delays than it has).
     """
-    n, m = len(graph.nodes), len(graph.edges)
-    need = np.asarray(required, dtype=np.int64) - graph.delays
+    return _min_added(len(graph.nodes), graph.src, graph.dst, graph.delays, required, group_of_edge, num_groups)
+
+
+def _min_added(n: int, src: np.ndarray, dst: np.ndarray, edge_delays: np.ndarray, required: Sequence[int] | np.ndarray,
+               group_of_edge: Sequence[int | None], num_groups: int) -> tuple[list[int], np.ndarray]:
+    """`min_added_delays` on the edges as index arrays."""
+    m = len(src)
+    need = np.asarray(required, dtype=np.int64) - edge_delays
     groups = [(k, g) for k, g in enumerate(group_of_edge) if g is not None]
     rows = np.concatenate([np.arange(m), np.arange(m), [k for k, _ in groups]]).astype(np.int64)
-    cols = np.concatenate([graph.src, graph.dst, [n + g for _, g in groups]]).astype(np.int64)
+    cols = np.concatenate([src, dst, [n + g for _, g in groups]]).astype(np.int64)
     vals = np.concatenate([np.ones(m), -np.ones(m), -np.ones(len(groups))])
     # The LP stays (networkx has no min-cost tension / LP solver): HiGHS solves it exactly. Imported here
     # because scipy costs seconds at CLI start-up, not to dodge a circle.
@@ -156,7 +160,7 @@ def min_added_delays(
 
     a_ub = coo_matrix((vals, (rows, cols)), shape=(m, n + num_groups)).tocsr()
     cost = np.concatenate([np.zeros(n), np.ones(num_groups)])
-    result = linprog(cost, A_ub=a_ub, b_ub=-need, bounds=[(0, None)] * (n + num_groups), method="highs")
+    result = linprog(cost, A_ub=a_ub, b_ub=-need, bounds=(0, None), method="highs")
     if result.status == 2:
         raise ValueError("no added delays satisfy the constraints: a cycle without a delay group needs delays")
     if result.status != 0:
@@ -166,14 +170,13 @@ def min_added_delays(
     if not np.allclose(result.x[n:], added, atol=1e-6):
         raise AssertionError(f"delay LP returned a fractional vertex: {result.x[n:]}")
     added_ints = [int(a) for a in added]
-    r = solve_difference_constraints(n, graph.src, graph.dst, _bounds(graph, need, group_of_edge, added_ints))
+    r = solve_difference_constraints(n, src, dst, _bounds(need, group_of_edge, added_ints))
     if r is None:
         raise AssertionError("rounded LP delays are infeasible")
     return added_ints, r
 
 
-def _bounds(graph: TimedGraph, need: np.ndarray, group_of_edge: Sequence[int | None],
-            added: Sequence[int]) -> np.ndarray:
+def _bounds(need: np.ndarray, group_of_edge: Sequence[int | None], added: Sequence[int]) -> np.ndarray:
     """Per-edge bounds b in r(dst) ≥ r(src) + b once the group delays `added` are placed."""
     extra = np.array([added[g] if g is not None else 0 for g in group_of_edge], dtype=np.int64)
     return need - extra
@@ -181,10 +184,14 @@ def _bounds(graph: TimedGraph, need: np.ndarray, group_of_edge: Sequence[int | N
 
 @dataclass(frozen=True)
 class _Problem:
-    """A training graph's constraint system: the timed graph, b(e) per edge and the layer of gradient edges."""
+    """A training graph's constraint system: its edges as task indices with their delays, the delays each edge
+    must have after retiming, the delay group (layer) of gradient edges, and each group's layer."""
 
-    timed: TimedGraph
-    required: list[int]
+    num_tasks: int
+    src: np.ndarray
+    dst: np.ndarray
+    edge_delays: np.ndarray
+    required: np.ndarray
     group_of_edge: list[int | None]
     layers: list[int]  # layer index of each group
 
@@ -207,14 +214,15 @@ def _stage_of_task(graph: TrainingGraph, stages: Sequence[int] | Mapping[Task, i
 def _problem(graph: TrainingGraph, stage: Mapping[Task, int], weight_register: bool) -> _Problem:
     weight_layers = [layer.index for layer in graph.network.layers if layer.has_weights]
     group = {layer: k for k, layer in enumerate(weight_layers)}
-    required, group_of_edge = [], []
-    for e in graph.edges:
-        crossing = stage[e.src] != stage[e.dst]
-        register = weight_register and e.role == "weights"
-        required.append(1 if crossing or register else 0)
-        group_of_edge.append(group[e.src.layer] if e.role == "gradient" else None)
-    timed = timed_graph(graph, {t: 0 for t in graph.tasks})
-    return _Problem(timed, required, group_of_edge, weight_layers)
+    src, dst = graph.edge_ends
+    stage_of = np.fromiter((stage[t] for t in graph.tasks), dtype=np.int64, count=len(graph.tasks))
+    register = np.fromiter((weight_register and e.role == "weights" for e in graph.edges), dtype=bool,
+                           count=len(graph.edges))
+    required = ((stage_of[src] != stage_of[dst]) | register).astype(np.int64)  # a stage crossing or a register
+    group_of_edge = [group[e.src.layer] if e.role == "gradient" else None for e in graph.edges]
+    return _Problem(len(graph.tasks), np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64),
+                    np.fromiter((e.delay for e in graph.edges), dtype=np.int64, count=len(graph.edges)),
+                    required, group_of_edge, weight_layers)
 
 
 @dataclass(frozen=True)
@@ -268,16 +276,20 @@ def solve_delays(
     """
     stage = _stage_of_task(graph, stages)
     problem = _problem(graph, stage, weight_register)
-    added, r = min_added_delays(problem.timed, problem.required, problem.group_of_edge, len(problem.layers))
+    added, r = _min_added(problem.num_tasks, problem.src, problem.dst, problem.edge_delays, problem.required,
+                          problem.group_of_edge, len(problem.layers))
     delays = dict(zip(problem.layers, added, strict=True))
-    lags = {t: int(r[i]) for i, t in enumerate(graph.tasks)}
-    with_delays = timed_graph(graph, {t: 0 for t in graph.tasks}, delays)
+    lags = dict(zip(graph.tasks, r.tolist(), strict=True))
+    # w_r = w + D_l (gradient edges) + r(dst) − r(src), edge by edge (`retimed_delays` of the delayed graph)
+    src, dst = graph.edge_ends
+    edge_delays = np.asarray([e.delay + delays.get(e.src.layer, 0) if e.role == "gradient" else e.delay
+                              for e in graph.edges], dtype=np.int64) + r[dst] - r[src]
     before = after = None
     if model is not None:
         costs = graph.costs(model)
         before = iteration_bound(timed_graph(graph, costs))
         after = iteration_bound(timed_graph(graph, costs, delays))
-    return DelaySolution(graph, stage, delays, lags, tuple(retimed_delays(with_delays, lags)), weight_register,
+    return DelaySolution(graph, stage, delays, lags, tuple(edge_delays.tolist()), weight_register,
                          before, after)
 
 
@@ -291,6 +303,5 @@ def delays_feasible(
     """Whether some retiming meets the stage and register constraints with these D_l (missing = 0)."""
     problem = _problem(graph, _stage_of_task(graph, stages), weight_register)
     added = [int(delays.get(layer, 0)) for layer in problem.layers]
-    need = np.asarray(problem.required, dtype=np.int64) - problem.timed.delays
-    bounds = _bounds(problem.timed, need, problem.group_of_edge, added)
-    return solve_difference_constraints(len(graph.tasks), problem.timed.src, problem.timed.dst, bounds) is not None
+    bounds = _bounds(problem.required - problem.edge_delays, problem.group_of_edge, added)
+    return solve_difference_constraints(len(graph.tasks), problem.src, problem.dst, bounds) is not None

@@ -32,7 +32,7 @@ maximum cycle ratio is our own (`_cycle_ratio`: networkx has none). Training gra
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 from typing import Any
@@ -74,6 +74,9 @@ class TimedGraph:
     nodes: tuple[Hashable, ...]
     time: Mapping[Hashable, int]
     edges: tuple[TimedEdge, ...]
+    #: The builder knows the delay-0 edges are acyclic (a training graph's are, by construction), so
+    #: `iteration_bound` does not search for a delay-free cycle.
+    zero_delay_acyclic: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(set(self.nodes)) != len(self.nodes):
@@ -88,6 +91,40 @@ class TimedGraph:
                 raise ValueError(f"timed graph: edge {e.src!r}->{e.dst!r} has an unknown end")
             if e.delay < 0:
                 raise ValueError(f"timed graph: edge {e.src!r}->{e.dst!r} has negative delay {e.delay}")
+
+    @staticmethod
+    def of_indices(nodes: tuple[Hashable, ...], times: Sequence[int], src: Sequence[int], dst: Sequence[int],
+                   delays: Sequence[int], index: Mapping[Any, int] | None = None,
+                   zero_delay_acyclic: bool = False) -> TimedGraph:
+        """From nodes that are distinct by construction and edges as node indices (a training graph's own
+        structure): the checks are on arrays, and the index arrays are kept instead of being looked up again
+        from the nodes (hashing ~10⁵ tasks was most of a deep network's delay solve)."""
+        times_a = np.asarray(times, dtype=np.int64)
+        src_a, dst_a = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        delays_a = np.asarray(delays, dtype=np.int64)
+        n = len(nodes)
+        if len(times_a) != n or not (len(src_a) == len(dst_a) == len(delays_a)):
+            raise ValueError("timed graph: one time per node and one src, dst and delay per edge")
+        if n and times_a.min() < 0:
+            v = nodes[int(np.argmin(times_a))]
+            raise ValueError(f"timed graph: time of node {v!r} must be an integer >= 0, got {int(times_a.min())}")
+        if len(src_a) and (min(src_a.min(), dst_a.min()) < 0 or max(src_a.max(), dst_a.max()) >= n):
+            raise ValueError("timed graph: an edge has an unknown end")
+        if len(delays_a) and delays_a.min() < 0:
+            k = int(np.argmin(delays_a))
+            raise ValueError(f"timed graph: edge {nodes[src_a[k]]!r}->{nodes[dst_a[k]]!r} has negative delay "
+                             f"{int(delays_a[k])}")
+        edges = tuple(map(TimedEdge, map(nodes.__getitem__, src_a.tolist()), map(nodes.__getitem__, dst_a.tolist()),
+                          delays_a.tolist()))
+        graph = object.__new__(TimedGraph)
+        object.__setattr__(graph, "nodes", nodes)
+        object.__setattr__(graph, "time", dict(zip(nodes, times_a.tolist(), strict=True)))
+        object.__setattr__(graph, "edges", edges)
+        object.__setattr__(graph, "zero_delay_acyclic", zero_delay_acyclic)
+        # the cached properties, already known (cached_property reads the instance dict first)
+        graph.__dict__.update(src=src_a, dst=dst_a, delays=delays_a, times=times_a,
+                              index=index if index is not None else {v: i for i, v in enumerate(nodes)})
+        return graph
 
     @staticmethod
     def build(time: Mapping[Hashable, int], edges: Iterable[tuple[Hashable, Hashable, int]]) -> TimedGraph:
@@ -150,7 +187,8 @@ class IterationBound:
 def iteration_bound(graph: TimedGraph) -> IterationBound:
     """T∞ = max over cycles of (Σ node times) / (Σ edge delays), exactly, by Howard's policy iteration."""
     ratio, cycle, edges = max_cycle_ratio(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(),
-                                          graph.times.tolist(), graph.delays.tolist())
+                                          graph.times.tolist(), graph.delays.tolist(),
+                                          zero_delay_acyclic=graph.zero_delay_acyclic)
     nodes = tuple(graph.nodes[i] for i in cycle)
     return IterationBound(ratio, nodes, sum(graph.time[v] for v in nodes), sum(graph.edges[e].delay for e in edges))
 
