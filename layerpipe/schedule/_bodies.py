@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed
-from layerpipe.schedule._ir import PeriodicSchedule, Slot
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, slot_order
 from layerpipe.schedule._lags import timeline
 from layerpipe.schedule._task_table import TaskTable
 
@@ -58,7 +58,7 @@ def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[in
     for u, x, _ in table.weight_reads:
         if arrival and (u, x) in arrival:
             delays[(table.tasks[x].kind, table.tasks[x].layer)] = arrival[(u, x)] - start[u] - table.cost[u]
-    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs, delays)
+    return PeriodicSchedule(period, tuple(tuple(sorted(b, key=slot_order)) for b in bodies), costs, delays)
 
 
 def modulo_list_schedule(

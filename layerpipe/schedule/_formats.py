@@ -39,6 +39,7 @@ from layerpipe.schedule._ir import (
     parse_groups,
     parse_op,
     parse_phase_reads,
+    slot_order,
 )
 
 #: Names of the formats `dump_schedule` and `load_schedule` take.
@@ -257,7 +258,7 @@ def to_json(schedule: OpSchedule | PeriodicSchedule) -> str:
             "format": "layerpipe-periodic-schedule",
             "version": 1,
             "period_cycles": schedule.period,
-            "bodies": [[str(s) for s in sorted(body)] for body in schedule.bodies],
+            "bodies": [[str(s) for s in sorted(body, key=slot_order)] for body in schedule.bodies],
         }
         _unfolding_fields(doc, schedule.unfold, schedule.groups)
         if schedule.read_floor:

@@ -34,6 +34,7 @@ iteration per period print as they always did.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -502,6 +503,11 @@ class Slot:
         return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
 
 
+#: The key of `Slot`'s own order (its fields in turn, as `order=True` compares them): sorting by it compares
+#: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
+slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")
+
+
 def read_offset(update_cost: int, reader_cost: int, same_proc: bool) -> int:
     """Cycles from an update copy's start to its weights being readable, before any transfer: its cost, and
     one more for a zero-cycle update on a zero-cycle reader's processor — it ends in the cycle the reader
@@ -666,12 +672,13 @@ class PeriodicSchedule:
         nothing is pinned. `read_floor` raises a pin to the staleness the policy designed.
         """
         floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
+        groups = dict(self.groups)
         updates: dict[int, list[Slot]] = {}
         readers = []
-        where: dict[Slot, int] = {}
+        where: dict[int, int] = {}  # id of a slot of the bodies → its processor (ints hash in C, slots do not)
         for p, body in enumerate(self.bodies):
             for s in body:
-                where[s] = p
+                where[id(s)] = p
                 if s.kind == "U":
                     updates.setdefault(s.layer, []).append(s)
                 elif "F" in s.kind or "E" in s.kind:
@@ -681,13 +688,14 @@ class PeriodicSchedule:
             us = updates.get(x.layer)
             if not us or ("U", x.layer) not in self.costs:
                 continue
-            g = self.group(x.layer)
+            g = groups.get(x.layer, 1)
             per = self.unfold // g
             key = (x.kind, x.layer, x.phase) if x.phase else (x.kind, x.layer)
             delay = self.read_delays.get(key, 0)
             c_u = self.costs[("U", x.layer)]
             c_x = self.costs.get((x.kind, x.layer), 1)
-            copies = [(u.start, u.lag, u.phase, read_offset(c_u, c_x, where[u] == where[x])) for u in us]
+            px = where[id(x)]
+            copies = [(u.start, u.lag, u.phase, read_offset(c_u, c_x, where[id(u)] == px)) for u in us]
             best, _ = latest_update(x.start, x.lag, copies, per, self.period, delay)
             stale = x.phase // g - 1 - best
             out[(x.kind, x.layer, x.phase)] = max(stale, floor.get((x.kind, x.layer, x.phase), stale))
@@ -701,7 +709,8 @@ class PeriodicSchedule:
         return start
 
     @cached_property
-    def _slots(self) -> dict[tuple[str, int, int], Slot]:
+    def slot_by_key(self) -> dict[tuple[str, int, int], Slot]:
+        """(kind, layer, phase) → its slot (built once: the passes that read the timing look slots up)."""
         return {(s.kind, s.layer, s.phase): s for body in self.bodies for s in body}
 
     def planned_start(self, kind: str, unit: int, iteration: int) -> int | None:
@@ -709,7 +718,7 @@ class PeriodicSchedule:
         task the bodies do not hold. Op (kind, l, t) is the slot of phase t mod J (updates: mod J/g) and runs in
         period j = t div J + lag (updates: div J/g)."""
         per = self.phases(kind, unit)
-        slot = self._slots.get((kind, unit, iteration % per))
+        slot = self.slot_by_key.get((kind, unit, iteration % per))
         if slot is None:
             return None
         return (iteration // per + slot.lag) * self.period + slot.start
@@ -724,7 +733,7 @@ class PeriodicSchedule:
             head += " floor=" + format_pins(self.read_floor)
         lines = [head]
         for p, body in enumerate(self.bodies):
-            lines.append(f"p{p}: " + " ".join(str(s) for s in sorted(body)))
+            lines.append(f"p{p}: " + " ".join(str(s) for s in sorted(body, key=slot_order)))
         return "\n".join(lines) + "\n"
 
     @staticmethod

@@ -136,29 +136,49 @@ class PlanCosts:
         return (len(self.layers), tuple(self.work), tuple(self.weight_hold), tuple(self.cut_forward),
                 tuple(self.cut_backward), self.interconnect)
 
+    # Every term is a whole number of cycles over r or lcm(r, r'), divisors of MAX_ROUND: the `scaled_*` forms
+    # are the terms times MAX_ROUND, exact integers (the search compares ~10⁵ of them: `Fraction` was most of
+    # its time); the plain forms are those over MAX_ROUND.
+
+    def scaled_stage_term(self, first: int, last: int, r: int) -> int:
+        """MAX_ROUND · max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
+        compute = self.work[last + 1] - self.work[first]
+        if r > 1 and self.interconnect.kind == "links":
+            compute = max(compute, self.weight_hold[last + 1] - self.weight_hold[first])
+        return compute * (MAX_ROUND // r)
+
+    def scaled_stage_bus(self, first: int, last: int, r: int) -> int:
+        """MAX_ROUND · bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per
+        round."""
+        if self.interconnect.kind != "bus":
+            return 0
+        return 2 * (r - 1) * (self.weight_hold[last + 1] - self.weight_hold[first]) * (MAX_ROUND // r)
+
+    def scaled_cut_term(self, cut: int, r_before: int, r_after: int) -> int:
+        """MAX_ROUND · the busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm)."""
+        if self.interconnect.kind != "links":
+            return 0
+        return max(self.cut_forward[cut], self.cut_backward[cut]) * (MAX_ROUND // math.lcm(r_before, r_after))
+
+    def scaled_cut_bus(self, cut: int) -> int:
+        if self.interconnect.kind != "bus":
+            return 0
+        return (self.cut_forward[cut] + self.cut_backward[cut]) * MAX_ROUND
+
     def stage_term(self, first: int, last: int, r: int) -> Fraction:
         """max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
-        compute = Fraction(self.work[last + 1] - self.work[first], r)
-        if r == 1 or self.interconnect.kind != "links":
-            return compute
-        return max(compute, Fraction(self.weight_hold[last + 1] - self.weight_hold[first], r))
+        return Fraction(self.scaled_stage_term(first, last, r), MAX_ROUND)
 
     def stage_bus(self, first: int, last: int, r: int) -> Fraction:
         """Bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per round."""
-        if self.interconnect.kind != "bus":
-            return Fraction(0)
-        return Fraction(2 * (r - 1) * (self.weight_hold[last + 1] - self.weight_hold[first]), r)
+        return Fraction(self.scaled_stage_bus(first, last, r), MAX_ROUND)
 
     def cut_term(self, cut: int, r_before: int, r_after: int) -> Fraction:
         """The busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm of them)."""
-        if self.interconnect.kind != "links":
-            return Fraction(0)
-        return Fraction(max(self.cut_forward[cut], self.cut_backward[cut]), math.lcm(r_before, r_after))
+        return Fraction(self.scaled_cut_term(cut, r_before, r_after), MAX_ROUND)
 
     def cut_bus(self, cut: int) -> Fraction:
-        if self.interconnect.kind != "bus":
-            return Fraction(0)
-        return Fraction(self.cut_forward[cut] + self.cut_backward[cut])
+        return Fraction(self.scaled_cut_bus(cut), MAX_ROUND)
 
     def cost(self, stages: Sequence[Stage]) -> Fraction:
         """The objective of one whole configuration (what brute force evaluates)."""
@@ -177,7 +197,7 @@ def _prefix(values: Sequence[int]) -> list[int]:
     return out
 
 
-def _preference(cycles: Fraction, stages: Sequence[Stage]) -> tuple:
+def _preference(cycles: Fraction | int, stages: Sequence[Stage]) -> tuple:
     """Smaller is better: cycles, then more processors, fewer stages, earlier cuts and fewer replicas first."""
     return (cycles, -sum(s.replicas for s in stages), len(stages),
             tuple((s.last, s.replicas) for s in stages))
@@ -225,10 +245,12 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
     n = len(costs)
     options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
     widest = max(options)
-    bound = max(costs.stage_term(0, n - 1, widest), costs.stage_bus(0, n - 1, widest))
-    fronts: dict[tuple[int, int, int], list[tuple[Fraction, Fraction, _Chain]]] = {}
+    # All values below are scaled by MAX_ROUND (PlanCosts.scaled_*): integers, compared exactly.
+    bound = max(costs.scaled_stage_term(0, n - 1, widest), costs.scaled_stage_bus(0, n - 1, widest))
+    fronts: dict[tuple[int, int, int], list[tuple[int, int, _Chain]]] = {}
+    work = costs.work
 
-    def offer(key: tuple[int, int, int], term: Fraction, bus: Fraction, chain: _Chain) -> None:
+    def offer(key: tuple[int, int, int], term: int, bus: int, chain: _Chain) -> None:
         nonlocal bound
         if key[0] == n:
             bound = min(bound, max(term, bus))
@@ -241,32 +263,33 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
         front[:] = [e for e in front if not (term <= e[0] and bus <= e[1])]
         front.append((term, bus, chain))
 
-    def extend(cut: int, used: int, r_before: int | None, front: list[tuple[Fraction, Fraction, _Chain]]) -> None:
+    def extend(cut: int, used: int, r_before: int | None, front: list[tuple[int, int, _Chain]]) -> None:
         for r in options:
             if used + r > num_procs:
                 continue
-            link = costs.cut_term(cut, r_before, r) if r_before is not None else Fraction(0)
-            cut_bus = costs.cut_bus(cut) if r_before is not None else Fraction(0)
+            link = costs.scaled_cut_term(cut, r_before, r) if r_before is not None else 0
+            cut_bus = costs.scaled_cut_bus(cut) if r_before is not None else 0
+            left = num_procs - used - r
             for last in range(cut, n):
-                term = costs.stage_term(cut, last, r)
+                term = costs.scaled_stage_term(cut, last, r)
                 if term > bound:
                     break  # longer stages on r replicas only cost more
-                rest, left = costs.work[n] - costs.work[last + 1], num_procs - used - r
-                if rest and (not left or Fraction(rest, left) > bound):
+                rest = work[n] - work[last + 1]
+                if rest and (not left or rest * MAX_ROUND > bound * left):
                     continue  # the layers after this stage cannot finish within the bound on what is left
                 extra = max(term, link)
-                bus = costs.stage_bus(cut, last, r) + cut_bus
+                bus = costs.scaled_stage_bus(cut, last, r) + cut_bus
                 for t, b, chain in front:
                     if max(t, extra) <= bound and b + bus <= bound:
                         offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
 
-    extend(0, 0, None, [(Fraction(0), Fraction(0), None)])
+    extend(0, 0, None, [(0, 0, None)])
     for cut in range(1, n):  # fronts at cut are final once every stage ending at cut − 1 was offered
         for key in sorted(k for k in fronts if k[0] == cut):
             extend(cut, key[1], key[2], list(fronts[key]))
     finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
-    cycles, stages = min(finals, key=lambda e: _preference(*e))
-    return Plan(stages, cycles)
+    scaled, stages = min(finals, key=lambda e: _preference(*e))
+    return Plan(stages, Fraction(scaled, MAX_ROUND))
 
 
 def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:

@@ -34,7 +34,7 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates, slot_order
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._task_table import TaskTable
 
@@ -229,8 +229,8 @@ def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int]
             delays[key] = arrival[(u, x)] - start[u] - table.cost[u]
     unfold = table.unfold if isinstance(table, UnfoldedTable) else 1
     groups = table.groups if isinstance(table, UnfoldedTable) else ()
-    return PeriodicSchedule(period, tuple(tuple(sorted(b)) for b in bodies), costs, delays, unfold, groups,
-                            tuple(floor))
+    return PeriodicSchedule(period, tuple(tuple(sorted(b, key=slot_order)) for b in bodies), costs, delays, unfold,
+                            groups, tuple(floor))
 
 
 def update_chain_lags(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int) -> list[int] | None:

@@ -39,6 +39,7 @@ from layerpipe.schedule._ir import (
     OpSchedule,
     PeriodicSchedule,
     ScheduleError,
+    slot_order,
     tie_rank,
 )
 from layerpipe.schedule._unfold import copies, unfolded_edges
@@ -355,7 +356,7 @@ def _periodic_grid(schedule: PeriodicSchedule, mark: tuple[int, int] | None) -> 
     """Rows are the distinct start offsets of the bodies; `mark` is (start, proc)."""
     cells: dict[tuple[int, int], str] = {}
     for p, body in enumerate(schedule.bodies):
-        for slot in sorted(body):
+        for slot in sorted(body, key=slot_order):
             cells[(slot.start, p)] = (cells[(slot.start, p)] + " " if (slot.start, p) in cells else "") + str(slot)
     labels = {r: f"@{r}" for r, _ in cells}
     return format_grid(cells, schedule.num_procs, labels, mark)
@@ -482,7 +483,7 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
     """
     stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
     pins = schedule.read_pins() if pins is None else pins
-    slots = {(s.kind, s.layer, s.phase): s for body in schedule.bodies for s in body}
+    slots = schedule.slot_by_key
     period, unfold = schedule.period, schedule.unfold
     depth = max((s.lag for s in slots.values()), default=0) + 2
     steady = period > 0 and all(s.lag >= 0 and 0 <= s.start < period for s in slots.values())
