@@ -70,7 +70,11 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
                          "has no one-op-at-a-time processor program; layerpipe compare and "
                          "layerpipe.sim.simulate_policy_result time it on the stream engine")
     options = result.graph.options
-    graph = build_training_graph(network, GraphOptions(options.intra, options.inter, mode))
+    wanted = GraphOptions(options.intra, options.inter, mode)
+    # The scheduled graph itself when it is this network's under these switches (a graph is a pure function of
+    # both; sweeps simulate every point twice).
+    graph = (result.graph if result.graph.network is network and options == wanted
+             else build_training_graph(network, wanted))
     if result.periodic is not None:
         schedule = result.periodic.unroll(iterations)
     elif result.explicit is not None and result.stages is not None:

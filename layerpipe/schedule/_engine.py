@@ -454,17 +454,8 @@ def _from_ops(schedule: OpSchedule) -> tuple[list[Op], list[int], tuple[tuple[st
 
 def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
                 iteration: np.ndarray) -> list[int] | None:
-    """Planned start of every op (`RunPlan.planned_start`); None without a plan or when it misses an op."""
-    if plan is None:
-        return None
-    out = []
-    for k, t in zip(task.tolist(), iteration.tolist(), strict=True):
-        kind, unit = tasks[k]
-        start = plan.planned_start(kind, unit, t)
-        if start is None:
-            return None
-        out.append(start)
-    return out
+    """Planned start of every op (`RunPlan.planned_starts`); None without a plan or when it misses an op."""
+    return None if plan is None else plan.planned_starts(tasks, task, iteration)
 
 
 def _raise_duplicate(ops: list[Op]) -> None:
