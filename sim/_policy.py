@@ -8,7 +8,10 @@ are timed on their own with the cost model — the same ops the functional mode 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
+
+import numpy as np
 
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
@@ -16,7 +19,7 @@ from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._deps import expand_stages
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.sim._engine import compile_schedule
 from layerpipe.sim._interconnect import SimConfig
@@ -32,9 +35,21 @@ def repeat_steps(one_step: OpSchedule, iterations: int) -> OpSchedule:
     if not one_step.synchronous or m < 1:
         raise InputError("repeat_steps takes a synchronous schedule with microbatches >= 1")
     steps = -(-iterations // m)
-    rows = tuple(tuple(Op(op.proc, op.kind, op.unit, j * m + op.iteration) for j in range(steps) for op in row
-                       if j * m + op.iteration < iterations) for row in one_step.procs)
-    return OpSchedule(one_step.level, rows, True, m)
+    # On columns (no `Op` per op): each row's step repeated with micro-batches offset by j·m, step-major, the
+    # ops of micro-batches past `iterations` dropped.
+    one = one_step.as_columns()
+    offsets = np.arange(steps, dtype=np.int64)[:, None] * m
+    tasks, its, bounds = [], [], [0]
+    for lo, hi in itertools.pairwise(one.bounds):
+        it = (offsets + one.iteration[None, lo:hi]).ravel()
+        keep = it < iterations
+        tasks.append(np.tile(one.task[lo:hi], steps)[keep])
+        its.append(it[keep])
+        bounds.append(bounds[-1] + int(keep.sum()))
+    empty = np.zeros(0, dtype=np.int64)
+    columns = OpColumns(tuple(bounds), one.tasks, np.concatenate(tasks) if tasks else empty,
+                        np.concatenate(its) if its else empty)
+    return OpSchedule.from_columns(one_step.level, columns, synchronous=True, microbatches=m)
 
 
 def simulated_network(result: ScheduleResult, network: Network) -> Network:

@@ -36,7 +36,6 @@ Stage-level schedules (torch.distributed.pipelining's rules; stage s of S, micro
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -364,7 +363,7 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
     if len(stages.layers) != stages.num_stages:
         raise InputError("expand_stages needs the layers of every stage (StageInfo.of_network)")
     m = _microbatches(schedule)
-    columns = schedule.columns or _columns_of(schedule)
+    columns = schedule.as_columns()
     n = columns.num_ops
     bounds = np.asarray(columns.bounds, dtype=np.int64)
     if schedule.columns is not None:
@@ -441,18 +440,6 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
     expanded = OpColumns(tuple(out_bounds.tolist()), tuple(layer_task_id),
                          np.asarray(flat_task, dtype=np.int64)[at], out_iteration)
     return OpSchedule.from_columns("layer", expanded, synchronous=True, microbatches=m)
-
-
-def _columns_of(schedule: OpSchedule) -> OpColumns:
-    """The columns of a schedule of `Op`s (tasks numbered in order of first appearance)."""
-    import numpy as np
-
-    task_id: dict[tuple[str, int], int] = {}
-    ops = list(schedule.ops())
-    task = np.fromiter((task_id.setdefault((op.kind, op.unit), len(task_id)) for op in ops), np.int64, len(ops))
-    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
-    bounds = tuple(itertools.accumulate(schedule.row_lengths(), initial=0))
-    return OpColumns(bounds, tuple(task_id), task, iteration)
 
 
 # --- the same rules as arrays -------------------------------------------------------------------------------

@@ -278,6 +278,20 @@ class OpSchedule:
         for row in self.procs:
             yield from row
 
+    def as_columns(self) -> OpColumns:
+        """The ops as columns: the ones it was made from, else built from `procs` (tasks numbered in order of
+        first appearance)."""
+        if self.columns is not None:
+            return self.columns
+        import numpy as np
+
+        task_id: dict[tuple[str, int], int] = {}
+        ops = list(self.ops())
+        task = np.fromiter((task_id.setdefault((op.kind, op.unit), len(task_id)) for op in ops), np.int64, len(ops))
+        iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
+        bounds = tuple(itertools.accumulate(self.row_lengths(), initial=0))
+        return OpColumns(bounds, tuple(task_id), task, iteration)
+
     @property
     def num_iterations(self) -> int:
         """Iterations (micro-batches for synchronous schedules) the ops cover: the largest index + 1.
