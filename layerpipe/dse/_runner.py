@@ -42,6 +42,22 @@ def _row(spec: SweepSpec, index: int, point: DesignPoint) -> dict[str, object]:
     return row
 
 
+def _rows(spec: SweepSpec, batch: list[tuple[int, DesignPoint]]) -> list[dict[str, object]]:
+    return [_row(spec, i, p) for i, p in batch]
+
+
+def _batches(pending: list[tuple[int, DesignPoint]]) -> list[list[tuple[int, DesignPoint]]]:
+    """The pending points of one network, processor count and setting together (every policy and bound of it):
+    a worker process memoises the passes those share — the task table, PipeDream's plan, which LayerPipe's
+    replicated candidate reuses (design notes §11) — so spreading them over workers would compute them once
+    per worker. Batches in the order of their first point."""
+    groups: dict[tuple[object, ...], list[tuple[int, DesignPoint]]] = {}
+    for i, p in pending:
+        key = (p.network, p.batch, p.num_procs, p.lanes, p.interconnect, p.cost_model)
+        groups.setdefault(key, []).append((i, p))
+    return list(groups.values())
+
+
 #: How often a worker's watchdog checks that its parent is alive (the fault tests allow 5 s).
 WATCHDOG_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -127,12 +143,16 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
             _drain_dask([dask_submit(_row, spec, i, p) for i, p in pending], store, bar)
     else:
         with _local_executor(jobs) as submit, bar:
-            futures = {submit(_row, spec, i, p) for i, p in pending}
+            if jobs == 1:  # in this process: one point at a time (the memos are this process's anyway)
+                futures = {submit(_rows, spec, [point]) for point in pending}
+            else:
+                futures = {submit(_rows, spec, batch) for batch in _batches(pending)}
             while futures:
                 finished, futures = wait(futures, return_when=FIRST_COMPLETED)
                 for fut in sorted(finished, key=id):
-                    store.append(fut.result())
-                    bar.update(1)
+                    for row in fut.result():
+                        store.append(row)
+                        bar.update(1)
     store.finalize()
     return RunSummary(len(points), len(points) - len(pending), len(pending), time.perf_counter() - t0)
 
