@@ -70,7 +70,7 @@ def slope(points: list[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
-def _before_solver(*args: object, zero_delay_acyclic: bool = False) -> object:
+def _before_solver(*args: object, zero_delay_acyclic: bool = False, policy: object = None) -> object:
     """The solver before issue 14, called as today's is (it always searched for a delay-free cycle itself)."""
     return _howard_before.max_cycle_ratio(*args)
 

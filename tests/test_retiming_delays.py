@@ -270,3 +270,17 @@ def test_training_graph_bounds_match_brute_force(data: st.DataObject, options: G
     assert iteration_bound(retimed).bound == solution.bound_after.bound
     # Each weight loop is one cycle, so no loop bound exceeds the iteration bound.
     assert all(b.bound <= solution.bound_after.bound for b in loop_bounds(graph, costs, solution.delays))
+
+
+@given(st.data(), graph_options)
+def test_the_solutions_bounds_are_the_cold_iteration_bounds(data: st.DataObject, options: GraphOptions) -> None:
+    """`solve_delays` carries Howard's policy from the graph without delays to the one with them (a warm
+    start); the bounds and critical cycles it reports are those of `iteration_bound` on each graph alone."""
+    net = data.draw(networks(max_layers=8, dag=data.draw(st.booleans())))
+    stages = data.draw(stage_maps(net, max_stages=5))
+    graph = build_training_graph(net, options)
+    model = MacsModel()
+    solution = solve_delays(graph, stages, model)
+    costs = graph.costs(model)
+    assert solution.bound_before == iteration_bound(timed_graph(graph, costs))
+    assert solution.bound_after == iteration_bound(timed_graph(graph, costs, solution.delays))

@@ -148,13 +148,19 @@ def _cyclic_edges(n: int, src: Sequence[int], dst: Sequence[int]) -> list[bool]:
 
 def max_cycle_ratio(
     n: int, src: Sequence[int], dst: Sequence[int], time: Sequence[int], delay: Sequence[int], *,
-    zero_delay_acyclic: bool = False,
+    zero_delay_acyclic: bool = False, policy: list[int] | None = None,
 ) -> tuple[Fraction, list[int], list[int]]:
     """The maximum over cycles of Σ time / Σ delay, and one cycle attaining it as node and edge indices.
 
     The cycle's nodes are in edge order (edge i leaves node i). Returns (0, [], []) for an acyclic graph.
     Raises `ZeroDelayCycleError` if some cycle has no delay; `zero_delay_acyclic` says the caller knows there
     is none (a training graph's delay-0 edges are acyclic by construction) and skips the search.
+
+    `policy` carries Howard's policy between graphs with the same edges (only times and delays differ, as a
+    training graph before and after its gradient delays): a list of one out-edge per node starts the
+    iteration there (nodes whose edge is not one of theirs start as usual), and on return it holds this
+    run's final policy (an empty list: start as usual, then hold it). Howard converges from any policy; a
+    start near the answer saves rounds (8 → 3 on a 1000-layer chain's delays).
     """
     zero = None if zero_delay_acyclic else find_zero_delay_cycle(n, src, dst, delay)
     if zero is not None:
@@ -170,10 +176,17 @@ def max_cycle_ratio(
     if not nodes:
         return Fraction(0), [], []
 
-    # Start from the out-edge with the fewest delays: cycles of few delays tend to have large ratios.
-    policy = [-1] * n
+    # Start from the out-edge with the fewest delays (cycles of few delays tend to have large ratios), or from
+    # the given policy where it names one of the node's cyclic out-edges.
+    given = policy if policy is not None and len(policy) == n else None
+    start = [-1] * n
     for v in nodes:
-        policy[v] = min(out[v], key=lambda e: (delay[e], e))
+        e = given[v] if given is not None else -1
+        start[v] = e if 0 <= e < len(src) and src[e] == v and inside[e] else min(out[v], key=lambda k: (delay[k], k))
+    if policy is not None:
+        policy[:] = start  # the caller's list becomes this run's policy (updated in place below)
+    else:
+        policy = start
     num, den, x = [0] * n, [1] * n, [0] * n
     while True:
         cycles = _evaluate(nodes, policy, dst, time, delay, num, den, x)

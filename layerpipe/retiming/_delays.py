@@ -287,8 +287,9 @@ def solve_delays(
     before = after = None
     if model is not None:
         costs = graph.costs(model)
-        before = iteration_bound(timed_graph(graph, costs))
-        after = iteration_bound(timed_graph(graph, costs, delays))
+        policy: list[int] = []  # Howard's, from the graph without delays to the one with them (same edges)
+        before = iteration_bound(timed_graph(graph, costs), policy)
+        after = iteration_bound(timed_graph(graph, costs, delays), policy)
     return DelaySolution(graph, stage, delays, lags, tuple(edge_delays.tolist()), weight_register,
                          before, after)
 

@@ -184,11 +184,13 @@ class IterationBound:
     cycle_delays: int
 
 
-def iteration_bound(graph: TimedGraph) -> IterationBound:
-    """T∞ = max over cycles of (Σ node times) / (Σ edge delays), exactly, by Howard's policy iteration."""
+def iteration_bound(graph: TimedGraph, policy: list[int] | None = None) -> IterationBound:
+    """T∞ = max over cycles of (Σ node times) / (Σ edge delays), exactly, by Howard's policy iteration.
+
+    `policy` carries Howard's policy from a graph with the same edges to the next (`max_cycle_ratio`)."""
     ratio, cycle, edges = max_cycle_ratio(len(graph.nodes), graph.src.tolist(), graph.dst.tolist(),
                                           graph.times.tolist(), graph.delays.tolist(),
-                                          zero_delay_acyclic=graph.zero_delay_acyclic)
+                                          zero_delay_acyclic=graph.zero_delay_acyclic, policy=policy)
     nodes = tuple(graph.nodes[i] for i in cycle)
     return IterationBound(ratio, nodes, sum(graph.time[v] for v in nodes), sum(graph.edges[e].delay for e in edges))
 
