@@ -101,7 +101,12 @@ class TaskTable:
             found = _TOKENS[content] = next(_NEXT_TOKEN)
         return found
 
-    def weight_loops(self) -> list[tuple[int, int, int]]:
-        """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer."""
+    def weight_loops(self) -> tuple[tuple[int, int, int], ...]:
+        """(layer, index of the task holding F_l, index of the task holding U_l) per weight layer (built once per
+        table: every timing of a candidate reads them)."""
+        return self._weight_loops
+
+    @cached_property
+    def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
         where = {(t.layer, a): i for i, t in enumerate(self.tasks) for a in t.kind}
-        return [(t.layer, where[(t.layer, "F")], i) for i, t in enumerate(self.tasks) if t.has("U")]
+        return tuple((t.layer, where[(t.layer, "F")], i) for i, t in enumerate(self.tasks) if t.has("U"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
@@ -88,7 +89,8 @@ class UnfoldedTable(TaskTable):
     unfold: int = 1
     groups: tuple[tuple[int, int], ...] = ()
 
-    def weight_loops(self) -> list[tuple[int, int, int]]:
+    @cached_property
+    def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
         """(layer, F copy, U copy applying its group) per F phase. Callers keyed by layer keep the last phase's
         loop: the staleness scores of `_comm_timing` are then a heuristic of one phase, which is all they steer."""
         where = {(t.layer, a, self.phase[i]): i for i, t in enumerate(self.tasks) for a in t.kind}
@@ -97,7 +99,7 @@ class UnfoldedTable(TaskTable):
         for i, t in enumerate(self.tasks):
             if t.has("F") and (t.layer, "U", 0) in where:
                 out.append((t.layer, i, where[(t.layer, "U", self.phase[i] // groups.get(t.layer, 1))]))
-        return out
+        return tuple(out)
 
 
 def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None = None) -> UnfoldedTable:
