@@ -50,6 +50,7 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
 from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._ir import PeriodicSchedule
 from layerpipe.schedule._lags import _longest_lags, asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
@@ -411,7 +412,9 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     else:
         trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
                             comm))
-    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
+    # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
+    # The versions are counted only for the trials of the least staleness: no other trial can win.
+    staled: list[tuple[int, Timing, PeriodicSchedule, dict[tuple[str, int, int], int], dict[int, int]]] = []
     for found in trials:
         settled = _settled_lags(unfolded, found, period, comm)
         if settled is not None:
@@ -420,12 +423,16 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
             schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
             pins = schedule.read_pins()
             stale = periodic_staleness(schedule, table.graph, pins=pins)
-            versions = periodic_versions(schedule, table.graph, pins)
-            score = (max(stale.values(), default=0), max(versions.values(), default=1), sum(stale.values()),
-                     max(timing.lag, default=0))
-            candidates.append((score, len(candidates), timing))
+            staled.append((max(stale.values(), default=0), timing, schedule, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
-    assert candidates, "no body order keeps the update copies in order"
+    assert staled, "no body order keeps the update copies in order"
+    least = min(most for most, *_ in staled)
+    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
+    for k, (most, timing, schedule, pins, stale) in enumerate(staled):
+        if most == least:
+            versions = periodic_versions(schedule, table.graph, pins)
+            score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
+            candidates.append((score, k, timing))
     return Replicated(unfolded, placement, period, min(candidates)[2])
 
 
