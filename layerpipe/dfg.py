@@ -119,8 +119,8 @@ class TrainingGraph:
     edges: tuple[Edge, ...]
     _owner: dict[tuple[int, str], Task] = field(default_factory=dict, compare=False, repr=False)
     #: `costs` per cost model (models are frozen values): the schedulers and the delay solver ask for the same
-    #: model's costs many times per graph.
-    _costs: dict[object, dict[Task, int]] = field(default_factory=dict, compare=False, repr=False)
+    #: model's costs many times per graph. Not an argument, so `dataclasses.replace` starts a new one.
+    _costs: dict[object, dict[Task, int]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def task_of(self, layer: int, atomic: str) -> Task | None:
         """The task that performs atomic kind `atomic` of `layer` (fused or not), or None."""

@@ -246,3 +246,22 @@ def test_network_to_networkx_by_hand() -> None:
         for src in layer.inputs:
             words = net.batch * (net.input_size if src == 0 else net.layer(src).out_size)
             assert next(d["words"] for d in g.get_edge_data(src, layer.index).values()) == words
+
+
+def test_costs_are_remembered_per_model_and_handed_out_as_copies() -> None:
+    """`TrainingGraph.costs` keeps each (hashable) cost model's costs: a caller changing its dict does not change
+    the next caller's, two models keep their own, and a graph derived by `dataclasses.replace` recomputes."""
+    import dataclasses
+
+    from layerpipe.costs import MacsModel, PEModel, task_cost
+
+    graph = build_training_graph(load_network("lenet5"))
+    for model in (MacsModel(), PEModel(), PEModel(16, 4)):
+        fresh = {t: task_cost(model, graph.network.layer(t.layer), t.kind, 1) for t in graph.tasks}
+        first = graph.costs(model)
+        assert first == fresh
+        first[graph.tasks[0]] = -1
+        assert graph.costs(model) == fresh
+    batched = dataclasses.replace(graph, network=load_network("lenet5", 4))
+    assert batched.costs(MacsModel()) == {
+        t: task_cost(MacsModel(), batched.network.layer(t.layer), t.kind, 4) for t in batched.tasks}

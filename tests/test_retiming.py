@@ -402,3 +402,32 @@ def test_policy_iteration_rounds_do_not_grow_with_depth(depth: int, monkeypatch:
     assert least_retiming(len(graph.nodes), graph.src, graph.dst, weights) is not None
     tighter = (q * 1000) * graph.times[graph.src] - (p * 1000 - 1) * graph.delays
     assert least_retiming(len(graph.nodes), graph.src, graph.dst, tighter) is None
+
+
+@given(timed_graphs())
+def test_a_graph_built_on_indices_is_the_graph_built_on_nodes(graph: TimedGraph) -> None:
+    """`TimedGraph.of_indices` (a training graph's structure, checked on arrays) gives the same graph, arrays
+    and bound as the checked constructor."""
+    index = {v: i for i, v in enumerate(graph.nodes)}
+    same = TimedGraph.of_indices(graph.nodes, [graph.time[v] for v in graph.nodes], [index[e.src] for e in graph.edges],
+                                 [index[e.dst] for e in graph.edges], [e.delay for e in graph.edges])
+    assert same == graph
+    for name in ("src", "dst", "delays", "times"):
+        assert getattr(same, name).tolist() == getattr(graph, name).tolist()
+    try:
+        expected = iteration_bound(graph)
+    except ZeroDelayCycleError:
+        with pytest.raises(ZeroDelayCycleError):
+            iteration_bound(same)
+    else:
+        assert iteration_bound(same) == expected
+
+
+def test_a_graph_built_on_indices_rejects_what_the_constructor_rejects() -> None:
+    nodes = ("a", "b")
+    with pytest.raises(ValueError, match="time of node 'b' must be an integer >= 0, got -1"):
+        TimedGraph.of_indices(nodes, [0, -1], [0], [1], [0])
+    with pytest.raises(ValueError, match="edge 'a'->'b' has negative delay -2"):
+        TimedGraph.of_indices(nodes, [0, 1], [0], [1], [-2])
+    with pytest.raises(ValueError, match="an edge has an unknown end"):
+        TimedGraph.of_indices(nodes, [0, 1], [0], [2], [0])
