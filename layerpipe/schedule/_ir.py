@@ -689,7 +689,14 @@ class PeriodicSchedule:
         the same for every t once the pipeline is full (J = g = 1: s = −k − 1 with k = lag_X − lag_U + f; −1
         for an E that runs after its own update, under `latest`). Needs the update's cost; without `costs`
         nothing is pinned. `read_floor` raises a pin to the staleness the policy designed.
+
+        Computed once per schedule (a pure function of its frozen fields: scoring, validating, unrolling and
+        compiling a schedule each read them); each call hands out its own dict.
         """
+        return dict(self._read_pins)
+
+    @cached_property
+    def _read_pins(self) -> dict[tuple[str, int, int], int]:
         floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
         groups = dict(self.groups)
         updates: dict[int, list[Slot]] = {}

@@ -37,7 +37,7 @@ from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
 from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates, slot_order
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
 PhaseTask = tuple[str, int, int]
@@ -212,12 +212,33 @@ def _reader_copies(table: UnfoldedTable, placement: Sequence[int], start: Sequen
     return us, copies, table.unfold // groups.get(layer, 1)
 
 
+#: `periodic_of`'s schedules by their inputs (table content, placement, timing, arrivals, floor): a policy scores
+#: its candidate timings on their schedules and then builds the winner's result from the same inputs, so the
+#: winner's schedule — and the read pins it keeps — is the one already scored. Bounded; oldest dropped first.
+_SCHEDULES: dict[tuple[object, ...], PeriodicSchedule] = memo({})
+_SCHEDULES_KEPT = 16
+
+
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
                 num_procs: int, arrival: Mapping[tuple[int, int], int] | None = None,
                 floor: Sequence[tuple[str, int, int, int]] = ()) -> PeriodicSchedule:
     """The IR form of a timing of a plain or unfolded table: slots with their phases, the table's unfolding and
     groups, the delay of every remote weight read (`arrival`, the planned transfers) and designed pins
-    (`floor`, `PeriodicSchedule.read_floor`)."""
+    (`floor`, `PeriodicSchedule.read_floor`). Memoised (`PeriodicSchedule` is frozen: a shared one cannot be
+    changed by a caller)."""
+    key = (table.token, tuple(placement), tuple(start), tuple(lag), period, num_procs,
+           tuple(sorted(arrival.items())) if arrival else (), tuple(floor))
+    found = _SCHEDULES.get(key)
+    if found is None:
+        if len(_SCHEDULES) >= _SCHEDULES_KEPT:
+            _SCHEDULES.pop(next(iter(_SCHEDULES)))
+        found = _SCHEDULES[key] = _periodic_of(table, placement, start, lag, period, num_procs, arrival, floor)
+    return found
+
+
+def _periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
+                 num_procs: int, arrival: Mapping[tuple[int, int], int] | None,
+                 floor: Sequence[tuple[str, int, int, int]]) -> PeriodicSchedule:
     phase = table.phase if isinstance(table, UnfoldedTable) else (0,) * len(table)
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
