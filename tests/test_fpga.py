@@ -74,6 +74,7 @@ def test_utilisation_log_of_a_misfit() -> None:
 _CELL = st.from_regex(r"[A-Z][A-Z0-9_]{1,14}", fullmatch=True)
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.dictionaries(_CELL, st.tuples(st.integers(0, 10**6), st.integers(1, 10**6)), min_size=1,
                                 max_size=8), min_size=1, max_size=3))

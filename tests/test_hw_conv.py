@@ -107,6 +107,7 @@ def test_pool_nests_equal_the_integer_reference(case: tuple[Pool2d, tuple[int, i
     np.testing.assert_array_equal(got_e, want_e)
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 @given(conv_cases(), st.integers(0, 2**32 - 1))
 def test_the_integer_reference_is_pytorchs_conv_on_exact_data(case: tuple[Conv2d, tuple[int, int, int], int],
                                                                seed: int) -> None:

@@ -65,6 +65,7 @@ def pe_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Icarus only: the runner's Verilator path is exercised by the whole-accelerator bench
 # (tests/test_rtl_accel.py), and a Verilator build costs about a minute of CI time.
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 @pytest.mark.parametrize("simulator", ["icarus"])
 def test_pe_on_hdl_simulator(simulator: str, pe_verilog: Path, tmp_path: Path) -> None:
     if simulator not in available_simulators():
@@ -78,6 +79,7 @@ def test_pe_on_hdl_simulator(simulator: str, pe_verilog: Path, tmp_path: Path) -
         result.log.read_text()[-3000:] if result.log.exists() else "no log")
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 @pytest.mark.skipif("icarus" not in available_simulators(), reason="iverilog is not installed")
 def test_runner_reports_a_failing_bench(pe_verilog: Path, tmp_path: Path) -> None:
     """A bench whose expectation is wrong comes back as a failed result (not an exception, not a pass)."""

@@ -90,6 +90,7 @@ def test_op_overhead_is_the_pipeline_depth() -> None:
     assert [tree_stages(lanes) for lanes in (1, 2, 4, 5, 16, 17, 64, 65, 256)] == [1, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 def test_sequencer_search_settles_within_the_shortest_op() -> None:
     """The next-row search registers every comparator level while that fits in the shortest op (one beat),
     two levels per stage beyond; either way the successor and its command are ready before the PE is free."""

@@ -282,6 +282,7 @@ def test_iteration_bound_certificate_on_larger_graphs(graph: TimedGraph) -> None
 # --- the difference-constraint solver and the package's shape --------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 4).flatmap(lambda n: st.tuples(
     st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(-3, 3)), max_size=7))))

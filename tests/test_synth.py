@@ -22,6 +22,7 @@ def tiny_verilog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow  # over 1 s of CPU on a busy 2-core run (tests/cpu_times.json)
 def test_export_is_deterministic_and_has_no_paths(tiny_verilog: Path) -> None:
     again = component_verilog(ProcessingElement(TINY), "pe")
     assert again == tiny_verilog.read_text()

@@ -224,8 +224,8 @@ def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int]
                 floor: Sequence[tuple[str, int, int, int]] = ()) -> PeriodicSchedule:
     """The IR form of a timing of a plain or unfolded table: slots with their phases, the table's unfolding and
     groups, the delay of every remote weight read (`arrival`, the planned transfers) and designed pins
-    (`floor`, `PeriodicSchedule.read_floor`). Memoised (`PeriodicSchedule` is frozen: a shared one cannot be
-    changed by a caller)."""
+    (`floor`, `PeriodicSchedule.read_floor`). Memoised: results share one schedule, which is frozen and which
+    no pass changes in place (`dataclasses.replace` makes the variants, e.g. other costs)."""
     key = (table.token, tuple(placement), tuple(start), tuple(lag), period, num_procs,
            tuple(sorted(arrival.items())) if arrival else (), tuple(floor))
     found = _SCHEDULES.get(key)
