@@ -177,3 +177,36 @@ def test_step_edges_reach_the_first_forward_on_every_processor() -> None:
     assert producers(deps, Op(1, "F", 0, 3)) == {("B0.0", 0, "step"), ("B0.1", 0, "step")}
     assert producers(deps, Op(0, "F", 0, 2)) == {("B0.0", 0, "step"), ("B0.1", 0, "step")}
     validate(schedule)
+
+
+@st.composite
+def weight_read_schedules(draw: st.DrawFn) -> PeriodicSchedule:
+    """One layer's F, E and update copies spread over processors and phases, with costs that may be zero (the
+    `read_offset` rule's extra cycle), planned transfer delays and designed floors."""
+    unfold = draw(st.sampled_from((1, 2, 3, 4, 6)))
+    group = draw(st.sampled_from([g for g in (1, 2, 3, 6) if unfold % g == 0]))
+    period = draw(st.integers(1, 40))
+    procs = draw(st.integers(1, 3))
+    bodies: list[list[Slot]] = [[] for _ in range(procs)]
+    slot = st.tuples(st.integers(0, period - 1), st.integers(0, 3), st.integers(0, procs - 1))
+    for kind, copies in (("F", unfold), ("E", unfold), ("U", unfold // group)):
+        for phase in range(copies):
+            start, lag, p = draw(slot)
+            bodies[p].append(Slot(start, kind, 1, lag, phase))
+    costs = {(k, 1): draw(st.integers(0, 5)) for k in ("F", "E", "U")}
+    delays = {("F", 1, k) if k else ("F", 1): draw(st.integers(0, 2 * period)) for k in range(unfold)
+              if draw(st.booleans())}
+    floor = tuple(("F", 1, k, draw(st.integers(-2, 3))) for k in range(unfold) if draw(st.booleans()))
+    return PeriodicSchedule(period, tuple(tuple(b) for b in bodies), costs, delays, unfold,
+                            ((1, group),) if group > 1 else (), floor)
+
+
+@pytest.mark.slow  # 300 generated schedules: ~2 s of CPU
+@settings(max_examples=300)
+@given(weight_read_schedules())
+def test_read_pins_on_arrays_are_the_reader_by_reader_rule(schedule: PeriodicSchedule) -> None:
+    """`read_pins` computes `latest_update` a layer at a time on arrays; reader by reader gives the same pins, in
+    the same order."""
+    vectorised, one_by_one = schedule._pins(vectorised=True), schedule._pins(vectorised=False)
+    assert vectorised == one_by_one and list(vectorised) == list(one_by_one)
+    assert schedule.read_pins() == one_by_one
