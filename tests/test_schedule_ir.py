@@ -210,3 +210,23 @@ def test_read_pins_on_arrays_are_the_reader_by_reader_rule(schedule: PeriodicSch
     vectorised, one_by_one = schedule._pins(vectorised=True), schedule._pins(vectorised=False)
     assert vectorised == one_by_one and list(vectorised) == list(one_by_one)
     assert schedule.read_pins() == one_by_one
+
+
+@pytest.mark.parametrize(("network", "n", "interconnect"), [("lenet5", 4, None), ("resnet18", 9, "links:2:1"),
+                                                            ("mlp:784-256-128-10", 7, "bus:2:16")])
+def test_planned_starts_on_arrays_are_planned_start_op_by_op(network: str, n: int, interconnect: str | None) -> None:
+    """`PeriodicSchedule.planned_starts` (what the compiler reads for every op at once) is `planned_start` of each
+    op of the unrolled schedule, unfolded and replicated plans included; a task the bodies do not hold gives None."""
+    from layerpipe.costs import PEModel
+    from layerpipe.interconnect import parse_interconnect
+    from layerpipe.schedule import make_schedule
+
+    model = PEModel()
+    kw = {"interconnect": parse_interconnect(interconnect, lanes=model.lanes)} if interconnect else {}
+    periodic = make_schedule("layerpipe", load_network(network), n, model, **kw).periodic
+    assert periodic is not None
+    columns = periodic.unroll(3 * periodic.unfold + 2).as_columns()
+    expected = [periodic.planned_start(*columns.tasks[k], t)
+                for k, t in zip(columns.task.tolist(), columns.iteration.tolist(), strict=True)]
+    assert periodic.planned_starts(columns.tasks, columns.task, columns.iteration) == expected
+    assert periodic.planned_starts((*columns.tasks, ("F", 999)), [len(columns.tasks)], [0]) is None
