@@ -66,6 +66,8 @@ from layerpipe.schedule._dep_csr import (
     _task_edge_dependencies,
 )
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
+from layerpipe.schedule._rounds import MIN_PROCS as ROUNDS_MIN_PROCS
+from layerpipe.schedule._rounds import sweep_rounds
 from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
 from layerpipe.schedule._workload import Workload
 
@@ -481,6 +483,10 @@ def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 
 def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | Fraction
          ) -> tuple[list[int] | np.ndarray, list[int] | np.ndarray]:
     if kind == "shared":
+        if c.num_procs >= ROUNDS_MIN_PROCS:  # many processors: lock-step rounds on arrays
+            timed = sweep_rounds(c.bounds, c.dur_array(), c.prod_ptr, c.prod_idx)
+            if timed is not None:
+                return timed  # else a deadlock (the sweeps below report it) or inputs too wide for the rounds
         runs = c.shared_runs
         return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned

@@ -62,26 +62,16 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     in each producer's queueing order. None when more than `max_head_share` of the ops head a run."""
     # Intermediate arrays are dropped as soon as they are used (issue 14: this is the simulator's largest peak).
     n = bounds[-1]
-    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
     consumer, keep = needed_inputs(bounds, ptr, src)
     kept_consumer = consumer[keep]
     del consumer
     kept_src = src[keep]
     del keep
-    head = np.zeros(n, dtype=bool)
-    head[np.asarray(bounds[:-1], dtype=np.int64)[counts > 0]] = True
-    head[kept_consumer] = True
+    head = head_mask(bounds, kept_consumer)
     heads = np.flatnonzero(head)
     if len(heads) > max_head_share * n:
         return None
-    run_of = np.where(head, np.arange(n, dtype=np.int64), 0)
-    if n:
-        np.maximum.accumulate(run_of, out=run_of)
-    d = np.asarray(dur, dtype=np.int64)
-    off = np.cumsum(d)  # running sum of durations up to each op's end; then less its run head's start
-    before = off - d  # … to its start
-    off -= before[run_of]
-    del before, d
+    run_of, off = run_offsets(head, dur)
     last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
     length = off[last]
     kept_is_op = kept_src < n
@@ -119,6 +109,28 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
             sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
     return Runs(head_list, head_bounds, shared_ints(length), inputs, sends, _narrow(run_of), _narrow(off))
+
+
+def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
+    """Per op, does it head a run: the first op of every processor, and every consumer of a needed input."""
+    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
+    head = np.zeros(bounds[-1], dtype=bool)
+    head[np.asarray(bounds[:-1], dtype=np.int64)[counts > 0]] = True
+    head[kept_consumer] = True
+    return head
+
+
+def run_offsets(head: np.ndarray, dur: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(run_of, off): per op, its run's head op and the cycles from that head's start to the op's end."""
+    n = len(head)
+    run_of = np.where(head, np.arange(n, dtype=np.int64), 0)
+    if n:
+        np.maximum.accumulate(run_of, out=run_of)
+    d = np.asarray(dur, dtype=np.int64)
+    off = np.cumsum(d)  # running sum of durations up to each op's end; then less its run head's start
+    before = off - d  # … to its start
+    off -= before[run_of]
+    return run_of, off
 
 
 def shared_ints(values: np.ndarray) -> list[int]:

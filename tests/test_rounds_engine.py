@@ -1,0 +1,123 @@
+"""The lock-step rounds of `layerpipe.schedule._rounds` against the op-by-op sweep they must equal
+(`layerpipe.schedule._engine._sweep`): generated stage-level and layer-level schedules with random durations
+(zero-cycle ops included), the processor counts where the engine picks the rounds, the cases where it must not
+(too few runs per round, inputs too wide, a deadlock), and the deadlock report that still comes from the sweep.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from layerpipe.costs import make_cost_model
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.network import load_network
+from layerpipe.schedule import OpSchedule, StageInfo, _stage_programs
+from layerpipe.schedule._deps import expand_stages
+from layerpipe.schedule._engine import _sweep, compile_schedule, run_timing
+from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, sweep_rounds
+from layerpipe.schedule._sync_policies import contiguous_stages
+from layerpipe.schedule._workload import Workload
+from layerpipe.sim import DeadlockError
+
+GENERATORS = {
+    "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
+    "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
+    "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
+    "zb-h2": lambda p, m: _stage_programs.zb_h2(p, m),
+    "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
+    "zbv": lambda p, m: _stage_programs.zbv(p, m, 2),
+    "looped-bfs": lambda p, m: _stage_programs.looped_bfs(p, m),
+}
+
+
+def _rounds(compiled, min_runs_per_round: int = 1) -> tuple[list[int], list[int]] | None:
+    timed = sweep_rounds(compiled.bounds, compiled.dur_array(), compiled.prod_ptr, compiled.prod_idx,
+                         min_runs_per_round)
+    return None if timed is None else (timed[0].tolist(), timed[1].tolist())
+
+
+def _stage_workload(rng: random.Random, count: int) -> Workload:
+    """Random stage costs, zero-cycle W and U included, and random words."""
+    return Workload.of_stages([(rng.randint(0, 9), rng.randint(1, 9), rng.randint(0, 4)) for _ in range(count)],
+                              StageInfo(count, tuple(rng.randint(0, 9) for _ in range(count)),
+                                        tuple(rng.randint(0, 9) for _ in range(count))))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_rounds_time_what_the_op_sweep_times(seed: int) -> None:
+    """Every generator at 1–7 processors, at stage level and expanded to layers, forced to run the rounds."""
+    rng = random.Random(seed)
+    name = rng.choice(sorted(GENERATORS))
+    procs, m = rng.randint(1, 7), rng.choice([2, 4, 6, 8])
+    try:
+        stage = GENERATORS[name](procs, m)
+    except Exception:  # a shape this generator refuses (micro-batches per round, stages per chunk)
+        stage = GENERATORS["1f1b"](procs, m)
+    count = 1 + max(op.unit for op in stage.ops())
+    compiled = compile_schedule(stage, _stage_workload(rng, count))
+    assert _rounds(compiled) == _sweep(compiled, compiled.prods)
+    network = load_network(rng.choice(["mlp:16-12-8-4-4-4-4-4-4-4-4-4-4-4-4-4", "resnet18"]))
+    if count <= len(network):
+        graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+        model = make_cost_model("pe", lanes=rng.choice([4, 16]))
+        info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, count, m))
+        layer = compile_schedule(expand_stages(stage, graph, info), Workload.of_graph(graph, model))
+        assert _rounds(layer) == _sweep(layer, layer.prods)
+
+
+@pytest.mark.parametrize("procs", [40, 64])
+def test_the_engine_times_many_processors_by_rounds_and_equals_the_sweep(procs: int) -> None:
+    """1f1b over a deep MLP at 40 and 64 processors: the default rule picks the rounds, and `run_timing` gives the
+    op sweep's times."""
+    network = load_network("mlp:" + "-".join(["8"] * (procs + 1)))
+    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    model = make_cost_model("pe", lanes=4)
+    m = 2 * procs
+    info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, procs, m))
+    compiled = compile_schedule(expand_stages(_stage_programs.one_f_one_b(procs, m, 3), graph, info),
+                                Workload.of_graph(graph, model))
+    assert sweep_rounds(compiled.bounds, compiled.dur_array(), compiled.prod_ptr, compiled.prod_idx) is not None
+    start, end = run_timing(compiled, "shared")
+    assert (start.tolist(), end.tolist()) == _sweep(compiled, compiled.prods)
+
+
+def test_the_rounds_give_way_where_they_do_not_pay() -> None:
+    """Two processors cannot share a round among 30 runs; a run with more inputs than the table holds goes to the
+    run sweep too (op 0 on p0 reads one op of each of p1 … p`width`)."""
+    compiled = compile_schedule(_stage_programs.one_f_one_b(2, 8, 3), Workload.of_stages([(2, 3, 1)] * 2))
+    assert _rounds(compiled, 30) is None and _rounds(compiled, 1) == _sweep(compiled, compiled.prods)
+    for width, timed in ((MAX_INPUTS, True), (MAX_INPUTS + 1, False)):
+        bounds = list(range(width + 2))
+        ptr = np.array([0] + [width] * (width + 1))
+        src = np.arange(1, width + 1)
+        got = sweep_rounds(bounds, np.full(width + 1, 3), ptr, src, 1)
+        if timed:
+            assert got is not None and got[0].tolist() == [3] + [0] * width and got[1].tolist() == [6] + [3] * width
+        else:
+            assert got is None
+
+
+def _stuck_text(procs: int) -> str:
+    """GPipe over `procs` stages with p0's row reversed: its first op, a backward, waits for its own forwards."""
+    lines = _stage_programs.gpipe(procs, 4, 1).to_text().splitlines()
+    head, first = lines[0], lines[1].split()
+    return "\n".join([head, " ".join([first[0], *reversed(first[1:])]), *lines[2:]]) + "\n"
+
+
+def test_a_deadlock_is_left_to_the_sweep_to_report() -> None:
+    """The rounds give None on a deadlock, and `run_timing` with MIN_PROCS processors or more (where the rounds
+    are tried first) raises the op sweep's own report."""
+    stuck = compile_schedule(OpSchedule.from_text(_stuck_text(3)), Workload.of_stages([(1, 2, 0)] * 3))
+    assert _rounds(stuck) is None
+    with pytest.raises(DeadlockError):
+        _sweep(stuck, stuck.prods)
+    procs = 2 * MIN_PROCS
+    compiled = compile_schedule(OpSchedule.from_text(_stuck_text(procs)), Workload.of_stages([(1, 2, 0)] * procs))
+    with pytest.raises(DeadlockError) as by_engine:
+        run_timing(compiled, "shared")
+    with pytest.raises(DeadlockError) as by_sweep:
+        _sweep(compiled, compiled.prods)
+    assert str(by_engine.value) == str(by_sweep.value)
