@@ -347,3 +347,34 @@ def test_the_step_cap_admits_1f1b_at_256_processors() -> None:
     assert MAX_STEP_SLOTS >= 256 * 512
     with pytest.raises(InputError, match="stage slots per step; the limit is"):
         _check_step_size("gpipe", 1000, 1000)
+
+
+def _listed_1f1b_and_gpipe(stages: int, m: int) -> tuple[list[list[tuple[str, int, int]]], ...]:
+    """The rows of 1F1B and GPipe as (kind, stage, micro-batch) lists, the way their generators once built them."""
+    one, fill = [], []
+    for s in range(stages):
+        warmup = min(stages - 1 - s, m)
+        row = [("F", s, t) for t in range(warmup)]
+        for k in range(m - warmup):
+            row += [("F", s, warmup + k), ("B", s, k)]
+        one.append(row + [("B", s, t) for t in range(m - warmup, m)])
+        fill.append([("F", s, t) for t in range(m)] + [("B", s, t) for t in range(m)])
+    return one, fill
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_array_built_generators_give_the_listed_rows_columns(seed: int) -> None:
+    """1F1B and GPipe built on arrays: the columns (bounds, task numbering, tasks, iterations) of the listed rows
+    through `_schedule`, at generated stage, micro-batch and step counts (m below, at and above the stages)."""
+    rng = random.Random(seed)
+    stages, steps = rng.randint(1, 9), rng.randint(1, 3)
+    m = rng.choice([1, stages - 1 or 1, stages, 2 * stages + 1])
+    one, fill = _listed_1f1b_and_gpipe(stages, m)
+    for built, rows in ((_stage_programs.one_f_one_b(stages, m, steps), one),
+                        (_stage_programs.gpipe(stages, m, steps), fill)):
+        listed = _stage_programs._schedule(rows, m, steps)
+        assert built.columns is not None and listed.columns is not None
+        assert built.columns.bounds == listed.columns.bounds and built.columns.tasks == listed.columns.tasks
+        assert np.array_equal(built.columns.task, listed.columns.task)
+        assert np.array_equal(built.columns.iteration, listed.columns.iteration)
+        assert built.microbatches == listed.microbatches and built.synchronous

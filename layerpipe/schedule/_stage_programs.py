@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from layerpipe.errors import InputError
 from layerpipe.schedule._ir import OpColumns, OpSchedule
 
@@ -45,21 +47,43 @@ def _schedule(rows: Sequence[Sequence[StageOp]], microbatches: int, steps: int) 
     """Repeat one step's per-processor orders `steps` times, micro-batches offset by j·m: processor p runs
     Op(p, k, s, j·m + t) for j = 0 … steps − 1, for each (k, s, t) of its row. Built as columns (`OpColumns`):
     the `Op`s exist only when something reads `procs` (the timing engine does not)."""
-    import numpy as np
-
     task_id: dict[tuple[str, int], int] = {}
-    tasks: list[np.ndarray] = []
+    table: list[tuple[np.ndarray, np.ndarray]] = []
+    for row in rows:
+        ids = np.fromiter((task_id.setdefault((k, s), len(task_id)) for k, s, _ in row), np.int64, len(row))
+        table.append((ids, np.fromiter((t for _, _, t in row), np.int64, len(row))))
+    return _repeated(table, tuple(task_id), microbatches, steps)
+
+
+def _schedule_of_arrays(rows: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], kinds: tuple[str, ...],
+                        microbatches: int, steps: int) -> OpSchedule:
+    """`_schedule` of rows given as arrays (kind code into `kinds`, stage, micro-batch) per op: the same columns,
+    tasks numbered as `_schedule` numbers them (by first appearance, row by row)."""
+    stride = 1 + max((int(stage.max()) for _, stage, _ in rows if len(stage)), default=0)
+    keys = [kind * stride + stage for kind, stage, _ in rows]
+    flat = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    distinct, first = np.unique(flat, return_index=True)
+    by_first = np.argsort(first)
+    number = np.empty(len(distinct), dtype=np.int64)
+    number[by_first] = np.arange(len(distinct), dtype=np.int64)
+    tasks = tuple((kinds[key // stride], key % stride) for key in distinct[by_first].tolist())
+    table = [(number[np.searchsorted(distinct, key)], t) for key, (_, _, t) in zip(keys, rows, strict=True)]
+    return _repeated(table, tasks, microbatches, steps)
+
+
+def _repeated(rows: Sequence[tuple[np.ndarray, np.ndarray]], tasks: tuple[tuple[str, int], ...], microbatches: int,
+              steps: int) -> OpSchedule:
+    """The columns of `steps` steps of rows of (task id, micro-batch) arrays (see `_schedule`)."""
+    tasked: list[np.ndarray] = []
     iterations: list[np.ndarray] = []
     bounds = [0]
     offsets = np.arange(steps, dtype=np.int64)[:, None] * microbatches
-    for row in rows:
-        ids = np.fromiter((task_id.setdefault((k, s), len(task_id)) for k, s, _ in row), np.int64, len(row))
-        its = np.fromiter((t for _, _, t in row), np.int64, len(row))
-        tasks.append(np.tile(ids, steps))
+    for ids, its in rows:
+        tasked.append(np.tile(ids, steps))
         iterations.append((offsets + its[None, :]).ravel())
-        bounds.append(bounds[-1] + len(row) * steps)
+        bounds.append(bounds[-1] + len(ids) * steps)
     empty = np.zeros(0, dtype=np.int64)
-    columns = OpColumns(tuple(bounds), tuple(task_id), np.concatenate(tasks) if tasks else empty,
+    columns = OpColumns(tuple(bounds), tasks, np.concatenate(tasked) if tasked else empty,
                         np.concatenate(iterations) if iterations else empty)
     return OpSchedule.from_columns("stage", columns, synchronous=True, microbatches=microbatches)
 
@@ -78,8 +102,10 @@ def gpipe(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
     """All forwards, then all backwards, per stage (fill–drain)."""
     _check(stages, microbatches, steps)
     m = microbatches
-    rows = [[("F", s, t) for t in range(m)] + [("B", s, t) for t in range(m)] for s in range(stages)]
-    return _schedule(rows, m, steps)
+    every = np.arange(m, dtype=np.int64)
+    rows = [(np.repeat(np.array([0, 1]), m), np.full(2 * m, s, dtype=np.int64), np.tile(every, 2))
+            for s in range(stages)]
+    return _schedule_of_arrays(rows, ("F", "B"), m, steps)
 
 
 def one_f_one_b(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
@@ -88,12 +114,13 @@ def one_f_one_b(stages: int, microbatches: int, steps: int = 1) -> OpSchedule:
     m, rows = microbatches, []
     for s in range(stages):
         warmup = min(stages - 1 - s, m)
-        row: list[StageOp] = [("F", s, t) for t in range(warmup)]
-        for k in range(m - warmup):
-            row += [("F", s, warmup + k), ("B", s, k)]
-        row += [("B", s, t) for t in range(m - warmup, m)]
-        rows.append(row)
-    return _schedule(rows, m, steps)
+        steady = m - warmup  # (F warmup + k, B k) for k < steady, then the remaining backwards
+        kind = np.concatenate([np.zeros(warmup, dtype=np.int64), np.tile(np.array([0, 1]), steady),
+                               np.ones(warmup, dtype=np.int64)])
+        pairs = np.stack([np.arange(warmup, m, dtype=np.int64), np.arange(steady, dtype=np.int64)], axis=1)
+        t = np.concatenate([np.arange(warmup, dtype=np.int64), pairs.ravel(), np.arange(steady, m, dtype=np.int64)])
+        rows.append((kind, np.full(2 * m, s, dtype=np.int64), t))
+    return _schedule_of_arrays(rows, ("F", "B"), m, steps)
 
 
 def _interleaved_rank(procs: int, m: int, v: int, rank: int, zero_bubble: bool) -> list[StageOp]:
