@@ -65,44 +65,57 @@ def sweep_rounds(bounds: list[int], dur: np.ndarray, ptr: np.ndarray, src: np.nd
         return None
     budget = 2 * runs // min_runs_per_round  # rounds worth about the run sweep's time
     length = off[np.r_[heads[1:] - 1, n - 1]]
-    # Inputs as a (runs × width) table: run r's inputs in row r, padded with the sentinel run `runs`, whose
-    # start is 0 (every start is at least 0). Inputs come consumer-sorted, so a run's inputs are consecutive.
-    row = number[kept_consumer]
-    per_run = np.bincount(row, minlength=runs)
-    width = int(per_run.max()) if len(row) else 1
-    if width > MAX_INPUTS:
+    # The table: one row per run and, after each processor's last run, a row that never starts (so a round just
+    # moves every processor's pointer on by one when it starts: `nxt += ready`). Processor p's runs are rows
+    # at[p] + p … at[p+1] + p − 1 and its end row is at[p+1] + p. Column 0 is the run before it on its processor
+    # (available when that one ends: its start + its length), the other columns its inputs; slot `zero` reads
+    # 0 (a processor's first run, and padding) and slot `never` reads UNKNOWN (the end rows).
+    procs = len(at) - 1
+    proc_of_run = np.repeat(np.arange(procs, dtype=np.int64), np.diff(at))
+    row_of_run = np.arange(runs, dtype=np.int64) + proc_of_run
+    rows = runs + procs
+    zero, never = rows, rows + 1
+    end_rows = at[1:] + np.arange(procs, dtype=np.int64)
+    consumer_row = row_of_run[number[kept_consumer]]
+    per_row = np.bincount(consumer_row, minlength=rows)
+    width = 1 + (int(per_row.max()) if len(consumer_row) else 0)
+    if width > 1 + MAX_INPUTS:
         return None
-    first = np.zeros(runs, dtype=np.int64)
-    np.cumsum(per_run[:-1], out=first[1:])
-    column = np.arange(len(row), dtype=np.int64) - first[row]
-    key = np.full((runs, max(width, 1)), runs, dtype=np.int64)
-    key[row, column] = number[kept_src]
-    add = np.zeros((runs, max(width, 1)), dtype=np.int64)
-    add[row, column] = off[kept_src]
-    del row, column, first, per_run, kept_consumer, kept_src
-    known = np.full(runs + 1, UNKNOWN, dtype=np.int64)
-    known[runs] = 0
-    nxt, stop = at[:-1].copy(), at[1:].copy()
-    free = np.zeros(len(nxt), dtype=np.int64)
-    pending = np.flatnonzero(nxt < stop)  # processors with runs left: each round looks at all of them
-    while len(pending):
+    key = np.full((rows, width), zero, dtype=np.int64)
+    add = np.zeros((rows, width), dtype=np.int64)
+    follows = np.ones(runs, dtype=bool)  # runs after another on their processor
+    follows[at[:-1][at[:-1] < at[1:]]] = False
+    later = row_of_run[follows]
+    key[later, 0] = later - 1
+    add[later, 0] = length[np.flatnonzero(follows) - 1]
+    key[end_rows, 0] = never
+    # Inputs come consumer-sorted, so a run's inputs are consecutive: column = 1 + place among them.
+    first = np.zeros(rows, dtype=np.int64)
+    np.cumsum(per_row[:-1], out=first[1:])
+    column = 1 + np.arange(len(consumer_row), dtype=np.int64) - first[consumer_row]
+    key[consumer_row, column] = row_of_run[number[kept_src]]
+    add[consumer_row, column] = off[kept_src]
+    del consumer_row, column, first, per_row, kept_consumer, kept_src, follows, later
+    known = np.full(rows + 2, UNKNOWN, dtype=np.int64)
+    known[zero] = 0
+    nxt = end_rows - np.diff(at)  # each processor's next row: its first run's, or its end row
+    while True:
         budget -= 1
         if budget < 0:
             return None  # far more rounds than a processor's runs: the run sweep is faster here
-        r = nxt[pending]
-        start = (known[key[r]] + add[r]).max(axis=1)
-        np.maximum(start, free[pending], out=start)
+        # `take`, `maximum.reduce` and `count_nonzero`: the same as indexing, `max` and `any` at about half the
+        # fixed cost per call, which is most of a round's cost on a few dozen processors.
+        start = known.take(key.take(nxt, axis=0))
+        start += add.take(nxt, axis=0)
+        start = np.maximum.reduce(start, axis=1)
         ready = start < UNKNOWN
-        go = pending
-        if not ready.all():
-            if not ready.any():
-                return None  # no processor can start its next run: a deadlock
-            go, r, start = pending[ready], r[ready], start[ready]
-        known[r] = start
-        free[go] = start + length[r]
-        r += 1
-        nxt[go] = r
-        if (r >= stop[go]).any():
-            pending = pending[nxt[pending] < stop[pending]]
+        if not np.count_nonzero(ready):
+            break
+        np.minimum(start, UNKNOWN, out=start)  # not ready: stays unknown (sums of unknowns cannot grow)
+        known.put(nxt, start)
+        nxt += ready
+    if (nxt != end_rows).any():
+        return None  # no processor can start its next run, and some have runs left: a deadlock
+    known = known[row_of_run]
     end = known[number] + off
     return end - d, end
