@@ -91,8 +91,8 @@ def _peaks_at_once(num_procs: int, where: np.ndarray, lo: np.ndarray, hi: np.nda
 
 def _kept_intervals(c: CompiledSchedule, start: np.ndarray, end: np.ndarray):
     proc = c.proc_array()
-    codes = [k for k, role in enumerate(c.roles) if role in KEPT_ROLES]
-    entries = np.flatnonzero(np.isin(c.prod_role, codes))
+    kept = np.asarray([role in KEPT_ROLES for role in c.roles] or [False], dtype=bool)
+    entries = np.flatnonzero(kept[c.prod_role])  # a table of the role codes: no wider copy of prod_role (peak)
     # The consumer of each kept entry from the CSR pointer (no consumer array over every entry: issue 14).
     consumer = np.searchsorted(c.prod_ptr, entries, side="right") - 1
     producer, words = c.prod_idx[entries], c.prod_words[entries]

@@ -205,7 +205,12 @@ def _array_and_listed(schedule, workload):
 
 
 def _same(a, b) -> bool:
-    return all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(a[:4], b[:4], strict=True)) and a[4] == b[4]
+    """Equal values, and equal types once compiled (`_compile` narrows both paths' arrays with `_narrow`: the array
+    path builds int32 producers and words where they fit, the listed path int64)."""
+    from layerpipe.schedule._engine import _narrow
+
+    return all(np.array_equal(x, y) and _narrow(x).dtype == _narrow(y).dtype
+               for x, y in zip(a[:4], b[:4], strict=True)) and a[4] == b[4]
 
 
 def _policy_ops(policy: str, net: str, n: int, iterations: int, **given: object):

@@ -78,7 +78,9 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
     span = int(iteration.max()) + 1 if n else 0
     if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
         return None
-    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    # int32 where the numbers fit (issue 14: these are the compile step's peak): the op numbers, the words.
+    small = n < np.iinfo(np.int32).max
+    index = np.full((len(tasks), span), -1, dtype=np.int32 if small else np.int64)
     index[task, iteration] = np.arange(n)
     task_id = {t: k for k, t in enumerate(tasks)}
     members = np.argsort(task, kind="stable")
@@ -105,8 +107,9 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
             edges.append((e, dst, role))
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(count, out=ptr[1:])
-    producer = np.empty(int(ptr[-1]), dtype=np.int64)
-    words = np.empty(int(ptr[-1]), dtype=np.int64)
+    narrow_words = all(np.iinfo(np.int32).min <= e.words <= np.iinfo(np.int32).max for e, _, _ in edges)
+    producer = np.empty(int(ptr[-1]), dtype=np.int32 if small else np.int64)
+    words = np.empty(int(ptr[-1]), dtype=np.int32 if narrow_words else np.int64)
     role_of = np.empty(int(ptr[-1]), dtype=np.int8)
     cursor = ptr[:-1].copy()
     for e, dst, role in edges:

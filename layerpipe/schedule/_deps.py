@@ -529,7 +529,8 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     else:
         total = span
         _grouped_rules(schedule, rules, graph)
-    index = np.full((len(tasks), span), -1, dtype=np.int64)
+    # Op numbers as int32 where they fit (issue 14: the producers and the table are the compile step's peak).
+    index = np.full((len(tasks), span), -1, dtype=np.int32 if n < np.iinfo(np.int32).max else np.int64)
     index[task, iteration] = np.arange(n, dtype=np.int64)
     counts, producer, words, role = _apply(rules, len(tasks), task, iteration, index, total)
     if steps is not None and len(steps[0]):
@@ -578,6 +579,11 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
 
     table = np.asarray(rules.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
     col = {name: table[:, k] for k, name in enumerate(_RULE_COLUMNS)}
+    # Producers in `index`'s type and words as int32 where every rule's fit: 9 bytes per dependency, not 17,
+    # in the blocks and in their concatenation (issue 14: memory per op).
+    fits = not len(table) or (np.iinfo(np.int32).min <= int(col["words"].min())
+                              and int(col["words"].max()) <= np.iinfo(np.int32).max)
+    words_of = col["words"].astype(np.int32) if fits else col["words"]
     per_task = np.bincount(col["task"], minlength=num_tasks)
     first_row = np.cumsum(per_task) - per_task  # rows are added task by task
     trivial = {name: bool((col[name] == value).all()) for name, value in (("div", 1), ("mul", 1), ("off", 0),
@@ -606,13 +612,13 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
             live &= it % col["mod"][row] == col["phase"][row]
         pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
         row, t = row[pair], base[pair] + k
-        producer = np.full(len(t), -1, dtype=np.int64)
+        producer = np.full(len(t), -1, dtype=index.dtype)
         for which in ("src", "alt"):
             src = col[which][row]
             todo = (producer < 0) & (src >= 0) & (t < span)
             producer[todo] = index[src[todo], t[todo]]
         counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
-        parts.append((producer, col["words"][row], col["role"][row].astype(np.int8)))
+        parts.append((producer, words_of[row], col["role"][row].astype(np.int8)))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return counts, empty, empty.copy(), empty.astype(np.int8)

@@ -202,7 +202,11 @@ class CompiledSchedule:
         words = np.add.reduceat(words, starts).astype(np.int64)  # summed before any cast (words may be floats)
         return key[starts] // n, key[starts] % n, words
 
-    @cached_property
+    # The runs are built for each run of the engine and not kept: their Python lists (~40 B per op) were the
+    # largest part of what a simulated schedule held while its reports were computed (issue 14: lenet5 at 100k
+    # iterations, 2.6 M ops, held 110 MiB of them), and the library compiles a schedule for each simulation.
+
+    @property
     def shared_runs(self) -> Runs | None:
         """The runs of ops under the `shared` model's inputs (every producer); None where they do not pay: a
         stage-level schedule (nearly every stage op waits for another processor), or too few ops merged."""
@@ -210,7 +214,7 @@ class CompiledSchedule:
             return None
         return make_runs(self.bounds, self.dur_array(), self.prod_ptr, self.prod_idx)
 
-    @cached_property
+    @property
     def link_runs(self) -> Runs | None:
         """The runs of ops under the `links` model's inputs (same-processor producers and transfers), or None
         as for `shared_runs`."""
