@@ -22,11 +22,13 @@ from layerpipe.schedule._runs import head_mask, needed_inputs, run_offsets
 
 __all__ = ["MIN_PROCS", "sweep_rounds"]
 
-#: Runs per round, at the least, for the rounds to pay: a round costs about 25 µs of numpy calls and the run
-#: sweep about 0.6–1.3 µs per run (measured on 1f1b, layerpipe, pipedream and gpipe schedules at N = 8 … 256).
-#: A processor's runs bound the rounds from below, so the rounds are tried only where the runs outnumber that
+#: Runs per round, at the least, for the rounds to pay: a round costs 5–10 µs of numpy calls and the run sweep
+#: about 1–1.5 µs per run, its building included. Measured with the rounds forced (tests' `min_runs_per_round=1`)
+#: on layerpipe, pipedream, gpipe and 1f1b schedules at N = 4 … 256: the rounds were faster from about 12 runs per
+#: processor-run bound up (resnet50 layerpipe N = 16: 1.6×; 1f1b N = 256: 4.9×), slower below (N = 4: 0.4×). A
+#: processor's runs bound the rounds from below, so the rounds are tried only where the runs outnumber that
 #: bound by this factor, and given up (None) once the rounds pass a budget worth the run sweep's time.
-MIN_RUNS_PER_ROUND = 30
+MIN_RUNS_PER_ROUND = 12
 
 #: Processors below which the rounds cannot have `MIN_RUNS_PER_ROUND` runs per round (checked before any work).
 MIN_PROCS = MIN_RUNS_PER_ROUND
