@@ -1,6 +1,7 @@
 """The lock-step rounds of `layerpipe.schedule._rounds` against the op-by-op sweep they must equal
-(`layerpipe.schedule._engine._sweep`): generated stage-level and layer-level schedules with random durations
-(zero-cycle ops included), the processor counts where the engine picks the rounds, the cases where it must not
+(`layerpipe.schedule._engine._sweep`), on `shared` and on `links` (transfers queued per link, random words,
+bandwidths and latencies): generated stage-level and layer-level schedules with random durations (zero-cycle
+ops included), the processor counts where the engine picks the rounds, the cases where it must not
 (too few runs per round, inputs too wide, a deadlock), and the deadlock report that still comes from the sweep.
 """
 
@@ -16,8 +17,8 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.network import load_network
 from layerpipe.schedule import OpSchedule, StageInfo, _stage_programs
 from layerpipe.schedule._deps import expand_stages
-from layerpipe.schedule._engine import _sweep, compile_schedule, run_timing
-from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, sweep_rounds
+from layerpipe.schedule._engine import _hold_cycles, _sweep, compile_schedule, run_timing
+from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, LinkSends, sweep_rounds
 from layerpipe.schedule._sync_policies import contiguous_stages
 from layerpipe.schedule._workload import Workload
 from layerpipe.sim import DeadlockError
@@ -35,8 +36,19 @@ GENERATORS = {
 
 def _rounds(compiled, min_runs_per_round: int = 1) -> tuple[list[int], list[int]] | None:
     timed = sweep_rounds(compiled.bounds, compiled.dur_array(), compiled.prod_ptr, compiled.prod_idx,
-                         min_runs_per_round)
+                         min_runs_per_round=min_runs_per_round)
     return None if timed is None else (timed[0].tolist(), timed[1].tolist())
+
+
+def _link_rounds(compiled, words_per_cycle: int, latency: int) -> tuple[object, object]:
+    """(rounds, op sweep) on `links`: (start, end) lists of each, the rounds forced."""
+    plan = compiled.link_plan
+    held = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle)
+    timed = sweep_rounds(compiled.bounds, compiled.dur_array(), plan.input_ptr, plan.input_src,
+                         LinkSends(plan.send_producer, plan.send_link, held, latency), min_runs_per_round=1)
+    hold = [0] * compiled.num_ops + held.tolist()
+    swept = _sweep(compiled, plan.inputs, plan, hold, latency)
+    return (None if timed is None else (timed[0].tolist(), timed[1].tolist())), swept
 
 
 def _stage_workload(rng: random.Random, count: int) -> Workload:
@@ -59,6 +71,8 @@ def test_the_rounds_time_what_the_op_sweep_times(seed: int) -> None:
     count = 1 + max(op.unit for op in stage.ops())
     compiled = compile_schedule(stage, _stage_workload(rng, count))
     assert _rounds(compiled) == _sweep(compiled, compiled.prods)
+    rounds, swept = _link_rounds(compiled, rng.randint(1, 3), rng.randint(0, 4))
+    assert rounds == swept
     network = load_network(rng.choice(["mlp:16-12-8-4-4-4-4-4-4-4-4-4-4-4-4-4", "resnet18"]))
     if count <= len(network):
         graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
@@ -66,6 +80,8 @@ def test_the_rounds_time_what_the_op_sweep_times(seed: int) -> None:
         info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, count, m))
         layer = compile_schedule(expand_stages(stage, graph, info), Workload.of_graph(graph, model))
         assert _rounds(layer) == _sweep(layer, layer.prods)
+        rounds, swept = _link_rounds(layer, rng.choice([1, 4, 64]), rng.randint(0, 9))
+        assert rounds == swept
 
 
 @pytest.mark.parametrize("procs", [40, 64])
@@ -82,6 +98,10 @@ def test_the_engine_times_many_processors_by_rounds_and_equals_the_sweep(procs: 
     assert sweep_rounds(compiled.bounds, compiled.dur_array(), compiled.prod_ptr, compiled.prod_idx) is not None
     start, end = run_timing(compiled, "shared")
     assert (start.tolist(), end.tolist()) == _sweep(compiled, compiled.prods)
+    plan = compiled.link_plan
+    hold = [0] * compiled.num_ops + _hold_cycles(np.asarray(plan.words, dtype=np.int64), 2).tolist()
+    start, end = run_timing(compiled, "links", 3, 2)
+    assert (start.tolist(), end.tolist()) == _sweep(compiled, plan.inputs, plan, hold, 3)
 
 
 def test_the_rounds_give_way_where_they_do_not_pay() -> None:
@@ -93,7 +113,7 @@ def test_the_rounds_give_way_where_they_do_not_pay() -> None:
         bounds = list(range(width + 2))
         ptr = np.array([0] + [width] * (width + 1))
         src = np.arange(1, width + 1)
-        got = sweep_rounds(bounds, np.full(width + 1, 3), ptr, src, 1)
+        got = sweep_rounds(bounds, np.full(width + 1, 3), ptr, src, min_runs_per_round=1)
         if timed:
             assert got is not None and got[0].tolist() == [3] + [0] * width and got[1].tolist() == [6] + [3] * width
         else:
@@ -121,3 +141,19 @@ def test_a_deadlock_is_left_to_the_sweep_to_report() -> None:
     with pytest.raises(DeadlockError) as by_sweep:
         _sweep(compiled, compiled.prods)
     assert str(by_engine.value) == str(by_sweep.value)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_grouped_running_maximum_restarts_at_each_group(seed: int) -> None:
+    """The loop the link queue falls back on where its one-accumulate step would overflow: per group, the running
+    maximum, against a plain Python reference."""
+    from layerpipe.schedule._rounds import _grouped_running_max
+
+    rng = random.Random(seed)
+    values = np.array([rng.randint(-50, 50) for _ in range(60)], dtype=np.int64)
+    new = np.array([k == 0 or rng.random() < 0.2 for k in range(60)], dtype=bool)
+    expected, best = [], 0
+    for v, fresh in zip(values.tolist(), new.tolist(), strict=True):
+        best = v if fresh else max(best, v)
+        expected.append(best)
+    assert _grouped_running_max(values, new).tolist() == expected

@@ -18,7 +18,9 @@ schedules that module's `layer_task_edges` (the same rule `dependencies()` appli
 src(t − delay)) with array indexing; `dependencies()` itself, op by op, only where neither applies and to
 raise its errors. Tests check all give the same producers in the same order. Schedules held as columns
 (`OpSchedule.from_columns`) compile without an `Op` object; layer-level schedules are swept run by run
-(`layerpipe.schedule._runs`).
+(`layerpipe.schedule._runs`), and on `shared`, where many runs share each round (many processors, short runs:
+deep pipelines at N ≥ 12), every processor's next run is timed together on arrays (`layerpipe.schedule._rounds`);
+the three give the same times, and tests compare them.
 
 Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
 go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
@@ -67,7 +69,7 @@ from layerpipe.schedule._dep_csr import (
 )
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
 from layerpipe.schedule._rounds import MIN_PROCS as ROUNDS_MIN_PROCS
-from layerpipe.schedule._rounds import sweep_rounds
+from layerpipe.schedule._rounds import LinkSends, sweep_rounds
 from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
 from layerpipe.schedule._workload import Workload
 
@@ -498,8 +500,13 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     if 0 in c.cost and _zero_duration_sender(c):  # some op takes 0 cycles (`cost` lists present tasks only)
         return _run_links_events(c, latency, words_per_cycle)
     plan = c.link_plan
-    hold = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle).tolist()
-    hold = [0] * c.num_ops + hold
+    held = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle)
+    if c.num_procs >= ROUNDS_MIN_PROCS:  # as on shared: lock-step rounds, the transfers timed per round
+        timed = sweep_rounds(c.bounds, c.dur_array(), plan.input_ptr, plan.input_src,
+                             LinkSends(plan.send_producer, plan.send_link, held, latency))
+        if timed is not None:
+            return timed
+    hold = [0] * c.num_ops + held.tolist()
     runs = c.link_runs
     if runs is None:
         return _sweep(c, plan.sweep_inputs, plan, hold, latency)
