@@ -252,7 +252,7 @@ class CompiledSchedule:
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
         links = proc[i] * procs + proc[j]
-        return LinkPlan(ptr, src[by_dst], i, transfer, links, w.tolist(), i.tolist(), self.bounds)
+        return LinkPlan(ptr, src[by_dst], i, transfer, links, w, self.bounds)
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,9 +266,18 @@ class LinkPlan:
     send_producer: np.ndarray
     send_input: np.ndarray
     send_link: np.ndarray
-    words: list[int]
-    producer: list[int]
+    word_array: np.ndarray  #: words per transfer (the rounds read the arrays; the lists are built when read)
     bounds: list[int]  #: the compiled schedule's processor bounds (op numbering)
+
+    @cached_property
+    def words(self) -> list[int]:
+        """Words per transfer, a list (the op sweep's and the event engine's view)."""
+        return self.word_array.tolist()
+
+    @cached_property
+    def producer(self) -> list[int]:
+        """The sending op of each transfer, a list (the deadlock report's view)."""
+        return self.send_producer.tolist()
 
     @cached_property
     def inputs(self) -> list[list[int]]:
@@ -500,7 +509,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     if 0 in c.cost and _zero_duration_sender(c):  # some op takes 0 cycles (`cost` lists present tasks only)
         return _run_links_events(c, latency, words_per_cycle)
     plan = c.link_plan
-    held = _hold_cycles(np.asarray(plan.words, dtype=np.int64), words_per_cycle)
+    held = _hold_cycles(np.asarray(plan.word_array, dtype=np.int64), words_per_cycle)
     if c.num_procs >= ROUNDS_MIN_PROCS:  # as on shared: lock-step rounds, the transfers timed per round
         timed = sweep_rounds(c.bounds, c.dur_array(), plan.input_ptr, plan.input_src,
                              LinkSends(plan.send_producer, plan.send_link, held, latency))
@@ -510,7 +519,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     runs = c.link_runs
     if runs is None:
         return _sweep(c, plan.sweep_inputs, plan, hold, latency)
-    return _run_sweep(c, runs, c.num_ops + len(plan.words), hold, latency, plan)
+    return _run_sweep(c, runs, c.num_ops + len(plan.word_array), hold, latency, plan)
 
 
 def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int] | tuple[()] = (),
