@@ -1,5 +1,6 @@
-"""The `shared` timing sweep in lock-step rounds over every processor at once, on arrays (issue 14: 1f1b on a
-256-layer MLP at N = 256 times 1.6 M ops, and the run sweep's Python loop over 0.8 M heads was half of it).
+"""The timing sweep of `shared` and `links` in lock-step rounds over every processor at once, on arrays (issue 14:
+1f1b on a 256-layer MLP at N = 256 times 1.6 M ops, and the run sweep's Python loop over 0.8 M heads was half of
+it).
 
 The runs are those of `layerpipe.schedule._runs` (an op whose every needed input is an earlier op of its own
 processor joins the run of the op before it), and the rule is the sweep's: a run starts when its processor is
@@ -9,6 +10,10 @@ are all known. A run then starts in the round equal to its depth in the graph of
 runs before it), so the rounds number that depth: about a processor's runs plus the pipeline's depth. Each
 round is a fixed handful of numpy calls over the processors, so the cost is per round, not per run — it pays
 where many runs share each round (`MIN_RUNS_PER_ROUND`); elsewhere the run sweep stays the engine.
+
+On `links` an input may be a transfer, available when it arrives; a run's transfers are timed in the round it
+starts, every link's queue at once (`_LinkQueue`: a link serves its sender's transfers in program order, so a
+running maximum gives their departures).
 
 Same inputs, same rule, so the same times as the run sweep and the op-by-op sweep (tests compare them). A
 schedule that deadlocks gets None: the caller runs the run sweep, whose report names the stuck ops.
