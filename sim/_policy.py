@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from layerpipe._gc import gc_paused
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
@@ -116,5 +117,6 @@ def simulate_policy_result(result: ScheduleResult, network: Network, model: Cost
     # (`layerpipe.sim._streams`) times them, rebuilt from the policy's options on `config`'s interconnect.
     if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
         return simulate_stream_result(result, network, model, iterations, config)
-    schedule, workload = policy_ops(result, network, model, iterations, config.mode)
-    return simulate_compiled(compile_schedule(schedule, workload), workload, config)
+    with gc_paused():  # one pause for the whole path (see `layerpipe.sim.simulate`)
+        schedule, workload = policy_ops(result, network, model, iterations, config.mode)
+        return simulate_compiled(compile_schedule(schedule, workload), workload, config)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from layerpipe._gc import gc_paused
 from layerpipe.schedule._engine import completion_times, steady_cycles_per_iteration
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.sim._engine import CompiledSchedule
@@ -224,6 +225,10 @@ class SimResult:
     # --- output -----------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, object]:
         """JSON-ready summary (metrics.json); names carry units."""
+        with gc_paused():  # the figures computed when first read build their arrays and lists under one pause
+            return self._metrics()
+
+    def _metrics(self) -> dict[str, object]:
         links = {f"p{p}->p{q}": w for (p, q), w in sorted(self.link_traffic_words.items())}
         return {
             "num_procs": self.num_procs,
