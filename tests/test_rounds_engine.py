@@ -116,6 +116,9 @@ def test_the_rounds_give_way_where_they_do_not_pay() -> None:
         got = sweep_rounds(bounds, np.full(width + 1, 3), ptr, src, min_runs_per_round=1)
         if timed:
             assert got is not None and got[0].tolist() == [3] + [0] * width and got[1].tolist() == [6] + [3] * width
+            big = 3 * 2**31  # offsets past int32: the tables widen
+            got = sweep_rounds(bounds, np.full(width + 1, big), ptr, src, min_runs_per_round=1)
+            assert got is not None and got[1].tolist() == [2 * big] + [big] * width
         else:
             assert got is None
 

@@ -105,8 +105,11 @@ def sweep_rounds(bounds: list[int], dur: np.ndarray, ptr: np.ndarray, src: np.nd
     width = 1 + (int(per_row.max()) if len(consumer_row) else 0)
     if width > 1 + MAX_INPUTS:
         return None
-    key = np.full((rows, width), zero, dtype=np.int64)
-    add = np.zeros((rows, width), dtype=np.int64)
+    # int32 tables where the values fit (issue 14: they are most of the rounds' memory, rows × width each).
+    small = np.int32 if rows + 2 + (len(sends.producer) if sends is not None else 0) < np.iinfo(np.int32).max \
+        else np.int64
+    key = np.full((rows, width), zero, dtype=small)
+    add = np.zeros((rows, width), dtype=np.int32 if int(off.max()) < np.iinfo(np.int32).max else np.int64)
     follows = np.ones(runs, dtype=bool)  # runs after another on their processor
     follows[at[:-1][at[:-1] < at[1:]]] = False
     later = row_of_run[follows]
