@@ -144,6 +144,15 @@ def test_a_deadlock_is_left_to_the_sweep_to_report() -> None:
     with pytest.raises(DeadlockError) as by_sweep:
         _sweep(compiled, compiled.prods)
     assert str(by_engine.value) == str(by_sweep.value)
+    plan = compiled.link_plan
+    held = _hold_cycles(np.asarray(plan.words, dtype=np.int64), 1)
+    assert sweep_rounds(compiled.bounds, compiled.dur_array(), plan.input_ptr, plan.input_src,
+                        LinkSends(plan.send_producer, plan.send_link, held, 2)) is None
+    with pytest.raises(DeadlockError) as by_engine:
+        run_timing(compiled, "links", 2, 1)
+    with pytest.raises(DeadlockError) as by_sweep:
+        _sweep(compiled, plan.inputs, plan, [0] * compiled.num_ops + [1] * len(plan.words), 2)
+    assert str(by_engine.value) == str(by_sweep.value)
 
 
 @pytest.mark.parametrize("seed", range(4))
