@@ -22,16 +22,7 @@ from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, LinkSends, sweep_r
 from layerpipe.schedule._sync_policies import contiguous_stages
 from layerpipe.schedule._workload import Workload
 from layerpipe.sim import DeadlockError
-
-GENERATORS = {
-    "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
-    "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
-    "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
-    "zb-h2": lambda p, m: _stage_programs.zb_h2(p, m),
-    "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
-    "zbv": lambda p, m: _stage_programs.zbv(p, m, 2),
-    "looped-bfs": lambda p, m: _stage_programs.looped_bfs(p, m),
-}
+from tests.test_array_engine import GENERATORS  # the stage generators at the array tests' sizes
 
 
 def _rounds(compiled, min_runs_per_round: int = 1) -> tuple[list[int], list[int]] | None:
