@@ -18,9 +18,9 @@ schedules that module's `layer_task_edges` (the same rule `dependencies()` appli
 src(t − delay)) with array indexing; `dependencies()` itself, op by op, only where neither applies and to
 raise its errors. Tests check all give the same producers in the same order. Schedules held as columns
 (`OpSchedule.from_columns`) compile without an `Op` object; layer-level schedules are swept run by run
-(`layerpipe.schedule._runs`), and on `shared`, where many runs share each round (many processors, short runs:
-deep pipelines at N ≥ 12), every processor's next run is timed together on arrays (`layerpipe.schedule._rounds`);
-the three give the same times, and tests compare them.
+(`layerpipe.schedule._runs`), and on `shared` and `links`, where many runs share each round (12 processors or
+more, short runs: deep pipelines), every processor's next run is timed together on arrays
+(`layerpipe.schedule._rounds`); the three give the same times, and tests compare them.
 
 Both interconnect models reduce to a longest path over program order and data edges. Transfers on a link
 go in order of producer end time, ties by consumer order; all producers on a link p→q run on p, one after
@@ -501,7 +501,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
         if c.num_procs >= ROUNDS_MIN_PROCS:  # many processors: lock-step rounds on arrays
             timed = sweep_rounds(c.bounds, c.dur_array(), c.prod_ptr, c.prod_idx)
             if timed is not None:
-                return timed  # else a deadlock (the sweeps below report it) or inputs too wide for the rounds
+                return timed  # else they do not pay here, or a deadlock (the sweeps below report it)
         runs = c.shared_runs
         return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
