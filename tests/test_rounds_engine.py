@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
 from layerpipe.dfg import GraphOptions, build_training_graph
@@ -22,6 +24,7 @@ from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, LinkSends, sweep_r
 from layerpipe.schedule._sync_policies import contiguous_stages
 from layerpipe.schedule._workload import Workload
 from layerpipe.sim import DeadlockError
+from tests.strategies import networks
 from tests.test_array_engine import GENERATORS  # the stage generators at the array tests' sizes
 
 
@@ -160,3 +163,33 @@ def test_the_grouped_running_maximum_restarts_at_each_group(seed: int) -> None:
         best = v if fresh else max(best, v)
         expected.append(best)
     assert _grouped_running_max(values, new).tolist() == expected
+
+
+@settings(max_examples=12, deadline=None)
+@given(network=networks(max_layers=40, max_width=12),
+       procs=st.integers(12, 40), name=st.sampled_from(["1f1b", "gpipe", "zb-h1"]),
+       interconnect=st.sampled_from(["shared", "links"]), latency=st.integers(0, 6),
+       words_per_cycle=st.integers(1, 8))
+def test_the_engine_equals_the_sweep_on_generated_networks(network, procs: int, name: str, interconnect: str,
+                                                         latency: int, words_per_cycle: int) -> None:
+    """Property: on generated networks (residual blocks included) split into 12 to 40 stages, the rounds (forced)
+    and `run_timing` (the rounds wherever the engine picks them) give the op sweep's times on shared and links."""
+    assume(len(network) >= 12)
+    stages = min(procs, len(network))
+    m = 2 * stages
+    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    model = make_cost_model("pe", lanes=4)
+    info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, stages, m))
+    schedule = {"1f1b": _stage_programs.one_f_one_b, "gpipe": _stage_programs.gpipe}.get(name)
+    stage = schedule(stages, m, 2) if schedule else _stage_programs.zb_h1(stages, m, 1, 2)
+    compiled = compile_schedule(expand_stages(stage, graph, info), Workload.of_graph(graph, model))
+    if interconnect == "shared":
+        swept = _sweep(compiled, compiled.prods)
+        assert _rounds(compiled) == swept
+        start, end = run_timing(compiled, "shared")
+        assert (start.tolist(), end.tolist()) == swept
+        return
+    rounds, swept = _link_rounds(compiled, words_per_cycle, latency)
+    assert rounds == swept
+    start, end = run_timing(compiled, "links", latency, words_per_cycle)
+    assert (start.tolist(), end.tolist()) == swept
