@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
 from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.schedule import OpSchedule, StageInfo, _stage_programs
 from layerpipe.schedule._deps import expand_stages
@@ -60,7 +61,7 @@ def test_the_rounds_time_what_the_op_sweep_times(seed: int) -> None:
     procs, m = rng.randint(1, 7), rng.choice([2, 4, 6, 8])
     try:
         stage = GENERATORS[name](procs, m)
-    except Exception:  # a shape this generator refuses (micro-batches per round, stages per chunk)
+    except InputError:  # a shape this generator refuses (micro-batches per round, stages per chunk)
         stage = GENERATORS["1f1b"](procs, m)
     count = 1 + max(op.unit for op in stage.ops())
     compiled = compile_schedule(stage, _stage_workload(rng, count))
@@ -180,8 +181,9 @@ def test_the_engine_equals_the_sweep_on_generated_networks(network, procs: int, 
     graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
     model = make_cost_model("pe", lanes=4)
     info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, stages, m))
-    schedule = {"1f1b": _stage_programs.one_f_one_b, "gpipe": _stage_programs.gpipe}.get(name)
-    stage = schedule(stages, m, 2) if schedule else _stage_programs.zb_h1(stages, m, 1, 2)
+    stage = {"1f1b": lambda: _stage_programs.one_f_one_b(stages, m, 2),
+             "gpipe": lambda: _stage_programs.gpipe(stages, m, 2),
+             "zb-h1": lambda: _stage_programs.zb_h1(stages, m, 1, 2)}[name]()
     compiled = compile_schedule(expand_stages(stage, graph, info), Workload.of_graph(graph, model))
     if interconnect == "shared":
         swept = _sweep(compiled, compiled.prods)

@@ -106,8 +106,8 @@ def sweep_rounds(bounds: list[int], dur: np.ndarray, ptr: np.ndarray, src: np.nd
     if width > 1 + MAX_INPUTS:
         return None
     # int32 tables where the values fit (issue 14: they are most of the rounds' memory, rows × width each).
-    small = np.int32 if rows + 2 + (len(sends.producer) if sends is not None else 0) < np.iinfo(np.int32).max \
-        else np.int64
+    transfers = 0 if sends is None else len(sends.producer)
+    small = np.int32 if first_transfer + transfers < np.iinfo(np.int32).max else np.int64
     key = np.full((rows, width), zero, dtype=small)
     add = np.zeros((rows, width), dtype=np.int32 if int(off.max()) < np.iinfo(np.int32).max else np.int64)
     follows = np.ones(runs, dtype=bool)  # runs after another on their processor
@@ -131,7 +131,7 @@ def sweep_rounds(bounds: list[int], dur: np.ndarray, ptr: np.ndarray, src: np.nd
         if len(sender_row) and (np.diff(sender_row) < 0).any():
             return None  # transfers not numbered by sending op (the link plan numbers them so)
         queue = _link_queue(sends, sender_row, off, rows)
-    known = np.full(first_transfer + (len(sends.producer) if sends is not None else 0), UNKNOWN, dtype=np.int64)
+    known = np.full(first_transfer + transfers, UNKNOWN, dtype=np.int64)
     known[zero] = 0
     nxt = end_rows - np.diff(at)  # each processor's next row: its first run's, or its end row
     while True:
@@ -209,7 +209,7 @@ def _link_queue(sends: LinkSends, sender_row: np.ndarray, off: np.ndarray, rows:
     # raised by a step per group larger than any spread of the values, so one accumulate does every group.
     run_sorted = sender_row[order]
     new_group = new_link | np.r_[True, run_sorted[1:] != run_sorted[:-1]] if count else new_link
-    value = (ready_off[order] - before[order])
+    value = ready_off[order] - before[order]
     w_sorted = value
     if count:
         group = np.cumsum(new_group) - 1
