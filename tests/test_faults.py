@@ -12,6 +12,12 @@ Each run is a forked child of this process running the real command (`layerpipe.
 start per kill, so 20 kills cost seconds, not minutes (the report's schedules are memoized in this process
 first, see its test). The child makes itself a process group, so its workers
 can be found after it dies. Kill times are drawn from a seeded generator over the length of a complete run.
+
+Forking a process that runs other threads copies their locks as they were: a lock another thread held at the fork
+is held for ever in the child. tqdm's monitor thread (started by the first progress bar in this xdist worker, any
+earlier test's) takes tqdm's lock every few seconds, and a child forked inside that window hung on its own first
+bar until pytest-timeout (CI, 900 s). So the monitor is stopped before every fork and never restarted in this
+process, and each wait on a child has a deadline that fails the test in CHILD_SECONDS with what was running.
 """
 
 from __future__ import annotations
@@ -30,9 +36,38 @@ from layerpipe.cli import main
 
 KILLS = 20
 SURVIVAL_SECONDS = 5.0
+CHILD_SECONDS = 180.0  # a complete run takes 0.5-3 s here; a child that outlives this is hung, not slow
+
+
+def _no_monitor_thread() -> None:
+    """Stop tqdm's monitor thread and keep it from starting again in this process (see the module docstring)."""
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
+    monitor = tqdm.monitor
+    if monitor is not None:
+        monitor.exit()  # sets its event and joins it
+        tqdm.monitor = None
+
+
+def _wait(pid: int) -> int:
+    """waitpid with a deadline: a hung child is killed (its group too) and the test fails naming it."""
+    deadline = time.monotonic() + CHILD_SECONDS
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # hung before it made its group
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"forked run {pid} did not finish in {CHILD_SECONDS:g} s (hung, not slow: a run takes seconds)")
 
 
 def _spawn(work: Callable[[], int], cwd: Path) -> int:
+    _no_monitor_thread()
     pid = os.fork()
     if pid == 0:  # the child: its own process group, quiet, the real command, then exit without pytest
         code = 99
@@ -77,7 +112,7 @@ def _wait_group_gone(pgid: int) -> list[int]:
 def _complete(work: Callable[[], int], cwd: Path) -> float:
     t0 = time.monotonic()
     pid = _spawn(work, cwd)
-    _, status = os.waitpid(pid, 0)
+    status = _wait(pid)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not _wait_group_gone(pid)
     return time.monotonic() - t0
@@ -104,7 +139,7 @@ class _Clock:
                 return False
             time.sleep(0.005)
         os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        status = _wait(pid)
         survivors = _wait_group_gone(pid)
         assert not survivors, f"processes {survivors} outlived their killed parent by {SURVIVAL_SECONDS} s"
         return os.waitstatus_to_exitcode(status) == -signal.SIGKILL
@@ -142,6 +177,36 @@ def _folder_kills(tmp_path: Path, runs: tuple[Callable[[], int], Callable[[], in
     _complete(first, tmp_path)  # the next run cleans what the killed ones left
     assert _snapshot(out) == snap_a
     assert _temporaries(out.parent) == [], _temporaries(out.parent)
+
+
+def test_forks_start_with_no_tqdm_monitor_thread() -> None:
+    """The hang CI met: a bar earlier in the worker starts tqdm's monitor; after _no_monitor_thread none runs and a
+    new bar starts none (a thread holding tqdm's lock at a fork would hang the child's first bar)."""
+    import threading
+
+    from tqdm import tqdm
+
+    saved = tqdm.monitor_interval
+    try:
+        tqdm.monitor_interval = 10
+        with tqdm(total=1, disable=True):
+            pass
+        assert any(t.name == "tqdm_monitor" for t in threading.enumerate())  # what an earlier test leaves
+        _no_monitor_thread()
+        with tqdm(total=1, disable=True):
+            pass
+        assert tqdm.monitor is None
+        assert not any(t.name == "tqdm_monitor" and t.is_alive() for t in threading.enumerate())
+    finally:
+        tqdm.monitor_interval = saved
+
+
+def test_a_hung_child_fails_the_test_in_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "CHILD_SECONDS", 0.5)
+    pid = _spawn(lambda: time.sleep(60) or 0, tmp_path)
+    with pytest.raises(pytest.fail.Exception, match=r"did not finish in 0.5 s \(hung"):
+        _wait(pid)
+    assert not _group_members(pid)
 
 
 @pytest.mark.slow
