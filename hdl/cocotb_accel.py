@@ -322,13 +322,19 @@ class CommandMonitor:
         taps = [(getattr(dut, f"trace{p}_valid"), getattr(dut, f"trace{p}_entry"), getattr(dut, f"trace{p}_iter"))
                 for p in range(self.num_pes)]
         beats = [(getattr(dut, f"link{k}_beat"), getattr(dut, f"link{k}_last")) for k in range(self.num_links)]
+        activity = dut.activity  # PE p's valid at bit p, link k's beat at bit P + k: one read in an idle cycle
+        pes = self.num_pes
+        wide = len(activity) > 1  # a one-bit port reads as a Logic, a wider one as a LogicArray
         while True:
             await FallingEdge(dut.clk)  # comb taps of this cycle, stable half a cycle before its edge
-            for p, (valid, entry, iteration) in enumerate(taps):
-                if valid.value == 1:
+            active = activity.value.to_unsigned() if wide else int(activity.value)
+            if not active:
+                continue
+            for p, (_, entry, iteration) in enumerate(taps):
+                if active >> p & 1:
                     self.ops[p].append([int(entry.value), int(iteration.value), int(dut.cycles.value)])
-            for k, (beat, last) in enumerate(beats):
-                if beat.value == 1:
+            for k, (_, last) in enumerate(beats):
+                if active >> (pes + k) & 1:
                     self.links[k][1] += 1
                     self.links[k][0] += int(last.value)
 

