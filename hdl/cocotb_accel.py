@@ -319,10 +319,11 @@ class CommandMonitor:
 
     async def _watch(self) -> None:
         dut = self.dut
-        taps = [(getattr(dut, f"trace{p}_valid"), getattr(dut, f"trace{p}_entry"), getattr(dut, f"trace{p}_iter"))
-                for p in range(self.num_pes)]
-        beats = [(getattr(dut, f"link{k}_beat"), getattr(dut, f"link{k}_last")) for k in range(self.num_links)]
-        activity = dut.activity  # PE p's valid at bit p, link k's beat at bit P + k: one read in an idle cycle
+        # Each PE's valid and each link's beat are read through `activity` (PE p at bit p, link k at bit P + k):
+        # one read in an idle cycle; the other taps only when their bit is set.
+        taps = [(getattr(dut, f"trace{p}_entry"), getattr(dut, f"trace{p}_iter")) for p in range(self.num_pes)]
+        lasts = [getattr(dut, f"link{k}_last") for k in range(self.num_links)]
+        activity = dut.activity
         pes = self.num_pes
         wide = len(activity) > 1  # a one-bit port reads as a Logic, a wider one as a LogicArray
         while True:
@@ -330,10 +331,10 @@ class CommandMonitor:
             active = activity.value.to_unsigned() if wide else int(activity.value)
             if not active:
                 continue
-            for p, (_, entry, iteration) in enumerate(taps):
+            for p, (entry, iteration) in enumerate(taps):
                 if active >> p & 1:
                     self.ops[p].append([int(entry.value), int(iteration.value), int(dut.cycles.value)])
-            for k, (_, last) in enumerate(beats):
+            for k, last in enumerate(lasts):
                 if active >> (pes + k) & 1:
                     self.links[k][1] += 1
                     self.links[k][0] += int(last.value)
