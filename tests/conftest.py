@@ -27,6 +27,12 @@
   a code change is always seen). The zoo sweeps of test_comm_schedule, test_policies and test_report schedule
   the same (policy, network, N, cost model, interconnect) many times over. Use it only where the schedule is
   an input of the check, not the thing whose computation is under test (determinism, speed, errors).
+- `pairwise(points, covered=())` / `grid(points, covered=())`: a grid of parameter points cut to a pairwise
+  covering subset for the suite — every pair of values of two parameters that occurs together in some point
+  occurs together in a kept point (or in one of `covered`, points another test runs) — and the rest marked
+  `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
+  the suite runs every class of case (each value of each parameter, each pair of them) in under 5 minutes on
+  2 cores; the full grids (every combination) are one flag away.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING
 
 import pytest
@@ -136,7 +142,49 @@ def longest_first(items: list[pytest.Item], recorded: dict[str, float]) -> list[
     return [items[i] for members in order for i in members]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--exhaustive", action="store_true", default=False,
+                     help="also run the tests marked exhaustive (the full RTL and zoo grids; see tests/conftest.py)")
+
+
+def exhaustive_enabled(config: pytest.Config) -> bool:
+    return bool(config.getoption("--exhaustive")) or os.environ.get("LAYERPIPE_EXHAUSTIVE", "") not in ("", "0")
+
+
+def _pairs(point: tuple[object, ...]) -> set[tuple[int, object, int, object]]:
+    return {(i, point[i], j, point[j]) for i in range(len(point)) for j in range(i + 1, len(point))}
+
+
+def pairwise(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = ()
+             ) -> list[tuple[object, ...]]:
+    """The points of a greedy pairwise covering subset of `points`, in their order: repeatedly the point that
+    covers the most value pairs not yet covered (the first such on ties: deterministic), until every pair that
+    occurs in `points` occurs in a chosen point or in `covered`. Points of one parameter are each kept."""
+    if points and len(points[0]) < 2:
+        return list(points)
+    needed: set[tuple[int, object, int, object]] = set().union(*(_pairs(p) for p in points))
+    for point in covered:
+        needed -= _pairs(point)
+    chosen: set[int] = set()
+    while needed:
+        best = max(range(len(points)), key=lambda k: (len(_pairs(points[k]) & needed), -k))
+        chosen.add(best)
+        needed -= _pairs(points[best])
+    return [p for k, p in enumerate(points) if k in chosen]
+
+
+def grid(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = ()) -> list[object]:
+    """`points` as pytest params: the `pairwise` subset as they are, every other point marked exhaustive."""
+    kept = {tuple(p) for p in pairwise(points, covered)}
+    return [pytest.param(*p, marks=() if tuple(p) in kept else pytest.mark.exhaustive) for p in points]
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not exhaustive_enabled(config):
+        skip = pytest.mark.skip(reason="exhaustive grid point (--exhaustive or LAYERPIPE_EXHAUSTIVE=1 runs it)")
+        for item in items:
+            if item.get_closest_marker("exhaustive") is not None:
+                item.add_marker(skip)
     # Only in an xdist worker: every worker reorders the same collection the same way (xdist checks that the
     # collections agree), and the controller hands the tests out in this order.
     if os.environ.get("PYTEST_XDIST_WORKER"):

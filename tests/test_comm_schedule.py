@@ -8,6 +8,8 @@ simulator's FIFO order) → the cycle-accurate simulator's steady state, self-ti
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -19,7 +21,7 @@ from layerpipe.schedule import POLICIES, make_schedule, validate
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._pipedream import PipeDreamOptions
 from layerpipe.sim import SimConfig, simulate_policy_result
-from tests.conftest import cached_schedule
+from tests.conftest import cached_schedule, grid
 from tests.strategies import networks
 
 ZOO = ("mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50")
@@ -90,10 +92,9 @@ def _never_slower(network: str, batch: int, spec: str, procs) -> None:
         assert bounded.cycles_per_sample <= pd.cycles_per_sample, (network, batch, spec, n, "max-traffic")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("spec", ("shared", "rtl", "links:2:1"))
-@pytest.mark.parametrize("batch", (1, 32))
-@pytest.mark.parametrize("network", ZOO)
+@pytest.mark.slow  # every (network, interconnect), each with one batch (pairwise); --exhaustive: both batches
+@pytest.mark.parametrize(("network", "batch", "spec"),
+                         grid(list(itertools.product(ZOO, (1, 32), ("shared", "rtl", "links:2:1")))))
 def test_layerpipe_is_never_slower_than_pipedream(network, batch, spec) -> None:
     _never_slower(network, batch, spec, range(2, 17))
 

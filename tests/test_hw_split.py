@@ -14,6 +14,7 @@ import pytest
 from layerpipe.errors import InputError
 from layerpipe.hdl._flow import Design, make_design
 from layerpipe.hdl._split import split_shapes
+from tests.conftest import grid
 
 #: Small MLPs where the policy splits a layer at every N in 2..4 and lanes in 1, 2, 4: a wide first layer (fc1:
 #: the parts' outputs concatenated) and a wide hidden layer (mlp:4-16-48-4, fc2: also the parts' errors summed).
@@ -180,9 +181,14 @@ def test_a_micro_batch_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) 
     _verify(design, tmp_path)
 
 
-@pytest.mark.slow
+#: The points the three named Icarus tests above run (their pairs need no second run).
+NAMED_ICARUS = [("mlp:64-8-4", 3, 4, 1), ("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)]
+
+
+@pytest.mark.slow  # the suite runs a pairwise covering subset (6 of 31 points); --exhaustive all of them
 @pytest.mark.parametrize(("network", "n", "lanes", "batch"),
-                         [(*p, 1) for p in POINTS if p[0] != "mlp:48-8-4"] + [(*p, 4) for p in BATCH_POINTS])
+                         grid([(*p, 1) for p in POINTS if p[0] != "mlp:48-8-4"] + [(*p, 4) for p in BATCH_POINTS],
+                              covered=NAMED_ICARUS))
 def test_split_points_run_bit_and_cycle_exact_in_icarus(tmp_path: Path, network: str, n: int, lanes: int,
                                                          batch: int) -> None:
     pytest.importorskip("cocotb")
@@ -247,7 +253,9 @@ def test_a_split_accelerator_lints_clean() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("network", "n", "lanes", "batch"), [("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)])
+@pytest.mark.parametrize(("network", "n", "lanes", "batch"), [
+    pytest.param("mlp:4-16-48-4", 3, 2, 1, marks=pytest.mark.exhaustive),  # the micro-batch point covers its kind
+    ("mlp:64-16-4", 4, 2, 4)])
 def test_split_points_run_on_the_verilator_harness(tmp_path: Path, network: str, n: int, lanes: int,
                                                    batch: int) -> None:
     """The same designs through the Verilator C++ harness (`verify --sim harness`): bit- and cycle-exact."""

@@ -38,7 +38,31 @@ def test_report_points_are_where_splitting_pays() -> None:
         assert split < together <= pipedream, (point, split, together, pipedream)
 
 
+COMMITTED_RTL = Path(__file__).resolve().parent.parent / "reports" / "rtl.json"
+
+
+def test_the_reports_rtl_runs_measure_the_models_speedup() -> None:
+    """The committed RTL section's runs (test_report's test_rtl_results_are_current reruns every one of them in
+    Icarus and holds them byte-identical to this file): every run bit-exact and cycle-exact, the steady state
+    measured in RTL equals the schedule's period, the RTL speedups equal the model's, and the text says so."""
+    import json
+
+    doc = json.loads(COMMITTED_RTL.read_text())
+    assert len(doc["points"]) == len(doc["design_points"]) * len(RTL_VARIANTS)
+    for d in doc["points"]:
+        assert d["bit_exact"] and d["cycle_exact"] and d["sim"] == "icarus", d
+        assert d["period_rtl"] == d["period_sim"] and d["period_rtl_min"] <= d["period_rtl"], d
+        assert d["steady_cycles_per_sample_rtl"] == d["model_cycles_per_sample"], d
+    speedups = rtl_speedups(doc)
+    assert all(s["equal"] for s in speedups)
+    assert all(s["rtl"] > 1 for s in speedups if s["variant"] == "layerpipe")
+    text = rtl_section(doc)
+    assert "RTL speedup vs pipedream" in text and "model speedup vs pipedream" in text
+    assert "equal the model's prediction" in text
+
+
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the same checks as on the report's own 12 runs above, on two more points
 def test_rtl_section_measures_the_models_speedup() -> None:
     """Two small points, no synthesis: every run bit-exact and cycle-exact, the steady state measured in RTL
     (the slowest PE's gap between issues) equals the schedule's period, and the RTL speedups (split vs

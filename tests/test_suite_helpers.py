@@ -4,6 +4,7 @@ computed once per run."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests import conftest
 
@@ -146,3 +149,54 @@ def test_fast_over_lists_the_fast_tests_past_the_budget_and_fails(tmp_path: Path
     listed = over.stdout.split("fast tests over 1 s of CPU", 1)[1].strip().splitlines()
     assert [line.split()[-1] for line in listed[1:]] == ["tests/test_x.py::test_heavy"]  # not the slow one
     assert subprocess.run([*tool, "5"], capture_output=True, text=True, timeout=60).returncode == 0
+
+
+def _all_pairs(points: list[tuple[object, ...]]) -> set[tuple[int, object, int, object]]:
+    return set().union(*(conftest._pairs(p) for p in points)) if points else set()
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from("abc"), st.integers(0, 2), st.booleans()),
+                min_size=1, max_size=40, unique=True),
+       st.integers(0, 3))
+def test_pairwise_keeps_every_pair_of_the_grid_in_fewer_points(points: list[tuple[object, ...]], given_k: int) -> None:
+    """Any grid, any points run elsewhere: the subset is of the grid, in its order, covers every value pair the
+    grid has (with the points run elsewhere), and is the same on a second call."""
+    covered = points[:given_k]
+    kept = conftest.pairwise(points, covered)
+    assert kept == [p for p in points if p in kept] and kept == conftest.pairwise(points, covered)
+    assert _all_pairs(points) <= _all_pairs(kept) | _all_pairs(covered)
+    # greedy picks a point only while it adds a pair: never more points than pairs left to cover
+    assert len(kept) <= len(_all_pairs(points) - _all_pairs(covered))
+
+
+def test_pairwise_cuts_a_full_product_to_a_covering_array() -> None:
+    full = list(itertools.product((2, 3, 4), (1, 2, 4), (1, 4)))
+    kept = conftest.pairwise(full)
+    assert len(kept) == 9 < len(full)  # 3 x 3 (N, lanes) pairs need 9 points; every (x, batch) pair fits in them
+    params = conftest.grid(full)
+    marked = [tuple(p.values) for p in params if any(m.name == "exhaustive" for m in p.marks)]  # type: ignore[attr-defined]
+    assert sorted(marked) == sorted(set(full) - set(kept))
+
+
+def test_exhaustive_tests_are_skipped_unless_asked_for(tmp_path: Path) -> None:
+    """The real hooks (tests/conftest.py as a plugin) on a two-test file: the exhaustive one is skipped with its
+    reason by default, and runs with --exhaustive or LAYERPIPE_EXHAUSTIVE=1."""
+    (tmp_path / "test_tiers.py").write_text(
+        "import pytest\n\n\ndef test_kept():\n    pass\n\n\n@pytest.mark.exhaustive\ndef test_grid():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LAYERPIPE_EXHAUSTIVE", "PYTEST_XDIST_WORKER",
+                                                            "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = str(ROOT)
+
+    def run(*args: str, **extra: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                               "-q", "-rs", "-W", "ignore::pytest.PytestUnknownMarkWarning", *args,
+                               str(tmp_path / "test_tiers.py")], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, env={**env, **extra})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    default = run()
+    assert "1 passed, 1 skipped" in default and "exhaustive grid point (--exhaustive" in default
+    assert "2 passed" in run("--exhaustive")
+    assert "2 passed" in run(LAYERPIPE_EXHAUSTIVE="1")
