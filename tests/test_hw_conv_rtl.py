@@ -89,6 +89,9 @@ def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path) -> N
 
 @needs_verilator
 @pytest.mark.slow
+# cocotb on Verilator is test_rtl_accel's constrained-random run; a convolution through Verilator is
+# test_lenet5_full_size_on_the_harness (the full-size network): this one and the lenet5-shaped one run with them
+@pytest.mark.exhaustive
 def test_conv_shape_verilator(tmp_path: Path) -> None:
     design = make_design(conv_net(2, 8, 2, 3, 2, 1, "max"), "pipedream", 2, 2, 2)
     _verify(design, tmp_path, sim="verilator")
@@ -98,7 +101,6 @@ def test_conv_shape_verilator(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("sim", "policy"), [
     pytest.param("icarus", "pipedream", marks=needs_icarus),
     pytest.param("icarus", "layerpipe", marks=needs_icarus),
-    # cocotb on Verilator runs a convolution in test_conv_shape_verilator (a third of the build)
     pytest.param("verilator", "pipedream", marks=(needs_verilator, pytest.mark.exhaustive)),
 ])
 def test_lenet5_shaped_network(tmp_path: Path, sim: str, policy: str) -> None:

@@ -156,6 +156,9 @@ def test_generated_placements_icarus(point: tuple[list[int], dict[str, int], int
 
 
 @pytest.mark.slow
+# The report's RTL section measures the policy's own split placement of this network and N against weights
+# together and PipeDream (test_report's test_rtl_results_are_current reruns it): this hand placement runs with it
+@pytest.mark.exhaustive
 def test_split_placement_is_faster_in_rtl_by_the_models_margin(tmp_path: Path) -> None:
     """mlp:32-24-16-8 on 3 PEs, 4 lanes: LayerPipe's split placement (F1–F3, A3, E3 | G3, A2, U3, E2, G2, A1, U2 |
     G1, U1: period 392 on the rtl interconnect) against its weights-together schedule (period 588). The RTL's
