@@ -181,7 +181,7 @@ def grid(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, .
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if not exhaustive_enabled(config):
-        skip = pytest.mark.skip(reason="exhaustive grid point (--exhaustive or LAYERPIPE_EXHAUSTIVE=1 runs it)")
+        skip = pytest.mark.skip(reason="exhaustive tier (--exhaustive or LAYERPIPE_EXHAUSTIVE=1 runs it)")
         for item in items:
             if item.get_closest_marker("exhaustive") is not None:
                 item.add_marker(skip)

@@ -197,6 +197,6 @@ def test_exhaustive_tests_are_skipped_unless_asked_for(tmp_path: Path) -> None:
         return proc.stdout
 
     default = run()
-    assert "1 passed, 1 skipped" in default and "exhaustive grid point (--exhaustive" in default
+    assert "1 passed, 1 skipped" in default and "exhaustive tier (--exhaustive" in default
     assert "2 passed" in run("--exhaustive")
     assert "2 passed" in run(LAYERPIPE_EXHAUSTIVE="1")
