@@ -27,9 +27,10 @@
   a code change is always seen). The zoo sweeps of test_comm_schedule, test_policies and test_report schedule
   the same (policy, network, N, cost model, interconnect) many times over. Use it only where the schedule is
   an input of the check, not the thing whose computation is under test (determinism, speed, errors).
-- `pairwise(points, covered=())` / `grid(points, covered=())`: a grid of parameter points cut to a pairwise
+- `pairwise(points, covered=(), keep=())` / `grid(...)`: a grid of parameter points cut to a pairwise
   covering subset for the suite — every pair of values of two parameters that occurs together in some point
-  occurs together in a kept point (or in one of `covered`, points another test runs) — and the rest marked
+  occurs together in a kept point (or in one of `covered`, points another test runs; `keep`: points always
+  kept) — and the rest marked
   `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
   the suite runs every class of case (each value of each parameter, each pair of them) — ~8 minutes on
   2 cores on 2026-12-02 against issue 13's target of 5 — and the full grids (every combination, ~3 minutes
@@ -156,17 +157,20 @@ def _pairs(point: tuple[object, ...]) -> set[tuple[int, object, int, object]]:
     return {(i, point[i], j, point[j]) for i in range(len(point)) for j in range(i + 1, len(point))}
 
 
-def pairwise(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = ()
-             ) -> list[tuple[object, ...]]:
-    """The points of a greedy pairwise covering subset of `points`, in their order: repeatedly the point that
-    covers the most value pairs not yet covered (the first such on ties: deterministic), until every pair that
-    occurs in `points` occurs in a chosen point or in `covered`. Points of one parameter are each kept."""
+def pairwise(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = (),
+             keep: Sequence[tuple[object, ...]] = ()) -> list[tuple[object, ...]]:
+    """The points of a greedy pairwise covering subset of `points`, in their order: the points of `keep`, then
+    repeatedly the point that covers the most value pairs not yet covered (the first such on ties:
+    deterministic), until every pair that occurs in `points` occurs in a chosen point or in `covered` (points
+    another test runs). Points of one parameter are each kept."""
     if points and len(points[0]) < 2:
         return list(points)
     needed: set[tuple[int, object, int, object]] = set().union(*(_pairs(p) for p in points))
     for point in covered:
         needed -= _pairs(point)
-    chosen: set[int] = set()
+    chosen = {k for k, p in enumerate(points) if p in keep}
+    for k in chosen:
+        needed -= _pairs(points[k])
     while needed:
         best = max(range(len(points)), key=lambda k: (len(_pairs(points[k]) & needed), -k))
         chosen.add(best)
@@ -174,9 +178,10 @@ def pairwise(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[objec
     return [p for k, p in enumerate(points) if k in chosen]
 
 
-def grid(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = ()) -> list[object]:
+def grid(points: Sequence[tuple[object, ...]], covered: Sequence[tuple[object, ...]] = (),
+         keep: Sequence[tuple[object, ...]] = ()) -> list[object]:
     """`points` as pytest params: the `pairwise` subset as they are, every other point marked exhaustive."""
-    kept = {tuple(p) for p in pairwise(points, covered)}
+    kept = {tuple(p) for p in pairwise(points, covered, keep)}
     return [pytest.param(*p, marks=() if tuple(p) in kept else pytest.mark.exhaustive) for p in points]
 
 

@@ -162,12 +162,15 @@ def _all_pairs(points: list[tuple[object, ...]]) -> set[tuple[int, object, int, 
 def test_pairwise_keeps_every_pair_of_the_grid_in_fewer_points(points: list[tuple[object, ...]], given_k: int) -> None:
     """Any grid, any points run elsewhere: the subset is of the grid, in its order, covers every value pair the
     grid has (with the points run elsewhere), and is the same on a second call."""
-    covered = points[:given_k]
+    covered, keep = points[:given_k], points[-given_k:] if given_k else []
     kept = conftest.pairwise(points, covered)
     assert kept == [p for p in points if p in kept] and kept == conftest.pairwise(points, covered)
     assert _all_pairs(points) <= _all_pairs(kept) | _all_pairs(covered)
     # greedy picks a point only while it adds a pair: never more points than pairs left to cover
     assert len(kept) <= len(_all_pairs(points) - _all_pairs(covered))
+    # points to keep are kept, and the cover is still whole
+    with_keep = conftest.pairwise(points, covered, keep)
+    assert set(keep) <= set(with_keep) and _all_pairs(points) <= _all_pairs(with_keep) | _all_pairs(covered)
 
 
 def test_pairwise_cuts_a_full_product_to_a_covering_array() -> None:

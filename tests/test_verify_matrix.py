@@ -34,16 +34,9 @@ MATRIX = list(product((1, 4), (2, 3, 4), (1, 2, 4)))  # (B, N, lanes)
 THROUGH_CLI = {(1, 2, 4), (4, 3, 2), (4, 4, 1)}
 
 
-def _matrix_params() -> list[object]:
-    """MATRIX as params: the CLI points, the pairwise cover of the rest (tests/conftest.py: `grid`), the other
-    points marked exhaustive."""
-    rest = {tuple(param.values): param for param in  # type: ignore[attr-defined]
-            grid([p for p in MATRIX if p not in THROUGH_CLI], covered=sorted(THROUGH_CLI))}
-    return [pytest.param(*p) if p in THROUGH_CLI else rest[p] for p in MATRIX]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(("batch", "n", "lanes"), _matrix_params(), ids=[f"b{b}-n{n}-v{v}" for b, n, v in MATRIX])
+@pytest.mark.parametrize(("batch", "n", "lanes"), grid(MATRIX, keep=sorted(THROUGH_CLI)),
+                         ids=[f"b{b}-n{n}-v{v}" for b, n, v in MATRIX])
 def test_verify_split_placements_matrix(batch: int, n: int, lanes: int) -> None:
     design = steady_design(NETWORK, "layerpipe", n, lanes, keep_weights_together=False, batch=batch)
     moved = {send.src[0] for pe in design.program.pes for e in pe.entries for send in e.sends}
