@@ -17,38 +17,101 @@ interconnect) under which `layerpipe.sim` is cycle-exact with it. `_model.run_pr
 program in Python op by op; `cocotb_accel` is the whole-accelerator bench.
 """
 
-from layerpipe._rtl_costs import RTLCostModel
-from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
-from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_program
-from layerpipe.hdl._datapath import Opcode
-from layerpipe.hdl._flow import Design, make_design
-from layerpipe.hdl._link import LINK_LATENCY
-from layerpipe.hdl._pe import (
-    MAX_DEPTH,
-    MAX_DIM,
-    MAX_LANES,
-    PEConfig,
-    PEOp,
-    ProcessingElement,
-    VectorAddr,
-    command_layout,
-    op_cycles,
-    op_overhead,
-    pack_matrix,
-    pack_vector,
-    unpack_matrix,
-    unpack_vector,
-)
-from layerpipe.hdl._synth import (
-    LINT_WAIVERS,
-    SYNTH_TARGETS,
-    LintResult,
-    component_verilog,
-    lint_verilog,
-    synthesize,
-    synthesize_design,
-)
-from layerpipe.hdl._top import Accelerator, rtl_sim_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from layerpipe._rtl_costs import RTLCostModel
+    from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
+    from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_program
+    from layerpipe.hdl._datapath import Opcode
+    from layerpipe.hdl._flow import Design, make_design
+    from layerpipe.hdl._link import LINK_LATENCY
+    from layerpipe.hdl._pe import (
+        MAX_DEPTH,
+        MAX_DIM,
+        MAX_LANES,
+        PEConfig,
+        PEOp,
+        ProcessingElement,
+        VectorAddr,
+        command_layout,
+        op_cycles,
+        op_overhead,
+        pack_matrix,
+        pack_vector,
+        unpack_matrix,
+        unpack_vector,
+    )
+    from layerpipe.hdl._synth import (
+        LINT_WAIVERS,
+        SYNTH_TARGETS,
+        LintResult,
+        component_verilog,
+        lint_verilog,
+        synthesize,
+        synthesize_design,
+    )
+    from layerpipe.hdl._top import Accelerator, rtl_sim_config
+
+#: Public name → the module that defines it, imported on first use (PEP 562). Importing a submodule imports this
+#: package first: the cocotb bench (`layerpipe.hdl.cocotb_accel`, loaded in every simulator process) needs none of
+#: these, and eager imports (amaranth, networkx, the compiler) cost each Icarus or Verilator run ~0.26 s of CPU.
+_LAZY: dict[str, str] = {
+    "RTLCostModel": "layerpipe._rtl_costs",
+    "CocotbResult": "layerpipe.hdl._cocotb",
+    "SIMULATORS": "layerpipe.hdl._cocotb",
+    "available_simulators": "layerpipe.hdl._cocotb",
+    "run_cocotb": "layerpipe.hdl._cocotb",
+    "verilator_environment": "layerpipe.hdl._cocotb",
+    "HardwareLimits": "layerpipe.hdl._compiler",
+    "Program": "layerpipe.hdl._compiler",
+    "SUPPORTED_POLICIES": "layerpipe.hdl._compiler",
+    "compile_program": "layerpipe.hdl._compiler",
+    "Opcode": "layerpipe.hdl._datapath",
+    "Design": "layerpipe.hdl._flow",
+    "make_design": "layerpipe.hdl._flow",
+    "LINK_LATENCY": "layerpipe.hdl._link",
+    "MAX_DEPTH": "layerpipe.hdl._pe",
+    "MAX_DIM": "layerpipe.hdl._pe",
+    "MAX_LANES": "layerpipe.hdl._pe",
+    "PEConfig": "layerpipe.hdl._pe",
+    "PEOp": "layerpipe.hdl._pe",
+    "ProcessingElement": "layerpipe.hdl._pe",
+    "VectorAddr": "layerpipe.hdl._pe",
+    "command_layout": "layerpipe.hdl._pe",
+    "op_cycles": "layerpipe.hdl._pe",
+    "op_overhead": "layerpipe.hdl._pe",
+    "pack_matrix": "layerpipe.hdl._pe",
+    "pack_vector": "layerpipe.hdl._pe",
+    "unpack_matrix": "layerpipe.hdl._pe",
+    "unpack_vector": "layerpipe.hdl._pe",
+    "LINT_WAIVERS": "layerpipe.hdl._synth",
+    "LintResult": "layerpipe.hdl._synth",
+    "SYNTH_TARGETS": "layerpipe.hdl._synth",
+    "component_verilog": "layerpipe.hdl._synth",
+    "lint_verilog": "layerpipe.hdl._synth",
+    "synthesize": "layerpipe.hdl._synth",
+    "synthesize_design": "layerpipe.hdl._synth",
+    "Accelerator": "layerpipe.hdl._top",
+    "rtl_sim_config": "layerpipe.hdl._top",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "LINK_LATENCY",

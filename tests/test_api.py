@@ -67,6 +67,27 @@ def test_import_layerpipe_is_cheap_and_every_public_name_resolves() -> None:
         layerpipe.nope  # noqa: B018
 
 
+def test_the_cocotb_bench_imports_nothing_heavy_and_every_hdl_name_resolves() -> None:
+    """The bench is imported in every Icarus and Verilator process; `layerpipe.hdl` loads its names on first use,
+    so importing the bench (a submodule, which imports the package first) pulls in none of the RTL generator."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("amaranth")
+    pytest.importorskip("cocotb")
+    code = ("import sys, layerpipe.hdl.cocotb_accel; heavy = [m for m in ('numpy', 'networkx', 'amaranth', "
+            "'scipy', 'torch', 'layerpipe.hdl._compiler') if m in sys.modules]; print(','.join(heavy))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr
+    import layerpipe.hdl as hdl
+
+    for name in hdl.__all__:
+        assert getattr(hdl, name) is not None, name
+    assert set(hdl.__all__) <= set(dir(hdl))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hdl.nope  # noqa: B018
+
+
 def test_policy_option_classes_are_on_the_schedule_face() -> None:
     import layerpipe
     from layerpipe import schedule
