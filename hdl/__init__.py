@@ -49,12 +49,12 @@ if TYPE_CHECKING:
         LINT_WAIVERS,
         SYNTH_TARGETS,
         LintResult,
-        component_verilog,
         lint_verilog,
         synthesize,
         synthesize_design,
     )
     from layerpipe.hdl._top import Accelerator, rtl_sim_config
+    from layerpipe.hdl._verilog import component_verilog
 
 #: Public name → the module that defines it, imported on first use (PEP 562). Importing a submodule imports this
 #: package first: the cocotb bench (`layerpipe.hdl.cocotb_accel`, loaded in every simulator process) needs none of
@@ -91,12 +91,12 @@ _LAZY: dict[str, str] = {
     "LINT_WAIVERS": "layerpipe.hdl._synth",
     "LintResult": "layerpipe.hdl._synth",
     "SYNTH_TARGETS": "layerpipe.hdl._synth",
-    "component_verilog": "layerpipe.hdl._synth",
     "lint_verilog": "layerpipe.hdl._synth",
     "synthesize": "layerpipe.hdl._synth",
     "synthesize_design": "layerpipe.hdl._synth",
     "Accelerator": "layerpipe.hdl._top",
     "rtl_sim_config": "layerpipe.hdl._top",
+    "component_verilog": "layerpipe.hdl._verilog",
 }
 
 

@@ -321,12 +321,10 @@ TOPLEVEL = "layerpipe_accel"
 def export_verilog(design: Design, *, debug: bool = False) -> str:
     """The accelerator as Verilog (deterministic: no source locations); `debug` adds the cocotb bench's
     observation taps and stall injector (hdl/_top.py), never wanted on an FPGA."""
-    from amaranth.back import verilog
-
     from layerpipe.hdl._top import Accelerator
+    from layerpipe.hdl._verilog import component_verilog
 
-    return verilog.convert(Accelerator(design.program, design.lr_shift, design.host, debug=debug), name=TOPLEVEL,
-                           emit_src=False)
+    return component_verilog(Accelerator(design.program, design.lr_shift, design.host, debug=debug), TOPLEVEL)
 
 
 def run_bench(verilog_path: Path, vectors_path: Path, build_dir: Path, *, sim: str = "icarus",

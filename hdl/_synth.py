@@ -1,7 +1,5 @@
-"""Synthesis flow: deterministic Verilog export, Verilator lint, yosys `synth` / `synth_ice40` figures.
+"""Synthesis flow: Verilator lint, yosys `synth` / `synth_ice40` figures (the Verilog export is hdl/_verilog.py).
 
-- `component_verilog(component, name)`: `amaranth.back.verilog.convert(..., emit_src=False)` — no source
-  paths in the text, so the same design gives the same bytes on any machine.
 - `lint_verilog(path, top)`: `verilator --lint-only -Wall` with the waivers of `LINT_WAIVERS` (each is a
   property of the code generator, not of the design; every other warning fails the lint).
 - `synthesize(path, top, targets)`: Debian yosys, `stat -json` of the elaborated design (memory bits,
@@ -14,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amaranth.back import verilog
-from amaranth.lib import wiring
-
 from layerpipe.errors import InputError
 from layerpipe.hdl._cocotb import verilator_environment
 
-__all__ = ["AREA_PART", "LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "component_verilog", "lint_verilog",
+__all__ = ["AREA_PART", "LINT_WAIVERS", "SYNTH_TARGETS", "LintResult", "lint_verilog",
            "synthesize", "synthesize_design"]
 
 #: Verilator warnings waived for Amaranth-generated Verilog, and why each is not a design problem.
@@ -51,12 +45,6 @@ LINT_WAIVERS: Mapping[str, str] = {
 
 #: Synthesis targets: yosys `synth -flatten` (generic gates) and `synth_ice40`.
 SYNTH_TARGETS = ("generic", "ice40")
-
-
-def component_verilog(component: wiring.Component, name: str) -> str:
-    """The component's Verilog, deterministic (no `src` attributes); needs AMARANTH_USE_YOSYS=builtin."""
-    os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
-    return verilog.convert(component, name=name, emit_src=False)
 
 
 @dataclass(frozen=True)

