@@ -17,9 +17,9 @@ at every start, and numpy, scipy, networkx and amaranth together take seconds.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from layerpipe._lazy import lazy_names
 from layerpipe.errors import InputError
 
 __version__ = "0.1.0"
@@ -63,17 +63,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 
 def simulate(result: ScheduleResult, network: Network, model: CostModel, iterations: int = 8, *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from types import ModuleType
 
 import pytest
 from hypothesis import given
@@ -50,42 +51,37 @@ def test_positive_float_names_the_field_on_text() -> None:
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
-def test_import_layerpipe_is_cheap_and_every_public_name_resolves() -> None:
+def _assert_lazy_face(imported: str, heavy: tuple[str, ...], package: ModuleType) -> None:
+    """Importing `imported` in a fresh interpreter loads none of `heavy`; every name of `package.__all__` resolves
+    and is in its dir(); an unknown name is an AttributeError naming it."""
     import subprocess
     import sys
 
-    code = ("import sys, layerpipe; heavy = [m for m in ('numpy', 'scipy', 'networkx', 'amaranth', 'torch', 'yaml') "
-            "if m in sys.modules]; print(','.join(heavy))")
+    code = f"import sys, {imported}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr
+    for name in package.__all__:
+        assert getattr(package, name) is not None, name
+    assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        package.nope  # noqa: B018
+
+
+def test_import_layerpipe_is_cheap_and_every_public_name_resolves() -> None:
     import layerpipe
 
-    for name in layerpipe.__all__:
-        assert getattr(layerpipe, name) is not None, name
-    assert set(layerpipe.__all__) <= set(dir(layerpipe))
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        layerpipe.nope  # noqa: B018
+    _assert_lazy_face("layerpipe", ("numpy", "scipy", "networkx", "amaranth", "torch", "yaml"), layerpipe)
 
 
 def test_the_cocotb_bench_imports_nothing_heavy_and_every_hdl_name_resolves() -> None:
     """The bench is imported in every Icarus and Verilator process; `layerpipe.hdl` loads its names on first use,
     so importing the bench (a submodule, which imports the package first) pulls in none of the RTL generator."""
-    import subprocess
-    import sys
-
     pytest.importorskip("amaranth")
     pytest.importorskip("cocotb")
-    code = ("import sys, layerpipe.hdl.cocotb_accel; heavy = [m for m in ('numpy', 'networkx', 'amaranth', "
-            "'scipy', 'torch', 'layerpipe.hdl._compiler') if m in sys.modules]; print(','.join(heavy))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr
-    import layerpipe.hdl as hdl
+    import layerpipe.hdl
 
-    for name in hdl.__all__:
-        assert getattr(hdl, name) is not None, name
-    assert set(hdl.__all__) <= set(dir(hdl))
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        hdl.nope  # noqa: B018
+    _assert_lazy_face("layerpipe.hdl.cocotb_accel", ("numpy", "networkx", "amaranth", "scipy", "torch",
+                                                     "layerpipe.hdl._compiler"), layerpipe.hdl)
 
 
 def test_policy_option_classes_are_on_the_schedule_face() -> None:
