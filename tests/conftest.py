@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING
 
 import pytest
@@ -237,3 +237,50 @@ def cached_schedule(name: str, network: Network, num_procs: int, model: CostMode
         pickle.dump(result, f, protocol=5)
     os.replace(partial, path)  # whole or absent: a worker reading it never sees a partial pickle
     return result
+
+
+def cached_verilog(design: object, *, debug: bool = False) -> str:
+    """`layerpipe.hdl._flow.export_verilog(design, debug=debug)`, computed once per test run and shared by every
+    test and xdist worker of the run, like `cached_schedule`: the text is a pure function of the design's program,
+    learning-rate shift and host configuration (what `Accelerator` is built from) and `debug`, and those pickle
+    to equal bytes exactly when they are equal. For tests whose Verilog is an input of the check (a simulation, a
+    lint, a synthesis), never for one that checks the export itself (determinism, errors)."""
+    import layerpipe.hdl._flow as flow
+
+    export = _REAL_EXPORT or flow.export_verilog
+    folder = os.environ.get(SCHEDULE_CACHE_ENV)
+    if not folder or not os.path.isdir(folder):
+        return export(design, debug=debug)
+    key = pickle.dumps((design.program, design.lr_shift, design.host, debug), protocol=5)  # type: ignore[attr-defined]
+    path = os.path.join(folder, hashlib.sha256(key).hexdigest() + ".v")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass
+    verilog = export(design, debug=debug)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(verilog)
+    os.replace(partial, path)
+    return verilog
+
+
+#: The real exporter while `shared_verilog` has replaced it (so `cached_verilog` never calls itself).
+_REAL_EXPORT: Callable[..., str] | None = None
+
+
+@pytest.fixture
+def shared_verilog(monkeypatch: pytest.MonkeyPatch) -> Generator[None]:
+    """Every `export_verilog` of the test — its own and the library's (`verify_design`, the report's RTL jobs) —
+    goes through `cached_verilog`: the suite exports some designs in several tests (a lint and a simulation of
+    one design, the report's designs and their synthesis check)."""
+    global _REAL_EXPORT
+    import layerpipe.hdl._flow as flow
+
+    _REAL_EXPORT = flow.export_verilog
+    monkeypatch.setattr(flow, "export_verilog", cached_verilog)
+    try:
+        yield
+    finally:
+        _REAL_EXPORT = None

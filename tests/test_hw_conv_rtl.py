@@ -75,7 +75,7 @@ def test_conv_shapes_icarus(tmp_path: Path, channels: int, size: int, out: int, 
 
 @needs_icarus
 @pytest.mark.slow
-def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path) -> None:
+def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path, shared_verilog: None) -> None:
     """layerpipe on 3 PEs × 4 lanes puts pool1's F and E apart here: the argmax mask travels over a link; B = 2;
     then a stalled run (random link and sample-stream stalls) stays bit-exact."""
     net = conv_net(1, 9, 2, 2, 1, 0, "max", batch=2)
@@ -127,7 +127,8 @@ def test_lenet5_full_size_on_the_harness(tmp_path: Path) -> None:
     pytest.param(lambda: load_network(str(LENET)), "pipedream", 2, 4, 1, id="lenet5-12x12",
                  marks=pytest.mark.slow),
 ])
-def test_conv_accelerator_lints_clean(network: object, policy: str, pes: int, lanes: int, batch: int) -> None:
+def test_conv_accelerator_lints_clean(network: object, policy: str, pes: int, lanes: int, batch: int,
+                                     shared_verilog: None) -> None:
     """Verilator -Wall with the project's per-line idioms only (hdl/_lint.py): the window engine adds no
     warning that is not one of them."""
     from layerpipe.hdl._flow import TOPLEVEL, export_verilog

