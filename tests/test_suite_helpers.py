@@ -117,6 +117,7 @@ def test_cached_schedule_is_make_schedule_once_per_run(tmp_path: Path, monkeypat
     assert len(calls) == 2 and len(list(tmp_path.glob("*.pickle"))) == 3
 
 
+@pytest.mark.slow  # five exports of a small design: ~3 s of CPU
 def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same text as `export_verilog`; computed once per (design inputs, debug) — an equal design made again
     is a hit, another T or the debug top is another entry; through `shared_verilog` the library's own calls hit
