@@ -239,15 +239,16 @@ def cached_schedule(name: str, network: Network, num_procs: int, model: CostMode
     return result
 
 
-def cached_verilog(design: object, *, debug: bool = False) -> str:
+def cached_verilog(design: object, *, debug: bool = False, export: Callable[..., str] | None = None) -> str:
     """`layerpipe.hdl._flow.export_verilog(design, debug=debug)`, computed once per test run and shared by every
     test and xdist worker of the run, like `cached_schedule`: the text is a pure function of the design's program,
     learning-rate shift and host configuration (what `Accelerator` is built from) and `debug`, and those pickle
     to equal bytes exactly when they are equal. For tests whose Verilog is an input of the check (a simulation, a
-    lint, a synthesis), never for one that checks the export itself (determinism, errors)."""
+    lint, a synthesis), never for one that checks the export itself (determinism, errors). `export` computes a
+    miss (default: `export_verilog` as it is now)."""
     import layerpipe.hdl._flow as flow
 
-    export = _REAL_EXPORT or flow.export_verilog
+    export = export or flow.export_verilog
     folder = os.environ.get(SCHEDULE_CACHE_ENV)
     if not folder or not os.path.isdir(folder):
         return export(design, debug=debug)
@@ -266,21 +267,13 @@ def cached_verilog(design: object, *, debug: bool = False) -> str:
     return verilog
 
 
-#: The real exporter while `shared_verilog` has replaced it (so `cached_verilog` never calls itself).
-_REAL_EXPORT: Callable[..., str] | None = None
-
-
 @pytest.fixture
-def shared_verilog(monkeypatch: pytest.MonkeyPatch) -> Generator[None]:
+def shared_verilog(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every `export_verilog` of the test — its own and the library's (`verify_design`, the report's RTL jobs) —
     goes through `cached_verilog`: the suite exports some designs in several tests (a lint and a simulation of
     one design, the report's designs and their synthesis check)."""
-    global _REAL_EXPORT
+    import functools
+
     import layerpipe.hdl._flow as flow
 
-    _REAL_EXPORT = flow.export_verilog
-    monkeypatch.setattr(flow, "export_verilog", cached_verilog)
-    try:
-        yield
-    finally:
-        _REAL_EXPORT = None
+    monkeypatch.setattr(flow, "export_verilog", functools.partial(cached_verilog, export=flow.export_verilog))

@@ -219,29 +219,17 @@ def test_simulate_survives_sigkill(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rtl_survives_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Verilog of both runs' designs is exported for real once, in this process, and memoized (a pure function
-    of the design: ~1 s of amaranth and yosys per run); each forked child then runs the real command — scheduling,
-    compiling, the staged folder — so the kills land across the part where files are written and swapped."""
+def test_rtl_survives_sigkill(tmp_path: Path, shared_verilog: None) -> None:
+    """The Verilog of both runs' designs is exported for real once, in this process, and shared through the run's
+    cache (`tests.conftest.cached_verilog`: a pure function of the design, ~1 s of amaranth and yosys per run); each
+    forked child then runs the real command — scheduling, compiling, the staged folder — so the kills land across
+    the part where files are written and swapped."""
     pytest.importorskip("amaranth")
-    import layerpipe.hdl._flow as flow
-
-    exported: dict[tuple[object, ...], str] = {}
-    export_verilog = flow.export_verilog
-
-    def export_once(design: flow.Design, *, debug: bool = False) -> str:
-        key = (design.program.to_text(), design.lr_shift, design.host, debug)
-        if key not in exported:
-            exported[key] = export_verilog(design, debug=debug)
-        return exported[key]
-
-    monkeypatch.setattr(flow, "export_verilog", export_once)
     out = tmp_path / "rtl"
     base = ["rtl", "mlp:8-6-4", "--policy", "layerpipe", "-n", "2", "--lanes", "4", "--no-synth", "--out", str(out)]
     runs = (lambda: main([*base, "--samples", "8"]), lambda: main([*base, "--samples", "16"]))
-    for run in runs:  # in this process: the memo the children inherit
+    for run in runs:  # in this process: the cached Verilog the children read
         assert run() == 0
-    assert len(exported) == 2
     _folder_kills(tmp_path, runs, out, seed=2)
 
 

@@ -4,6 +4,7 @@ computed once per run."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -141,9 +142,11 @@ def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypat
     assert conftest.cached_verilog(design, debug=True) != text and calls == [False, True]
     conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 8))
     assert calls == [False, True, False] and len(list(tmp_path.glob("*.v"))) == 3 and not list(tmp_path.glob("*.tmp"))
-    monkeypatch.setattr(conftest, "_REAL_EXPORT", counting)  # as `shared_verilog` installs it
-    monkeypatch.setattr(flow, "export_verilog", conftest.cached_verilog)
+    # as `shared_verilog` installs it: the library's own calls read the cache, a miss goes to `export`
+    monkeypatch.setattr(flow, "export_verilog", functools.partial(conftest.cached_verilog, export=counting))
     assert flow.export_verilog(design) == text and calls == [False, True, False]
+    flow.export_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 6))
+    assert calls == [False, True, False, False] and len(list(tmp_path.glob("*.v"))) == 4
 
 
 def test_cached_schedule_does_not_cache_errors_or_run_without_its_folder(tmp_path: Path,
