@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -134,15 +134,6 @@ SHAPES: dict[str, SyncShape] = {
     "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.dualpipev(p, m, k)),
     "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.looped_bfs(p, m, _virtual(o), k)),
 }
-
-
-class StageCost(NamedTuple):
-    """Cycles of one stage's work: per micro-batch F, I (input gradient), W (weight gradient); per step U."""
-
-    forward: int
-    input_grad: int
-    weight_grad: int
-    update: int = 0
 
 
 # ------------------------------------------------------------------------------------------------ timing
