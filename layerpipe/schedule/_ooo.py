@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from layerpipe.costs import CostModel
-from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
+from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
@@ -60,6 +60,7 @@ from layerpipe.schedule._sync_policies import (
     contiguous_stages,
     layer_step_work,
     synchronous_result,
+    training_graph,
 )
 
 #: Largest number of group sizes `group_size=None` tries (each one list-scheduled order).
@@ -112,7 +113,7 @@ def stage_costs(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[S
 
 def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions,
                  interconnect: Interconnect = SHARED) -> ScheduleResult:
-    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    graph = training_graph(network)
     m = options.microbatches or 2 * min(num_procs, len(network))
     layouts: list[tuple[int | None, list[list[int]]]] = []
     if options.allocation != "contiguous":

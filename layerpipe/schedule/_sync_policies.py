@@ -47,6 +47,7 @@ from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._engine import compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._task_table import memo
 from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
@@ -199,6 +200,50 @@ def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, in
     return timed_step(run, interconnect)
 
 
+# ------------------------------------------------------------------------------------------------- memos
+
+#: `training_graph`'s graphs by network value; the oldest dropped past the cap.
+_GRAPHS: dict[tuple[object, ...], TrainingGraph] = memo({})
+_GRAPHS_KEPT = 8
+#: `partition_contiguous`'s runs by (per-layer work, count): gpipe, 1f1b, zb-h1 and ooo's contiguous layout cut
+#: the same network into the same stages at one N.
+_RUNS: dict[tuple[tuple[int, ...], int], list[list[int]]] = memo({})
+_RUNS_KEPT = 64
+
+
+def training_graph(network: Network) -> TrainingGraph:
+    """`build_training_graph(network, GraphOptions(intra=True, inter=True))`, the graph of every synchronous
+    policy and ooo, memoised on the network's value (a sweep loads the same network for every point; the
+    graph is a pure function of it). A hit on another, equal `Network` object gives the graph of that object
+    (`graph.network is network`, which the simulator checks to reuse the graph) with the caches already filled
+    (costs per model, successors, topological order): what a fresh build would compute, computed once."""
+    key = (network, _origins(network))
+    found = _GRAPHS.get(key)
+    if found is not None and found.network is network:
+        return found
+    if found is None:
+        graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    else:
+        graph = replace(found, network=network)  # a new object: its caches start empty, so carry them over
+        graph._costs.update(found._costs)
+        graph.__dict__.update({k: v for k, v in found.__dict__.items() if k not in graph.__dict__})
+    _GRAPHS.pop(key, None)
+    if len(_GRAPHS) >= _GRAPHS_KEPT:
+        _GRAPHS.pop(next(iter(_GRAPHS)))
+    _GRAPHS[key] = graph
+    return graph
+
+
+def _origins(network: Network) -> tuple[object, ...]:
+    """Where `network` was derived from, all the way down (`Network` equality leaves its origin out)."""
+    chain: list[object] = []
+    origin = network.origin
+    while origin is not None:
+        chain.append(origin)
+        origin = origin.source.origin
+    return tuple(chain)
+
+
 # ----------------------------------------------------------------------------------------------- results
 
 
@@ -207,7 +252,12 @@ def contiguous_stages(network: Network, graph: TrainingGraph, model: CostModel, 
     """`count` contiguous stages of `network`'s layers, balanced on per-step work m·(F + A + E + G) + U."""
     per_layer = layer_step_work(graph, model, microbatches)
     layers = [layer.index for layer in network.layers]
-    runs = partition_contiguous([per_layer[i] for i in layers], count)
+    key = (tuple(per_layer[i] for i in layers), count)
+    runs = _RUNS.get(key)
+    if runs is None:
+        if len(_RUNS) >= _RUNS_KEPT:
+            _RUNS.pop(next(iter(_RUNS)))
+        runs = _RUNS[key] = partition_contiguous(list(key[0]), count)
     return [[layers[i] for i in run] for run in runs]
 
 
@@ -272,7 +322,7 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     _check_step_size(policy, procs * chunks, m)
     if policy == "dualpipev" and m < 2 * procs:  # fail before timing, with the generator's message
         _stage_programs.dualpipev(procs, m)
-    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    graph = training_graph(network)
     stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
     return synchronous_result(policy, options, network, graph, num_procs, model, interconnect, stage_layers,
