@@ -51,7 +51,6 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule import _stage_programs
 from layerpipe.schedule._deps import StageInfo
-from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._ooo_order import StageCost, makespan_bound, ooo_order
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stage_programs import StageOp
@@ -143,10 +142,16 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
     planned.sort(key=lambda plan: (plan[0], plan[1]))
     timed = planned[:MAX_TIMED_LAYOUTS] + [plan for plan in planned[MAX_TIMED_LAYOUTS:] if plan[2] is None]
     best: ScheduleResult | None = None
+    seen: list[list[list[int]]] = []
     for _, _, g, stage_layers, rows in timed:
         if best is not None and busiest(stage_layers) >= best.metrics.period_cycles:
             continue
-        result = _with_stages(network, graph, num_procs, model, options, interconnect, g, stage_layers, m, rows)
+        chosen = _layout_options(options, g)  # first: it refuses what it refuses even for a layout skipped below
+        if stage_layers in seen:  # the same stages as a layout timed already (N ≥ L: g = 1 is the contiguous
+            continue  # cut): the same order and step, which cannot beat that one's
+        seen.append(stage_layers)
+        result = _with_stages(network, graph, num_procs, model, chosen, options, interconnect, g, stage_layers, m,
+                              rows)
         if best is None or result.metrics.period_cycles < best.metrics.period_cycles:
             best = result
     assert best is not None
@@ -185,23 +190,25 @@ def _plan_layouts(graph: TrainingGraph, model: CostModel, layouts: list[tuple[in
     return planned
 
 
-def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: CostModel, options: OOOOptions,
-                 interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int,
+def _layout_options(options: OOOOptions, g: int | None) -> OOOOptions:
+    """The options a result of layout g (None: contiguous) reports: its allocation and group size."""
+    if g is None:
+        return replace(options, allocation="contiguous")
+    return replace(options, allocation="modulo", group_size=g)
+
+
+def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: CostModel, chosen: OOOOptions,
+                 options: OOOOptions, interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int,
                  rows: list[list[StageOp]]) -> ScheduleResult:
-    """OOO's order `rows` of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous."""
+    """OOO's order `rows` of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous;
+    `chosen` the layout's options (`_layout_options`), `options` the ones given."""
     procs = min(num_procs, len(stage_layers))
-
-    def build(steps: int) -> OpSchedule:
-        return _stage_programs._schedule(rows, m, steps)
-
     if g is None:
         layout = f"contiguous allocation: {len(stage_layers)} balanced stages"
-        chosen = replace(options, allocation="contiguous")
     else:
         layout = f"modulo allocation: {len(stage_layers)} groups of {g} layers"
-        chosen = replace(options, allocation="modulo", group_size=g)
     picked = " (the fastest layout timed)" if options.allocation == "auto" or options.group_size is None else ""
     notes = (f"{layout}{picked} on {procs} of {num_procs} processors, {m} micro-batches per step"
              + (", push: at most N in flight" if options.push else ""),)
     return synchronous_result("ooo", chosen, network, graph, num_procs, model, interconnect, stage_layers,
-                              build, m, notes)
+                              _stage_programs._schedule(rows, m, 1), m, notes)

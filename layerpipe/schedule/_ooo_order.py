@@ -43,6 +43,8 @@ from layerpipe.schedule._stage_programs import StageOp
 
 KINDS = ("F", "I", "W")
 F, I, W = 0, 1, 2
+#: A processor's next op when it has none: after every real candidate.
+IDLE: tuple[float, int, int, int, int] = (float("inf"), 0, 0, 0, 0)
 
 
 class StageCost(NamedTuple):
@@ -165,8 +167,8 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
             heappush(future[p], (r, priority, c, t, version[c]))
         return p
 
-    def best(p: int) -> tuple[int, int, int, int, int] | None:
-        """(start, priority, p, c, t) of processor p's next op, or None when it has no candidate."""
+    def best(p: int) -> tuple[float, int, int, int, int]:
+        """(start, priority, p, c, t) of processor p's next op (`IDLE` when it has no candidate)."""
         a = avail[p]
         while a and a[0][3] != version[a[0][1]]:
             heappop(a)
@@ -179,17 +181,19 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
         if f:
             r, priority, c, t, _ = f[0]
             return (r, priority, p, c, t)
-        return None
+        return IDLE
 
     for s in range(count):
         for kind in (F, I, W):
             post(kind, s)
     best_of = [best(p) for p in range(n)]
+    most_left = max(left)  # an upper bound on max(left), refreshed when the cutoff test needs it
     for _ in range(3 * m * count):
-        chosen = min((b for b in best_of if b is not None), default=None)
-        if chosen is None:
+        chosen = min(best_of)
+        if chosen is IDLE:
             raise AssertionError("ooo list simulation: no op is ready (a dependency cycle)")
         start, _, here, c, t = chosen
+        assert isinstance(start, int)
         s, kind = divmod(c, 3)
         at = s * m + t
         if kind == F:
@@ -203,8 +207,15 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
             end_w[at] = start + took
         free[here] = start + took
         left[here] -= took
-        if cutoff is not None and free[here] + left[here] > cutoff:
-            return None
+        if cutoff is not None:
+            # No later op starts before `start` (placements are in the order of their starts) and a processor
+            # runs its ops one at a time after its free time: the makespan is at least these.
+            if free[here] + left[here] > cutoff:
+                return None
+            if start + most_left > cutoff:
+                most_left = max(left)
+                if start + most_left > cutoff:
+                    return None
         rows[here].append((KINDS[kind], s, t))
         nxt[kind][s] += 1
         dirty = {here, post(kind, s)}  # the next op of this kind and stage, and every consumer of the op

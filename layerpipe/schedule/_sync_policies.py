@@ -112,9 +112,9 @@ class SyncShape:
     build: Callable[[int, int, object, int], OpSchedule]  # (processors, microbatches, options, steps)
     default_microbatches: Callable[[int], int] = lambda p: 2 * p
 
-    def generate(self, procs: int, microbatches: int, options: object) -> OpSchedule:
-        """`TIMED_STEPS` steps of the policy's order."""
-        return self.build(procs, microbatches, options, TIMED_STEPS)
+    def generate(self, procs: int, microbatches: int, options: object, steps: int = TIMED_STEPS) -> OpSchedule:
+        """`steps` steps of the policy's order (`TIMED_STEPS` unless given)."""
+        return self.build(procs, microbatches, options, steps)
 
 
 def _virtual(o: object) -> int:
@@ -272,18 +272,18 @@ def layer_step_work(graph: TrainingGraph, model: CostModel, microbatches: int) -
 def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | OOOOptions, network: Network,
                        graph: TrainingGraph, num_procs: int,
                        model: CostModel, interconnect: Interconnect, stage_layers: Sequence[Sequence[int]],
-                       build: Callable[[int], OpSchedule], microbatches: int, notes: Sequence[str]
+                       step_order: OpSchedule, microbatches: int, notes: Sequence[str]
                        ) -> ScheduleResult:
-    """Time `build`'s order of `stage_layers` on `interconnect` and measure it (shared by every synchronous
-    policy). `build(steps)` gives `steps` steps on at most `num_procs` processors."""
+    """Time the one-step order `step_order` of `stage_layers` (at most `num_procs` processors, made by a generator
+    of `_stage_programs`) on `interconnect` and measure it (shared by every synchronous policy)."""
     m = microbatches
     stages = StageInfo.of_network(graph, stage_layers)
+    one_step = _pad(step_order, num_procs)
 
     def padded(steps: int) -> OpSchedule:
-        return _pad(build(steps), num_procs)
+        return one_step if steps == 1 else _stage_programs.repeat_step(one_step, steps)
 
     step, settled = network_step(padded, graph, stages, model, interconnect)
-    one_step = padded(1)
     costs = graph.costs(model)
     work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
     bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
@@ -326,7 +326,7 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
     return synchronous_result(policy, options, network, graph, num_procs, model, interconnect, stage_layers,
-                              lambda steps: shape.build(procs, m, options, steps), m, notes)
+                              shape.generate(procs, m, options, 1), m, notes)
 
 
 def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
@@ -365,10 +365,10 @@ def schedule_stages(policy: str, num_procs: int, options: object,
     if min(f, i) < 1 or w < 0:
         raise InputError(f"stage costs F,B,W must have F, B >= 1 and W >= 0, got {f},{i},{w}")
     _check_step_size(policy, num_procs * chunks, m)
-    one_step = shape.build(num_procs, m, options, 1)
+    one_step = shape.generate(num_procs, m, options, 1)
     stages = StageInfo(num_procs * chunks)
-    step, settled = stage_step(lambda k: shape.build(num_procs, m, options, k), [(f, i, w)] * stages.num_stages,
-                               interconnect)
+    step, settled = stage_step(lambda k: one_step if k == 1 else _stage_programs.repeat_step(one_step, k),
+                               [(f, i, w)] * stages.num_stages, interconnect)
     work = m * (f + i + w) * stages.num_stages
     metrics = ScheduleMetrics(
         cycles_per_sample=step / m,
