@@ -288,7 +288,8 @@ def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | 
     work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
     bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
     proc_of_stage = _stage_processors(one_step)
-    placement = {t: proc_of_stage[s] for s, run in enumerate(stage_layers) for t in graph.tasks if t.layer in run}
+    proc_of_layer = {layer: proc_of_stage[s] for s, run in enumerate(stage_layers) for layer in run}
+    placement = {t: proc_of_layer[t.layer] for t in graph.tasks}
     batch = network.batch
     metrics = ScheduleMetrics(
         cycles_per_sample=step / (m * batch),
