@@ -28,12 +28,14 @@ How the order is made: a list simulation over the stage ops with the stage costs
 the cost model and the uncontended transfer time of the activation or error words on the given
 interconnect (`Interconnect.transfer_cycles`); at each decision the processor takes, among its ready ops,
 first an I (or the W that gates a ready I), then an F (earliest stage, then micro-batch), then the oldest W;
-idle when nothing is ready. The order is then timed like every synchronous policy, by the simulator on the
-interconnect (`_sync_policies.synchronous_result`). `allocation="auto"` (the default) orders modulo allocation
-with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the simulator time the
-MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one, and keeps the
-fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults to 1. The
-micro-batches per step default to gpipe's, 2·min(N, L), so the two compare step for step as the paper does.
+idle when nothing is ready (`_ooo_order.py`; layouts whose estimate provably cannot be among the best are
+not simulated to the end, `_plan_layouts`). The order is then timed like every synchronous policy, by the
+simulator on the interconnect (`_sync_policies.synchronous_result`). `allocation="auto"` (the default)
+orders modulo allocation with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the
+simulator time the MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one,
+and keeps the fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults
+to 1. The micro-batches per step default to gpipe's, 2·min(N, L), so the two compare step for step as the
+paper does.
 
 Simplifications: TensorFlow's runtime order inside a virtual layer (layer by layer) is ours only at stage
 granularity; the paper's GPU-stream overlap of communication with compute is the interconnect model's.
@@ -103,11 +105,20 @@ def modulo_stages(network: Network, group_size: int) -> list[list[int]]:
 
 def stage_costs(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
     """F, I (A + E), W (G) per micro-batch and U per step of every stage."""
-    stage_of = {layer: s for s, run in enumerate(stage_layers) for layer in run}
-    out = [[0, 0, 0, 0] for _ in stage_layers]
+    return _stage_costs_of(layer_costs(graph, model), stage_layers)
+
+
+def layer_costs(graph: TrainingGraph, model: CostModel) -> dict[int, list[int]]:
+    """Per layer, its [F, I (A + E), W (G), U] cycles."""
+    out = {layer.index: [0, 0, 0, 0] for layer in graph.network.layers}
     for t, c in graph.costs(model).items():
-        out[stage_of[t.layer]][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
-    return [StageCost(*row) for row in out]
+        out[t.layer][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
+    return out
+
+
+def _stage_costs_of(per_layer: dict[int, list[int]], stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
+    return [StageCost(*(sum(part) for part in zip(*(per_layer[layer] for layer in run), strict=True)))
+            for run in stage_layers]
 
 
 def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions,
@@ -169,20 +180,20 @@ def _plan_layouts(graph: TrainingGraph, model: CostModel, layouts: list[tuple[in
     known, a layout whose bound exceeds the last of them is not simulated, nor finished once its simulation
     shows it would exceed it (`cutoff`): it could not be picked.
     """
+    per_layer = layer_costs(graph, model)
     prepared = []
     for k, (g, stage_layers) in enumerate(layouts):
-        stages = StageInfo.of_network(graph, stage_layers)
-        costs = stage_costs(graph, model, stage_layers)
+        costs = _stage_costs_of(per_layer, stage_layers)
         procs = min(num_procs, len(stage_layers))
-        bound = makespan_bound(costs, procs, m, stages, interconnect)
-        prepared.append((g is not None, bound, k, g, stage_layers, stages, costs, procs))
+        prepared.append((g is not None, makespan_bound(costs, procs, m), k, g, stage_layers, costs, procs))
     prepared.sort(key=lambda item: item[:3])  # the contiguous layout first: it is needed anyway
     planned: list[tuple[int, int, int | None, list[list[int]], list[list[StageOp]]]] = []
-    for modulo, bound, k, g, stage_layers, stages, costs, procs in prepared:
+    for modulo, bound, k, g, stage_layers, costs, procs in prepared:
         known = sorted(plan[:2] for plan in planned)
         cutoff = known[MAX_TIMED_LAYOUTS - 1][0] if modulo and len(known) >= MAX_TIMED_LAYOUTS else None
         if cutoff is not None and bound > cutoff:
             break  # so is every later bound
+        stages = StageInfo.of_network(graph, stage_layers)
         made = ooo_order(costs, procs, m, push, stages, interconnect, cutoff)
         if made is not None:
             rows, estimate = made

@@ -64,17 +64,15 @@ def processor_loads(costs: Sequence[StageCost], num_procs: int, microbatches: in
     return load
 
 
-def makespan_bound(costs: Sequence[StageCost], num_procs: int, microbatches: int, stages: StageInfo,
-                   interconnect: Interconnect) -> int:
+def makespan_bound(costs: Sequence[StageCost], num_procs: int, microbatches: int) -> int:
     """A lower bound on `ooo_order`'s makespan: every op of processor p needs the first forward to reach p's
-    first stage p (the forwards of stages 0 .. p − 1 and their transfers, uncontended as in the list
-    simulation), and then p runs its ops one at a time."""
+    first stage p (at least the forwards of stages 0 .. p − 1: their transfers, never negative, are left out),
+    and then p runs its ops one at a time."""
     load = processor_loads(costs, num_procs, microbatches)
-    into_f = _forward_transfers(num_procs, stages, interconnect)
     reach, bound = 0, 0
     for p in range(num_procs):
         if p:
-            reach += costs[p - 1].forward + into_f[p]
+            reach += costs[p - 1].forward
         bound = max(bound, reach + load[p])
     return bound
 
