@@ -142,28 +142,37 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
             return r
         return end_i[at] if s < last else end_i[s * m + m - 1]
 
-    def post(kind: int, s: int) -> int:
-        """(Re)place the candidate of (kind, s) in its processor's heaps; returns the processor."""
+    posted: list[tuple[int, int, int] | None] = [None] * (3 * count)  # (t, ready, priority) of the live entry
+    dirty: set[int] = set()  # processors whose best candidate may have changed
+
+    def post(kind: int, s: int) -> None:
+        """(Re)place the candidate of (kind, s) in its processor's heaps, unless its entry there is the same."""
         c = 3 * s + kind
-        version[c] += 1
-        p = proc[s]
         t = nxt[kind][s]
-        if t >= m:
-            return p
-        r = ready(kind, s, t)
+        r = ready(kind, s, t) if t < m else -1
         if r < 0:
-            return p
+            if posted[c] is not None:
+                version[c] += 1  # drops the entry
+                posted[c] = None
+                dirty.add(proc[s])
+            return
         if kind == F:
             priority = span * span + s * span + t
         elif kind == I or (s < last and nxt[I][s] == t + 1 and t + 1 < m and end_i[(s + 1) * m + t + 1] >= 0):
             priority = t * span + count - s  # an I, or the W that gates a ready I: (0, t, −s)
         else:
             priority = 2 * span * span + t * span + s
+        entry = (t, r, priority)
+        if posted[c] == entry:
+            return
+        posted[c] = entry
+        version[c] += 1
+        p = proc[s]
+        dirty.add(p)
         if r <= free[p]:
             heappush(avail[p], (priority, c, t, version[c]))
         else:
             heappush(future[p], (r, priority, c, t, version[c]))
-        return p
 
     def best(p: int) -> tuple[float, int, int, int, int]:
         """(start, priority, p, c, t) of processor p's next op (`IDLE` when it has no candidate)."""
@@ -216,20 +225,22 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
                     return None
         rows[here].append((KINDS[kind], s, t))
         nxt[kind][s] += 1
-        dirty = {here, post(kind, s)}  # the next op of this kind and stage, and every consumer of the op
+        dirty.clear()
+        dirty.add(here)
+        post(kind, s)  # the next op of this kind and stage, and every consumer of the op
         if kind == F:
-            dirty.add(post(I, s))
+            post(I, s)
             if s < last:
-                dirty.add(post(F, s + 1))
+                post(F, s + 1)
         elif kind == I:
-            dirty.add(post(W, s))
+            post(W, s)
             if s:
-                dirty.add(post(I, s - 1))
-                dirty.add(post(W, s - 1))  # W_{s−1}'s gate looks at I_s's progress
+                post(I, s - 1)
+                post(W, s - 1)  # W_{s−1}'s gate looks at I_s's progress
         else:
-            dirty.add(post(I, s))
+            post(I, s)
             if push and s == 0:
-                dirty.add(post(F, 0))
+                post(F, 0)
         f = future[here]
         while f and f[0][0] <= free[here]:  # the processor's new free time reached these: they start at it now
             _, priority, c, t, v = heappop(f)
