@@ -26,9 +26,13 @@ candidates share a priority (an I and a W of one stage with the same micro-batch
 with the W's gate open), so (start, priority, processor) orders every candidate totally; priorities are
 packed into one int.
 
-`cutoff`: the caller's bound. A processor's ops run one at a time after its free time, so free + the work it
-has left is a lower bound on the makespan; once that exceeds `cutoff` the simulation stops and returns None
-(the caller needs only makespans up to `cutoff`, see `_ooo.schedule_ooo`).
+A placement that leaves a candidate's (micro-batch, ready, priority) as it was keeps its entry.
+
+`cutoff`: the caller's bound. Ops are placed in the order of their starts (a candidate a placement makes
+ready waits for the op placed, or is on its processor, now free later), and a processor runs its ops one at a
+time, so both free + the work it has left and the current start + any processor's work left are lower bounds
+on the makespan; once one exceeds `cutoff` the simulation stops and returns None (the caller needs only
+makespans up to `cutoff`, see `_ooo._plan_layouts`).
 """
 
 from __future__ import annotations
