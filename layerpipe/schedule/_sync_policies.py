@@ -202,8 +202,28 @@ def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, in
 
 # ------------------------------------------------------------------------------------------------- memos
 
+class NetworkKey:
+    """A network as a memo key: equal when the networks are equal values with the same origins (`Network`
+    equality leaves the origin out), hashed on a few cheap fields (a full `Network` hash walks every layer, at
+    every lookup; equal keys still compare whole)."""
+
+    __slots__ = ("_hash", "network", "origins")
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        self.origins = _origins(network)
+        self._hash = hash((network.name, network.batch, network.input_shape, len(network.layers)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NetworkKey) and self._hash == other._hash and (
+            self.network is other.network or (self.network == other.network and self.origins == other.origins))
+
+
 #: `training_graph`'s graphs by network value; the oldest dropped past the cap.
-_GRAPHS: dict[tuple[object, ...], TrainingGraph] = memo({})
+_GRAPHS: dict[NetworkKey, TrainingGraph] = memo({})
 _GRAPHS_KEPT = 8
 #: `partition_contiguous`'s runs by (per-layer work, count): gpipe, 1f1b, zb-h1 and ooo's contiguous layout cut
 #: the same network into the same stages at one N.
@@ -217,20 +237,19 @@ def training_graph(network: Network) -> TrainingGraph:
     graph is a pure function of it). A hit on another, equal `Network` object gives the graph of that object
     (`graph.network is network`, which the simulator checks to reuse the graph) with the caches already filled
     (costs per model, successors, topological order): what a fresh build would compute, computed once."""
-    key = (network, _origins(network))
+    key = NetworkKey(network)
     found = _GRAPHS.get(key)
     if found is not None and found.network is network:
         return found
     if found is None:
         graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+        if len(_GRAPHS) >= _GRAPHS_KEPT:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
     else:
         graph = replace(found, network=network)  # a new object: its caches start empty, so carry them over
         graph._costs.update(found._costs)
         graph.__dict__.update({k: v for k, v in found.__dict__.items() if k not in graph.__dict__})
-    _GRAPHS.pop(key, None)
-    if len(_GRAPHS) >= _GRAPHS_KEPT:
-        _GRAPHS.pop(next(iter(_GRAPHS)))
-    _GRAPHS[key] = graph
+    _GRAPHS[key] = graph  # the latest object, with every cache filled so far
     return graph
 
 

@@ -39,7 +39,13 @@ from layerpipe.schedule._pipedream import (
 )
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._streams import StreamOOOOptions, StreamOptions, schedule_stream, schedule_stream_ooo
-from layerpipe.schedule._sync_policies import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
+from layerpipe.schedule._sync_policies import (
+    InterleavedOptions,
+    NetworkKey,
+    SyncOptions,
+    ZBH1Options,
+    schedule_synchronous,
+)
 from layerpipe.schedule._task_table import memo
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
@@ -115,20 +121,21 @@ STREAM_ENGINE_POLICIES: tuple[str, ...] = ("dp", "dp-ooo", "stream", "stream-ooo
 
 
 #: `_has_work` by (cost model, network value): a sweep asks it of every point; the oldest dropped past the cap.
-_HAS_WORK: dict[tuple[object, Network], bool] = memo({})
+_HAS_WORK: dict[tuple[object, NetworkKey], bool] = memo({})
 _HAS_WORK_KEPT = 64
 
 
 def _has_work(model: CostModel, network: Network) -> bool:
     """Does some task of `network` cost cycles under `model`? (Memoised: a pure function of two values.)"""
+    key = (model, NetworkKey(network))
     try:
-        known = _HAS_WORK.get((model, network))
+        known = _HAS_WORK.get(key)
     except TypeError:  # a model that is not hashable is not remembered
         return any(network_costs(model, network).values())
     if known is None:
         if len(_HAS_WORK) >= _HAS_WORK_KEPT:
             _HAS_WORK.pop(next(iter(_HAS_WORK)))
-        known = _HAS_WORK[(model, network)] = any(network_costs(model, network).values())
+        known = _HAS_WORK[key] = any(network_costs(model, network).values())
     return known
 
 
