@@ -203,8 +203,8 @@ def _plan_layouts(graph: TrainingGraph, model: CostModel, layouts: list[tuple[in
 
 def _layout_options(options: OOOOptions, g: int | None) -> OOOOptions:
     """The options a result of layout g (None: contiguous) reports: its allocation and group size."""
-    if g is None:
-        return replace(options, allocation="contiguous")
+    if g is None:  # a given group size (-g with allocation auto) sized the modulo layout, not this one
+        return replace(options, allocation="contiguous", group_size=None)
     return replace(options, allocation="modulo", group_size=g)
 
 
