@@ -40,6 +40,8 @@ from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
+from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, replicated_timing
+from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
 from layerpipe.schedule._task_table import TaskTable
@@ -214,38 +216,61 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     table = TaskTable.of(graph, model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
-    timed = [_time(table, num_procs, placement, asap, interconnect)
-             for placement in search_space(table, num_procs, asap, options, interconnect, max_words)]
-    if max_words is not None:
-        timed = [t for t in timed if t.cost.words <= max_words]
+    ranked = _ranked(table, num_procs, search_space(table, num_procs, asap, options, interconnect, max_words),
+                     interconnect, max_words)
     k = options.max_staleness
     if k is None:
-        # The period on the interconnect first, then the words moved, then staleness.
-        best = min(timed, key=lambda t: (t.period, t.cost.words, t.timing.score()))
+        # The period on the interconnect first, then the words moved, then staleness: only the placements of
+        # the least (period, words) are timed (the first group), and none when the replicated plan beats them.
+        period, words = ranked[0][0][1].period, ranked[0][0][1].words
         replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
         if replicated is not None and (Fraction(replicated.period, replicated.table.unfold),
-                                       Fraction(replicated.words, replicated.table.unfold)) < (Fraction(best.period),
-                                                                                               Fraction(best.cost.words)):
-            laid = replicated
+                                       Fraction(replicated.words, replicated.table.unfold)) < (Fraction(period),
+                                                                                               Fraction(words)):
+            laid = replicated_timing(table, replicated.plan, num_procs, interconnect)
+            note = f"PipeDream's replicated placement, on LayerPipe's tasks: {replicated.note}"
             return periodic_result("layerpipe", options, laid.table, num_procs, laid.placement, laid.timing.start,
                                    laid.timing.lag, laid.period, laid.table.cost, interconnect=interconnect,
                                    arrival=laid.timing.arrival, base_item_costs=table.cost,
-                                   notes=(f"PipeDream's replicated placement, on LayerPipe's tasks: {laid.note}",))
+                                   notes=(note,))
+        best = min((_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in ranked[0]),
+                   key=lambda t: t.timing.score())
     else:
         # The shortest period among the candidates that meet the bound, unless list scheduling finds shorter.
-        meeting = [t for t in timed if t.timing.score()[0] <= k]
-        ceiling = min((t.period for t in meeting), default=None)
+        # The groups go by (period, words), so the first group with a candidate meeting the bound holds the
+        # shortest such period and, among its candidates that meet it, the fallback (fewest words, then score).
+        ceiling, fallback = None, None
+        for placements in ranked:
+            timed = [_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in placements]
+            meeting = [t for t in timed if t.timing.score()[0] <= k]
+            if meeting:
+                ceiling, fallback = meeting[0].period, min(meeting, key=lambda t: t.timing.score())
+                break
         group = weight_groups(table, options.keep_weights_together)
         item_costs, _ = group_items(table, group)
         found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling, interconnect, max_words)
-        best = _settle(table, _tightened(table, found or min(meeting, key=lambda t: (t.period, t.cost.words,
-                                                                                     t.timing.score())),
-                                         k, num_procs, interconnect), k, num_procs, interconnect)
+        chosen = found or fallback
+        assert chosen is not None, "_bounded finds a period whenever no candidate meets the bound"
+        best = _settle(table, _tightened(table, chosen, k, num_procs, interconnect), k, num_procs, interconnect)
     group = weight_groups(table, options.keep_weights_together)
     item_costs, _ = group_items(table, group)
     return periodic_result("layerpipe", options, table, num_procs, best.placement, best.timing.start,
                            best.timing.lag, best.period, item_costs, max_staleness=k, interconnect=interconnect,
                            arrival=best.timing.arrival)
+
+
+def _ranked(table: TaskTable, num_procs: int, placements: Sequence[list[int]], interconnect: Interconnect,
+            max_words: float | None) -> list[list[tuple[list[int], PlacementCost]]]:
+    """The placements with their costs (those within `max_words`), grouped by (period, words), the groups in
+    increasing order and each in search order: the policy ranks candidates by (period, words, staleness), so
+    the period and words — which need no timing — say which ones are worth timing. One processor moving
+    nothing is always within a bound, so there is always a group."""
+    groups: dict[tuple[int, int], list[tuple[list[int], PlacementCost]]] = {}
+    for placement in placements:
+        cost = placement_cost(table, placement, num_procs, interconnect)
+        if max_words is None or cost.words <= max_words:
+            groups.setdefault((cost.period, cost.words), []).append((placement, cost))
+    return [groups[key] for key in sorted(groups)]
 
 
 @dataclass(frozen=True)
@@ -259,8 +284,8 @@ class Candidate:
 
 
 def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence[int],
-          interconnect: Interconnect) -> Candidate:
-    cost = placement_cost(table, placement, num_procs, interconnect)
+          interconnect: Interconnect, cost: PlacementCost | None = None) -> Candidate:
+    cost = cost or placement_cost(table, placement, num_procs, interconnect)
     period = cost.period
     timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                            default_targets(table, placement, num_procs, asap), interconnect)
@@ -301,13 +326,13 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
 
 @dataclass(frozen=True)
 class ReplicatedCandidate:
-    """PipeDream's replicated plan laid out on LayerPipe's tasks (an unfolded timing), with its words moved
-    per period."""
+    """PipeDream's replicated plan laid out on LayerPipe's tasks (its unfolded table and period), with its words
+    moved per period; `replicated_timing(table, plan, ...)` times it when it wins."""
 
+    plan: Plan
     table: UnfoldedTable
-    placement: list[int]
+    placement: tuple[int, ...]
     period: int
-    timing: Timing
     words: int
     note: str
 
@@ -318,26 +343,24 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
     with LayerPipe's finer tasks on the same processors: its loads and channels are PipeDream's, so its
     period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
     (design notes §11). None when the plan has no replicas (the single-iteration search already holds it),
-    when weights must stay together and a replica set splits them, or when it moves more words than allowed."""
-    from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+    when weights must stay together and a replica set splits them, or when it moves more words than allowed.
 
+    LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table gave
+    plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual network,
+    links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks."""
     if options.keep_weights_together or not options.replication:
         return None
     pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
     costs = PlanCosts(pd_table, interconnect)
-    best = plan(costs, num_procs)
+    best = plan_stages(costs, num_procs)
     if best.unfold == 1:
         return None
-    laid = replicated_timing(table, best, num_procs, interconnect)
-    unfolded = laid.table
-    words = placement_cost(unfolded, laid.placement, num_procs, interconnect).words
-    if max_words is not None and words > max_words * unfolded.unfold:
+    laid = replicated_layout(table, best, num_procs, interconnect)
+    words = placement_cost(laid.table, laid.placement, num_procs, interconnect).words
+    if max_words is not None and words > max_words * laid.table.unfold:
         return None
-    note = f"stages x replicas {best.describe(costs.layers)}"
-    # LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table
-    # gave plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual
-    # network, links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks.
-    return ReplicatedCandidate(unfolded, laid.placement, laid.period, laid.timing, words, note)
+    return ReplicatedCandidate(best, laid.table, laid.placement, laid.period, words,
+                               f"stages x replicas {best.describe(costs.layers)}")
 
 
 def pipedream_placement(table: TaskTable, num_procs: int) -> list[int]:

@@ -357,16 +357,37 @@ _REPLICATED: dict[tuple[object, ...], Replicated] = memo({})
 _REPLICATED_KEPT = 16
 
 
-def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
-                       coalesce: int | None) -> Replicated:
-    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
-    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
-    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
-    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
-    `best_ordering`), and the lags are the minimal ones on the interconnect.
+@dataclass(frozen=True)
+class Layout:
+    """A plan's copies on their processors, before any body is timed: what fixes the period and the traffic."""
 
-    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
-    gradients, ICML'21 §3), for plans without replicas."""
+    table: UnfoldedTable
+    placement: tuple[int, ...]
+    period: int  #: the busiest processor or channel
+    stage_of: dict[int, int]  #: layer → its stage
+    replicas: dict[int, int]  #: layer → its update group (the stage's replicas, or `coalesce`)
+
+
+def replicated_layout(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect = SHARED,
+                      coalesce: int | None = None) -> Layout:
+    """The layout `replicated_timing` times (its unfolded table, placement and period), without the timing:
+    a caller that compares periods and traffic first (LayerPipe's replicated candidate) times only a winner.
+    Memoised like `replicated_timing` (the timing lays out the same plan again); `Layout` is read only."""
+    key = (table.token, table.graph, plan_, num_procs, interconnect, coalesce)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) >= _REPLICATED_KEPT:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # oldest first
+        found = _LAYOUTS[key] = _layout(table, plan_, num_procs, interconnect, coalesce)
+    return found
+
+
+#: `replicated_layout`'s memo.
+_LAYOUTS: dict[tuple[object, ...], Layout] = memo({})
+
+
+def _layout(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+            coalesce: int | None) -> Layout:
     layers = [layer.index for layer in table.graph.network.layers]
     stage_of = {layers[i]: k for k, s in enumerate(plan_.stages) for i in range(s.first, s.last + 1)}
     procs = stage_processors(plan_)
@@ -382,6 +403,22 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     for v, p in enumerate(placement):
         loads[p] += unfolded.cost[v]
     period = max(max(loads), busiest_channel(unfolded, Comm(placement, interconnect, num_procs)))
+    return Layout(unfolded, tuple(placement), period, stage_of, replicas)
+
+
+def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+                       coalesce: int | None) -> Replicated:
+    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
+    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
+    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
+    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
+    `best_ordering`), and the lags are the minimal ones on the interconnect.
+
+    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
+    gradients, ICML'21 §3), for plans without replicas."""
+    laid = replicated_layout(table, plan_, num_procs, interconnect, coalesce)
+    unfolded, period, stage_of, replicas = laid.table, laid.period, laid.stage_of, laid.replicas
+    placement = list(laid.placement)
 
     def block(v: int) -> tuple[int, int, int, int]:
         """(micro-batch of the copy within the period, block, order in block); U after its group's last B."""
