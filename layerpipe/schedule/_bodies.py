@@ -86,26 +86,50 @@ def modulo_list_schedule(
             group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
     proc = [-1] * n
     sigma = [0] * n
+    cost, preds, every = table.cost, table.preds, range(num_procs)
     for v in priority:
-        c = table.cost[v]
-        ready = max((sigma[u] + table.cost[u] for u in table.preds[v]), default=0)
+        c = cost[v]
+        ready = 0
+        for u in preds[v]:
+            end = sigma[u] + cost[u]
+            if end > ready:
+                ready = end
         g = group[v] if group is not None else None
         if fixed is not None:
             candidates: Sequence[int] = (fixed[v],)
         elif g is not None and g in group_proc:
             candidates = (group_proc[g],)
         else:
-            candidates = range(num_procs)
-        best: tuple[int, int] | None = None
+            candidates = every
+        opening = g is not None and g not in group_proc
+        offset = ready % period
+        base = ready - offset
+        best_at, best_p = -1, -1
         for p in candidates:
-            if g is not None and g not in group_proc and room[p] < group_cost[g]:
+            if opening and room[p] < group_cost[g]:
                 continue
-            at = _earliest_fit(free[p], ready, c, period)
-            if at is not None and (best is None or at < best[0]):
-                best = (at, p)
-        if best is None:
+            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop)
+            at = -1
+            if c:
+                for a, b in free[p]:
+                    if b - c >= (a if a > offset else offset):
+                        at = base + (a if a > offset else offset)
+                        break
+                else:
+                    for a, b in free[p]:
+                        if b - a >= c:
+                            at = base + period + a
+                            break
+            else:
+                found = _earliest_fit(free[p], ready, c, period)
+                at = -1 if found is None else found
+            if at >= 0 and (best_p < 0 or at < best_at):
+                best_at, best_p = at, p
+                if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
+                    break
+        if best_p < 0:
             return None
-        at, p = best
+        at, p = best_at, best_p
         _occupy(free[p], at % period, c)
         if g is None:
             room[p] -= c

@@ -74,28 +74,69 @@ def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], in
     re-planning), and `Transfer`s are frozen, so the lists share them (each caller gets its own list)."""
     if comm.free:
         return []
+    return list(queues(table, comm, sources).found)
+
+
+def queues(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None = None) -> Queues:
+    """`transfers` with their channel queues (`Queues`), memoised by the same key (`comm` not `shared`)."""
     key = (table.token, tuple(comm.placement), comm.interconnect, comm.num_procs,
            tuple(sorted(sources.items())) if sources else None)
     found = _TRANSFERS.get(key)
     if found is None:
         if len(_TRANSFERS) >= _TRANSFERS_KEPT:
             _TRANSFERS.pop(next(iter(_TRANSFERS)))  # oldest first
-        found = _TRANSFERS[key] = tuple(_transfers(table, comm, sources))
-    return list(found)
+        found = _TRANSFERS[key] = Queues(table, comm, tuple(_transfers(table, comm, sources)))
+    return found
 
 
-#: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers.
-_TRANSFERS: dict[tuple[object, ...], tuple[Transfer, ...]] = memo({})
+class Queues:
+    """Transfers as the packing reads them on every call: flat per-transfer lists (no attribute lookups in the
+    loops) and each channel's transfers, channels in order of first use and each in `found` order."""
+
+    def __init__(self, table: TaskTable, comm: Comm, found: Sequence[Transfer]) -> None:
+        self.found = tuple(found)
+        place = comm.placement
+        self.src = [t.src for t in found]
+        self.dst = [t.dst for t in found]
+        self.hold = [t.hold for t in found]
+        self.weight = [t.weight for t in found]
+        self.pairs = [(t.src, t.dst) for t in found]
+        self.src_cost = [table.cost[t.src] for t in found]
+        self.dst_place = [place[t.dst] for t in found]
+        by_channel: dict[int, list[int]] = {}
+        for i, t in enumerate(found):
+            by_channel.setdefault(t.channel, []).append(i)
+        self.channels = list(by_channel.values())
+        self.channel_hold = [sum(self.hold[i] for i in queue) for queue in self.channels]
+        self.any_weight = any(self.weight)
+        #: (precedence edge index in `table.precedence`, transfer index) of every transfer on a precedence edge,
+        #: when no two transfers share their ends (then the lag pass reads arrivals by index, not by dict).
+        self.edge_transfers: list[tuple[int, int]] | None = None
+        if len(set(self.pairs)) == len(self.pairs):
+            edge = table.edge_index
+            self.edge_transfers = [(edge[pair], i) for i, pair in enumerate(self.pairs)
+                                   if not self.weight[i] and pair in edge]
+
+
+#: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers' `Queues`.
+_TRANSFERS: dict[tuple[object, ...], Queues] = memo({})
 _TRANSFERS_KEPT = 128
 
 
 def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
+    bus = ic.kind == "bus"
+    holds: dict[int, int] = {}  # words → hold: a table moves few distinct sizes
     out = []
     for v, ps in enumerate(table.preds):
+        pv = place[v]
         for u, w in zip(ps, table.pred_words[v], strict=True):
-            if place[u] != place[v]:
-                out.append(Transfer(u, v, w, ic.channel(place[u], place[v], n), ic.hold(w)))
+            pu = place[u]
+            if pu != pv:
+                h = holds.get(w)
+                if h is None:
+                    h = holds[w] = ic.hold(w)
+                out.append(Transfer(u, v, w, 0 if bus else pu * n + pv, h))  # `Interconnect.channel`
     for u, x, w in table.weight_reads:
         src = sources.get((u, x), u) if sources else u
         if place[src] != place[x]:
@@ -142,11 +183,14 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     older copy than its planned arrival would pin is reported with the least delay that pins that copy
     (`_unfold.pinning_delay`), so the run reads — and the bus carries — what the plan packed.
     """
-    found = transfers(table, comm)
+    if comm.free:
+        return {}
+    lined = queues(table, comm)
+    found = lined.found
     if not found:
         return {}
-    arrival = _pack_channels(table, comm, start, period, consumer_time, found)
-    if consumer_time is None or not any(t.weight for t in found):
+    arrival = packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
+    if consumer_time is None or not lined.any_weight:
         return arrival
     from layerpipe.schedule._unfold import (  # _unfold imports this module
         UnfoldedTable,
@@ -173,8 +217,9 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
             settled_at = round_
             break
         sources = again
-        found = transfers(table, comm, sources)
-        arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+        lined = queues(table, comm, sources)
+        found = lined.found
+        arrival = packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
     assert settled_at is not None, "the weight-read pins did not settle"
     out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
     for t in found:
@@ -194,7 +239,23 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
 
 def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
                    consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
-    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`).
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`pack`)."""
+    lined = Queues(table, comm, found)
+    return packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
+
+
+def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int]]) -> dict[tuple[int, int], int]:
+    """`pack`'s arrivals by (producer, consumer), entered channel by channel in queue order (a later transfer
+    between the same two tasks replaces an earlier one)."""
+    arrive, order = packed
+    pairs = lined.pairs
+    return {pairs[i]: arrive[i] for i in order}
+
+
+def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
+         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """Arrival of every transfer of `lined` (by index) and the transfers channel by channel in queue order,
+    each channel packed around the period in its FIFO order.
 
     The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in the
     next period, ahead of that period's later releases), earlier periods first on a tie; equal releases in the
@@ -202,41 +263,67 @@ def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     at least one iteration later) — as the simulator's engine queues them. A bus is compiled: the one order
     `compiled_bus_key` defines, on plan times taken in the window of the release (the simulator applies it to
     the absolute planned times). Each transfer's key ends with its position in `found`, so equal keys keep
-    that order (as a stable sort would)."""
+    that order (as a stable sort would). The departures are `_fifo_departures`', inlined (thousands of
+    channels per schedule, most of them carrying one transfer)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
     planned = consumer_time is not None
     bus = comm.interconnect.kind == "bus"
-    cost, place = table.cost, comm.placement
-    by_channel: dict[int, list[tuple[tuple[object, ...], Transfer, int]]] = {}
-    for i, t in enumerate(found):
-        src, dst = t.src, t.dst
-        release = start[src] + cost[src]
-        later = period if t.weight else 0
-        if bus:
-            plan_release = key_of[src] + cost[src]
-            window = plan_release - plan_release % period
-            consumer = table.tasks[dst]
-            key: tuple[object, ...] = (
-                compiled_bus_key(plan_release - window, key_of[src] - window, place[dst],
-                                 key_of[dst] + later - window, tie_rank(consumer.kind, consumer.layer), place[src]),
-                dst, src, i)
-        else:
-            frame = (key_of[src] // period if planned else 0) + release // period
-            key = (release % period, -(release // period), place[dst], key_of[dst] - frame * period + later, dst,
-                   src, i)
-        by_channel.setdefault(t.channel, []).append((key, t, release))
-    arrival: dict[tuple[int, int], int] = {}
-    for queue in by_channel.values():
-        queue.sort(key=_first)
-        depart = _fifo_departures([r % period for _, _, r in queue], [t.hold for _, t, _ in queue], period)
-        for (_, t, r), d in zip(queue, depart, strict=True):
-            arrival[(t.src, t.dst)] = d + (r - r % period) + t.hold + latency
-    return arrival
-
-
-def _first(entry: tuple[tuple[object, ...], Transfer, int]) -> tuple[object, ...]:
-    return entry[0]
+    place = comm.placement
+    src, dst, hold, weight, src_cost, dst_place = (lined.src, lined.dst, lined.hold, lined.weight, lined.src_cost,
+                                                   lined.dst_place)
+    arrive = [0] * len(src)
+    order: list[int] = []
+    for queue, held in zip(lined.channels, lined.channel_hold, strict=True):
+        if held > period:
+            raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
+        if len(queue) == 1:  # departs at its release: arrival = release + hold + latency
+            i = queue[0]
+            arrive[i] = start[src[i]] + src_cost[i] + hold[i] + latency
+            order.append(i)
+            continue
+        entries: list[tuple[tuple[object, ...], int, int]] = []
+        for i in queue:
+            u, v = src[i], dst[i]
+            release = start[u] + src_cost[i]
+            later = period if weight[i] else 0
+            if bus:
+                plan_release = key_of[u] + src_cost[i]
+                window = plan_release - plan_release % period
+                consumer = table.tasks[v]
+                key: tuple[object, ...] = (
+                    compiled_bus_key(plan_release - window, key_of[u] - window, dst_place[i],
+                                     key_of[v] + later - window, tie_rank(consumer.kind, consumer.layer), place[u]),
+                    v, u, i)
+            else:
+                whole, offset = divmod(release, period)
+                frame = (key_of[u] // period if planned else 0) + whole
+                key = (offset, -whole, dst_place[i], key_of[v] - frame * period + later, v, u, i)
+            entries.append((key, i, release))
+        entries.sort()  # keys are distinct (they end with the index): the order of the keys alone
+        # `_fifo_departures` on the queue: d_k = max(r_k, d_{k−1} + h_{k−1}) from "no carry", then with the
+        # carry of the last transfer of the previous period until it stops growing.
+        first = entries[0][2] % period
+        carry: int | None = None
+        while True:
+            at = carry if carry is not None else first
+            departs = []
+            for _, i, release in entries:
+                offset = release % period
+                if offset > at:
+                    at = offset
+                departs.append(at)
+                at += hold[i]
+            new_carry = at - period
+            if carry is not None and new_carry <= carry:
+                break
+            if carry is None and new_carry <= departs[0]:
+                break
+            carry = new_carry
+        for (_, i, release), d in zip(entries, departs, strict=True):
+            arrive[i] = d + (release - release % period) + hold[i] + latency
+            order.append(i)
+    return arrive, order
 
 
 def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerpipe.schedule._comm import Comm, channel_timing
-from layerpipe.schedule._lags import _longest_lags, loop_spans, staleness_from_span
+from layerpipe.schedule._comm import Comm, channel_timing, pack, packed_arrivals, queues
+from layerpipe.schedule._lags import _longest_lags, lags_from_ready, loop_spans, staleness_from_span
 from layerpipe.schedule._task_table import TaskTable, memo
 
 
@@ -78,6 +78,38 @@ def _comm_timing(table: TaskTable, start: Sequence[int], period: int,
                  comm: Comm | None) -> tuple[list[int], dict[tuple[int, int], int]]:
     if comm is None:
         return _longest_lags(table, start, period, {}), {}
+    from layerpipe.schedule._unfold import UnfoldedTable  # _unfold imports this module
+
+    lined = queues(table, comm)
+    if lined.edge_transfers is None or (lined.any_weight and isinstance(table, UnfoldedTable)):
+        return _planned_rounds(table, start, period, comm)
+    # No re-pinned weight reads (`channel_timing`'s unfolded case): the channels are packed directly and the
+    # lags read the arrivals by edge index; the dict of arrivals is built once, for the last round.
+    src, _ = table.precedence
+    end = [start[u] + table.cost[u] for u in src]
+    edge_transfers = lined.edge_transfers
+
+    def lags_of(arrive: list[int]) -> list[int]:
+        ready = list(end)
+        for e, i in edge_transfers:
+            ready[e] = arrive[i]
+        return lags_from_ready(table, start, period, ready)
+
+    packed = pack(table, comm, lined, start, period, None)
+    lag = lags_of(packed[0])
+    for _ in range(COMM_ROUNDS):
+        plan = [lag[v] * period + start[v] for v in range(len(table))]
+        packed = pack(table, comm, lined, start, period, plan)
+        again = lags_of(packed[0])
+        if again == lag:
+            break
+        lag = again
+    return lag, packed_arrivals(lined, packed)
+
+
+def _planned_rounds(table: TaskTable, start: Sequence[int], period: int,
+                    comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """The rounds of `comm_timing` through `channel_timing` (which re-pins an unfolded table's weight reads)."""
     arrival = channel_timing(table, comm, start, period)
     lag = _longest_lags(table, start, period, arrival)
     for _ in range(COMM_ROUNDS):

@@ -73,13 +73,34 @@ def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
                   arrival: dict[tuple[int, int], int]) -> list[int]:
     """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
     the end of u or the planned arrival of its transfer (the retiming package's solver)."""
-    src, dst = table.precedence
-    end = [s + c for s, c in zip(start, table.cost, strict=True)]
+    src, _ = table.precedence
+    ready = [start[u] + table.cost[u] for u in src]
     if arrival:
-        bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
-    else:  # ⌈(end_u − start_v) / P⌉
-        bound = [-((start[v] - end[u]) // period) for u, v in zip(src, dst, strict=True)]
-    return _solve(table, src, dst, bound, table.topo)
+        edge = table.edge_index
+        for pair, at in arrival.items():
+            e = edge.get(pair)
+            if e is not None:
+                ready[e] = at
+    return lags_from_ready(table, start, period, ready)
+
+
+def lags_from_ready(table: TaskTable, start: Sequence[int], period: int, ready: Sequence[int]) -> list[int]:
+    """`_longest_lags` with ready_uv given per precedence edge (aligned with `table.precedence`).
+
+    When the table's edges run forward in index order (`TaskTable.forward`: every table the policies build),
+    the least solution is one sweep over the edges in their order, relaxing lag_v ≥ lag_u + bound — what
+    `solve_difference_constraints` does given that order, without checking the order on every call (the lag
+    pass runs thousands of times per schedule); otherwise the solver itself."""
+    src, dst = table.precedence
+    if not table.forward:
+        return _solve(table, src, dst, [-((start[v] - at) // period) for v, at in zip(dst, ready, strict=True)],
+                      table.topo)
+    r = [0] * len(table)
+    for u, v, at in zip(src, dst, ready, strict=True):
+        need = r[u] - ((start[v] - at) // period)
+        if need > r[v]:
+            r[v] = need
+    return r
 
 
 def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int,

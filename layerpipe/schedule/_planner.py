@@ -451,8 +451,15 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
                             comm))
     # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
     # The versions are counted only for the trials of the least staleness: no other trial can win.
+    # A trial equal to an earlier one (body orders that coincide) settles and scores the same and comes later: it
+    # cannot win, so it is not scored again.
     staled: list[tuple[int, Timing, PeriodicSchedule, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    tried: set[tuple[object, ...]] = set()
     for found in trials:
+        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
+        if seen in tried:
+            continue
+        tried.add(seen)
         settled = _settled_lags(unfolded, found, period, comm)
         if settled is not None:
             lags, arrival = settled

@@ -89,6 +89,19 @@ class TaskTable:
         return ([u for ps in self.preds for u in ps], [v for v, ps in enumerate(self.preds) for _ in ps])
 
     @cached_property
+    def edge_index(self) -> dict[tuple[int, int], int]:
+        """(source, head) → position of that precedence edge in `precedence` (the edges are distinct)."""
+        src, dst = self.precedence
+        return {(u, v): e for e, (u, v) in enumerate(zip(src, dst, strict=True))}
+
+    @cached_property
+    def forward(self) -> bool:
+        """Whether `topo` is the index order and every precedence edge runs forward in it: then relaxing the
+        edges in `precedence` order (by head) is a topological sweep (`_lags.lags_from_ready`)."""
+        src, dst = self.precedence
+        return self.topo == tuple(range(len(self.tasks))) and all(u < v for u, v in zip(src, dst, strict=True))
+
+    @cached_property
     def token(self) -> int:
         """An int shared by exactly the tables of equal content (class and every field but `graph`): the memo key
         of passes that read only those fields (`_comm_timing.comm_timing`, `_comm.transfers`). Equal graphs build
