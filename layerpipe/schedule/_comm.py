@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
@@ -244,18 +245,20 @@ def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     return packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
 
 
-def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int]]) -> dict[tuple[int, int], int]:
+def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int], bool]) -> dict[tuple[int, int], int]:
     """`pack`'s arrivals by (producer, consumer), entered channel by channel in queue order (a later transfer
     between the same two tasks replaces an earlier one)."""
-    arrive, order = packed
+    arrive, order, _ = packed
     pairs = lined.pairs
     return {pairs[i]: arrive[i] for i in order}
 
 
 def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
-         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int]]:
-    """Arrival of every transfer of `lined` (by index) and the transfers channel by channel in queue order,
-    each channel packed around the period in its FIFO order.
+         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool]:
+    """Arrival of every transfer of `lined` (by index), the transfers channel by channel in queue order, each
+    channel packed around the period in its FIFO order, and whether the plan times can change that order: on a
+    bus always; on links only when two transfers of one channel release at the same offset in the same
+    period (the plan times only break those ties), so without such a tie every `consumer_time` packs alike.
 
     The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in the
     next period, ahead of that period's later releases), earlier periods first on a tie; equal releases in the
@@ -274,6 +277,7 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
                                                    lined.dst_place)
     arrive = [0] * len(src)
     order: list[int] = []
+    tied = bus
     for queue, held in zip(lined.channels, lined.channel_hold, strict=True):
         if held > period:
             raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
@@ -301,6 +305,8 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
                 key = (offset, -whole, dst_place[i], key_of[v] - frame * period + later, v, u, i)
             entries.append((key, i, release))
         entries.sort()  # keys are distinct (they end with the index): the order of the keys alone
+        if not tied:
+            tied = any(a[0][:2] == b[0][:2] for a, b in pairwise(entries))
         # `_fifo_departures` on the queue: d_k = max(r_k, d_{k−1} + h_{k−1}) from "no carry", then with the
         # carry of the last transfer of the previous period until it stops growing.
         first = entries[0][2] % period
@@ -323,7 +329,7 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
         for (_, i, release), d in zip(entries, departs, strict=True):
             arrive[i] = d + (release - release % period) + hold[i] + latency
             order.append(i)
-    return arrive, order
+    return arrive, order, tied
 
 
 def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:

@@ -97,7 +97,9 @@ def _comm_timing(table: TaskTable, start: Sequence[int], period: int,
 
     packed = pack(table, comm, lined, start, period, None)
     lag = lags_of(packed[0])
-    for _ in range(COMM_ROUNDS):
+    # Without a tie the plan times cannot change a queue: every round would pack the same arrivals, give the
+    # same lags and stop; the result is this first packing's.
+    for _ in range(COMM_ROUNDS if packed[2] else 0):
         plan = [lag[v] * period + start[v] for v in range(len(table))]
         packed = pack(table, comm, lined, start, period, plan)
         again = lags_of(packed[0])

@@ -521,6 +521,9 @@ class Slot:
 #: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
 slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")
 
+#: Readers × update copies of one layer up to which `PeriodicSchedule.read_pins` computes in plain Python.
+SMALL_PINS = 256
+
 
 def read_offset(update_cost: int, reader_cost: int, same_proc: bool) -> int:
     """Cycles from an update copy's start to its weights being readable, before any transfer: its cost, and
@@ -738,6 +741,16 @@ class PeriodicSchedule:
                         c_xs: Sequence[int], delays: Sequence[int], per: int) -> list[int]:
         """`latest_update`'s newest update for each reader of `xs` (slot, processor) over the copies `us`, as arrays:
         f = ⌊(start_X − start_U − offset − delay)/P⌋, seen = (J/g)·(f − lag_U + lag_X) + phase_U, its max."""
+        if len(xs) * len(us) <= SMALL_PINS:  # numpy's per-call cost outweighs a few dozen integer formulas
+            period = self.period
+            copies = [(u.start, u.lag, u.phase, pu) for u, pu in us]
+            out = []
+            for (x, px), c_x, delay in zip(xs, c_xs, delays, strict=True):
+                at, x_lag = x.start - delay, x.lag
+                zero = c_u == 0 and c_x == 0
+                out.append(max(per * ((at - start - (c_u + (zero and pu == px))) // period - lag + x_lag) + phase
+                               for start, lag, phase, pu in copies))
+            return out
         import numpy as np
 
         x_start, x_lag, x_proc = np.array([(x.start, x.lag, p) for x, p in xs], dtype=np.int64).T

@@ -90,6 +90,11 @@ class UnfoldedTable(TaskTable):
     groups: tuple[tuple[int, int], ...] = ()
 
     @cached_property
+    def update_copies(self) -> dict[int, list[int]]:
+        """Layer → its update copies, in index order (read, never changed, by every pinning pass)."""
+        return _update_copies_by_layer(self)
+
+    @cached_property
     def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
         """(layer, F copy, U copy applying its group) per F phase. Callers keyed by layer keep the last phase's
         loop: the staleness scores of `_comm_timing` are then a heuristic of one phase, which is all they steer."""
@@ -162,11 +167,16 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     `newest[(u, x)]`, when given, is a copy the read may not be newer than: the newest update the reader sees
     among those no newer than that copy's (`channel_timing` moves pins only to older copies, so that its
     re-planning converges). Ties go to the first copy, as in `latest_update`."""
-    by_layer, groups = _update_copies_by_layer(table), dict(table.groups)
+    by_layer, groups = table.update_copies, dict(table.groups)
+    cost, phase, tasks, unfold = table.cost, table.phase, table.tasks, table.unfold
     out = {}
     for u, x, _ in table.weight_reads:
-        us, copies, per = _reader_copies(table, placement, start, lag, by_layer, groups, x)
-        seen = seen_updates(start[x], lag[x], copies, per, period, delay.get(x, 0))
+        # `seen_updates` over `_reader_copies`, inlined (every weight read, every round of `channel_timing`)
+        layer = tasks[x].layer
+        us, per = by_layer[layer], unfold // groups.get(layer, 1)
+        at, x_lag, zero, x_proc = start[x] - delay.get(x, 0), lag[x], cost[x] == 0, placement[x]
+        seen = [per * ((at - start[q] - (cost[q] + (cost[q] == 0 and zero and placement[q] == x_proc))) // period
+                       - lag[q] + x_lag) + phase[q] for q in us]
         cap = seen[us.index(newest[(u, x)])] if newest is not None else max(seen)
         best = max(v for v in seen if v <= cap)
         out[(u, x)] = us[seen.index(best)]
