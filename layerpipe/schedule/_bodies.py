@@ -104,19 +104,20 @@ def modulo_list_schedule(
         opening = g is not None and g not in group_proc
         offset = ready % period
         base = ready - offset
-        best_at, best_p = -1, -1
+        best_at, best_p, best_k = -1, -1, -1
         for p in candidates:
             if opening and room[p] < group_cost[g]:
                 continue
-            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop)
-            at = -1
+            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
+            # interval it falls in (`_occupy` then splits that one instead of searching for it)
+            at = k = -1
             if c:
-                for a, b in free[p]:
+                for k, (a, b) in enumerate(free[p]):  # noqa: B007 (k is read after the loop)
                     if b - c >= (a if a > offset else offset):
                         at = base + (a if a > offset else offset)
                         break
                 else:
-                    for a, b in free[p]:
+                    for k, (a, b) in enumerate(free[p]):  # noqa: B007
                         if b - a >= c:
                             at = base + period + a
                             break
@@ -124,13 +125,16 @@ def modulo_list_schedule(
                 found = _earliest_fit(free[p], ready, c, period)
                 at = -1 if found is None else found
             if at >= 0 and (best_p < 0 or at < best_at):
-                best_at, best_p = at, p
+                best_at, best_p, best_k = at, p, k
                 if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
                     break
         if best_p < 0:
             return None
         at, p = best_at, best_p
-        _occupy(free[p], at % period, c)
+        if c:
+            a, b = free[p][best_k]
+            begin = at % period
+            free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
         if g is None:
             room[p] -= c
         elif g not in group_proc:

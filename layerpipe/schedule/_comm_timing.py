@@ -49,18 +49,32 @@ def comm_timing(table: TaskTable, start: Sequence[int], period: int,
     key = (table.token, tuple(start), period, placed)
     found = _TIMINGS.get(key)
     if found is None:
-        lag, arrival = _comm_timing(table, start, period, comm if placed is not None else None)
+        lag, arrival, fixed = _rounds(table, start, period, comm if placed is not None else None)
         global _TIMINGS_HELD
         while _TIMINGS and _TIMINGS_HELD + len(lag) + len(arrival) > _TIMINGS_CAP:
             dropped = _TIMINGS.pop(next(iter(_TIMINGS)))  # oldest first
             _TIMINGS_HELD -= len(dropped[0]) + len(dropped[1])
-        found = _TIMINGS[key] = (tuple(lag), arrival)
+        found = _TIMINGS[key] = (tuple(lag), arrival, fixed)
         _TIMINGS_HELD += len(lag) + len(arrival)
     return list(found[0]), dict(found[1])
 
 
-#: `comm_timing`'s memo, bounded by the lags and arrivals it holds (not by entries: unfolded tables are large).
-_TIMINGS: dict[tuple[object, ...], tuple[tuple[int, ...], dict[tuple[int, int], int]]] = {}
+def replanned_alike(table: TaskTable, start: Sequence[int], period: int, comm: Comm, lag: Sequence[int],
+                    arrival: dict[tuple[int, int], int]) -> bool:
+    """Whether `comm_timing` gave these lags and arrivals for these starts (still in its memo) at a fixpoint of
+    its rounds: `channel_timing` on the plan times of `lag` gives `arrival` again, and `_longest_lags` on
+    those gives `lag`. Then a pass that would re-plan them (`_planner._settled_lags`) knows the answer without
+    packing a channel. False when unknown (not memoised, or the rounds ran out before the lags settled)."""
+    if comm.free:
+        return False
+    found = _TIMINGS.get((table.token, tuple(start), period, (tuple(comm.placement), comm.interconnect,
+                                                               comm.num_procs)))
+    return found is not None and found[2] and found[0] == tuple(lag) and found[1] == arrival
+
+
+#: `comm_timing`'s memo, bounded by the lags and arrivals it holds (not by entries: unfolded tables are large):
+#: key → (lags, arrivals, whether the rounds reached their fixpoint).
+_TIMINGS: dict[tuple[object, ...], tuple[tuple[int, ...], dict[tuple[int, int], int], bool]] = {}
 _TIMINGS_CAP = 400_000
 _TIMINGS_HELD = 0
 
@@ -76,10 +90,18 @@ memo(_TIMINGS, _clear_timings)
 
 def _comm_timing(table: TaskTable, start: Sequence[int], period: int,
                  comm: Comm | None) -> tuple[list[int], dict[tuple[int, int], int]]:
-    if comm is None:
-        return _longest_lags(table, start, period, {}), {}
+    """`comm_timing` without its memo."""
+    lag, arrival, _ = _rounds(table, start, period, comm)
+    return lag, arrival
+
+
+def _rounds(table: TaskTable, start: Sequence[int], period: int,
+            comm: Comm | None) -> tuple[list[int], dict[tuple[int, int], int], bool]:
+    """Lags, arrivals, and whether the rounds reached their fixpoint (the lags stopped changing)."""
     from layerpipe.schedule._unfold import UnfoldedTable  # _unfold imports this module
 
+    if comm is None:
+        return _longest_lags(table, start, period, {}), {}, False
     lined = queues(table, comm)
     if lined.edge_transfers is None or (lined.any_weight and isinstance(table, UnfoldedTable)):
         return _planned_rounds(table, start, period, comm)
@@ -98,30 +120,34 @@ def _comm_timing(table: TaskTable, start: Sequence[int], period: int,
     packed = pack(table, comm, lined, start, period, None)
     lag = lags_of(packed[0])
     # Without a tie the plan times cannot change a queue: every round would pack the same arrivals, give the
-    # same lags and stop; the result is this first packing's.
-    for _ in range(COMM_ROUNDS if packed[2] else 0):
+    # same lags and stop; the result is this first packing's, a fixpoint.
+    fixed = not packed[2]
+    for _ in range(0 if fixed else COMM_ROUNDS):
         plan = [lag[v] * period + start[v] for v in range(len(table))]
         packed = pack(table, comm, lined, start, period, plan)
         again = lags_of(packed[0])
-        if again == lag:
-            break
+        fixed = again == lag
         lag = again
-    return lag, packed_arrivals(lined, packed)
+        if fixed:
+            break
+    return lag, packed_arrivals(lined, packed), fixed
 
 
 def _planned_rounds(table: TaskTable, start: Sequence[int], period: int,
-                    comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]]:
+                    comm: Comm) -> tuple[list[int], dict[tuple[int, int], int], bool]:
     """The rounds of `comm_timing` through `channel_timing` (which re-pins an unfolded table's weight reads)."""
     arrival = channel_timing(table, comm, start, period)
     lag = _longest_lags(table, start, period, arrival)
+    fixed = False
     for _ in range(COMM_ROUNDS):
         plan = [lag[v] * period + start[v] for v in range(len(table))]
         arrival = channel_timing(table, comm, start, period, plan)
         again = _longest_lags(table, start, period, arrival)
-        if again == lag:
-            break
+        fixed = again == lag
         lag = again
-    return lag, arrival
+        if fixed:
+            break
+    return lag, arrival, fixed
 
 
 @dataclass(frozen=True)

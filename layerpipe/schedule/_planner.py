@@ -49,7 +49,7 @@ from fractions import Fraction
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
-from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
 from layerpipe.schedule._ir import PeriodicSchedule
 from layerpipe.schedule._lags import _longest_lags, asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
@@ -494,6 +494,10 @@ def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
     lags = update_chain_lags(table, found.start, found.lag, period)
     if lags is None or not found.arrival:
         return None if lags is None else (lags, found.arrival)
+    if lags == found.lag and replanned_alike(table, found.start, period, comm, found.lag, found.arrival):
+        # The first round would re-plan `found`'s own plan times: the same arrivals and lags, and the update order
+        # already holds on them, so it would return them (almost every trial).
+        return lags, dict(found.arrival)
     for _ in range(SETTLE_ROUNDS):
         arrival = channel_timing(table, comm, found.start, period,
                                  [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
