@@ -44,7 +44,7 @@ from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, repl
 from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, table_of
 from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 
@@ -178,7 +178,7 @@ def split_plans(network: Network, num_procs: int, model: CostModel,
     weight-stationary item c_l (all its tasks) exceeds T, split into ⌈c_l / T⌉ parts (at most N and its rows),
     so each part fits the target; distinct plans only. A pruning heuristic, not a search of every split: at
     most five searches, none when no layer outweighs a processor's share (resnet50 at N = 16)."""
-    costs = build_training_graph(network).costs(model)
+    costs = table_of(network, GraphOptions(), model).graph.costs(model)
     own = {layer.index: 0 for layer in network.layers}  # all of a layer's tasks: its weight-stationary item
     for task, cost in costs.items():
         own[task.layer] += cost
@@ -212,8 +212,7 @@ def _rank(result: ScheduleResult) -> tuple[float, float, int]:
 def _schedule_network(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
                       interconnect: Interconnect = SHARED) -> ScheduleResult:
     """LayerPipe's placement search on one network (as given, or a split variant)."""
-    graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
-    table = TaskTable.of(graph, model)
+    table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
     ranked = _ranked(table, num_procs, search_space(table, num_procs, asap, options, interconnect, max_words),
@@ -350,7 +349,7 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
     links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks."""
     if options.keep_weights_together or not options.replication:
         return None
-    pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
+    pd_table = table_of(table.graph.network, GraphOptions.pipedream(), model)
     costs = PlanCosts(pd_table, interconnect)
     best = plan_stages(costs, num_procs)
     if best.unfold == 1:
