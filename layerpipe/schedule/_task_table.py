@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -146,4 +146,6 @@ def table_of(network: Network, options: GraphOptions, model: CostModel) -> TaskT
         if len(_TABLES) >= _TABLES_KEPT:
             _TABLES.pop(next(iter(_TABLES)))  # oldest first
         found = _TABLES[key] = TaskTable.of(build_training_graph(network, options), model)
+    if found.graph.network is not network:  # an equal network: the result names the caller's own object
+        found = replace(found, graph=found.graph.with_network(network))
     return found
