@@ -101,12 +101,12 @@ def modulo_list_schedule(
             candidates = (group_proc[g],)
         else:
             candidates = every
-        opening = g is not None and g not in group_proc
+        need = group_cost[g] if g is not None and g not in group_proc else None  # room a group's first task needs
         offset = ready % period
         base = ready - offset
         best_at, best_p, best_k = -1, -1, -1
         for p in candidates:
-            if opening and room[p] < group_cost[g]:
+            if need is not None and room[p] < need:
                 continue
             # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
             # interval it falls in (`_occupy` then splits that one instead of searching for it)

@@ -745,10 +745,10 @@ class PeriodicSchedule:
             period = self.period
             copies = [(u.start, u.lag, u.phase, pu) for u, pu in us]
             out = []
-            for (x, px), c_x, delay in zip(xs, c_xs, delays, strict=True):
-                at, x_lag = x.start - delay, x.lag
-                zero = c_u == 0 and c_x == 0
-                out.append(max(per * ((at - start - (c_u + (zero and pu == px))) // period - lag + x_lag) + phase
+            for (x, px), cost_x, delay in zip(xs, c_xs, delays, strict=True):
+                at, reader_lag = x.start - delay, x.lag
+                zero = c_u == 0 and cost_x == 0
+                out.append(max(per * ((at - start - (c_u + (zero and pu == px))) // period - lag + reader_lag) + phase
                                for start, lag, phase, pu in copies))
             return out
         import numpy as np
