@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
@@ -109,6 +108,10 @@ class Queues:
             by_channel.setdefault(t.channel, []).append(i)
         self.channels = list(by_channel.values())
         self.channel_hold = [sum(self.hold[i] for i in queue) for queue in self.channels]
+        #: Per channel, its transfers as (index, producer, consumer, producer's cost, weight read, hold): what the
+        #: links' packing reads of each.
+        self.lanes = [[(i, self.src[i], self.dst[i], self.src_cost[i], self.weight[i], self.hold[i]) for i in queue]
+                      for queue in self.channels]
         self.any_weight = any(self.weight)
         #: (precedence edge index in `table.precedence`, transfer index) of every transfer on a precedence edge,
         #: when no two transfers share their ends (then the lag pass reads arrivals by index, not by dict).
@@ -266,70 +269,100 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
     at least one iteration later) — as the simulator's engine queues them. A bus is compiled: the one order
     `compiled_bus_key` defines, on plan times taken in the window of the release (the simulator applies it to
     the absolute planned times). Each transfer's key ends with its position in `found`, so equal keys keep
-    that order (as a stable sort would). The departures are `_fifo_departures`', inlined (thousands of
-    channels per schedule, most of them carrying one transfer)."""
+    that order (as a stable sort would). The departures are `_fifo_departures`' (`_departures`, on the sorted
+    entries); a channel of one transfer departs at its release."""
+    latency = comm.interconnect.latency
+    if comm.interconnect.kind == "bus":
+        return _pack_bus(table, comm, lined, start, period, consumer_time)
+    # On links a channel p→q carries transfers into q alone: the consumer's processor, third in the order above,
+    # is the same for all of them and drops out. Each entry is (offset, −period, consumer plan time in the
+    # frame + later, consumer, producer, index, release, hold): the index ends the order, so the sort never
+    # compares the last two.
+    arrive = [0] * len(lined.src)
+    order: list[int] = []
+    tied = False
+    key_of = consumer_time if consumer_time is not None else start
+    for lane, held in zip(lined.lanes, lined.channel_hold, strict=True):
+        if held > period:
+            raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
+        if len(lane) == 1:  # departs at its release: arrival = release + hold + latency
+            i, u, _, cost_u, _, hold = lane[0]
+            arrive[i] = start[u] + cost_u + hold + latency
+            order.append(i)
+            continue
+        if consumer_time is None:  # the frame is the release's period
+            entries = [(r % period, -(r // period), start[v] - (r // period) * period + (period if weight else 0), v, u,
+                        i, r, hold)
+                       for i, u, v, cost_u, weight, hold in lane for r in (start[u] + cost_u,)]
+        else:
+            entries = [(r % period, -(r // period),
+                        key_of[v] - (key_of[u] // period + r // period) * period + (period if weight else 0), v, u, i,
+                        r, hold)
+                       for i, u, v, cost_u, weight, hold in lane for r in (start[u] + cost_u,)]
+        entries.sort()
+        departs = _departures(entries, period)
+        previous = None
+        for entry, d in zip(entries, departs, strict=True):
+            offset, whole, _, _, _, i, r, hold = entry
+            arrive[i] = d + r - offset + hold + latency
+            order.append(i)
+            if (offset, whole) == previous:
+                tied = True
+            previous = (offset, whole)
+    return arrive, order, tied
+
+
+def _departures(entries: Sequence[tuple[int, ...]], period: int) -> list[int]:
+    """`_fifo_departures` of a queue in order, each entry (release offset, ..., hold last): d_k = max(r_k,
+    d_{k−1} + h_{k−1}) from "no carry", then with the carry of the previous period's last transfer until it
+    stops growing."""
+    carry: int | None = None
+    while True:
+        at = carry if carry is not None else entries[0][0]
+        departs = []
+        for entry in entries:
+            if entry[0] > at:
+                at = entry[0]
+            departs.append(at)
+            at += entry[-1]
+        new_carry = at - period
+        if carry is not None and new_carry <= carry:
+            return departs
+        if carry is None and new_carry <= departs[0]:
+            return departs
+        carry = new_carry
+
+
+def _pack_bus(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
+              consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool]:
+    """`pack` on a bus: the compiled order (`compiled_bus_key`, taken on plan times: they always matter)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
-    planned = consumer_time is not None
-    bus = comm.interconnect.kind == "bus"
     place = comm.placement
     src, dst, hold, weight, src_cost, dst_place = (lined.src, lined.dst, lined.hold, lined.weight, lined.src_cost,
                                                    lined.dst_place)
     arrive = [0] * len(src)
     order: list[int] = []
-    tied = bus
     for queue, held in zip(lined.channels, lined.channel_hold, strict=True):
         if held > period:
             raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
-        if len(queue) == 1:  # departs at its release: arrival = release + hold + latency
-            i = queue[0]
-            arrive[i] = start[src[i]] + src_cost[i] + hold[i] + latency
-            order.append(i)
-            continue
         entries: list[tuple[tuple[object, ...], int, int]] = []
         for i in queue:
             u, v = src[i], dst[i]
-            release = start[u] + src_cost[i]
-            later = period if weight[i] else 0
-            if bus:
-                plan_release = key_of[u] + src_cost[i]
-                window = plan_release - plan_release % period
-                consumer = table.tasks[v]
-                key: tuple[object, ...] = (
-                    compiled_bus_key(plan_release - window, key_of[u] - window, dst_place[i],
-                                     key_of[v] + later - window, tie_rank(consumer.kind, consumer.layer), place[u]),
-                    v, u, i)
-            else:
-                whole, offset = divmod(release, period)
-                frame = (key_of[u] // period if planned else 0) + whole
-                key = (offset, -whole, dst_place[i], key_of[v] - frame * period + later, v, u, i)
-            entries.append((key, i, release))
+            plan_release = key_of[u] + src_cost[i]
+            window = plan_release - plan_release % period
+            consumer = table.tasks[v]
+            key = (compiled_bus_key(plan_release - window, key_of[u] - window, dst_place[i],
+                                    key_of[v] + (period if weight[i] else 0) - window,
+                                    tie_rank(consumer.kind, consumer.layer), place[u]),
+                   v, u, i)
+            entries.append((key, i, start[u] + src_cost[i]))
         entries.sort()  # keys are distinct (they end with the index): the order of the keys alone
-        if not tied:
-            tied = any(a[0][:2] == b[0][:2] for a, b in pairwise(entries))
-        # `_fifo_departures` on the queue: d_k = max(r_k, d_{k−1} + h_{k−1}) from "no carry", then with the
-        # carry of the last transfer of the previous period until it stops growing.
-        first = entries[0][2] % period
-        carry: int | None = None
-        while True:
-            at = carry if carry is not None else first
-            departs = []
-            for _, i, release in entries:
-                offset = release % period
-                if offset > at:
-                    at = offset
-                departs.append(at)
-                at += hold[i]
-            new_carry = at - period
-            if carry is not None and new_carry <= carry:
-                break
-            if carry is None and new_carry <= departs[0]:
-                break
-            carry = new_carry
-        for (_, i, release), d in zip(entries, departs, strict=True):
-            arrive[i] = d + (release - release % period) + hold[i] + latency
+        departs = _departures([(r % period, hold[i]) for _, i, r in entries], period)
+        for (_, i, r), d in zip(entries, departs, strict=True):
+            arrive[i] = d + (r - r % period) + hold[i] + latency
             order.append(i)
-    return arrive, order, tied
+    return arrive, order, True
 
 
 def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:
