@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
@@ -50,10 +51,10 @@ class Comm:
         return self.interconnect.is_shared
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """Producer task index `src` sends `words` to consumer task index `dst` on `channel`; `weight` marks a
-    weight read (U_l → a reader of W_l: it sets the version read, not a lag)."""
+    weight read (U_l → a reader of W_l: it sets the version read, not a lag). A named tuple: placements are
+    listed by the hundred per schedule, and a frozen dataclass costs several times as much to make."""
 
     src: int
     dst: int

@@ -589,14 +589,14 @@ def _round_robin_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, i
             for u, w in zip(table.preds[v], table.pred_words[v], strict=True):
                 if stage_of[table.tasks[u].layer] != stage_of[t.layer]:
                     (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
-    tau = Fraction(period, unfold)
-    offset = [Fraction(0)] * count
+    # τ = P/J exactly, in integers: ⌈x/τ⌉ = ⌈x·J/P⌉ and ⌊o + j·τ⌋ = o + ⌊j·P/J⌋ for whole o
+    offset = [0] * count
     for s in range(1, count):
         offset[s] = offset[s - 1] + f[s - 1] + comm_f[s]
     delay = [0] * count
     for s in range(count - 2, -1, -1):
         r = plan_.stages[s].replicas
-        d = delay[s + 1] + math.ceil((f[s + 1] + b[s + 1] + comm_f[s + 1] + comm_b[s]) / tau)
+        d = delay[s + 1] - (-(f[s + 1] + b[s + 1] + comm_f[s + 1] + comm_b[s]) * unfold // period)
         delay[s] = -(-d // r) * r
     # the slot (micro-batch whose forward it starts with) of every copy
     slot = []
@@ -616,7 +616,7 @@ def _round_robin_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, i
     for (s, j), members in groups.items():
         members.sort(key=lambda v: (0 if table.tasks[v].kind == "F" else 2 if table.tasks[v].kind == "U" else 1,
                                     table.tasks[v].layer if table.tasks[v].kind == "F" else -table.tasks[v].layer))
-        at = math.floor(offset[s] + j * tau)
+        at = offset[s] + j * period // unfold
         for v in members:
             start[v] = at % period
             at += table.cost[v]
@@ -657,22 +657,22 @@ def _round_robin_targets(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, 
     for t, k, c in zip(table.tasks, table.phase, table.cost, strict=True):
         if k == 0 and t.kind != "U":
             (forward if t.kind == "F" else backward)[stage_of[t.layer]] += c
-    tau = Fraction(period, table.unfold)
+    unfold = table.unfold  # τ = P/J, in integers as in `_round_robin_starts`
     offset = [sum(forward[:s]) for s in range(count)]
     # B_s(k) must follow B_{s+1}(k): o_s + (k + d_s)·τ + f_s ≥ o_{s+1} + (k + d_{s+1})·τ + f_{s+1} + b_{s+1},
     # i.e. d_s ≥ d_{s+1} + (f_{s+1} + b_{s+1}) / τ; the last stage runs B(k) right after F(k) (d = 0).
     delay = [0] * count
     for s in range(count - 2, -1, -1):
-        d = delay[s + 1] + (math.ceil((forward[s + 1] + backward[s + 1]) / tau) if tau else 0)
+        d = delay[s + 1] + (-(-(forward[s + 1] + backward[s + 1]) * unfold // period) if period else 0)
         r = plan_.stages[s].replicas if table.unfold == plan_.unfold else 1
         delay[s] = -(-d // r) * r
     target = []
     for t, k in zip(table.tasks, table.phase, strict=True):
         s = stage_of[t.layer]
         if t.kind == "F":
-            at = offset[s] + k * tau
+            at = offset[s] + k * period // unfold
         else:
             last = k * replicas[t.layer] + replicas[t.layer] - 1 if t.kind == "U" else k
-            at = offset[s] + (last + delay[s]) * tau + forward[s]
-        target.append(math.floor(at))
+            at = offset[s] + forward[s] + (last + delay[s]) * period // unfold
+        target.append(at)
     return target
