@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import NamedTuple
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
@@ -249,7 +250,7 @@ def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     return packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
 
 
-def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int], bool]) -> dict[tuple[int, int], int]:
+def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int], object]) -> dict[tuple[int, int], int]:
     """`pack`'s arrivals by (producer, consumer), entered channel by channel in queue order (a later transfer
     between the same two tasks replaces an earlier one)."""
     arrive, order, _ = packed
@@ -258,11 +259,12 @@ def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int], bool]) ->
 
 
 def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
-         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool]:
+         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool | list[list[tuple[int, ...]]]]:
     """Arrival of every transfer of `lined` (by index), the transfers channel by channel in queue order, each
-    channel packed around the period in its FIFO order, and whether the plan times can change that order: on a
-    bus always; on links only when two transfers of one channel release at the same offset in the same
-    period (the plan times only break those ties), so without such a tie every `consumer_time` packs alike.
+    channel packed around the period in its FIFO order, and where the plan times can change that order: on a
+    bus anywhere (True); on links only within a run of transfers of one channel that release at the same
+    offset in the same period (the plan times only break those ties), so without such a run every
+    `consumer_time` packs alike. The runs are listed (their entries, `same_order` reads them).
 
     The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in the
     next period, ahead of that period's later releases), earlier periods first on a tie; equal releases in the
@@ -281,7 +283,7 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
     # compares the last two.
     arrive = [0] * len(lined.src)
     order: list[int] = []
-    tied = False
+    ties: list[list[tuple[int, ...]]] = []  # runs of entries with equal release offset and period, in order
     key_of = consumer_time if consumer_time is not None else start
     for lane, held in zip(lined.lanes, lined.channel_hold, strict=True):
         if held > period:
@@ -302,15 +304,36 @@ def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], peri
                        for i, u, v, cost_u, weight, hold in lane for r in (start[u] + cost_u,)]
         entries.sort()
         departs = _departures(entries, period)
-        previous = None
+        previous = entries[0]
+        run: list[tuple[int, ...]] | None = None  # the tied run `previous` is in, if any
         for entry, d in zip(entries, departs, strict=True):
             offset, whole, _, _, _, i, r, hold = entry
             arrive[i] = d + r - offset + hold + latency
             order.append(i)
-            if (offset, whole) == previous:
-                tied = True
-            previous = (offset, whole)
-    return arrive, order, tied
+            if entry is not previous and offset == previous[0] and whole == previous[1]:
+                if run is None:
+                    run = [previous]
+                    ties.append(run)
+                run.append(entry)
+            else:
+                run = None
+            previous = entry
+    return arrive, order, ties
+
+
+def same_order(ties: list[list[tuple[int, ...]]], lined: Queues, start: Sequence[int], plan: Sequence[int],
+               period: int) -> bool:
+    """Whether packing the links again on plan times `plan` keeps every tied run of `pack` (without plan times)
+    in its order — then it packs every channel alike: the same arrivals, in the same order. In a run the
+    release offset and period are equal, so the order is the consumer's plan time in the producer's frame (+ P
+    for a weight read), then consumer, producer, index, as `pack` keys it."""
+    weight = lined.weight
+    for run in ties:
+        keys = [(plan[v] - (plan[u] // period - whole) * period + (period if weight[i] else 0), v, u, i)
+                for _, whole, _, v, u, i, _, _ in run]
+        if any(a > b for a, b in pairwise(keys)):
+            return False
+    return True
 
 
 def _departures(entries: Sequence[tuple[int, ...]], period: int) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from layerpipe.schedule._comm import Comm, channel_timing, pack, packed_arrivals, queues
+from layerpipe.schedule._comm import Comm, channel_timing, pack, packed_arrivals, queues, same_order
 from layerpipe.schedule._lags import _longest_lags, lags_from_ready, loop_spans, staleness_from_span
 from layerpipe.schedule._task_table import TaskTable, memo
 
@@ -119,9 +119,11 @@ def _rounds(table: TaskTable, start: Sequence[int], period: int,
 
     packed = pack(table, comm, lined, start, period, None)
     lag = lags_of(packed[0])
-    # Without a tie the plan times cannot change a queue: every round would pack the same arrivals, give the
-    # same lags and stop; the result is this first packing's, a fixpoint.
-    fixed = not packed[2]
+    # When the plan times of these lags keep every tied run in its order (always, without a tie), the first
+    # round would pack the same arrivals, give the same lags and stop: the result is this packing's, a fixpoint.
+    ties = packed[2]
+    fixed = not ties or (ties is not True and same_order(ties, lined, start, [lag[v] * period + start[v]
+                                                                              for v in range(len(table))], period))
     for _ in range(0 if fixed else COMM_ROUNDS):
         plan = [lag[v] * period + start[v] for v in range(len(table))]
         packed = pack(table, comm, lined, start, period, plan)
