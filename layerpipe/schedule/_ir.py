@@ -521,6 +521,9 @@ class Slot:
 #: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
 slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")
 
+#: The order of `read_pins`' keys (kind, layer, phase): by layer, then kind, then phase.
+_PIN_ORDER = operator.itemgetter(1, 0, 2)
+
 #: Readers × update copies of one layer up to which `PeriodicSchedule.read_pins` computes in plain Python.
 SMALL_PINS = 256
 
@@ -702,9 +705,18 @@ class PeriodicSchedule:
     def _read_pins(self) -> dict[tuple[str, int, int], int]:
         return self._pins(vectorised=self.period > 0)
 
-    def _pins(self, vectorised: bool) -> dict[tuple[str, int, int], int]:
+    def forward_pins(self) -> dict[tuple[str, int, int], int]:
+        """`read_pins` of the forward slots alone (kind F): all that staleness (`periodic_staleness`) and the
+        versions held (`periodic_versions`) read, for scoring timings whose other pins are never asked for.
+        The full `read_pins`, once computed, is used instead."""
+        if "_read_pins" in self.__dict__:
+            return {key: s for key, s in self._read_pins.items() if key[0] == "F"}
+        return self._pins(vectorised=self.period > 0, forward_only=True)
+
+    def _pins(self, vectorised: bool, forward_only: bool = False) -> dict[tuple[str, int, int], int]:
         """`read_pins`: per reader, `latest_update` over its layer's update copies — reader by reader, or
-        (`vectorised`, a period > 0) a layer at a time as one readers × copies array of `seen_updates`."""
+        (`vectorised`, a period > 0) a layer at a time as one readers × copies array of `seen_updates`.
+        `forward_only`: the F readers alone (`forward_pins`)."""
         floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
         groups = dict(self.groups)
         updates: dict[int, list[tuple[Slot, int]]] = {}
@@ -713,7 +725,7 @@ class PeriodicSchedule:
             for s in body:
                 if s.kind == "U":
                     updates.setdefault(s.layer, []).append((s, p))
-                elif "F" in s.kind or "E" in s.kind:
+                elif (s.kind == "F") if forward_only else ("F" in s.kind or "E" in s.kind):
                     readers.setdefault(s.layer, []).append((s, p))
         stale: dict[tuple[str, int, int], int] = {}
         for layer, xs in readers.items():
@@ -734,8 +746,8 @@ class PeriodicSchedule:
             for (x, _), b in zip(xs, best, strict=True):
                 key = (x.kind, layer, x.phase)
                 value = x.phase // g - 1 - b
-                stale[key] = max(value, floor.get(key, value))
-        return {key: stale[key] for key in sorted(stale, key=lambda k: (k[1], k[0], k[2]))}
+                stale[key] = max(value, floor.get(key, value)) if floor else value
+        return {key: stale[key] for key in sorted(stale, key=_PIN_ORDER)}
 
     def _latest_updates(self, xs: Sequence[tuple[Slot, int]], us: Sequence[tuple[Slot, int]], c_u: int,
                         c_xs: Sequence[int], delays: Sequence[int], per: int) -> list[int]:

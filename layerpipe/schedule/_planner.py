@@ -465,7 +465,7 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
             lags, arrival = settled
             timing = timing_of(unfolded, found.start, lags, period, arrival)
             schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
-            pins = schedule.read_pins()
+            pins = schedule.forward_pins()  # all that staleness and versions read
             stale = periodic_staleness(schedule, table.graph, pins=pins)
             staled.append((max(stale.values(), default=0), timing, schedule, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
