@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 from typing import NamedTuple
 
@@ -93,35 +94,68 @@ def queues(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] 
 
 class Queues:
     """Transfers as the packing reads them on every call: flat per-transfer lists (no attribute lookups in the
-    loops) and each channel's transfers, channels in order of first use and each in `found` order."""
+    loops) and each channel's transfers, channels in order of first use and each in `found` order. The lists
+    only the timing passes read are made on first use (a placement is often only costed: `channel_hold`,
+    `words`)."""
 
     def __init__(self, table: TaskTable, comm: Comm, found: Sequence[Transfer]) -> None:
         self.found = tuple(found)
-        place = comm.placement
-        self.src = [t.src for t in found]
-        self.dst = [t.dst for t in found]
+        self._table, self._placement = table, comm.placement
         self.hold = [t.hold for t in found]
-        self.weight = [t.weight for t in found]
-        self.pairs = [(t.src, t.dst) for t in found]
-        self.src_cost = [table.cost[t.src] for t in found]
-        self.dst_place = [place[t.dst] for t in found]
+        self.words = sum(t.words for t in found)
         by_channel: dict[int, list[int]] = {}
         for i, t in enumerate(found):
             by_channel.setdefault(t.channel, []).append(i)
         self.channels = list(by_channel.values())
-        self.channel_hold = [sum(self.hold[i] for i in queue) for queue in self.channels]
-        #: Per channel, its transfers as (index, producer, consumer, producer's cost, weight read, hold): what the
-        #: links' packing reads of each.
-        self.lanes = [[(i, self.src[i], self.dst[i], self.src_cost[i], self.weight[i], self.hold[i]) for i in queue]
-                      for queue in self.channels]
-        self.any_weight = any(self.weight)
-        #: (precedence edge index in `table.precedence`, transfer index) of every transfer on a precedence edge,
-        #: when no two transfers share their ends (then the lag pass reads arrivals by index, not by dict).
-        self.edge_transfers: list[tuple[int, int]] | None = None
-        if len(set(self.pairs)) == len(self.pairs):
-            edge = table.edge_index
-            self.edge_transfers = [(edge[pair], i) for i, pair in enumerate(self.pairs)
-                                   if not self.weight[i] and pair in edge]
+        hold = self.hold
+        self.channel_hold = [sum(hold[i] for i in queue) for queue in self.channels]
+
+    @cached_property
+    def src(self) -> list[int]:
+        return [t.src for t in self.found]
+
+    @cached_property
+    def dst(self) -> list[int]:
+        return [t.dst for t in self.found]
+
+    @cached_property
+    def weight(self) -> list[bool]:
+        return [t.weight for t in self.found]
+
+    @cached_property
+    def any_weight(self) -> bool:
+        return any(self.weight)
+
+    @cached_property
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(t.src, t.dst) for t in self.found]
+
+    @cached_property
+    def src_cost(self) -> list[int]:
+        cost = self._table.cost
+        return [cost[t.src] for t in self.found]
+
+    @cached_property
+    def dst_place(self) -> list[int]:
+        place = self._placement
+        return [place[t.dst] for t in self.found]
+
+    @cached_property
+    def lanes(self) -> list[list[tuple[int, int, int, int, bool, int]]]:
+        """Per channel, its transfers as (index, producer, consumer, producer's cost, weight read, hold): what
+        the links' packing reads of each."""
+        src, dst, src_cost, weight, hold = self.src, self.dst, self.src_cost, self.weight, self.hold
+        return [[(i, src[i], dst[i], src_cost[i], weight[i], hold[i]) for i in queue] for queue in self.channels]
+
+    @cached_property
+    def edge_transfers(self) -> list[tuple[int, int]] | None:
+        """(precedence edge index in `table.precedence`, transfer index) of every transfer on a precedence edge,
+        when no two transfers share their ends (then the lag pass reads arrivals by index, not by dict)."""
+        pairs, weight = self.pairs, self.weight
+        if len(set(pairs)) != len(pairs):
+            return None
+        edge = self._table.edge_index
+        return [(edge[pair], i) for i, pair in enumerate(pairs) if not weight[i] and pair in edge]
 
 
 #: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers' `Queues`.

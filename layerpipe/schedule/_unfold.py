@@ -23,7 +23,7 @@ and groups into the IR.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -80,6 +80,26 @@ def unfolded_edges(graph: TrainingGraph, unfold: int, groups: Mapping[int, int] 
     return out
 
 
+def _delay_free_edges(graph: TrainingGraph, unfold: int,
+                      groups: Mapping[int, int]) -> Iterator[tuple[PhaseTask, PhaseTask, int]]:
+    """(source, destination, words) of the delay-0 edges of `unfolded_edges`, in its order, without making an
+    edge object for every edge of every phase (`unfold_table` reads only these)."""
+    for e in layer_task_edges(graph):
+        (sk, sl), (dk, dl) = e.src, e.dst
+        if e.role == ROLE_ORDER:
+            per = copies(sk, sl, unfold, groups)
+            words = graph.network.layer(sl).weight_count
+            for q in range(per - 1):  # the last copy's edge wraps into the next period: delay 1
+                yield (sk, sl, q), (dk, dl, q + 1), words
+        elif e.role == "gradient":
+            g = groups.get(dl, 1)
+            for k in range(unfold):
+                yield (sk, sl, k), (dk, dl, k // g), e.words
+        else:
+            for i in range(unfold - e.delay):  # i + delay < J: the same period
+                yield (sk, sl, i), (dk, dl, i + e.delay), e.words
+
+
 @dataclass(frozen=True)
 class UnfoldedTable(TaskTable):
     """A `TaskTable` over the phase copies of another: `tasks[v]` is the base task, `phase[v]` its phase."""
@@ -128,10 +148,10 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
                 order.append((v, k // groups.get(t.layer, 1)))
     index = {(table.tasks[v].kind, table.tasks[v].layer, k): i for i, (v, k) in enumerate(order)}
     words: list[dict[int, int]] = [{} for _ in order]
-    for e in unfolded_edges(table.graph, unfold, groups):
-        if e.delay == 0 and e.src in index and e.dst in index:
-            u, v = index[e.src], index[e.dst]
-            words[v][u] = words[v].get(u, 0) + e.words
+    for src, dst, carried in _delay_free_edges(table.graph, unfold, groups):
+        u, v = index.get(src), index.get(dst)
+        if u is not None and v is not None:
+            words[v][u] = words[v].get(u, 0) + carried
     preds = tuple(tuple(sorted(w)) for w in words)
     reads = []
     for u, x, w in table.weight_reads:
