@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from layerpipe.retiming import solve_difference_constraints
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 
 def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:
@@ -63,10 +63,22 @@ def timeline(table: TaskTable, asap: Sequence[int]) -> list[int]:
 
     The remaining path of v is c_v + r_v for the least r ≥ 0 with r_u ≥ r_w + c_w on every edge u→w (the
     constraints run against the edges: the reversed topological order is theirs)."""
-    dst, src = table.precedence
-    rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
-    tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
-    return sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v))
+    key = (table.token, tuple(asap))
+    found = _TIMELINES.get(key)
+    if found is None:
+        if len(_TIMELINES) >= _TIMELINES_KEPT:
+            _TIMELINES.pop(next(iter(_TIMELINES)))  # oldest first
+        dst, src = table.precedence
+        rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
+        tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
+        found = _TIMELINES[key] = tuple(sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v)))
+    return list(found)
+
+
+#: `timeline`'s memo by (table content, ASAP starts): every candidate placement of a search asks for its table's
+#: (`_bodies.default_targets`).
+_TIMELINES: dict[tuple[object, ...], tuple[int, ...]] = memo({})
+_TIMELINES_KEPT = 32
 
 
 def _longest_lags(table: TaskTable, start: Sequence[int], period: int,

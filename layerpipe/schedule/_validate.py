@@ -547,7 +547,11 @@ def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo:
     finishes = sorted((f, v) for _, v, f in events)
     active: dict[int, int] = {}
     best, i, k = 1, 0, 0
-    for tau in sorted({b for b, _ in begins} | {f for f, _ in finishes} | set(ends)):
+    # Only times in the window count; the reads that begin or finish before one are caught up on the way (the
+    # state at τ is every begin and finish ≤ τ, however many times were visited before it).
+    times = {b for b, _ in begins if lo <= b < hi} | {f for f, _ in finishes if lo <= f < hi}
+    times.update(e for e in ends if lo <= e < hi)
+    for tau in sorted(times):
         while i < len(begins) and begins[i][0] <= tau:
             active[begins[i][1]] = active.get(begins[i][1], 0) + 1
             i += 1
@@ -557,9 +561,8 @@ def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo:
             if not active[v]:
                 del active[v]
             k += 1
-        if lo <= tau < hi:
-            current = bisect_right(ends, tau)
-            best = max(best, len(active) + (current not in active))
+        current = bisect_right(ends, tau)
+        best = max(best, len(active) + (current not in active))
     return best
 
 
