@@ -78,6 +78,7 @@ def modulo_list_schedule(
     """
     n = len(table)
     free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
+    widest = [period] * num_procs  # the longest free interval of each processor: a task longer fits nowhere there
     room = [period] * num_procs  # free cycles not yet promised to a started group
     group_cost: dict[int, int] = {}
     group_proc: dict[int, int] = {}
@@ -111,6 +112,8 @@ def modulo_list_schedule(
             # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
             # interval it falls in (`_occupy` then splits that one instead of searching for it)
             at = k = -1
+            if c > widest[p]:
+                continue
             if c:
                 for k, (a, b) in enumerate(free[p]):  # noqa: B007 (k is read after the loop)
                     if b - c >= (a if a > offset else offset):
@@ -135,6 +138,8 @@ def modulo_list_schedule(
             a, b = free[p][best_k]
             begin = at % period
             free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
+            if b - a == widest[p]:  # the widest interval may be the one split
+                widest[p] = max((y - x for x, y in free[p]), default=0)
         if g is None:
             room[p] -= c
         elif g not in group_proc:

@@ -447,10 +447,9 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
         start = [s % period for s in sigma]
         if interconnect.is_shared:
             listed = timing_of(table, start, [s // period for s in sigma], period)
-        else:
-            listed = timed_starts(table, start, period, comm)
-        tight = timed_starts(table, start, period, comm)
-        best = min(listed, tight, key=Timing.score)
+            best = min(listed, timed_starts(table, start, period, comm), key=Timing.score)
+        else:  # the listed timing is the tight one
+            best = timed_starts(table, start, period, comm)
         return Candidate(placement, period, cost, best) if best.score()[0] <= k else None
 
     low = period_lower_bound(item_costs, num_procs, loop_lengths(table), k)
