@@ -78,7 +78,9 @@ def modulo_list_schedule(
     """
     n = len(table)
     free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
-    widest = [period] * num_procs  # the longest free interval of each processor: a task longer fits nowhere there
+    # At least the longest free interval of each processor (a task longer fits nowhere there): lowered to the
+    # true longest when a task fails to fit, never raised (intervals only shrink)
+    widest = [period] * num_procs
     room = [period] * num_procs  # free cycles not yet promised to a started group
     group_cost: dict[int, int] = {}
     group_proc: dict[int, int] = {}
@@ -120,10 +122,15 @@ def modulo_list_schedule(
                         at = base + (a if a > offset else offset)
                         break
                 else:
+                    longest = 0
                     for k, (a, b) in enumerate(free[p]):  # noqa: B007
                         if b - a >= c:
                             at = base + period + a
                             break
+                        if b - a > longest:
+                            longest = b - a
+                    else:
+                        widest[p] = longest
             else:
                 found = _earliest_fit(free[p], ready, c, period)
                 at = -1 if found is None else found
@@ -138,8 +145,6 @@ def modulo_list_schedule(
             a, b = free[p][best_k]
             begin = at % period
             free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
-            if b - a == widest[p]:  # the widest interval may be the one split
-                widest[p] = max((y - x for x, y in free[p]), default=0)
         if g is None:
             room[p] -= c
         elif g not in group_proc:
