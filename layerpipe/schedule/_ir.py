@@ -521,12 +521,6 @@ class Slot:
 #: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
 slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")
 
-#: The order of `read_pins`' keys (kind, layer, phase): by layer, then kind, then phase.
-_PIN_ORDER = operator.itemgetter(1, 0, 2)
-
-#: Readers × update copies of one layer up to which `PeriodicSchedule.read_pins` computes in plain Python.
-SMALL_PINS = 256
-
 
 def read_offset(update_cost: int, reader_cost: int, same_proc: bool) -> int:
     """Cycles from an update copy's start to its weights being readable, before any transfer: its cost, and
@@ -714,65 +708,10 @@ class PeriodicSchedule:
         return self._pins(vectorised=self.period > 0, forward_only=True)
 
     def _pins(self, vectorised: bool, forward_only: bool = False) -> dict[tuple[str, int, int], int]:
-        """`read_pins`: per reader, `latest_update` over its layer's update copies — reader by reader, or
-        (`vectorised`, a period > 0) a layer at a time as one readers × copies array of `seen_updates`.
-        `forward_only`: the F readers alone (`forward_pins`)."""
-        floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
-        groups = dict(self.groups)
-        updates: dict[int, list[tuple[Slot, int]]] = {}
-        readers: dict[int, list[tuple[Slot, int]]] = {}
-        for p, body in enumerate(self.bodies):
-            for s in body:
-                if s.kind == "U":
-                    updates.setdefault(s.layer, []).append((s, p))
-                elif (s.kind == "F") if forward_only else ("F" in s.kind or "E" in s.kind):
-                    readers.setdefault(s.layer, []).append((s, p))
-        stale: dict[tuple[str, int, int], int] = {}
-        for layer, xs in readers.items():
-            us = updates.get(layer)
-            if not us or ("U", layer) not in self.costs:
-                continue
-            g = groups.get(layer, 1)
-            per = self.unfold // g
-            c_u = self.costs[("U", layer)]
-            delays = [self.read_delays.get((x.kind, layer, x.phase) if x.phase else (x.kind, layer), 0) for x, _ in xs]
-            c_xs = [self.costs.get((x.kind, layer), 1) for x, _ in xs]
-            if vectorised:
-                best = self._latest_updates(xs, us, c_u, c_xs, delays, per)
-            else:
-                best = [latest_update(x.start, x.lag, [(u.start, u.lag, u.phase, read_offset(c_u, c_x, pu == px))
-                                                       for u, pu in us], per, self.period, delay)[0]
-                        for (x, px), c_x, delay in zip(xs, c_xs, delays, strict=True)]
-            for (x, _), b in zip(xs, best, strict=True):
-                key = (x.kind, layer, x.phase)
-                value = x.phase // g - 1 - b
-                stale[key] = max(value, floor.get(key, value)) if floor else value
-        return {key: stale[key] for key in sorted(stale, key=_PIN_ORDER)}
+        """`read_pins` (`forward_only`: of the F readers alone), computed by `_validate.schedule_pins`."""
+        from layerpipe.schedule._validate import schedule_pins  # _validate imports this module
 
-    def _latest_updates(self, xs: Sequence[tuple[Slot, int]], us: Sequence[tuple[Slot, int]], c_u: int,
-                        c_xs: Sequence[int], delays: Sequence[int], per: int) -> list[int]:
-        """`latest_update`'s newest update for each reader of `xs` (slot, processor) over the copies `us`, as arrays:
-        f = ⌊(start_X − start_U − offset − delay)/P⌋, seen = (J/g)·(f − lag_U + lag_X) + phase_U, its max."""
-        if len(xs) * len(us) <= SMALL_PINS:  # numpy's per-call cost outweighs a few dozen integer formulas
-            period = self.period
-            copies = [(u.start, u.lag, u.phase, pu) for u, pu in us]
-            out = []
-            for (x, px), cost_x, delay in zip(xs, c_xs, delays, strict=True):
-                at, reader_lag = x.start - delay, x.lag
-                zero = c_u == 0 and cost_x == 0
-                out.append(max(per * ((at - start - (c_u + (zero and pu == px))) // period - lag + reader_lag) + phase
-                               for start, lag, phase, pu in copies))
-            return out
-        import numpy as np
-
-        x_start, x_lag, x_proc = np.array([(x.start, x.lag, p) for x, p in xs], dtype=np.int64).T
-        u_start, u_lag, u_phase, u_proc = np.array([(u.start, u.lag, u.phase, p) for u, p in us], dtype=np.int64).T
-        c_x = np.array(c_xs, dtype=np.int64)
-        # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
-        offset = c_u + ((c_u == 0) & (c_x[:, None] == 0) & (x_proc[:, None] == u_proc[None, :]))
-        f = (x_start[:, None] - u_start[None, :] - offset - np.array(delays, dtype=np.int64)[:, None]) // self.period
-        seen = per * (f - u_lag[None, :] + x_lag[:, None]) + u_phase[None, :]
-        return seen.max(axis=1).tolist()
+        return schedule_pins(self, vectorised, forward_only)
 
     def start_time(self, kind: str, layer: int, iteration: int) -> int:
         """Start of the op of `iteration` (update number for U) of task kind/layer."""

@@ -42,6 +42,19 @@ def loop_lengths(table: TaskTable) -> dict[int, int]:
     One system per loop over every delay-0 edge, r_w ≥ r_v + c_w, plus a virtual node z (r_z = 0) with
     r_F ≥ r_z + M, M above any path's work: a node reachable from F_l gets M + its longest path from F_l,
     any other less than M. U_l out of reach leaves F_l alone (c_F)."""
+    found = _LOOPS.get(table.token)
+    if found is None:
+        if len(_LOOPS) >= _TIMELINES_KEPT:
+            _LOOPS.pop(next(iter(_LOOPS)))  # oldest first
+        found = _LOOPS[table.token] = _loop_lengths(table)
+    return dict(found)
+
+
+#: `loop_lengths`' memo by table content: the bounded search and the result's bound ask for the same table's.
+_LOOPS: dict[int, dict[int, int]] = memo({})
+
+
+def _loop_lengths(table: TaskTable) -> dict[int, int]:
     n = len(table)
     src, dst = table.precedence
     big = table.total + 1

@@ -148,10 +148,10 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
                 order.append((v, k // groups.get(t.layer, 1)))
     index = {(table.tasks[v].kind, table.tasks[v].layer, k): i for i, (v, k) in enumerate(order)}
     words: list[dict[int, int]] = [{} for _ in order]
-    for src, dst, carried in _delay_free_edges(table.graph, unfold, groups):
-        u, v = index.get(src), index.get(dst)
-        if u is not None and v is not None:
-            words[v][u] = words[v].get(u, 0) + carried
+    for head, tail, carried in _delay_free_edges(table.graph, unfold, groups):
+        producer, consumer = index.get(head), index.get(tail)
+        if producer is not None and consumer is not None:
+            words[consumer][producer] = words[consumer].get(producer, 0) + carried
     preds = tuple(tuple(sorted(w)) for w in words)
     reads = []
     for u, x, w in table.weight_reads:
