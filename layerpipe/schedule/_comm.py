@@ -157,6 +157,16 @@ class Queues:
         edge = self._table.edge_index
         return [(edge[pair], i) for i, pair in enumerate(pairs) if not weight[i] and pair in edge]
 
+    @cached_property
+    def edge_slots(self) -> list[int]:
+        """Per precedence edge of the table (`table.precedence` order), the transfer carrying it or −1 (local);
+        only when `edge_transfers` is not None."""
+        assert self.edge_transfers is not None
+        slots = [-1] * len(self._table.precedence[0])
+        for e, i in self.edge_transfers:
+            slots[e] = i
+        return slots
+
 
 #: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers' `Queues`.
 _TRANSFERS: dict[tuple[object, ...], Queues] = memo({})

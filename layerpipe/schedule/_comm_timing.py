@@ -107,15 +107,30 @@ def _rounds(table: TaskTable, start: Sequence[int], period: int,
         return _planned_rounds(table, start, period, comm)
     # No re-pinned weight reads (`channel_timing`'s unfolded case): the channels are packed directly and the
     # lags read the arrivals by edge index; the dict of arrivals is built once, for the last round.
-    src, _ = table.precedence
-    end = [start[u] + table.cost[u] for u in src]
-    edge_transfers = lined.edge_transfers
+    src, dst = table.precedence
+    cost, n = table.cost, len(table)
 
-    def lags_of(arrive: list[int]) -> list[int]:
-        ready = list(end)
-        for e, i in edge_transfers:
-            ready[e] = arrive[i]
-        return lags_from_ready(table, start, period, ready)
+    if table.forward:
+        slots = lined.edge_slots
+
+        def lags_of(arrive: list[int]) -> list[int]:
+            """`lags_from_ready`'s sweep, reading each edge's ready time as it goes (its transfer's arrival, or
+            the producer's end) instead of building the list first."""
+            r = [0] * n
+            for u, v, t in zip(src, dst, slots, strict=True):
+                need = r[u] - ((start[v] - (arrive[t] if t >= 0 else start[u] + cost[u])) // period)
+                if need > r[v]:
+                    r[v] = need
+            return r
+    else:
+        end = [start[u] + cost[u] for u in src]
+        edge_transfers = lined.edge_transfers or []
+
+        def lags_of(arrive: list[int]) -> list[int]:
+            ready = list(end)
+            for e, i in edge_transfers:
+                ready[e] = arrive[i]
+            return lags_from_ready(table, start, period, ready)
 
     packed = pack(table, comm, lined, start, period, None)
     lag = lags_of(packed[0])
