@@ -407,7 +407,12 @@ def _settle(table: TaskTable, best: Candidate, k: int, num_procs: int, interconn
 
     `_tightened` re-times bodies gap-free, and where that breaks the bound it keeps the searched period, which
     can still have slack: mlp:16-12-8-4 on 3 processors, max staleness 1 was scheduled at 90 cycles on
-    `shared` (143 on links:2:16) and simulated at 89 (140), the ratio of its graph."""
+    `shared` (143 on links:2:16) and simulated at 89 (140), the ratio of its graph.
+
+    The graph holds every processor's and every link's cycle (its load over one period), so its ratio is at
+    least the busiest processor or channel: a timing at that period has no slack to take out (not re-timed)."""
+    if best.period <= best.cost.period:
+        return best
     found = settled(table, best.placement, num_procs, best.timing, best.period, interconnect)
     if found.period >= best.period or found.timing.score()[0] > k:
         return best
