@@ -428,10 +428,11 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         g = replicas[t.layer]
         return ((k * g + g - 1) if t.kind == "U" else k, 1, -t.layer, 1 if t.kind == "U" else 0)
 
+    blocks = [block(v) for v in range(len(unfolded))]  # each key reads them, several times per task
     keys: list[Callable[[int], tuple]] = [
-        lambda v: block(v),
-        lambda v: (block(v)[0], 1 - block(v)[1], *block(v)[2:]),
-        lambda v: (block(v)[1], *block(v)),
+        blocks.__getitem__,
+        lambda v: (blocks[v][0], 1 - blocks[v][1], *blocks[v][2:]),
+        lambda v: (blocks[v][1], *blocks[v]),
     ]
     comm = Comm(placement, interconnect, num_procs)
     trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
