@@ -6,7 +6,8 @@ keeps W_l on one processor (no weight traffic). Three candidate placements are t
 and swaps off the busiest processor), the iteration's timeline cut into N contiguous runs + repair, and
 that cut unrepaired (each body one stretch of the iteration, so lags step about once per processor: the
 least staleness, at a slightly longer period). Bodies are ordered and packed by `best_ordering`; lags are
-the minimal legal ones. The shortest period wins; within `PERIOD_SLACK` of it, the lowest staleness.
+the minimal legal ones. The shortest period wins; within `PERIOD_SLACK` of it, the lowest staleness. A
+placement's period and words need no timing, so only the placements that can still win are timed (`_ranked`).
 
 With `max_staleness` K every weight loop must turn around within K + 1 periods (span of F_l … U_l ≤
 (K+1)·P). The shortest candidate meeting K is kept unless the modulo list scheduler (tasks at their
