@@ -214,8 +214,12 @@ SOURCE_ROUNDS = 4
 
 
 def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
-                   consumer_time: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
+                   consumer_time: Sequence[int] | None = None,
+                   packed: tuple[list[int], list[int], object] | None = None) -> dict[tuple[int, int], int]:
     """Arrival of every transfer (u, v), in cycles from the start of u's period (u's start is start[u]).
+
+    `packed`, when the caller has it, is `pack` of the table's own transfers on these plan times (the first
+    packing, which is then not repeated).
 
     `consumer_time[v]` orders the consumers of one producer on one channel (their program order: absolute
     start in the plan, lag·P + start); without it they go by start offset. Channels must fit in the period.
@@ -239,7 +243,8 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     found = lined.found
     if not found:
         return {}
-    arrival = packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
+    arrival = packed_arrivals(lined, packed if packed is not None else pack(table, comm, lined, start, period,
+                                                                            consumer_time))
     if consumer_time is None or not lined.any_weight:
         return arrival
     from layerpipe.schedule._unfold import (  # _unfold imports this module

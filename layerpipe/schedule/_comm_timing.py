@@ -152,14 +152,23 @@ def _rounds(table: TaskTable, start: Sequence[int], period: int,
 
 def _planned_rounds(table: TaskTable, start: Sequence[int], period: int,
                     comm: Comm) -> tuple[list[int], dict[tuple[int, int], int], bool]:
-    """The rounds of `comm_timing` through `channel_timing` (which re-pins an unfolded table's weight reads)."""
-    arrival = channel_timing(table, comm, start, period)
+    """The rounds of `comm_timing` through `channel_timing` (which re-pins an unfolded table's weight reads).
+
+    The first round's plan times usually keep every tied queue in order (`same_order`): its packing is then the
+    first one's, handed to `channel_timing` rather than repeated; and arrivals equal to the previous round's
+    give its lags again without another sweep."""
+    lined = queues(table, comm)
+    first = pack(table, comm, lined, start, period, None)
+    arrival = packed_arrivals(lined, first)  # `channel_timing` without plan times
     lag = _longest_lags(table, start, period, arrival)
     fixed = False
-    for _ in range(COMM_ROUNDS):
+    for round_ in range(COMM_ROUNDS):
         plan = [lag[v] * period + start[v] for v in range(len(table))]
-        arrival = channel_timing(table, comm, start, period, plan)
-        again = _longest_lags(table, start, period, arrival)
+        ties = first[2]
+        alike = round_ == 0 and isinstance(ties, list) and same_order(ties, lined, start, plan, period)
+        again_arrival = channel_timing(table, comm, start, period, plan, packed=first if alike else None)
+        again = lag if again_arrival == arrival else _longest_lags(table, start, period, again_arrival)
+        arrival = again_arrival
         fixed = again == lag
         lag = again
         if fixed:
