@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, slot_order
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, make_slot, slot_order
 from layerpipe.schedule._lags import timeline
 from layerpipe.schedule._task_table import TaskTable
 
@@ -52,7 +52,7 @@ def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[in
     new version (`PeriodicSchedule.read_delays`)."""
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
-        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v]))
+        bodies[placement[v]].append(make_slot(start[v], t.kind, t.layer, lag[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
     delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}  # PeriodicSchedule.read_delays' keys
     for u, x, _ in table.weight_reads:

@@ -517,6 +517,16 @@ class Slot:
         return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
 
 
+def make_slot(start: int, kind: str, layer: int, lag: int, phase: int = 0) -> Slot:
+    """`Slot(start, kind, layer, lag, phase)` without the frozen dataclass's `object.__setattr__` per field (a
+    `Slot` has nothing else to set up or check): the timing passes make one per task of every timing they
+    score, several times the cost of the rest of building a schedule."""
+    slot = object.__new__(Slot)
+    state = slot.__dict__
+    state["start"], state["kind"], state["layer"], state["lag"], state["phase"] = start, kind, layer, lag, phase
+    return slot
+
+
 #: The key of `Slot`'s own order (its fields in turn, as `order=True` compares them): sorting by it compares
 #: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
 slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")

@@ -35,7 +35,15 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates, slot_order
+from layerpipe.schedule._ir import (
+    PeriodicSchedule,
+    Slot,
+    check_unfolding,
+    make_slot,
+    read_offset,
+    seen_updates,
+    slot_order,
+)
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
 
@@ -272,7 +280,7 @@ def _periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int
     phase = table.phase if isinstance(table, UnfoldedTable) else (0,) * len(table)
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
-        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v], phase[v]))
+        bodies[placement[v]].append(make_slot(start[v], t.kind, t.layer, lag[v], phase[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
     delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
     for u, x, _ in table.weight_reads:
