@@ -516,8 +516,10 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
             reads = [_steady_period(slots[("F", layer.index, k)].lag - slots[(back, layer.index, k)].lag, depth)
                      for k in range(unfold)]
             hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
-        ends = sorted(j * period + u.start + c_u for j in range(last_end) for u in updates
-                      if per * (j - u.lag) + u.phase >= 0)
+        # Update ends of periods j < last_end that apply an update ≥ 0: per·(j − lag) + phase ≥ 0, i.e.
+        # j ≥ lag − ⌊phase / per⌋ (each copy's ends as one range, not every period filtered)
+        ends = sorted(j * period + end for u in updates for end in (u.start + c_u,)
+                      for j in range(max(0, u.lag - u.phase // per), last_end))
         events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
         for k in range(unfold):
             f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
