@@ -9,9 +9,16 @@ process's later exports, so the text is byte-identical to `verilog.convert(..., 
 the two equal) and the interpreter start and module load are paid once per process.
 
 The script is amaranth 0.5's `_convert_rtlil_text` without `strip_internal_attrs` (amaranth is pinned; the
-equality test fails if a new version changes it). Yosys's warnings are dropped as amaranth drops them there
-(its write_verilog warns about processes amaranth never emits); an error raises amaranth's `YosysError` with
-yosys's message, as `verilog.convert` does.
+equality test fails if a new version changes it).
+
+One step of amaranth's RTLIL writer is replaced while this module converts (`_memory_init_as_text`): a memory's
+initial contents, which amaranth turns into one `Net` object per bit before printing them as a binary constant
+(a 3-PE design's 19 memories are 402,496 bits: ~25 % of its export, 2.0 -> 1.5 CPU-s). The replacement prints the
+same constant from the rows directly; it is used only with the amaranth version it was written against
+(`_FAST_MEMORY_INIT_FOR`), and the equality tests hold the text to `verilog.convert`'s, which never uses it.
+
+Yosys's warnings are dropped as amaranth drops them there (its write_verilog warns about processes amaranth
+never emits); an error raises amaranth's `YosysError` with yosys's message, as `verilog.convert` does.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ import atexit
 import functools
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
+import amaranth
 from amaranth.back import rtlil
 from amaranth.back.verilog import YosysError
 from amaranth.lib import wiring
@@ -96,7 +106,48 @@ def rtlil_to_verilog(rtlil_text: str) -> str:
     return out
 
 
+#: The amaranth release whose `ModuleEmitter.emit_memory` `_emit_memory_init_as_text` reproduces.
+_FAST_MEMORY_INIT_FOR = "0.5.10"
+
+
+def _emit_memory_init_as_text(self: Any, cell_idx: int, cell: Any) -> None:
+    """amaranth 0.5.10's `ModuleEmitter.emit_memory`, its constants written as text: `sigspec` of all-constant
+    bits is `{width}'{bits}`, most significant first, so DATA is the rows' two's-complement digits from the last
+    row to the first, and EN `width` ones."""
+    width = cell.width
+    mask = (1 << width) - 1
+    self.builder.cell("$meminit_v2", ports={
+        "ADDR": self.sigspec(),
+        "DATA": f"{len(cell.init) * width}'" + "".join(format(row & mask, f"0{width}b")
+                                                        for row in reversed(cell.init)),
+        "EN": f"{width}'" + "1" * width,
+    }, parameters={
+        "MEMID": self.memories[cell_idx].memid,
+        "ABITS": 0,
+        "WIDTH": width,
+        "WORDS": cell.depth,
+        "PRIORITY": 0,
+    }, src_loc=cell.src_loc)
+
+
+@contextmanager
+def _memory_init_as_text() -> Iterator[None]:
+    """`_emit_memory_init_as_text` in place of amaranth's writer for the duration (amaranth's own otherwise)."""
+    if amaranth.__version__ != _FAST_MEMORY_INIT_FOR:
+        yield
+        return
+    emitter = rtlil.ModuleEmitter
+    original = emitter.emit_memory
+    emitter.emit_memory = _emit_memory_init_as_text
+    try:
+        yield
+    finally:
+        emitter.emit_memory = original
+
+
 def component_verilog(component: wiring.Component, name: str) -> str:
     """The component's Verilog (ports from its signature), without `src` attributes: the same design gives the
     same bytes on any machine."""
-    return rtlil_to_verilog(rtlil.convert(component, name=name, emit_src=False))
+    with _memory_init_as_text():
+        text = rtlil.convert(component, name=name, emit_src=False)
+    return rtlil_to_verilog(text)

@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layerpipe.errors import InputError
 from layerpipe.hdl import LINT_WAIVERS, PEConfig, ProcessingElement, component_verilog, lint_verilog, synthesize
@@ -52,6 +54,48 @@ def test_export_in_process_equals_amaranths_verilog_convert(monkeypatch: pytest.
 
     monkeypatch.setattr(subprocess, "Popen", no_process)
     assert [component_verilog(make(), name) for make, name in cases] == expected
+
+
+@pytest.mark.slow  # each example: amaranth's verilog.convert in a new process (~0.3 s of CPU)
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), memories=st.lists(st.tuples(st.sampled_from([1, 3, 8, 16, 17, 64]), st.booleans(),
+                                                   st.integers(1, 40)), min_size=1, max_size=3))
+def test_memory_contents_are_written_as_amaranth_writes_them(data: st.DataObject,
+                                                             memories: list[tuple[int, bool, int]]) -> None:
+    """`component_verilog` writes memories' initial contents itself (hdl/_verilog.py: amaranth's writer makes an
+    object per bit): for memories of any width, signedness, depth and contents — negative rows, the rest of the
+    depth left zero — the text is `verilog.convert`'s."""
+    from amaranth.back import verilog
+    from amaranth.hdl import Module, Signal, signed, unsigned
+    from amaranth.lib import wiring
+    from amaranth.lib.memory import Memory
+    from amaranth.lib.wiring import In, Out
+
+    inits = []
+    for width, is_signed, depth in memories:
+        low, high = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if is_signed else (0, (1 << width) - 1)
+        inits.append(data.draw(st.lists(st.integers(low, high), max_size=depth)))
+
+    class Memories(wiring.Component):
+        def __init__(self) -> None:
+            super().__init__({"addr": In(6), "data": Out(64)})
+
+        def elaborate(self, platform: object) -> Module:
+            m = Module()
+            out = Signal(64)
+            for k, ((width, is_signed, depth), init) in enumerate(zip(memories, inits, strict=True)):
+                shape = signed(width) if is_signed else unsigned(width)
+                m.submodules[f"mem{k}"] = mem = Memory(shape=shape, depth=depth, init=init)
+                port = mem.read_port(domain="comb")
+                m.d.comb += port.addr.eq(self.addr)
+                out = out ^ port.data.as_unsigned()
+            m.d.comb += self.data.eq(out)
+            return m
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AMARANTH_USE_YOSYS", "builtin")  # the same yosys as component_verilog's
+        expected = verilog.convert(Memories(), name="top", emit_src=False)  # a component elaborates once
+    assert component_verilog(Memories(), "top") == expected
 
 
 @pytest.mark.slow  # `layerpipe rtl` in a fresh interpreter: ~2 s of CPU
