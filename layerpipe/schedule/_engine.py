@@ -70,7 +70,16 @@ from layerpipe.schedule._dep_csr import (
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
 from layerpipe.schedule._rounds import MIN_PROCS as ROUNDS_MIN_PROCS
 from layerpipe.schedule._rounds import LinkSends, sweep_rounds
-from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
+from layerpipe.schedule._runs import (
+    FirstInputs,
+    Runs,
+    first_inputs,
+    make_runs,
+    needed_input_lists,
+    op_times,
+    split_first,
+    sweep_runs,
+)
 from layerpipe.schedule._workload import Workload
 
 #: The interconnect kinds the engine times (`layerpipe.interconnect`; `SimConfig.interconnect`).
@@ -186,6 +195,11 @@ class CompiledSchedule:
         (`layerpipe.schedule._runs.needed_inputs`: the same times, the same deadlock reports)."""
         return needed_input_lists(self.bounds, self.prod_ptr, self.prod_idx)
 
+    @cached_property
+    def sweep_first(self) -> FirstInputs:
+        """`sweep_inputs` as the op-by-op sweep reads them (`layerpipe.schedule._runs.first_inputs`)."""
+        return first_inputs(self.bounds, self.prod_ptr, self.prod_idx, self.num_ops)
+
     @property
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
@@ -288,6 +302,11 @@ class LinkPlan:
     def sweep_inputs(self) -> list[list[int]]:
         """`inputs` without earlier ops of the consumer's own processor (see `CompiledSchedule.sweep_inputs`)."""
         return needed_input_lists(self.bounds, self.input_ptr, self.input_src)
+
+    @cached_property
+    def sweep_first(self) -> FirstInputs:
+        """`sweep_inputs` as the op-by-op sweep reads them (`layerpipe.schedule._runs.first_inputs`)."""
+        return first_inputs(self.bounds, self.input_ptr, self.input_src, len(self.input_ptr) - 1 + len(self.word_array))
 
     @cached_property
     def sends(self) -> list[list[tuple[int, int]]]:
@@ -503,7 +522,9 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
             if timed is not None:
                 return timed  # else they do not pay here, or a deadlock (the sweeps below report it)
         runs = c.shared_runs
-        return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
+        if runs is None:
+            return _sweep_first(c, c.sweep_first, lambda: c.sweep_inputs)
+        return _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, latency, words_per_cycle, bus=True)
     if 0 in c.cost and _zero_duration_sender(c):  # some op takes 0 cycles (`cost` lists present tasks only)
@@ -518,7 +539,7 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     hold = [0] * c.num_ops + held.tolist()
     runs = c.link_runs
     if runs is None:
-        return _sweep(c, plan.sweep_inputs, plan, hold, latency)
+        return _sweep_first(c, plan.sweep_first, lambda: plan.sweep_inputs, plan, hold, latency)
     return _run_sweep(c, runs, c.num_ops + len(plan.word_array), hold, latency, plan)
 
 
@@ -554,8 +575,19 @@ def _zero_duration_sender(c: CompiledSchedule) -> bool:
 
 def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None = None,
            hold: list[int] | tuple[()] = (), latency: int = 0) -> tuple[list[int], list[int]]:
+    """Start and end of every op given its inputs as a list per op (see `_sweep_first`, which this runs)."""
+    total = c.num_ops + (len(plan.words) if plan is not None else 0)
+    return _sweep_first(c, split_first(inputs, total), lambda: inputs, plan, hold, latency)
+
+
+def _sweep_first(c: CompiledSchedule, needed: FirstInputs, listed: Callable[[], list[list[int]]],
+                 plan: LinkPlan | None = None, hold: list[int] | tuple[()] = (), latency: int = 0
+                 ) -> tuple[list[int], list[int]]:
     """Start and end of every op: processors walk their programs (see the module docstring).
 
+    `needed` gives each op's inputs as its first one and the others of ops with more
+    (`layerpipe.schedule._runs.first_inputs`); input `total` (one past the last) is always available at cycle 0
+    and stands for "none". `listed()` gives the same inputs as a list per op, for a deadlock report only.
     `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
     only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles; no plan, no
     holds); −1 until known.
@@ -564,8 +596,10 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
     dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
     sends = plan.sends if plan is not None else None
     total = n + (len(plan.words) if plan is not None else 0)
+    first, more = needed
     start = [0] * n
     avail = [-1] * total
+    avail.append(0)  # input `total`: "no input"
     link_free = [0] * (c.num_procs * c.num_procs)  # link p→q is p·N + q
     nxt = lo.copy()
     free = [0] * len(lo)
@@ -575,44 +609,58 @@ def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None =
         p = work.pop()
         i, last, t = nxt[p], hi[p], free[p]
         while i < last:
-            s = t
-            for x in inputs[i]:
-                e = avail[x]
-                if e < 0:
-                    parked = waiters[x]
-                    if parked is None:
-                        waiters[x] = [p]
-                    else:
-                        parked.append(p)
+            x = first[i]
+            e = avail[x]
+            if e < 0:
+                parked = waiters[x]
+                if parked is None:
+                    waiters[x] = [p]
+                else:
+                    parked.append(p)
+                break
+            s = t if t > e else e
+            rest = more[i] if more is not None else None
+            if rest is not None:
+                for x in rest:
+                    e = avail[x]
+                    if e < 0:
+                        parked = waiters[x]
+                        if parked is None:
+                            waiters[x] = [p]
+                        else:
+                            parked.append(p)
+                        break
+                    if e > s:
+                        s = e
+                else:
+                    rest = None
+                if rest is not None:  # parked on one of the others
                     break
-                if e > s:
-                    s = e
-            else:
-                start[i] = s
-                t = avail[i] = s + dur[i]
-                woken = waiters[i]
-                if woken is not None:
-                    work.extend(woken)
-                    waiters[i] = None
-                if sends is not None:
-                    for x, link in sends[i]:
-                        depart = link_free[link]
-                        if depart < t:
-                            depart = t
-                        depart += hold[x]
-                        link_free[link] = depart
-                        avail[x] = depart + latency
-                        woken = waiters[x]
-                        if woken is not None:
-                            work.extend(woken)
-                            waiters[x] = None
-                i += 1
-                continue
-            break
+            start[i] = s
+            t = avail[i] = s + dur[i]
+            woken = waiters[i]
+            if woken is not None:
+                work.extend(woken)
+                waiters[i] = None
+            if sends is not None:
+                for x, link in sends[i]:
+                    depart = link_free[link]
+                    if depart < t:
+                        depart = t
+                    depart += hold[x]
+                    link_free[link] = depart
+                    avail[x] = depart + latency
+                    woken = waiters[x]
+                    if woken is not None:
+                        work.extend(woken)
+                        waiters[x] = None
+            i += 1
         nxt[p], free[p] = i, t
     if any(nxt[p] < hi[p] for p in range(c.num_procs)):
-        _check_finished(c, nxt, [e >= 0 for e in avail], inputs, plan.producer if plan is not None else [])
-    return start, avail[:n]
+        del avail[total]
+        _check_finished(c, nxt, [e >= 0 for e in avail], listed(), plan.producer if plan is not None else [])
+    del avail[n:]
+    return start, avail
 
 
 @dataclass(frozen=True)

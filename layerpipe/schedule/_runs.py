@@ -207,6 +207,44 @@ def needed_input_lists(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> l
         return [values[a:b] for a, b in itertools.pairwise(cuts.tolist())]
 
 
+#: What the op-by-op sweep reads per op: its first needed input, and the others of ops that have more than one
+#: (None for ops with one or none; None altogether when no op has more).
+FirstInputs = tuple[list[int], list[list[int] | None] | None]
+
+
+def first_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, sentinel: int) -> FirstInputs:
+    """Per op, its first `needed_inputs` entry (`sentinel`, an input the sweep holds available at cycle 0, when it
+    has none) and the rest of them for ops with more. Nearly every op of a stage-level pipeline needs one input
+    once its own processor's are dropped: one list of ints, not a list per op (building 1,024 small lists and
+    freeing them was as long as the sweep itself, 1F1B at p = 8, issue 14)."""
+    n = bounds[-1]
+    consumer, keep = needed_inputs(bounds, ptr, src)
+    kept = src[keep]
+    counts = np.bincount(consumer[keep], minlength=n)
+    cuts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=cuts[1:])
+    first = np.full(n, sentinel, dtype=np.int64)
+    has = counts > 0
+    first[has] = kept[cuts[:-1][has]]
+    multi = np.flatnonzero(counts > 1).tolist()
+    if not multi:
+        return first.tolist(), None
+    values, at = kept.tolist(), cuts.tolist()
+    more: list[list[int] | None] = [None] * n
+    with gc_paused():
+        for i in multi:
+            more[i] = values[at[i] + 1:at[i + 1]]
+    return first.tolist(), more
+
+
+def split_first(inputs: list[list[int]], sentinel: int) -> FirstInputs:
+    """`first_inputs` of per-op input lists (as given, none dropped)."""
+    first = [row[0] if row else sentinel for row in inputs]
+    if all(len(row) <= 1 for row in inputs):
+        return first, None
+    return first, [row[1:] if len(row) > 1 else None for row in inputs]
+
+
 def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
                ) -> tuple[list[int], list[int], bool]:
     """(known, free-at-stop per processor, finished?) of the run sweep: known[x] is the start of the run headed
