@@ -80,12 +80,25 @@ def _peaks_at_once(num_procs: int, where: np.ndarray, lo: np.ndarray, hi: np.nda
     if not len(all_p):
         return peaks
     order = np.lexsort((all_d, all_t, all_p))
-    all_p, all_d = all_p[order], all_d[order]
-    bounds = np.searchsorted(all_p, np.arange(num_procs + 1))
-    for p in range(num_procs):
-        a, b = int(bounds[p]), int(bounds[p + 1])
-        if b > a:
-            peaks[p] = max(0, int(np.cumsum(all_d[a:b]).max()))
+    if all_d.dtype.kind != "i":  # not integers: one cumsum per processor, so every sum is added as before
+        all_p, all_d = all_p[order], all_d[order]
+        bounds = np.searchsorted(all_p, np.arange(num_procs + 1))
+        for p in range(num_procs):
+            a, b = int(bounds[p]), int(bounds[p + 1])
+            if b > a:
+                peaks[p] = max(0, int(np.cumsum(all_d[a:b]).max()))
+        return peaks
+    # One running sum over every processor's changes; a processor's own running sum is the global one less
+    # its value where the processor's changes begin (exact integers: the same sums as one cumsum each).
+    running = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(all_d[order], out=running[1:])
+    cuts = np.searchsorted(all_p[order], np.arange(num_procs + 1)).tolist()
+    nonempty = [p for p in range(num_procs) if cuts[p + 1] > cuts[p]]
+    if nonempty:
+        at = np.asarray([cuts[p] for p in nonempty], dtype=np.int64)
+        tops = np.maximum.reduceat(running[1:], at) - running[at]
+        for p, top in zip(nonempty, tops.tolist(), strict=True):
+            peaks[p] = max(0, int(top))
     return peaks
 
 
@@ -120,6 +133,8 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
 def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
                   workload: Workload, mode: str, distributed: bool = False):
     """Per weight unit and holding processor: (processor, change times, word deltas) of the words held."""
+    if not workload.weight_words:
+        return  # nothing to hold (stage-level runs without weight sizes)
     extra = 1 if mode == "ema" else 0
     # Per-task tables and per-unit subsets rather than flags and processors per op (issue 14: memory per op).
     kinds = [k for k, _ in c.tasks]

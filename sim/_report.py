@@ -97,8 +97,8 @@ class SimResult:
     def num_procs(self) -> int:
         return self.schedule.num_procs
 
-    @property
-    def total_cycles(self) -> int:
+    @cached_property
+    def total_cycles(self) -> int:  # read by most figures: one reduction, not one per read
         return int(self.end.max()) if len(self.end) else 0
 
     @cached_property
@@ -142,10 +142,8 @@ class SimResult:
     # --- processors -------------------------------------------------------------------------------------
     @cached_property
     def busy_cycles(self) -> tuple[int, ...]:
-        if self._from_compiled:  # processor-major ops: a slice per processor, no array per op (issue 14)
-            cuts = self._compiled.bounds  # type: ignore[union-attr]
-            return tuple(int(self.end[lo:hi].sum()) - int(self.start[lo:hi].sum())
-                         for lo, hi in itertools.pairwise(cuts))
+        if self._from_compiled:  # processor-major ops: sums over slices, from one running sum (issue 14)
+            return tuple(_slice_sums(self.end - self.start, self._compiled.bounds))  # type: ignore[union-attr]
         dur = self.end - self.start
         return tuple(int(x) for x in np.bincount(self.proc, weights=dur, minlength=self.num_procs).astype(np.int64))
 
@@ -154,20 +152,31 @@ class SimResult:
         return tuple(self.total_cycles - b for b in self.busy_cycles)
 
     @cached_property
+    def _gaps(self) -> tuple[np.ndarray, list[int]]:
+        """Every processor's idle intervals [from, to) between its ops, one (k, 2) array processor after
+        processor, and where each processor's rows begin (one pass over every op, not one per processor)."""
+        cuts = np.zeros(self.num_procs + 1, dtype=np.int64)
+        np.cumsum(self.schedule.row_lengths(), out=cuts[1:])
+        start, end = np.asarray(self.start, dtype=np.int64), np.asarray(self.end, dtype=np.int64)
+        gap = start[1:] > end[:-1]
+        last = cuts[1:-1] - 1  # op k is compared with op k + 1: not across a processor's last op
+        gap[last[(last >= 0) & (last < len(gap))]] = False
+        at = np.flatnonzero(gap)
+        rows = np.empty((len(at), 2), dtype=np.int64)
+        rows[:, 0] = end[at]
+        rows[:, 1] = start[at + 1]
+        return rows, np.searchsorted(at, cuts, side="left").tolist()
+
+    @cached_property
     def bubbles(self) -> tuple[np.ndarray, ...]:
         """Per processor, an (k, 2) array of idle intervals [from, to) between its first and last op."""
-        out = []
-        lo = 0
-        for count in self.schedule.row_lengths():
-            s, e = self.start[lo:lo + count], self.end[lo:lo + count]
-            gap = s[1:] > e[:-1]
-            out.append(np.stack([e[:-1][gap], s[1:][gap]], axis=1) if count > 1 else np.zeros((0, 2), np.int64))
-            lo += count
-        return tuple(out)
+        rows, cuts = self._gaps
+        return tuple(rows[a:b] for a, b in itertools.pairwise(cuts))
 
     @property
     def bubble_cycles(self) -> tuple[int, ...]:
-        return tuple(int((b[:, 1] - b[:, 0]).sum()) for b in self.bubbles)
+        rows, cuts = self._gaps
+        return tuple(_slice_sums(rows[:, 1] - rows[:, 0], cuts))
 
     @property
     def utilization_pct(self) -> float:
@@ -264,21 +273,32 @@ SMALL_ENTRIES = 2048
 _DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
 
 
+def _slice_sums(values: np.ndarray, cuts: list[int]) -> list[int]:
+    """Sums of values[cuts[k]:cuts[k+1]] for every k, exact integers (differences of one running sum)."""
+    running = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=running[1:])
+    at = running[np.asarray(cuts, dtype=np.int64)]
+    return (at[1:] - at[:-1]).tolist()
+
+
 def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     """Words per ordered processor pair, over every cross-processor (producer, consumer) pair. A pair's words
     are the sum of its dependencies' words, so the sums run over the dependencies directly (no pairing sort);
     a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
-    proc = c.proc_array()
     procs = c.num_procs
     if len(c.prod_idx) <= SMALL_ENTRIES * max(procs, 1):  # at once: a pass per processor costs more here
-        src, dst = proc[c.prod_idx], proc[c.consumer_of_edge]
-        cross = src != dst
-        if not cross.any():
-            return {}
-        pair = src[cross].astype(np.int64) * procs + dst[cross]
-        sums = np.bincount(pair, weights=c.prod_words[cross], minlength=procs ** 2).astype(np.int64)
+        # Entries are consumer-major and consumers processor-major: each consumer processor's entries are one
+        # slice (no array of every entry's consumer); producers' processors from the bounds.
+        cuts = np.asarray(c.prod_ptr)[np.asarray(c.bounds, dtype=np.int64)]
+        dst = np.repeat(np.arange(procs, dtype=np.int64), np.diff(cuts))
+        src = np.searchsorted(np.asarray(c.bounds, dtype=np.int64), c.prod_idx, side="right") - 1
+        pair = src * procs + dst
+        # Pairs on one processor are summed too and left out after (each pair's entries in the same order).
+        sums = np.bincount(pair, weights=c.prod_words, minlength=procs ** 2).astype(np.int64)
         present = np.bincount(pair, minlength=procs ** 2) > 0
-        return {(int(k) // procs, int(k) % procs): int(sums[k]) for k in np.flatnonzero(present)}
+        present[::procs + 1] = False
+        return {(k // procs, k % procs): int(sums[k]) for k in np.flatnonzero(present).tolist()}
+    proc = c.proc_array()
     # Consumers are numbered processor-major: consumer processor q's entries are one slice of the CSR arrays,
     # taken in turn (no array over every entry: issue 14). Each pair's sum adds its entries in the same order
     # as one bincount over all of them would.
