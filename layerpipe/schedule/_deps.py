@@ -547,13 +547,17 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     if (producer < 0).any():
         return None
     # Number the roles by first appearance, as the op-by-op walk does.
-    first = {r: int(np.argmax(role == r)) for r in range(len(rules.role_names)) if (role == r).any()}
+    present = np.flatnonzero(np.bincount(role, minlength=len(rules.role_names))).tolist() if len(role) else []
+    first = {r: int(np.argmax(role == r)) for r in present}
     ranked = sorted(first, key=first.__getitem__)
-    code = np.zeros(len(rules.role_names), dtype=np.int8)
-    code[ranked] = np.arange(len(ranked))
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=ptr[1:])
-    return DependencyArrays(ptr, producer, words, code[role], tuple(rules.role_names[r] for r in ranked))
+    names = tuple(rules.role_names[r] for r in ranked)
+    if ranked == list(range(len(ranked))):  # numbered so already: the codes stand
+        return DependencyArrays(ptr, producer, words, role.astype(np.int8, copy=False), names)
+    code = np.zeros(len(rules.role_names), dtype=np.int8)
+    code[ranked] = np.arange(len(ranked))
+    return DependencyArrays(ptr, producer, words, code[role], names)
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -586,8 +590,9 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     words_of = col["words"].astype(np.int32) if fits else col["words"]
     per_task = np.bincount(col["task"], minlength=num_tasks)
     first_row = np.cumsum(per_task) - per_task  # rows are added task by task
-    trivial = {name: bool((col[name] == value).all()) for name, value in (("div", 1), ("mul", 1), ("off", 0),
-                                                                           ("mod", 1), ("cap", 0))}
+    # Which of div, mul, off, cap, mod hold their neutral value in every row (one comparison of the five columns).
+    neutral = (table[:, 3:8] == (1, 1, 0, 0, 1)).all(axis=0).tolist() if len(table) else [True] * 5
+    trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
     span = index.shape[1]
     n = len(task)
     counts = np.zeros(n, dtype=np.int64)
@@ -602,22 +607,26 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
             base = base * col["mul"][row]
         if not trivial["off"]:
             base = base - col["off"][row]
-        if trivial["cap"]:
-            count = np.ones(len(row), dtype=np.int64)
-        else:
-            cap = col["cap"][row]
-            count = np.where(cap > 0, np.minimum(cap, total - base), 1)
         live = base >= 0
         if not trivial["mod"]:
             live &= it % col["mod"][row] == col["phase"][row]
-        pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
-        row, t = row[pair], base[pair] + k
+        if trivial["cap"] and live.all():  # one producer per (consumer, row): the pairs are the rows themselves
+            pair, t = None, base
+        else:
+            if trivial["cap"]:
+                count = np.ones(len(row), dtype=np.int64)
+            else:
+                cap = col["cap"][row]
+                count = np.where(cap > 0, np.minimum(cap, total - base), 1)
+            pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
+            row, t = row[pair], base[pair] + k
         producer = np.full(len(t), -1, dtype=index.dtype)
         for which in ("src", "alt"):
             src = col[which][row]
             todo = (producer < 0) & (src >= 0) & (t < span)
             producer[todo] = index[src[todo], t[todo]]
-        counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
+        counts[lo:lo + APPLY_BLOCK] = (per_task[block_task] if pair is None
+                                       else np.bincount(cons[pair], minlength=len(block_task)))
         parts.append((producer, words_of[row], col["role"][row].astype(np.int8)))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
@@ -702,20 +711,20 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
             rules.add(k, ("I", s), 0, "kept")
     empty = np.zeros(0, dtype=np.int64)
     n = len(task)
-    if not m or not n:
+    if not m or not n or int(iteration.max()) < m:  # asynchronous, or one step: no step edges
         return 0, (empty, empty)
     # Step edges: the first forward of (stage, step j ≥ 1) on each processor needs every gradient op (B, W) of
     # the stage in step j − 1, in op order.
-    kind_of = np.asarray([kind for kind, _ in tasks])[task]
+    kinds = [kind for kind, _ in tasks]
     unit = np.asarray(units, dtype=np.int64)[task]
     step = iteration // m
     num_steps = int(step.max()) + 1
     proc = np.repeat(np.arange(schedule.num_procs, dtype=np.int64), schedule.row_lengths())
-    gradient = np.flatnonzero((kind_of == "B") | (kind_of == "W"))
+    gradient = np.flatnonzero(np.asarray([kind in ("B", "W") for kind in kinds], dtype=bool)[task])
     g_key = unit[gradient] * num_steps + step[gradient]
     by_key = np.argsort(g_key, kind="stable")
     g_sorted, g_ops = g_key[by_key], gradient[by_key]
-    forwards = np.flatnonzero(kind_of == "F")
+    forwards = np.flatnonzero(np.asarray([kind == "F" for kind in kinds], dtype=bool)[task])
     f_key = (unit[forwards] * num_steps + step[forwards]) * schedule.num_procs + proc[forwards]
     _, first = np.unique(f_key, return_index=True)
     heads = np.sort(forwards[first])
