@@ -104,7 +104,7 @@ def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.n
         return
     span = int(c.iteration.max()) + 1
     forward_key = unit[forward].astype(np.int64) * span + c.iteration[forward]
-    order = np.argsort(forward_key)
+    order = np.argsort(forward_key, kind="stable")  # keys are distinct: the same order; radix sort
     forward, forward_key = forward[order], forward_key[order]
     key = unit[backward].astype(np.int64) * span + c.iteration[backward]
     pos = np.minimum(np.searchsorted(forward_key, key), len(forward_key) - 1)
