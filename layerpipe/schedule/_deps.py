@@ -593,6 +593,7 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     # Which of div, mul, off, cap, mod hold their neutral value in every row (one comparison of the five columns).
     neutral = (table[:, 3:8] == (1, 1, 0, 0, 1)).all(axis=0).tolist() if len(table) else [True] * 5
     trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
+    has_alt = bool((col["alt"] >= 0).any())
     span = index.shape[1]
     n = len(task)
     counts = np.zeros(n, dtype=np.int64)
@@ -620,9 +621,15 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
                 count = np.where(cap > 0, np.minimum(cap, total - base), 1)
             pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
             row, t = row[pair], base[pair] + k
-        producer = np.full(len(t), -1, dtype=index.dtype)
-        for which in ("src", "alt"):
-            src = col[which][row]
+        src = col["src"][row]
+        todo = (src >= 0) & (t < span)
+        if todo.all():  # every row's producer task has a slot: no mask (the same producers)
+            producer = index[src, t]
+        else:
+            producer = np.full(len(t), -1, dtype=index.dtype)
+            producer[todo] = index[src[todo], t[todo]]
+        if has_alt:  # where src has no op at that iteration, the row's alternative task
+            src = col["alt"][row]
             todo = (producer < 0) & (src >= 0) & (t < span)
             producer[todo] = index[src[todo], t[todo]]
         counts[lo:lo + APPLY_BLOCK] = (per_task[block_task] if pair is None

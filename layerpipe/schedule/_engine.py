@@ -148,6 +148,8 @@ class CompiledSchedule:
     @cached_property
     def dur(self) -> list[int]:
         """The cycles of every op, a list: every op of a task shares its duration's int object."""
+        if max(self.cost, default=0) <= 256 and min(self.cost, default=0) >= -5:
+            return self.dur_array().tolist()  # small ints are shared objects anyway: one C pass
         with gc_paused():
             return list(map(self.cost.__getitem__, self.task.tolist()))
 
@@ -419,8 +421,8 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
     ptr, producer, words, role, roles = csr
-    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow(ptr), _narrow(producer),
-                                _narrow(words), role, roles, plan_time=plan_time)
+    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
+                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
@@ -433,6 +435,14 @@ def _narrow(values: np.ndarray) -> np.ndarray:
                                                           and int(values.max()) <= np.iinfo(np.int32).max)):
         return values.astype(np.int32)
     return values
+
+
+def _narrow_ptr(ptr: np.ndarray) -> np.ndarray:
+    """`_narrow` of a CSR pointer: it rises from 0, so its last value is its largest (one element read, not two
+    reductions)."""
+    if ptr.dtype == np.int64 and (not len(ptr) or (int(ptr[0]) >= 0 and int(ptr[-1]) <= np.iinfo(np.int32).max)):
+        return ptr.astype(np.int32)
+    return _narrow(ptr)
 
 
 def _has_duplicate(slot: np.ndarray, cells: int) -> bool:
