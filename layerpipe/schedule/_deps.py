@@ -595,14 +595,20 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
     has_alt = bool((col["alt"] >= 0).any())
     span = index.shape[1]
+    flat = index.reshape(-1)
     n = len(task)
     counts = np.zeros(n, dtype=np.int64)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for lo in range(0, n, APPLY_BLOCK):
         block_task, it_block = task[lo:lo + APPLY_BLOCK], iteration[lo:lo + APPLY_BLOCK]
-        cons, local = _expand(per_task[block_task])
-        row = first_row[block_task[cons]] + local
-        it = it_block[cons]
+        # Each consumer's rows are its task's, consecutive from first_row: rows and iterations repeated per
+        # consumer, without an array of owners and offsets (`_expand`) where the rows are enough.
+        many = per_task[block_task]
+        before = np.cumsum(many)
+        before -= many
+        row = np.repeat(first_row[block_task] - before, many)
+        row += np.arange(len(row), dtype=np.int64)
+        it = np.repeat(it_block, many)
         base = it if trivial["div"] else it // col["div"][row]
         if not trivial["mul"]:
             base = base * col["mul"][row]
@@ -621,19 +627,20 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
                 count = np.where(cap > 0, np.minimum(cap, total - base), 1)
             pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
             row, t = row[pair], base[pair] + k
+        # Looked up in the flat table with `where` rather than masked 2-D indexing (half the time): slot 0 stands
+        # in where the row has no such task or iteration, and its value is not taken.
         src = col["src"][row]
-        todo = (src >= 0) & (t < span)
-        if todo.all():  # every row's producer task has a slot: no mask (the same producers)
-            producer = index[src, t]
-        else:
-            producer = np.full(len(t), -1, dtype=index.dtype)
-            producer[todo] = index[src[todo], t[todo]]
+        found = (src >= 0) & (t < span)
+        producer = np.where(found, flat[np.where(found, src * span + t, 0)], -1).astype(index.dtype, copy=False)
         if has_alt:  # where src has no op at that iteration, the row's alternative task
             src = col["alt"][row]
-            todo = (producer < 0) & (src >= 0) & (t < span)
-            producer[todo] = index[src[todo], t[todo]]
-        counts[lo:lo + APPLY_BLOCK] = (per_task[block_task] if pair is None
-                                       else np.bincount(cons[pair], minlength=len(block_task)))
+            found = (producer < 0) & (src >= 0) & (t < span)
+            producer = np.where(found, flat[np.where(found, src * span + t, 0)], producer)
+        if pair is None:
+            counts[lo:lo + APPLY_BLOCK] = many
+        else:
+            cons = np.repeat(np.arange(len(block_task), dtype=np.int64), many)
+            counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
         parts.append((producer, words_of[row], col["role"][row].astype(np.int8)))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
