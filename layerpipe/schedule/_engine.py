@@ -599,7 +599,8 @@ def _sweep_single(c: CompiledSchedule) -> tuple[np.ndarray, np.ndarray] | None:
     """`_sweep_first` where every op needs at most one input (stage-level pipelines, once each op's own
     processor's producers are dropped) on `shared`: the same times, from a loop with one input per op and only
     ends kept (starts are ends less durations); None where an op needs more, or on a deadlock (the caller's
-    sweep reports it)."""
+    sweep reports it). A processor parks on an input as an int (the rare second one waiting on the same input
+    in a dict), not in a list per input."""
     first, more = c.sweep_first
     if more is not None:
         return None
@@ -609,29 +610,30 @@ def _sweep_single(c: CompiledSchedule) -> tuple[np.ndarray, np.ndarray] | None:
     avail.append(0)  # input n: "no input"
     nxt = lo.copy()
     free = [0] * len(lo)
-    waiters: list[list[int] | None] = [None] * n
+    waiter = [-1] * n  # input → the processor parked on it
+    others: dict[int, list[int]] = {}  # input → the processors parked on it after the first
     work = list(range(len(lo) - 1, -1, -1))
     while work:
         p = work.pop()
         i, last, t = nxt[p], hi[p], free[p]
         while i < last:
-            x = first[i]
-            e = avail[x]
+            e = avail[first[i]]
             if e < 0:
-                parked = waiters[x]
-                if parked is None:
-                    waiters[x] = [p]
+                x = first[i]
+                if waiter[x] < 0:
+                    waiter[x] = p
                 else:
-                    parked.append(p)
+                    others.setdefault(x, []).append(p)
                 break
             if e > t:
                 t = e
             t += dur[i]
             avail[i] = t
-            woken = waiters[i]
-            if woken is not None:
-                work.extend(woken)
-                waiters[i] = None
+            q = waiter[i]
+            if q >= 0:  # op i ends once: its waiters are woken once, in the order they parked
+                work.append(q)
+                if others:
+                    work.extend(others.pop(i, ()))
             i += 1
         nxt[p], free[p] = i, t
     if any(nxt[p] < hi[p] for p in range(c.num_procs)):
