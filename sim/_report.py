@@ -288,14 +288,14 @@ def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     procs = c.num_procs
     if len(c.prod_idx) <= SMALL_ENTRIES * max(procs, 1):  # at once: a pass per processor costs more here
         # Entries are consumer-major and consumers processor-major: each consumer processor's entries are one
-        # slice (no array of every entry's consumer); producers' processors from the bounds.
+        # slice (no array of every entry's consumer).
         cuts = np.asarray(c.prod_ptr)[np.asarray(c.bounds, dtype=np.int64)]
         dst = np.repeat(np.arange(procs, dtype=np.int64), np.diff(cuts))
-        src = np.searchsorted(np.asarray(c.bounds, dtype=np.int64), c.prod_idx, side="right") - 1
-        pair = src * procs + dst
+        pair = c.proc_array(np.int64)[c.prod_idx] * procs + dst
+        present = np.zeros(procs ** 2, dtype=bool)
+        present[pair] = True
         # Pairs on one processor are summed too and left out after (each pair's entries in the same order).
         sums = np.bincount(pair, weights=c.prod_words, minlength=procs ** 2).astype(np.int64)
-        present = np.bincount(pair, minlength=procs ** 2) > 0
         present[::procs + 1] = False
         return {(k // procs, k % procs): int(sums[k]) for k in np.flatnonzero(present).tolist()}
     proc = c.proc_array()
