@@ -207,7 +207,7 @@ class SimResult:
     @cached_property
     def cycles_per_iteration(self) -> float:
         return steady_cycles_per_iteration(self.schedule, self.completion_times, self.total_cycles,
-                                           max(self.busy_cycles, default=0))
+                                           max(self.busy_cycles, default=0), self.num_iterations)
 
     @property
     def cycles_per_sample(self) -> float:

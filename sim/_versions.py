@@ -32,7 +32,7 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
                   mode: str, remote_copies: bool = False) -> np.ndarray:
     """Version read by every op (compiled numbering), −1 for ops that read no weights."""
     versions = np.full(c.num_ops, -1, dtype=np.int64)
-    reads = np.asarray([workload.reads_weights(k, u) for k, u in c.tasks], dtype=bool)[c.task]
+    reads = np.asarray(workload.weight_readers(c.tasks), dtype=bool)[c.task]
     if not reads.any():
         return versions
     sched = c.schedule

@@ -358,21 +358,23 @@ def _completions(schedule: OpSchedule, iteration: np.ndarray, end: np.ndarray,
 
 
 def steady_cycles_per_iteration(schedule: OpSchedule, completions: np.ndarray, total_cycles: int,
-                                busiest: int) -> float:
+                                busiest: int, iterations: int | None = None) -> float:
     """The steady-state slope of `completions` (C(k) per iteration or step): over the middle half, whole
     periods of an unfolded schedule, per micro-batch of a synchronous one, and at least the busiest
     processor's `busiest` cycles per iteration; total_cycles / iterations below 3. The one definition
     `SimResult.cycles_per_iteration` (whose docstring states the rule) and the stream policies share."""
+    if iterations is None:  # `schedule.num_iterations` (a pass over the ops): read once, or given
+        iterations = schedule.num_iterations
     k = len(completions)
     lo, hi = k // 4, k - 1 - k // 4
     unfold = max(schedule.unfold, 1)  # unfolded schedules repeat every J iterations: whole periods
     hi = lo + (hi - lo) // unfold * unfold
     if k < 3 or hi <= lo:
-        return total_cycles / max(schedule.num_iterations, 1)
+        return total_cycles / max(iterations, 1)
     slope = float(completions[hi] - completions[lo]) / (hi - lo)
     if schedule.synchronous:
         slope /= max(schedule.microbatches, 1)
-    return max(slope, busiest / schedule.num_iterations)
+    return max(slope, busiest / iterations)
 
 
 def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
