@@ -18,7 +18,7 @@ head, not per op.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,15 +33,21 @@ class Runs:
     Heads are numbered k = 0, 1, … in op order (processor-major); processor p's heads are
     head_bounds[p] … head_bounds[p+1] − 1. Head k is op `head[k]`, its run takes `length[k]` cycles, and its
     inputs are (key, add) pairs: available at known[key] + add, where key is the head op of the producer's run
-    (an op input) or the transfer's input number n + t (add 0). `sends[k]` are the transfers of the run's ops in
-    program order: (input number, link, off of the sending op).
+    (an op input) or the transfer's input number n + t (add 0). Its first input is (first_key[k], first_add[k])
+    — key `none`, always known at 0, when it has none — and the others are `rest[k]` (None for heads with one or
+    none; `rest` None when no head has more): most heads have one input, and a tuple of tuples per head was most of
+    building the runs (issue 14). `sends[k]` are the transfers of the run's ops in program order: (input number,
+    link, off of the sending op).
     """
 
     head: list[int]
     head_bounds: list[int]
     length: list[int]
-    inputs: list[tuple[tuple[int, int], ...]]
-    sends: list[list[tuple[int, int, int]]] | None
+    first_key: list[int]
+    first_add: list[int]
+    rest: list[tuple[tuple[int, int], ...] | None] | None
+    none: int  #: the input number standing for "no input" (one past the last op or transfer)
+    sends: list[Sequence[tuple[int, int, int]]] | None
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
 
@@ -90,25 +96,34 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     np.cumsum(np.bincount(head_number[kept_consumer], minlength=len(heads)), out=in_ptr[1:])
     del kept_consumer
     head_bounds = np.searchsorted(heads, np.asarray(bounds, dtype=np.int64)).tolist()
+    none = n + (len(send_input) if send_input is not None else 0)
+    count = np.diff(in_ptr)
+    has = count > 0
+    first_at = in_ptr[:-1][has]
+    first_key = np.full(len(heads), none, dtype=np.int64)
+    first_key[has] = key[first_at]
+    first_add = np.zeros(len(heads), dtype=np.int64)
+    first_add[has] = add[first_at]
+    multi = np.flatnonzero(count > 1).tolist()
     with gc_paused():
         head_list = heads.tolist()
-        # Every key of an op input is a head op: the head list's own int objects (a run's head number is the
-        # same for every op of the run, so the source's own number gives it).
-        keys = map(head_list.__getitem__, _ints(head_number[kept_src])) if all_ops else iter(key.tolist())
-        del key, kept_src
-        pairs = list(zip(keys, _shared(add), strict=True))  # iterators: no list of the keys, none of the adds
-        del keys, add
-        # A tuple per head, not a list: 48 bytes for one input where a list takes 72 (most heads have one).
-        inputs = list(map(tuple, map(pairs.__getitem__, itertools.starmap(slice, itertools.pairwise(_ints(in_ptr))))))
-        del pairs
+        rest: list[tuple[tuple[int, int], ...] | None] | None = None
+        if multi:
+            keys, adds, at = key.tolist(), add.tolist(), in_ptr.tolist()
+            rest = [None] * len(heads)
+            for k in multi:
+                rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
+            del keys, adds
+        del key, add, kept_src
         sends = None
         if send_producer is not None and send_input is not None and send_link is not None:
             owner = head_number[send_producer]
             s_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
             np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
-            sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
-    return Runs(head_list, head_bounds, shared_ints(length), inputs, sends, _narrow(run_of), _narrow(off))
+            sends = [flat[a:b] if b > a else () for a, b in itertools.pairwise(s_ptr.tolist())]
+    return Runs(head_list, head_bounds, shared_ints(length), shared_ints(first_key), shared_ints(first_add), rest,
+                none, sends, _narrow(run_of), _narrow(off))
 
 
 def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
@@ -245,10 +260,12 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
                ) -> tuple[list[int], list[int], bool]:
     """(known, free-at-stop per processor, finished?) of the run sweep: known[x] is the start of the run headed
     by op x, or the arrival of transfer x; −1 where never known (a deadlock: `finished` False)."""
-    known = [-1] * num_inputs
-    waiters: list[list[int] | None] = [None] * num_inputs
+    known = [-1] * max(num_inputs, r.none + 1)
+    known[r.none] = 0  # "no input"
+    waiters: list[list[int] | None] = [None] * len(known)
     link_free = [0] * num_links
-    heads, inputs, length, sends = r.head, r.inputs, r.length, r.sends
+    heads, length, sends = r.head, r.length, r.sends
+    first_key, first_add, rest = r.first_key, r.first_add, r.rest
     lo, hi = r.head_bounds[:-1], r.head_bounds[1:]
     nxt = list(lo)
     free = [0] * len(lo)
@@ -257,43 +274,56 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
         p = work.pop()
         k, stop, t = nxt[p], hi[p], free[p]
         while k < stop:
-            s = t
-            for key, add in inputs[k]:
-                e = known[key]
-                if e < 0:
-                    parked = waiters[key]
-                    if parked is None:
-                        waiters[key] = [p]
-                    else:
-                        parked.append(p)
+            key = first_key[k]
+            e = known[key]
+            if e < 0:
+                parked = waiters[key]
+                if parked is None:
+                    waiters[key] = [p]
+                else:
+                    parked.append(p)
+                break
+            e += first_add[k]
+            s = t if t > e else e
+            others = rest[k] if rest is not None else None
+            if others is not None:
+                for key, add in others:
+                    e = known[key]
+                    if e < 0:
+                        parked = waiters[key]
+                        if parked is None:
+                            waiters[key] = [p]
+                        else:
+                            parked.append(p)
+                        break
+                    e += add
+                    if e > s:
+                        s = e
+                else:
+                    others = None
+                if others is not None:  # parked on one of the others
                     break
-                e += add
-                if e > s:
-                    s = e
-            else:
-                h = heads[k]
-                known[h] = s
-                t = s + length[k]
-                woken = waiters[h]
-                if woken is not None:
-                    work.extend(woken)
-                    waiters[h] = None
-                if sends is not None:
-                    for x, link, off in sends[k]:
-                        depart = link_free[link]
-                        ready = s + off
-                        if depart < ready:
-                            depart = ready
-                        depart += hold[x]
-                        link_free[link] = depart
-                        known[x] = depart + latency
-                        woken = waiters[x]
-                        if woken is not None:
-                            work.extend(woken)
-                            waiters[x] = None
-                k += 1
-                continue
-            break
+            h = heads[k]
+            known[h] = s
+            t = s + length[k]
+            woken = waiters[h]
+            if woken is not None:
+                work.extend(woken)
+                waiters[h] = None
+            if sends is not None:
+                for x, link, off in sends[k]:
+                    depart = link_free[link]
+                    ready = s + off
+                    if depart < ready:
+                        depart = ready
+                    depart += hold[x]
+                    link_free[link] = depart
+                    known[x] = depart + latency
+                    woken = waiters[x]
+                    if woken is not None:
+                        work.extend(woken)
+                        waiters[x] = None
+            k += 1
         nxt[p], free[p] = k, t
     finished = all(k >= stop for k, stop in zip(nxt, hi, strict=True))
     return known, nxt, finished
