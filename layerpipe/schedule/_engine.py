@@ -207,18 +207,22 @@ class CompiledSchedule:
         """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
         one transfer each when they sit on different processors. Computed when asked, not kept (the traffic
         report and the link plan, itself kept, read it once each)."""
-        n = self.num_ops
-        key = self.prod_idx.astype(np.int64) * n + self.consumer_of_edge  # int64: the CSR may be int32
-        if not len(key):
-            return key, key.copy(), np.zeros(0, dtype=np.int64)
-        order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
-        key = key[order]
-        starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        if not len(self.prod_idx):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty.copy(), empty.copy()
+        # Entries are consumer-major, so a stable sort by producer alone leaves each producer's consumers in
+        # order: the stable sort by (producer, consumer) (not np.unique: numpy 2's is a hash, then a sort).
+        order = np.argsort(self.prod_idx, kind="stable")
+        producer = self.prod_idx[order].astype(np.int64)
+        consumer = self.consumer_of_edge[order]
+        starts = np.flatnonzero(np.concatenate(([True], (producer[1:] != producer[:-1]) |
+                                                (consumer[1:] != consumer[:-1]))))
         words = self.prod_words[order]
         if words.dtype == np.int32:  # narrowed at compile time: sum in int64 (exact)
             words = words.astype(np.int64)
-        words = np.add.reduceat(words, starts).astype(np.int64)  # summed before any cast (words may be floats)
-        return key[starts] // n, key[starts] % n, words
+        if len(starts) < len(words):  # a pair listed more than once: its words summed
+            words = np.add.reduceat(words, starts)
+        return producer[starts], consumer[starts], words.astype(np.int64)  # summed before any cast (floats)
 
     # The runs are built for each run of the engine and not kept: their Python lists (~40 B per op) were the
     # largest part of what a simulated schedule held while its reports were computed (issue 14: lenet5 at 100k
