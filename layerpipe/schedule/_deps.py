@@ -484,14 +484,16 @@ class _Rules:
         self.task_id = {t: k for k, t in enumerate(tasks)}
         self.rows: list[tuple[int, ...]] = []
         self.role_names: list[str] = []
+        self._role_ids: dict[str, int] = {}  # role → its index in role_names (no list search per row)
 
     def add(self, task: int, src: tuple[str, int], words: int, role: str, *, div: int = 1, mul: int = 1,
             off: int = 0, cap: int = 0, mod: int = 1, phase: int = 0, alt: tuple[str, int] | None = None) -> None:
-        if role not in self.role_names:
+        code = self._role_ids.get(role)
+        if code is None:
+            code = self._role_ids[role] = len(self.role_names)
             self.role_names.append(role)
         alt_id = self.task_id.get(alt, -1) if alt is not None else -1
-        self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words,
-                          self.role_names.index(role)))
+        self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words, code))
 
 
 def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], task: np.ndarray,
