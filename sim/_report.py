@@ -155,8 +155,11 @@ class SimResult:
     def _gaps(self) -> tuple[np.ndarray, list[int]]:
         """Every processor's idle intervals [from, to) between its ops, one (k, 2) array processor after
         processor, and where each processor's rows begin (one pass over every op, not one per processor)."""
-        cuts = np.zeros(self.num_procs + 1, dtype=np.int64)
-        np.cumsum(self.schedule.row_lengths(), out=cuts[1:])
+        if self._from_compiled:  # the compiled schedule's bounds are the rows' cuts
+            cuts = np.asarray(self._compiled.bounds, dtype=np.int64)  # type: ignore[union-attr]
+        else:
+            cuts = np.zeros(self.num_procs + 1, dtype=np.int64)
+            np.cumsum(self.schedule.row_lengths(), out=cuts[1:])
         start, end = np.asarray(self.start, dtype=np.int64), np.asarray(self.end, dtype=np.int64)
         gap = start[1:] > end[:-1]
         last = cuts[1:-1] - 1  # op k is compared with op k + 1: not across a processor's last op

@@ -173,6 +173,10 @@ class CompiledSchedule:
 
     def completion_times(self, end: np.ndarray) -> np.ndarray:
         """`completion_times` of this schedule's ops given their ends (compiled numbering)."""
+        schedule = self.schedule
+        if (schedule.synchronous and self.num_ops and all(kind != "U" for kind, _ in self.tasks)
+                and int(self.iteration.max()) < max(schedule.microbatches, 1)):
+            return np.asarray([int(end.max())], dtype=np.int64)  # one step without updates: C(0) is the last end
         # Block by block, each block's flags and keys from per-task tables: no array per op (issue 14).
         is_update = np.asarray([kind == "U" for kind, _ in self.tasks], dtype=bool)
         sizes = self.schedule.groups_map()
