@@ -169,7 +169,7 @@ def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, ver
     # The owner of each unit: the processor of its first U op, else of its first op with an F.
     updates = np.flatnonzero(weighted & np.asarray([k == "U" for k in kinds], dtype=bool)[c.task])
     forwards = np.flatnonzero(weighted & np.asarray(["F" in k for k in kinds], dtype=bool)[c.task])
-    owner_op = {}
+    owner_op: dict[int, int] = {}
     for ops in (forwards, updates):  # updates last: they win
         owned, first = np.unique(unit_of_task[c.task[ops]], return_index=True)
         owner_op.update(zip(owned.tolist(), ops[first].tolist(), strict=True))
@@ -179,7 +179,8 @@ def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, ver
     dense = np.full(int(unit_of_task.max()) + 2 - min(0, int(unit_of_task.min())), -1, dtype=np.int64)
     shift = -min(0, int(unit_of_task.min()))
     dense[np.asarray(units, dtype=np.int64) + shift] = np.arange(len(units))
-    owner = np.searchsorted(cuts, np.asarray([owner_op[u] for u in units], dtype=np.int64), side="right") - 1
+    owner_ops = np.asarray([owner_op[u] for u in units], dtype=np.int64)
+    owner = np.searchsorted(cuts, owner_ops, side="right") - 1
     size = np.asarray([sizes[u] for u in units], dtype=np.int64)
     extra = 1 if mode == "ema" else 0
     procs = c.num_procs

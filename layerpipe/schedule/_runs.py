@@ -115,7 +115,7 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
                 rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
             del keys, adds
         del key, add, kept_src
-        sends = None
+        sends: list[Sequence[tuple[int, int, int]]] | None = None
         if send_producer is not None and send_input is not None and send_link is not None:
             owner = head_number[send_producer]
             s_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
