@@ -140,6 +140,10 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
     return c.proc_array(np.int64)[f], start[f], release[key[f]], words[unit[f]]
 
 
+#: Ops up to which `_weight_changes` takes every unit at once (above, unit by unit: `_weight_steps`).
+MAX_AT_ONCE_OPS = 1 << 17
+
+
 def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
                     workload: Workload, mode: str, distributed: bool = False
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,7 +160,9 @@ def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, ver
     sizes = workload.weight_words
     if not any(w for w in sizes.values()):
         return empty, empty, empty
-    if not all(isinstance(w, int) for w in sizes.values()):  # sizes not integers: the steps as they were
+    if not all(isinstance(w, int) for w in sizes.values()) or c.num_ops > MAX_AT_ONCE_OPS:
+        # Sizes not integers, or a long run (the arrays over every reader would raise the peak of memory: issue
+        # 14): the steps unit by unit, as they were.
         parts = list(_weight_steps(c, start, end, versions, workload, mode, distributed))
         return (np.concatenate([np.full(len(t), p, dtype=np.int64) for p, t, _ in parts] or [empty]),
                 np.concatenate([t for _, t, _ in parts] or [empty]),

@@ -142,8 +142,12 @@ class SimResult:
     # --- processors -------------------------------------------------------------------------------------
     @cached_property
     def busy_cycles(self) -> tuple[int, ...]:
-        if self._from_compiled:  # processor-major ops: sums over slices, from one running sum (issue 14)
-            return tuple(_slice_sums(self.end - self.start, self._compiled.bounds))  # type: ignore[union-attr]
+        if self._from_compiled:  # processor-major ops: a sum per processor's slice (issue 14)
+            cuts = self._compiled.bounds  # type: ignore[union-attr]
+            if self.num_ops <= SMALL_OPS:  # from one running sum: fewer calls
+                return tuple(_slice_sums(self.end - self.start, cuts))
+            return tuple(int(self.end[lo:hi].sum()) - int(self.start[lo:hi].sum())
+                         for lo, hi in itertools.pairwise(cuts))  # no array over every op (memory)
         dur = self.end - self.start
         return tuple(int(x) for x in np.bincount(self.proc, weights=dur, minlength=self.num_procs).astype(np.int64))
 
@@ -268,6 +272,10 @@ class SimResult:
         return [{"proc": op.proc, "kind": op.kind, unit: op.unit, "iteration": op.iteration, "version": int(v)}
                 for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
 
+
+#: Ops up to which the busy cycles come from one running sum over every op (above, a sum per processor: no
+#: array over every op, issue 14's memory).
+SMALL_OPS = 1 << 16
 
 #: Dependencies per processor up to which the traffic sums take every entry at once (above, one at a time).
 SMALL_ENTRIES = 2048

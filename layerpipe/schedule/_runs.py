@@ -100,16 +100,26 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     count = np.diff(in_ptr)
     has = count > 0
     first_at = in_ptr[:-1][has]
-    first_key = np.full(len(heads), none, dtype=np.int64)
-    first_key[has] = key[first_at]
+    # Keys of op inputs as positions in the head list (its own int objects are shared: memory per op, issue 14),
+    # position len(heads) standing for `none`; transfer keys (links) as they are.
+    first_key = np.full(len(heads), len(heads) if all_ops else none, dtype=np.int64)
+    first_key[has] = head_number[kept_src[first_at]] if all_ops else key[first_at]
     first_add = np.zeros(len(heads), dtype=np.int64)
     first_add[has] = add[first_at]
     multi = np.flatnonzero(count > 1).tolist()
     with gc_paused():
         head_list = heads.tolist()
+        if all_ops:
+            head_list.append(none)
+            first_keys = list(map(head_list.__getitem__, _ints(first_key)))
+            head_list.pop()
+        else:
+            first_keys = shared_ints(first_key)
+        del first_key
         rest: list[tuple[tuple[int, int], ...] | None] | None = None
         if multi:
-            keys, adds, at = key.tolist(), add.tolist(), in_ptr.tolist()
+            keys = list(map(head_list.__getitem__, _ints(head_number[kept_src]))) if all_ops else key.tolist()
+            adds, at = add.tolist(), in_ptr.tolist()
             rest = [None] * len(heads)
             for k in multi:
                 rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
@@ -122,7 +132,7 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
             np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
             sends = [flat[a:b] if b > a else () for a, b in itertools.pairwise(s_ptr.tolist())]
-    return Runs(head_list, head_bounds, shared_ints(length), shared_ints(first_key), shared_ints(first_add), rest,
+    return Runs(head_list, head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
                 none, sends, _narrow(run_of), _narrow(off))
 
 
