@@ -36,6 +36,16 @@ from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._interconnect import SimConfig
 
 
+@dataclass(frozen=True)
+class PendingReports:
+    """How a deferred result computes its version map and its peaks when first read: `versions(compiled, start,
+    end)`, and `peaks(compiled, start, end, versions)` where `versions()` gives the version map (called only when
+    the peaks need it: weights held; a stage-level run without weight sizes never computes it for its metrics)."""
+
+    versions: Callable[[CompiledSchedule, np.ndarray, np.ndarray], np.ndarray]
+    peaks: Callable[[CompiledSchedule, np.ndarray, np.ndarray, Callable[[], np.ndarray]], tuple[int, ...]]
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """Timing of every op and the figures derived from it. Arrays are indexed like `ops`."""
@@ -64,11 +74,10 @@ class SimResult:
             value: Any = compiled.ops
         elif name == "link_traffic_words":
             value = link_traffic(compiled)
-        else:
-            versions, peaks = pending(compiled, self.__dict__["start"], self.__dict__["end"])
-            object.__setattr__(self, "versions", versions)
-            object.__setattr__(self, "peak_memory_words", peaks)
-            return versions if name == "versions" else peaks
+        elif name == "versions":
+            value = pending.versions(compiled, self.__dict__["start"], self.__dict__["end"])
+        else:  # the peaks read the version map only where weights are held (it is computed then)
+            value = pending.peaks(compiled, self.__dict__["start"], self.__dict__["end"], lambda: self.versions)
         object.__setattr__(self, name, value)
         return value
 
@@ -82,10 +91,9 @@ class SimResult:
 
     @classmethod
     def deferred(cls, compiled: CompiledSchedule, config: SimConfig, start: np.ndarray, end: np.ndarray,
-                 reports: Callable[[CompiledSchedule, np.ndarray, np.ndarray], tuple[np.ndarray, tuple[int, ...]]],
-                 batch: int = 1, memory_unit: str = "words") -> SimResult:
-        """A result of `compiled`'s timing whose ops, version map and peaks (`reports(compiled, start, end)`)
-        and traffic are computed when first read: the same values as building them at once."""
+                 reports: PendingReports, batch: int = 1, memory_unit: str = "words") -> SimResult:
+        """A result of `compiled`'s timing whose ops, version map and peaks (`reports`) and traffic are computed
+        when first read: the same values as building them at once."""
         made = cls.__new__(cls)
         given = {"schedule": compiled.schedule, "config": config, "start": start, "end": end, "batch": batch,
                  "memory_unit": memory_unit, "_compiled": compiled, "_pending": reports}
