@@ -135,7 +135,7 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
     key = unit * span + c.iteration
     release = np.zeros((int(unit.max()) + 1 if c.num_ops else 1) * span, dtype=np.int64)
     np.maximum.at(release, key, end)  # the last end among the unit's ops of that micro-batch
-    f = np.flatnonzero(forward)
+    f = forward.nonzero()[0]
     words = np.asarray([workload.activation_words.get(u, 0) for u in range(len(release) // span)], dtype=np.int64)
     return c.proc_array(np.int64)[f], start[f], release[key[f]], words[unit[f]]
 

@@ -176,7 +176,7 @@ class SimResult:
         gap = start[1:] > end[:-1]
         last = cuts[1:-1] - 1  # op k is compared with op k + 1: not across a processor's last op
         gap[last[(last >= 0) & (last < len(gap))]] = False
-        at = np.flatnonzero(gap)
+        at = gap.nonzero()[0]
         rows = np.empty((len(at), 2), dtype=np.int64)
         rows[:, 0] = end[at]
         rows[:, 1] = start[at + 1]
@@ -309,14 +309,14 @@ def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
         # Entries are consumer-major and consumers processor-major: each consumer processor's entries are one
         # slice (no array of every entry's consumer).
         cuts = np.asarray(c.prod_ptr)[np.asarray(c.bounds, dtype=np.int64)]
-        dst = np.repeat(np.arange(procs, dtype=np.int64), np.diff(cuts))
+        dst = np.arange(procs, dtype=np.int64).repeat(cuts[1:] - cuts[:-1])
         pair = c.proc_array(np.int64)[c.prod_idx] * procs + dst
         present = np.zeros(procs ** 2, dtype=bool)
         present[pair] = True
         # Pairs on one processor are summed too and left out after (each pair's entries in the same order).
         sums = np.bincount(pair, weights=c.prod_words, minlength=procs ** 2).astype(np.int64)
         present[::procs + 1] = False
-        return {(k // procs, k % procs): int(sums[k]) for k in np.flatnonzero(present).tolist()}
+        return {(k // procs, k % procs): int(sums[k]) for k in present.nonzero()[0].tolist()}
     proc = c.proc_array()
     # Consumers are numbered processor-major: consumer processor q's entries are one slice of the CSR arrays,
     # taken in turn (no array over every entry: issue 14). Each pair's sum adds its entries in the same order

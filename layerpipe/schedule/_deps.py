@@ -549,7 +549,7 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     if (producer < 0).any():
         return None
     # Number the roles by first appearance, as the op-by-op walk does.
-    present = np.flatnonzero(np.bincount(role, minlength=len(rules.role_names))).tolist() if len(role) else []
+    present = np.bincount(role, minlength=len(rules.role_names)).nonzero()[0].tolist() if len(role) else []
     first = {r: int(np.argmax(role == r)) for r in present}
     ranked = sorted(first, key=first.__getitem__)
     ptr = np.zeros(n + 1, dtype=np.int64)
@@ -591,7 +591,7 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
                               and int(col["words"].max()) <= np.iinfo(np.int32).max)
     words_of = col["words"].astype(np.int32) if fits else col["words"]
     per_task = np.bincount(col["task"], minlength=num_tasks)
-    first_row = np.cumsum(per_task) - per_task  # rows are added task by task
+    first_row = per_task.cumsum() - per_task  # rows are added task by task
     # Which of div, mul, off, cap, mod hold their neutral value in every row (one comparison of the five columns).
     neutral = (table[:, 3:8] == (1, 1, 0, 0, 1)).all(axis=0).tolist() if len(table) else [True] * 5
     trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
@@ -606,11 +606,11 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
         # Each consumer's rows are its task's, consecutive from first_row: rows and iterations repeated per
         # consumer, without an array of owners and offsets (`_expand`) where the rows are enough.
         many = per_task[block_task]
-        before = np.cumsum(many)
+        before = many.cumsum()
         before -= many
-        row = np.repeat(first_row[block_task] - before, many)
+        row = (first_row[block_task] - before).repeat(many)
         row += np.arange(len(row), dtype=np.int64)
-        it = np.repeat(it_block, many)
+        it = it_block.repeat(many)
         base = it if trivial["div"] else it // col["div"][row]
         if not trivial["mul"]:
             base = base * col["mul"][row]

@@ -149,8 +149,8 @@ class CompiledSchedule:
 
     def proc_array(self, dtype: type = np.int32) -> np.ndarray:
         """The processor of every op, from `bounds` (int32 by default: processor pairs p·N + q still fit)."""
-        counts: np.ndarray = np.diff(np.asarray(self.bounds, dtype=np.int64))
-        return np.repeat(np.arange(self.num_procs, dtype=dtype), counts)
+        cuts = np.asarray(self.bounds, dtype=np.int64)  # ndarray methods: numpy's function wrappers cost more
+        return np.arange(self.num_procs, dtype=dtype).repeat(cuts[1:] - cuts[:-1])
 
     def dur_array(self) -> np.ndarray:
         """The cycles of every op, an int64 array."""
@@ -182,7 +182,7 @@ class CompiledSchedule:
     @property
     def consumer_of_edge(self) -> np.ndarray:
         """The consumer op of every CSR entry (computed when asked, not kept: memory per op, issue 14)."""
-        return np.repeat(np.arange(self.num_ops, dtype=np.int64), np.diff(self.prod_ptr))
+        return np.arange(self.num_ops, dtype=np.int64).repeat(self.prod_ptr[1:] - self.prod_ptr[:-1])
 
     @cached_property
     def prods(self) -> list[list[int]]:
@@ -470,7 +470,7 @@ def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int],
     (as `_from_ops` numbers them)."""
     task = np.asarray(columns.task, dtype=np.int64)
     first = columns.first_positions()
-    present = np.flatnonzero(first < columns.num_ops)
+    present = (first < columns.num_ops).nonzero()[0]
     order = present[np.argsort(first[present], kind="stable")]
     tasks = tuple(columns.tasks[int(k)] for k in order)
     if (order == np.arange(len(order))).all():  # numbered so already (`PeriodicSchedule.unroll`): share the column

@@ -201,12 +201,11 @@ def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[
     (transfer inputs, numbered from n, are never among them): an input x is dropped when bounds[p] ≤ x < j — two
     comparisons per input, no processor looked up per input (issue 14: this was a fifth of building the runs)."""
     n = bounds[-1]
-    per_op: np.ndarray = np.diff(np.asarray(ptr, dtype=np.int64))
-    consumer = np.repeat(np.arange(n, dtype=np.int64), per_op)
-    del per_op
-    cuts = np.asarray(ptr, dtype=np.int64)[np.asarray(bounds, dtype=np.int64)]
+    ptr = np.asarray(ptr, dtype=np.int64)
+    consumer = np.arange(n, dtype=np.int64).repeat(ptr[1:] - ptr[:-1])  # ndarray methods: no function wrappers
+    cuts = ptr[np.asarray(bounds, dtype=np.int64)]
     if len(src) <= SMALL_INPUTS * max(len(bounds) - 1, 1):  # at once: a pass per processor costs more here
-        first = np.repeat(np.asarray(bounds[:-1], dtype=np.int64), np.diff(cuts))  # per input: its processor's first op
+        first = np.asarray(bounds[:-1], dtype=np.int64).repeat(cuts[1:] - cuts[:-1])  # its processor's first op
         return consumer, (src < first) | (src >= consumer)
     # Processor by processor (consumers are numbered processor-major, so each is one slice of the entries): no
     # array of every entry's first op (issue 14: memory).
@@ -247,7 +246,7 @@ def first_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, sentinel: 
     first = np.full(n, sentinel, dtype=np.int64)
     has = counts > 0
     first[has] = kept[cuts[:-1][has]]
-    multi = np.flatnonzero(counts > 1).tolist()
+    multi = (counts > 1).nonzero()[0].tolist()
     if not multi:
         return first.tolist(), None
     values, at = kept.tolist(), cuts.tolist()
