@@ -26,7 +26,7 @@ G_l → U_l and are placed by `layerpipe.retiming`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -121,6 +121,14 @@ class TrainingGraph:
     #: `costs` per cost model (models are frozen values): the schedulers and the delay solver ask for the same
     #: model's costs many times per graph. Not an argument, so `dataclasses.replace` starts a new one.
     _costs: dict[object, dict[Task, int]] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def with_network(self, network: Network) -> TrainingGraph:
+        """This graph naming `network`, a network equal to its own (the caller's object: results name the network
+        they were given), with the costs already computed."""
+        assert network == self.network, "with_network takes an equal network"
+        graph = replace(self, network=network)
+        graph._costs.update(self._costs)
+        return graph
 
     def task_of(self, layer: int, atomic: str) -> Task | None:
         """The task that performs atomic kind `atomic` of `layer` (fused or not), or None."""

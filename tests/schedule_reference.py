@@ -2,7 +2,9 @@
 are tested against (tests/test_schedule_fast_paths.py): `improve` re-reading every edge of an item per trial
 move, `periodic_versions` sweeping all 4D periods of reads, `_pack_channels` sorting each queue with a key
 function. Copied from commit 92d1fb8 (layerpipe/schedule/_placement.py, _validate.py, _comm.py) with only the
-names changed; not used by the package.
+names changed; not used by the package. Also, from commit 6b4e035 (before the scheduler's second speed pass):
+`modulo_list_schedule` scanning every processor's free list, and `comm_timing`'s rounds re-planning every
+channel and solving the lags with the retiming package's solver every round.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from collections.abc import Sequence
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import Interconnect, compiled_bus_key
-from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures
+from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
+from layerpipe.schedule._comm_timing import COMM_ROUNDS
 from layerpipe.schedule._ir import PeriodicSchedule, tie_rank
+from layerpipe.schedule._lags import _solve
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
 
-__all__ = ["reference_improve", "reference_pack_channels", "reference_periodic_versions"]
+__all__ = ["reference_comm_timing", "reference_improve", "reference_modulo_list_schedule", "reference_pack_channels",
+           "reference_periodic_versions"]
 
 
 class _State:
@@ -286,3 +291,115 @@ def reference_pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], 
     return arrival
 
 
+# --- from commit 6b4e035 ------------------------------------------------------------------------------------
+
+
+def reference_modulo_list_schedule(
+    table: TaskTable,
+    period: int,
+    num_procs: int,
+    priority: Sequence[int],
+    group: Sequence[int] | None = None,
+    fixed: Sequence[int] | None = None,
+) -> tuple[list[int], list[int]] | None:
+    """Place and time tasks one by one in `priority` (a topological order): each goes to the processor
+    where it can start earliest after its producers, in a free interval of that processor's period.
+
+    `group[v]` ties tasks to one processor (the first placed picks it, with room for the whole group);
+    `fixed[v]` pins a task to a processor. Returns (placement, absolute start of iteration 0) or None
+    when some task finds no free interval (fragmentation or load above the period).
+    """
+    n = len(table)
+    free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
+    room = [period] * num_procs  # free cycles not yet promised to a started group
+    group_cost: dict[int, int] = {}
+    group_proc: dict[int, int] = {}
+    if group is not None:
+        for v in range(n):
+            group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
+    proc = [-1] * n
+    sigma = [0] * n
+    for v in priority:
+        c = table.cost[v]
+        ready = max((sigma[u] + table.cost[u] for u in table.preds[v]), default=0)
+        g = group[v] if group is not None else None
+        if fixed is not None:
+            candidates: Sequence[int] = (fixed[v],)
+        elif g is not None and g in group_proc:
+            candidates = (group_proc[g],)
+        else:
+            candidates = range(num_procs)
+        best: tuple[int, int] | None = None
+        for p in candidates:
+            if g is not None and g not in group_proc and room[p] < group_cost[g]:
+                continue
+            at = _reference_earliest_fit(free[p], ready, c, period)
+            if at is not None and (best is None or at < best[0]):
+                best = (at, p)
+        if best is None:
+            return None
+        at, p = best
+        _reference_occupy(free[p], at % period, c)
+        if g is None:
+            room[p] -= c
+        elif g not in group_proc:
+            group_proc[g] = p
+            room[p] -= group_cost[g]
+        proc[v], sigma[v] = p, at
+    return proc, sigma
+
+
+def _reference_earliest_fit(free: list[tuple[int, int]], ready: int, cost: int, period: int) -> int | None:
+    offset = ready % period
+    base = ready - offset
+    if cost == 0:
+        # no cycles, but a place in the program: not inside a busy interval (it would wait for that op to end);
+        # the end of the interval it falls in, the next free cycle, is the earliest point between ops (no op
+        # here wraps past the period, so its boundary is one too)
+        if offset == 0 or any(a <= offset <= b for a, b in free):
+            return ready
+        return base + next((a for a, _ in free if a > offset), period)
+    for a, b in free:
+        s = max(a, offset)
+        if s + cost <= b:
+            return base + s
+    for a, b in free:
+        if b - a >= cost:
+            return base + period + a
+    return None
+
+
+def _reference_occupy(free: list[tuple[int, int]], start: int, cost: int) -> None:
+    if cost == 0:
+        return
+    for k, (a, b) in enumerate(free):
+        if a <= start and start + cost <= b:
+            pieces = [(x, y) for x, y in ((a, start), (start + cost, b)) if y > x]
+            free[k : k + 1] = pieces
+            return
+    raise AssertionError("occupy outside a free interval")
+
+
+def reference_comm_timing(table: TaskTable, start: Sequence[int], period: int,
+                          comm: Comm | None) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """`_comm_timing` as it was: `channel_timing` and the solver every round until the lags stop changing."""
+    if comm is None:
+        return _reference_longest_lags(table, start, period, {}), {}
+    arrival = channel_timing(table, comm, start, period)
+    lag = _reference_longest_lags(table, start, period, arrival)
+    for _ in range(COMM_ROUNDS):
+        plan = [lag[v] * period + start[v] for v in range(len(table))]
+        arrival = channel_timing(table, comm, start, period, plan)
+        again = _reference_longest_lags(table, start, period, arrival)
+        if again == lag:
+            break
+        lag = again
+    return lag, arrival
+
+
+def _reference_longest_lags(table: TaskTable, start: Sequence[int], period: int,
+                            arrival: dict[tuple[int, int], int]) -> list[int]:
+    src, dst = table.precedence
+    end = [s + c for s, c in zip(start, table.cost, strict=True)]
+    bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
+    return _solve(table, src, dst, bound, table.topo)

@@ -66,14 +66,18 @@ def test_split_accelerator_lints_clean_and_a_real_bug_is_not_waived() -> None:
 
 @pytest.mark.slow
 @needs_verilator
-@pytest.mark.parametrize(("network", "policy", "n", "lanes", "keep", "batch"), [
-    ("mlp:7-6-5-3", "pipedream", 3, 4, True, 1),      # padded widths, PipeDream's fused backward
-    ("mlp:32-24-16-8", "layerpipe", 3, 4, False, 1),  # the report's split placement
-    ("mlp:16-16-16-8", "layerpipe", 4, 1, False, 4),  # 4 PEs, 1 lane, micro-batches of 4
-    ("mlp:9-8-4-6-2", "layerpipe", 2, 2, True, 2),
+@pytest.mark.parametrize(("network", "policy", "n", "lanes", "keep", "batch", "samples"), [
+    ("mlp:7-6-5-3", "pipedream", 3, 4, True, 1, 5),      # padded widths, PipeDream's fused backward
+    # the report's split placement, its own design (T = 24): the report's tests export the same Verilog
+    ("mlp:32-24-16-8", "layerpipe", 3, 4, False, 1, 24),
+    ("mlp:16-16-16-8", "layerpipe", 4, 1, False, 4, 5),  # 4 PEs, 1 lane, micro-batches of 4
+    ("mlp:9-8-4-6-2", "layerpipe", 2, 2, True, 2, 5),
 ])
-def test_whole_accelerator_lints_clean(network: str, policy: str, n: int, lanes: int, keep: bool,
-                                       batch: int) -> None:
-    design = make_design(network, policy, n, lanes, 5, keep_weights_together=keep, batch=batch)
-    report = lint_accelerator(export_verilog(design), TOPLEVEL)
+def test_whole_accelerator_lints_clean(network: str, policy: str, n: int, lanes: int, keep: bool, batch: int,
+                                       samples: int, shared_verilog: None) -> None:
+    """Through the run's Verilog cache (`shared_verilog`): a design another test exports is exported once."""
+    import layerpipe.hdl._flow as flow
+
+    design = make_design(network, policy, n, lanes, samples, keep_weights_together=keep, batch=batch)
+    report = lint_accelerator(flow.export_verilog(design), TOPLEVEL)
     assert report.ok, "\n".join([*report.unexplained, *report.remaining][:20])

@@ -92,6 +92,22 @@ def test_modulo_allocation_and_breadth_first_forwards(g: int) -> None:
         assert list(firsts) == sorted(firsts)
 
 
+@settings(max_examples=40, deadline=None)
+@given(net=networks(max_layers=7), n=st.integers(1, 6), g=st.integers(1, 4))
+def test_a_group_size_with_allocation_auto_times_both_layouts(net: Network, n: int, g: int) -> None:
+    """`-g G` with allocation auto: the fastest of modulo allocation in groups of G and the contiguous stages;
+    when the contiguous layout wins, its result reports no group size (it once raised "group_size (-g) applies to
+    modulo allocation" whenever the contiguous layout was timed: alexnet, N = 12, -g 2)."""
+    auto = make_schedule("ooo", net, n, MODEL, OOOOptions(group_size=g))
+    modulo = make_schedule("ooo", net, n, MODEL, OOOOptions(group_size=g, allocation="modulo"))
+    contiguous = make_schedule("ooo", net, n, MODEL, OOOOptions(allocation="contiguous"))
+    assert auto.metrics.period_cycles == min(modulo.metrics.period_cycles, contiguous.metrics.period_cycles)
+    chosen = auto.options
+    assert isinstance(chosen, OOOOptions)
+    assert (chosen.allocation, chosen.group_size) in (("modulo", g), ("contiguous", None))
+    validate(auto.explicit)
+
+
 def fast_forwarding_holds(schedule: OpSchedule, microbatches: int) -> None:
     last = max(op.unit for op in schedule.ops())
     for row in schedule.procs:

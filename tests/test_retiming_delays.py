@@ -18,6 +18,8 @@ from layerpipe.dfg import WEIGHT_MODES, GraphOptions, Task, TrainingGraph, build
 from layerpipe.network import INPUT, Network, load_network, mlp
 from layerpipe.retiming import (
     DelaySolution,
+    IterationBound,
+    TimedGraph,
     delays_feasible,
     iteration_bound,
     loop_bounds,
@@ -275,12 +277,34 @@ def test_training_graph_bounds_match_brute_force(data: st.DataObject, options: G
 @given(st.data(), graph_options)
 def test_the_solutions_bounds_are_the_cold_iteration_bounds(data: st.DataObject, options: GraphOptions) -> None:
     """`solve_delays` carries Howard's policy from the graph without delays to the one with them (a warm
-    start); the bounds and critical cycles it reports are those of `iteration_bound` on each graph alone."""
+    start); the bounds it reports are those of `iteration_bound` on each graph alone, and so is the critical
+    cycle unless the graph has several: then the warm start may end on another of them (a cycle of the graph
+    whose ratio is the bound; hypothesis found two of ratio 3 in a 4-layer network, weights 'latest')."""
     net = data.draw(networks(max_layers=8, dag=data.draw(st.booleans())))
     stages = data.draw(stage_maps(net, max_stages=5))
     graph = build_training_graph(net, options)
     model = MacsModel()
     solution = solve_delays(graph, stages, model)
     costs = graph.costs(model)
-    assert solution.bound_before == iteration_bound(timed_graph(graph, costs))
-    assert solution.bound_after == iteration_bound(timed_graph(graph, costs, solution.delays))
+    for warm, timed in ((solution.bound_before, timed_graph(graph, costs)),
+                        (solution.bound_after, timed_graph(graph, costs, solution.delays))):
+        cold = iteration_bound(timed)
+        assert warm.bound == cold.bound
+        if warm.cycle != cold.cycle:
+            _assert_critical_cycle(timed, warm)
+
+
+def _assert_critical_cycle(graph: TimedGraph, found: IterationBound) -> None:
+    """`found.cycle` is a cycle of `graph` (an edge from each node to the next, the last back to the first) whose
+    node times and edge delays are `found`'s and give its bound."""
+    delay_of: dict[tuple[object, object], list[int]] = {}
+    for e in graph.edges:
+        delay_of.setdefault((e.src, e.dst), []).append(e.delay)
+    cycle = found.cycle
+    assert cycle and len(set(cycle)) == len(cycle)
+    pairs = list(zip(cycle, cycle[1:] + cycle[:1], strict=True))
+    assert all(pair in delay_of for pair in pairs), pairs
+    assert sum(graph.time[v] for v in cycle) == found.cycle_time
+    # parallel edges: some choice of them gives the cycle's delays (the least delays give the largest ratio)
+    assert sum(min(delay_of[pair]) for pair in pairs) == found.cycle_delays > 0
+    assert Fraction(found.cycle_time, found.cycle_delays) == found.bound

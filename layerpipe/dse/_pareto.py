@@ -119,12 +119,35 @@ def _figure():
     return plt
 
 
+#: Margins of every panel, inches: room for the tick labels and axis titles of these plots. Fixed rather than
+#: `tight_layout`, which lays out every tick label's text to measure it: ~40 % of a plot's drawing time (issue 14:
+#: the plots were ~1 s of an `explore` run, as much as a hundred design points).
+_MARGINS_IN = {"left": 0.95, "right": 0.15, "bottom": 0.55, "top": 0.6, "between": 1.05}
+
+
+def _layout(fig, panels: int, panel_width_in: float, height_in: float) -> None:
+    """`_MARGINS_IN` around `panels` axes side by side, each panel `panel_width_in` of the figure's width."""
+    m = _MARGINS_IN
+    total = panels * panel_width_in
+    axis_width = (total - m["left"] - m["right"] - (panels - 1) * m["between"]) / panels
+    fig.subplots_adjust(left=m["left"] / total, right=1 - m["right"] / total, bottom=m["bottom"] / height_in,
+                        top=1 - m["top"] / height_in, wspace=m["between"] / axis_width)
+
+
+def _context(rows: Sequence[dict[str, str]]) -> str:
+    """What the figures belong to: the sweep's interconnects, batches and cost models (each a set: a sweep may
+    vary them, and then its points of one policy mix them)."""
+    def values(key: str) -> str:
+        return ", ".join(sorted({r.get(key) or "-" for r in rows})) or "-"
+    return f"interconnect {values('interconnect')} · batch {values('batch')} · cost model {values('cost_model')}"
+
+
 def plot_pareto(rows: Sequence[dict[str, str]], front: Sequence[dict[str, str]], path: Path) -> Path:
     """One panel per network: its points by policy and its own front."""
     plt = _figure()
     networks = list(dict.fromkeys(r["network"] for r in rows))
-    fig, axes = plt.subplots(1, max(1, len(networks)), figsize=(4.6 * max(1, len(networks)), 4.2), dpi=100,
-                             squeeze=False)
+    panels = max(1, len(networks))
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 4.2), dpi=100, squeeze=False)
     for ax, net in zip(axes[0], networks, strict=False):
         by_policy: dict[str, list[dict[str, str]]] = defaultdict(list)
         for r in rows:
@@ -144,7 +167,8 @@ def plot_pareto(rows: Sequence[dict[str, str]], front: Sequence[dict[str, str]],
         ax.set_ylabel("peak memory (words, max over processors)")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
+    fig.suptitle(_context(rows), fontsize=8)
+    _layout(fig, panels, 4.6, 4.2)
     _save(fig, path)
     plt.close(fig)
     return path
@@ -154,8 +178,8 @@ def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str 
     """Per network, speedup of each policy over the baseline at each N (first matching baseline row)."""
     plt = _figure()
     networks = sorted({r["network"] for r in rows})
-    fig, axes = plt.subplots(1, max(1, len(networks)), figsize=(4.2 * max(1, len(networks)), 3.6), dpi=100,
-                             squeeze=False)
+    panels = max(1, len(networks))
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), dpi=100, squeeze=False)
     for ax, net in zip(axes[0], networks, strict=False):
         net_rows = [r for r in rows if r["network"] == net]
         base: dict[int, float] = {}
@@ -180,7 +204,8 @@ def plot_speedup_vs_n(rows: Sequence[dict[str, str]], path: Path, baseline: str 
         else:  # legend() on no lines prints a matplotlib warning on stderr
             ax.text(0.5, 0.5, f"no {baseline} rows to compare with", ha="center", va="center",
                     transform=ax.transAxes, fontsize=8)
-    fig.tight_layout()
+    fig.suptitle(_context(rows), fontsize=8)
+    _layout(fig, panels, 4.2, 3.6)
     _save(fig, path)
     plt.close(fig)
     return path

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, slot_order
+from layerpipe.schedule._ir import PeriodicSchedule, Slot, make_slot, slot_order
 from layerpipe.schedule._lags import timeline
 from layerpipe.schedule._task_table import TaskTable
 
@@ -52,7 +52,7 @@ def periodic_from(table: TaskTable, placement: Sequence[int], start: Sequence[in
     new version (`PeriodicSchedule.read_delays`)."""
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
-        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v]))
+        bodies[placement[v]].append(make_slot(start[v], t.kind, t.layer, lag[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
     delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}  # PeriodicSchedule.read_delays' keys
     for u, x, _ in table.weight_reads:
@@ -78,6 +78,9 @@ def modulo_list_schedule(
     """
     n = len(table)
     free: list[list[tuple[int, int]]] = [[(0, period)] for _ in range(num_procs)]
+    # At least the longest free interval of each processor (a task longer fits nowhere there): lowered to the
+    # true longest when a task fails to fit, never raised (intervals only shrink)
+    widest = [period] * num_procs
     room = [period] * num_procs  # free cycles not yet promised to a started group
     group_cost: dict[int, int] = {}
     group_proc: dict[int, int] = {}
@@ -86,27 +89,62 @@ def modulo_list_schedule(
             group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
     proc = [-1] * n
     sigma = [0] * n
+    cost, preds, every = table.cost, table.preds, range(num_procs)
     for v in priority:
-        c = table.cost[v]
-        ready = max((sigma[u] + table.cost[u] for u in table.preds[v]), default=0)
+        c = cost[v]
+        ready = 0
+        for u in preds[v]:
+            end = sigma[u] + cost[u]
+            if end > ready:
+                ready = end
         g = group[v] if group is not None else None
         if fixed is not None:
             candidates: Sequence[int] = (fixed[v],)
         elif g is not None and g in group_proc:
             candidates = (group_proc[g],)
         else:
-            candidates = range(num_procs)
-        best: tuple[int, int] | None = None
+            candidates = every
+        need = group_cost[g] if g is not None and g not in group_proc else None  # room a group's first task needs
+        offset = ready % period
+        base = ready - offset
+        best_at, best_p, best_k = -1, -1, -1
         for p in candidates:
-            if g is not None and g not in group_proc and room[p] < group_cost[g]:
+            if need is not None and room[p] < need:
                 continue
-            at = _earliest_fit(free[p], ready, c, period)
-            if at is not None and (best is None or at < best[0]):
-                best = (at, p)
-        if best is None:
+            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
+            # interval it falls in (`_occupy` then splits that one instead of searching for it)
+            at = k = -1
+            if c > widest[p]:
+                continue
+            if c:
+                for k, (a, b) in enumerate(free[p]):  # noqa: B007 (k is read after the loop)
+                    if b - c >= (a if a > offset else offset):
+                        at = base + (a if a > offset else offset)
+                        break
+                else:
+                    longest = 0
+                    for k, (a, b) in enumerate(free[p]):  # noqa: B007
+                        if b - a >= c:
+                            at = base + period + a
+                            break
+                        if b - a > longest:
+                            longest = b - a
+                    else:
+                        widest[p] = longest
+            else:
+                found = _earliest_fit(free[p], ready, c, period)
+                at = -1 if found is None else found
+            if at >= 0 and (best_p < 0 or at < best_at):
+                best_at, best_p, best_k = at, p, k
+                if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
+                    break
+        if best_p < 0:
             return None
-        at, p = best
-        _occupy(free[p], at % period, c)
+        at, p = best_at, best_p
+        if c:
+            a, b = free[p][best_k]
+            begin = at % period
+            free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
         if g is None:
             room[p] -= c
         elif g not in group_proc:

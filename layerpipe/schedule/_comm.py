@@ -31,6 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import pairwise
+from typing import NamedTuple
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
@@ -50,10 +53,10 @@ class Comm:
         return self.interconnect.is_shared
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
     """Producer task index `src` sends `words` to consumer task index `dst` on `channel`; `weight` marks a
-    weight read (U_l → a reader of W_l: it sets the version read, not a lag)."""
+    weight read (U_l → a reader of W_l: it sets the version read, not a lag). A named tuple: placements are
+    listed by the hundred per schedule, and a frozen dataclass costs several times as much to make."""
 
     src: int
     dst: int
@@ -74,28 +77,116 @@ def transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], in
     re-planning), and `Transfer`s are frozen, so the lists share them (each caller gets its own list)."""
     if comm.free:
         return []
+    return list(queues(table, comm, sources).found)
+
+
+def queues(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None = None) -> Queues:
+    """`transfers` with their channel queues (`Queues`), memoised by the same key (`comm` not `shared`)."""
     key = (table.token, tuple(comm.placement), comm.interconnect, comm.num_procs,
            tuple(sorted(sources.items())) if sources else None)
     found = _TRANSFERS.get(key)
     if found is None:
         if len(_TRANSFERS) >= _TRANSFERS_KEPT:
             _TRANSFERS.pop(next(iter(_TRANSFERS)))  # oldest first
-        found = _TRANSFERS[key] = tuple(_transfers(table, comm, sources))
-    return list(found)
+        found = _TRANSFERS[key] = Queues(table, comm, tuple(_transfers(table, comm, sources)))
+    return found
 
 
-#: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers.
-_TRANSFERS: dict[tuple[object, ...], tuple[Transfer, ...]] = memo({})
+class Queues:
+    """Transfers as the packing reads them on every call: flat per-transfer lists (no attribute lookups in the
+    loops) and each channel's transfers, channels in order of first use and each in `found` order. The lists
+    only the timing passes read are made on first use (a placement is often only costed: `channel_hold`,
+    `words`)."""
+
+    def __init__(self, table: TaskTable, comm: Comm, found: Sequence[Transfer]) -> None:
+        self.found = tuple(found)
+        self._table, self._placement = table, comm.placement
+        self.hold = [t.hold for t in found]
+        self.words = sum(t.words for t in found)
+        by_channel: dict[int, list[int]] = {}
+        for i, t in enumerate(found):
+            by_channel.setdefault(t.channel, []).append(i)
+        self.channels = list(by_channel.values())
+        hold = self.hold
+        self.channel_hold = [sum(hold[i] for i in queue) for queue in self.channels]
+
+    @cached_property
+    def src(self) -> list[int]:
+        return [t.src for t in self.found]
+
+    @cached_property
+    def dst(self) -> list[int]:
+        return [t.dst for t in self.found]
+
+    @cached_property
+    def weight(self) -> list[bool]:
+        return [t.weight for t in self.found]
+
+    @cached_property
+    def any_weight(self) -> bool:
+        return any(self.weight)
+
+    @cached_property
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(t.src, t.dst) for t in self.found]
+
+    @cached_property
+    def src_cost(self) -> list[int]:
+        cost = self._table.cost
+        return [cost[t.src] for t in self.found]
+
+    @cached_property
+    def dst_place(self) -> list[int]:
+        place = self._placement
+        return [place[t.dst] for t in self.found]
+
+    @cached_property
+    def lanes(self) -> list[list[tuple[int, int, int, int, bool, int]]]:
+        """Per channel, its transfers as (index, producer, consumer, producer's cost, weight read, hold): what
+        the links' packing reads of each."""
+        src, dst, src_cost, weight, hold = self.src, self.dst, self.src_cost, self.weight, self.hold
+        return [[(i, src[i], dst[i], src_cost[i], weight[i], hold[i]) for i in queue] for queue in self.channels]
+
+    @cached_property
+    def edge_transfers(self) -> list[tuple[int, int]] | None:
+        """(precedence edge index in `table.precedence`, transfer index) of every transfer on a precedence edge,
+        when no two transfers share their ends (then the lag pass reads arrivals by index, not by dict)."""
+        pairs, weight = self.pairs, self.weight
+        if len(set(pairs)) != len(pairs):
+            return None
+        edge = self._table.edge_index
+        return [(edge[pair], i) for i, pair in enumerate(pairs) if not weight[i] and pair in edge]
+
+    @cached_property
+    def edge_slots(self) -> list[int]:
+        """Per precedence edge of the table (`table.precedence` order), the transfer carrying it or −1 (local);
+        only when `edge_transfers` is not None."""
+        assert self.edge_transfers is not None
+        slots = [-1] * len(self._table.precedence[0])
+        for e, i in self.edge_transfers:
+            slots[e] = i
+        return slots
+
+
+#: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers' `Queues`.
+_TRANSFERS: dict[tuple[object, ...], Queues] = memo({})
 _TRANSFERS_KEPT = 128
 
 
 def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
+    bus = ic.kind == "bus"
+    holds: dict[int, int] = {}  # words → hold: a table moves few distinct sizes
     out = []
     for v, ps in enumerate(table.preds):
+        pv = place[v]
         for u, w in zip(ps, table.pred_words[v], strict=True):
-            if place[u] != place[v]:
-                out.append(Transfer(u, v, w, ic.channel(place[u], place[v], n), ic.hold(w)))
+            pu = place[u]
+            if pu != pv:
+                h = holds.get(w)
+                if h is None:
+                    h = holds[w] = ic.hold(w)
+                out.append(Transfer(u, v, w, 0 if bus else pu * n + pv, h))  # `Interconnect.channel`
     for u, x, w in table.weight_reads:
         src = sources.get((u, x), u) if sources else u
         if place[src] != place[x]:
@@ -123,8 +214,12 @@ SOURCE_ROUNDS = 4
 
 
 def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
-                   consumer_time: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
+                   consumer_time: Sequence[int] | None = None,
+                   packed: tuple[list[int], list[int], object] | None = None) -> dict[tuple[int, int], int]:
     """Arrival of every transfer (u, v), in cycles from the start of u's period (u's start is start[u]).
+
+    `packed`, when the caller has it, is `pack` of the table's own transfers on these plan times (the first
+    packing, which is then not repeated).
 
     `consumer_time[v]` orders the consumers of one producer on one channel (their program order: absolute
     start in the plan, lag·P + start); without it they go by start offset. Channels must fit in the period.
@@ -142,11 +237,15 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     older copy than its planned arrival would pin is reported with the least delay that pins that copy
     (`_unfold.pinning_delay`), so the run reads — and the bus carries — what the plan packed.
     """
-    found = transfers(table, comm)
+    if comm.free:
+        return {}
+    lined = queues(table, comm)
+    found = lined.found
     if not found:
         return {}
-    arrival = _pack_channels(table, comm, start, period, consumer_time, found)
-    if consumer_time is None or not any(t.weight for t in found):
+    arrival = packed_arrivals(lined, packed if packed is not None else pack(table, comm, lined, start, period,
+                                                                            consumer_time))
+    if consumer_time is None or not lined.any_weight:
         return arrival
     from layerpipe.schedule._unfold import (  # _unfold imports this module
         UnfoldedTable,
@@ -173,8 +272,9 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
             settled_at = round_
             break
         sources = again
-        found = transfers(table, comm, sources)
-        arrival = _pack_channels(table, comm, start, period, consumer_time, found)
+        lined = queues(table, comm, sources)
+        found = lined.found
+        arrival = packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
     assert settled_at is not None, "the weight-read pins did not settle"
     out = {(t.src, t.dst): arrival[(t.src, t.dst)] for t in found if not t.weight}
     for t in found:
@@ -194,7 +294,26 @@ def channel_timing(table: TaskTable, comm: Comm, start: Sequence[int], period: i
 
 def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: int,
                    consumer_time: Sequence[int] | None, found: Sequence[Transfer]) -> dict[tuple[int, int], int]:
-    """Arrivals of `found`, each channel packed around the period in its FIFO order (`channel_timing`).
+    """Arrivals of `found`, each channel packed around the period in its FIFO order (`pack`)."""
+    lined = Queues(table, comm, found)
+    return packed_arrivals(lined, pack(table, comm, lined, start, period, consumer_time))
+
+
+def packed_arrivals(lined: Queues, packed: tuple[list[int], list[int], object]) -> dict[tuple[int, int], int]:
+    """`pack`'s arrivals by (producer, consumer), entered channel by channel in queue order (a later transfer
+    between the same two tasks replaces an earlier one)."""
+    arrive, order, _ = packed
+    pairs = lined.pairs
+    return {pairs[i]: arrive[i] for i in order}
+
+
+def pack(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
+         consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool | list[list[tuple[int, ...]]]]:
+    """Arrival of every transfer of `lined` (by index), the transfers channel by channel in queue order, each
+    channel packed around the period in its FIFO order, and where the plan times can change that order: on a
+    bus anywhere (True); on links only within a run of transfers of one channel that release at the same
+    offset in the same period (the plan times only break those ties), so without such a run every
+    `consumer_time` packs alike. The runs are listed (their entries, `same_order` reads them).
 
     The queue's FIFO order in one period: release offset modulo P (a producer ending past P releases in the
     next period, ahead of that period's later releases), earlier periods first on a tie; equal releases in the
@@ -202,41 +321,121 @@ def _pack_channels(table: TaskTable, comm: Comm, start: Sequence[int], period: i
     at least one iteration later) — as the simulator's engine queues them. A bus is compiled: the one order
     `compiled_bus_key` defines, on plan times taken in the window of the release (the simulator applies it to
     the absolute planned times). Each transfer's key ends with its position in `found`, so equal keys keep
-    that order (as a stable sort would)."""
+    that order (as a stable sort would). The departures are `_fifo_departures`' (`_departures`, on the sorted
+    entries); a channel of one transfer departs at its release."""
+    latency = comm.interconnect.latency
+    if comm.interconnect.kind == "bus":
+        return _pack_bus(table, comm, lined, start, period, consumer_time)
+    # On links a channel p→q carries transfers into q alone: the consumer's processor, third in the order above,
+    # is the same for all of them and drops out. Each entry is (offset, −period, consumer plan time in the
+    # frame + later, consumer, producer, index, release, hold): the index ends the order, so the sort never
+    # compares the last two.
+    arrive = [0] * len(lined.src)
+    order: list[int] = []
+    ties: list[list[tuple[int, ...]]] = []  # runs of entries with equal release offset and period, in order
+    key_of = consumer_time if consumer_time is not None else start
+    for lane, held in zip(lined.lanes, lined.channel_hold, strict=True):
+        if held > period:
+            raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
+        if len(lane) == 1:  # departs at its release: arrival = release + hold + latency
+            i, u, _, cost_u, _, hold = lane[0]
+            arrive[i] = start[u] + cost_u + hold + latency
+            order.append(i)
+            continue
+        if consumer_time is None:  # the frame is the release's period
+            entries = [(r % period, -(r // period), start[v] - (r // period) * period + (period if weight else 0), v, u,
+                        i, r, hold)
+                       for i, u, v, cost_u, weight, hold in lane for r in (start[u] + cost_u,)]
+        else:
+            entries = [(r % period, -(r // period),
+                        key_of[v] - (key_of[u] // period + r // period) * period + (period if weight else 0), v, u, i,
+                        r, hold)
+                       for i, u, v, cost_u, weight, hold in lane for r in (start[u] + cost_u,)]
+        entries.sort()
+        departs = _departures(entries, period)
+        previous = entries[0]
+        run: list[tuple[int, ...]] | None = None  # the tied run `previous` is in, if any
+        for entry, d in zip(entries, departs, strict=True):
+            offset, whole, _, _, _, i, r, hold = entry
+            arrive[i] = d + r - offset + hold + latency
+            order.append(i)
+            if entry is not previous and offset == previous[0] and whole == previous[1]:
+                if run is None:
+                    run = [previous]
+                    ties.append(run)
+                run.append(entry)
+            else:
+                run = None
+            previous = entry
+    return arrive, order, ties
+
+
+def same_order(ties: list[list[tuple[int, ...]]], lined: Queues, start: Sequence[int], plan: Sequence[int],
+               period: int) -> bool:
+    """Whether packing the links again on plan times `plan` keeps every tied run of `pack` (without plan times)
+    in its order — then it packs every channel alike: the same arrivals, in the same order. In a run the
+    release offset and period are equal, so the order is the consumer's plan time in the producer's frame (+ P
+    for a weight read), then consumer, producer, index, as `pack` keys it."""
+    weight = lined.weight
+    for run in ties:
+        keys = [(plan[v] - (plan[u] // period - whole) * period + (period if weight[i] else 0), v, u, i)
+                for _, whole, _, v, u, i, _, _ in run]
+        if any(a > b for a, b in pairwise(keys)):
+            return False
+    return True
+
+
+def _departures(entries: Sequence[tuple[int, ...]], period: int) -> list[int]:
+    """`_fifo_departures` of a queue in order, each entry (release offset, ..., hold last): d_k = max(r_k,
+    d_{k−1} + h_{k−1}) from "no carry", then with the carry of the previous period's last transfer until it
+    stops growing."""
+    carry: int | None = None
+    while True:
+        at = carry if carry is not None else entries[0][0]
+        departs = []
+        for entry in entries:
+            if entry[0] > at:
+                at = entry[0]
+            departs.append(at)
+            at += entry[-1]
+        new_carry = at - period
+        if carry is not None and new_carry <= carry:
+            return departs
+        if carry is None and new_carry <= departs[0]:
+            return departs
+        carry = new_carry
+
+
+def _pack_bus(table: TaskTable, comm: Comm, lined: Queues, start: Sequence[int], period: int,
+              consumer_time: Sequence[int] | None) -> tuple[list[int], list[int], bool]:
+    """`pack` on a bus: the compiled order (`compiled_bus_key`, taken on plan times: they always matter)."""
     latency = comm.interconnect.latency
     key_of = consumer_time if consumer_time is not None else start
-    planned = consumer_time is not None
-    bus = comm.interconnect.kind == "bus"
-    cost, place = table.cost, comm.placement
-    by_channel: dict[int, list[tuple[tuple[object, ...], Transfer, int]]] = {}
-    for i, t in enumerate(found):
-        src, dst = t.src, t.dst
-        release = start[src] + cost[src]
-        later = period if t.weight else 0
-        if bus:
-            plan_release = key_of[src] + cost[src]
+    place = comm.placement
+    src, dst, hold, weight, src_cost, dst_place = (lined.src, lined.dst, lined.hold, lined.weight, lined.src_cost,
+                                                   lined.dst_place)
+    arrive = [0] * len(src)
+    order: list[int] = []
+    for queue, held in zip(lined.channels, lined.channel_hold, strict=True):
+        if held > period:
+            raise ValueError(f"channel of {held} cycles per period does not fit the period {period}")
+        entries: list[tuple[tuple[object, ...], int, int]] = []
+        for i in queue:
+            u, v = src[i], dst[i]
+            plan_release = key_of[u] + src_cost[i]
             window = plan_release - plan_release % period
-            consumer = table.tasks[dst]
-            key: tuple[object, ...] = (
-                compiled_bus_key(plan_release - window, key_of[src] - window, place[dst],
-                                 key_of[dst] + later - window, tie_rank(consumer.kind, consumer.layer), place[src]),
-                dst, src, i)
-        else:
-            frame = (key_of[src] // period if planned else 0) + release // period
-            key = (release % period, -(release // period), place[dst], key_of[dst] - frame * period + later, dst,
-                   src, i)
-        by_channel.setdefault(t.channel, []).append((key, t, release))
-    arrival: dict[tuple[int, int], int] = {}
-    for queue in by_channel.values():
-        queue.sort(key=_first)
-        depart = _fifo_departures([r % period for _, _, r in queue], [t.hold for _, t, _ in queue], period)
-        for (_, t, r), d in zip(queue, depart, strict=True):
-            arrival[(t.src, t.dst)] = d + (r - r % period) + t.hold + latency
-    return arrival
-
-
-def _first(entry: tuple[tuple[object, ...], Transfer, int]) -> tuple[object, ...]:
-    return entry[0]
+            consumer = table.tasks[v]
+            key = (compiled_bus_key(plan_release - window, key_of[u] - window, dst_place[i],
+                                    key_of[v] + (period if weight[i] else 0) - window,
+                                    tie_rank(consumer.kind, consumer.layer), place[u]),
+                   v, u, i)
+            entries.append((key, i, start[u] + src_cost[i]))
+        entries.sort()  # keys are distinct (they end with the index): the order of the keys alone
+        departs = _departures([(r % period, hold[i]) for _, i, r in entries], period)
+        for (_, i, r), d in zip(entries, departs, strict=True):
+            arrive[i] = d + (r - r % period) + hold[i] + latency
+            order.append(i)
+    return arrive, order, True
 
 
 def _fifo_departures(release: Sequence[int], hold: Sequence[int], period: int) -> list[int]:

@@ -517,6 +517,16 @@ class Slot:
         return f"{self.kind}{self.layer}{phase}-{self.lag}@{self.start}"
 
 
+def make_slot(start: int, kind: str, layer: int, lag: int, phase: int = 0) -> Slot:
+    """`Slot(start, kind, layer, lag, phase)` without the frozen dataclass's `object.__setattr__` per field (a
+    `Slot` has nothing else to set up or check): the timing passes make one per task of every timing they
+    score, several times the cost of the rest of building a schedule."""
+    slot = object.__new__(Slot)
+    state = slot.__dict__
+    state["start"], state["kind"], state["layer"], state["lag"], state["phase"] = start, kind, layer, lag, phase
+    return slot
+
+
 #: The key of `Slot`'s own order (its fields in turn, as `order=True` compares them): sorting by it compares
 #: tuples in C instead of calling the generated `__lt__` per comparison (bodies are sorted on every timing).
 slot_order = operator.attrgetter("start", "kind", "layer", "lag", "phase")
@@ -699,55 +709,19 @@ class PeriodicSchedule:
     def _read_pins(self) -> dict[tuple[str, int, int], int]:
         return self._pins(vectorised=self.period > 0)
 
-    def _pins(self, vectorised: bool) -> dict[tuple[str, int, int], int]:
-        """`read_pins`: per reader, `latest_update` over its layer's update copies — reader by reader, or
-        (`vectorised`, a period > 0) a layer at a time as one readers × copies array of `seen_updates`."""
-        floor = {(k, layer, phase): st for k, layer, phase, st in self.read_floor}
-        groups = dict(self.groups)
-        updates: dict[int, list[tuple[Slot, int]]] = {}
-        readers: dict[int, list[tuple[Slot, int]]] = {}
-        for p, body in enumerate(self.bodies):
-            for s in body:
-                if s.kind == "U":
-                    updates.setdefault(s.layer, []).append((s, p))
-                elif "F" in s.kind or "E" in s.kind:
-                    readers.setdefault(s.layer, []).append((s, p))
-        stale: dict[tuple[str, int, int], int] = {}
-        for layer, xs in readers.items():
-            us = updates.get(layer)
-            if not us or ("U", layer) not in self.costs:
-                continue
-            g = groups.get(layer, 1)
-            per = self.unfold // g
-            c_u = self.costs[("U", layer)]
-            delays = [self.read_delays.get((x.kind, layer, x.phase) if x.phase else (x.kind, layer), 0) for x, _ in xs]
-            c_xs = [self.costs.get((x.kind, layer), 1) for x, _ in xs]
-            if vectorised:
-                best = self._latest_updates(xs, us, c_u, c_xs, delays, per)
-            else:
-                best = [latest_update(x.start, x.lag, [(u.start, u.lag, u.phase, read_offset(c_u, c_x, pu == px))
-                                                       for u, pu in us], per, self.period, delay)[0]
-                        for (x, px), c_x, delay in zip(xs, c_xs, delays, strict=True)]
-            for (x, _), b in zip(xs, best, strict=True):
-                key = (x.kind, layer, x.phase)
-                value = x.phase // g - 1 - b
-                stale[key] = max(value, floor.get(key, value))
-        return {key: stale[key] for key in sorted(stale, key=lambda k: (k[1], k[0], k[2]))}
+    def forward_pins(self) -> dict[tuple[str, int, int], int]:
+        """`read_pins` of the forward slots alone (kind F): all that staleness (`periodic_staleness`) and the
+        versions held (`periodic_versions`) read, for scoring timings whose other pins are never asked for.
+        The full `read_pins`, once computed, is used instead."""
+        if "_read_pins" in self.__dict__:
+            return {key: s for key, s in self._read_pins.items() if key[0] == "F"}
+        return self._pins(vectorised=self.period > 0, forward_only=True)
 
-    def _latest_updates(self, xs: Sequence[tuple[Slot, int]], us: Sequence[tuple[Slot, int]], c_u: int,
-                        c_xs: Sequence[int], delays: Sequence[int], per: int) -> list[int]:
-        """`latest_update`'s newest update for each reader of `xs` (slot, processor) over the copies `us`, as arrays:
-        f = ⌊(start_X − start_U − offset − delay)/P⌋, seen = (J/g)·(f − lag_U + lag_X) + phase_U, its max."""
-        import numpy as np
+    def _pins(self, vectorised: bool, forward_only: bool = False) -> dict[tuple[str, int, int], int]:
+        """`read_pins` (`forward_only`: of the F readers alone), computed by `_validate.schedule_pins`."""
+        from layerpipe.schedule._validate import schedule_pins  # _validate imports this module
 
-        x_start, x_lag, x_proc = np.array([(x.start, x.lag, p) for x, p in xs], dtype=np.int64).T
-        u_start, u_lag, u_phase, u_proc = np.array([(u.start, u.lag, u.phase, p) for u, p in us], dtype=np.int64).T
-        c_x = np.array(c_xs, dtype=np.int64)
-        # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
-        offset = c_u + ((c_u == 0) & (c_x[:, None] == 0) & (x_proc[:, None] == u_proc[None, :]))
-        f = (x_start[:, None] - u_start[None, :] - offset - np.array(delays, dtype=np.int64)[:, None]) // self.period
-        seen = per * (f - u_lag[None, :] + x_lag[:, None]) + u_phase[None, :]
-        return seen.max(axis=1).tolist()
+        return schedule_pins(self, vectorised, forward_only)
 
     def start_time(self, kind: str, layer: int, iteration: int) -> int:
         """Start of the op of `iteration` (update number for U) of task kind/layer."""

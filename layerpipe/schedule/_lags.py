@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from layerpipe.retiming import solve_difference_constraints
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, memo
 
 
 def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:
@@ -42,6 +42,19 @@ def loop_lengths(table: TaskTable) -> dict[int, int]:
     One system per loop over every delay-0 edge, r_w ≥ r_v + c_w, plus a virtual node z (r_z = 0) with
     r_F ≥ r_z + M, M above any path's work: a node reachable from F_l gets M + its longest path from F_l,
     any other less than M. U_l out of reach leaves F_l alone (c_F)."""
+    found = _LOOPS.get(table.token)
+    if found is None:
+        if len(_LOOPS) >= _TIMELINES_KEPT:
+            _LOOPS.pop(next(iter(_LOOPS)))  # oldest first
+        found = _LOOPS[table.token] = _loop_lengths(table)
+    return dict(found)
+
+
+#: `loop_lengths`' memo by table content: the bounded search and the result's bound ask for the same table's.
+_LOOPS: dict[int, dict[int, int]] = memo({})
+
+
+def _loop_lengths(table: TaskTable) -> dict[int, int]:
     n = len(table)
     src, dst = table.precedence
     big = table.total + 1
@@ -63,23 +76,56 @@ def timeline(table: TaskTable, asap: Sequence[int]) -> list[int]:
 
     The remaining path of v is c_v + r_v for the least r ≥ 0 with r_u ≥ r_w + c_w on every edge u→w (the
     constraints run against the edges: the reversed topological order is theirs)."""
-    dst, src = table.precedence
-    rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
-    tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
-    return sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v))
+    key = (table.token, tuple(asap))
+    found = _TIMELINES.get(key)
+    if found is None:
+        if len(_TIMELINES) >= _TIMELINES_KEPT:
+            _TIMELINES.pop(next(iter(_TIMELINES)))  # oldest first
+        dst, src = table.precedence
+        rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
+        tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
+        found = _TIMELINES[key] = tuple(sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v)))
+    return list(found)
+
+
+#: `timeline`'s memo by (table content, ASAP starts): every candidate placement of a search asks for its table's
+#: (`_bodies.default_targets`).
+_TIMELINES: dict[tuple[object, ...], tuple[int, ...]] = memo({})
+_TIMELINES_KEPT = 32
 
 
 def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
                   arrival: dict[tuple[int, int], int]) -> list[int]:
     """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
     the end of u or the planned arrival of its transfer (the retiming package's solver)."""
-    src, dst = table.precedence
-    end = [s + c for s, c in zip(start, table.cost, strict=True)]
+    src, _ = table.precedence
+    ready = [start[u] + table.cost[u] for u in src]
     if arrival:
-        bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
-    else:  # ⌈(end_u − start_v) / P⌉
-        bound = [-((start[v] - end[u]) // period) for u, v in zip(src, dst, strict=True)]
-    return _solve(table, src, dst, bound, table.topo)
+        edge = table.edge_index
+        for pair, at in arrival.items():
+            e = edge.get(pair)
+            if e is not None:
+                ready[e] = at
+    return lags_from_ready(table, start, period, ready)
+
+
+def lags_from_ready(table: TaskTable, start: Sequence[int], period: int, ready: Sequence[int]) -> list[int]:
+    """`_longest_lags` with ready_uv given per precedence edge (aligned with `table.precedence`).
+
+    When the table's edges run forward in index order (`TaskTable.forward`: every table the policies build),
+    the least solution is one sweep over the edges in their order, relaxing lag_v ≥ lag_u + bound — what
+    `solve_difference_constraints` does given that order, without checking the order on every call (the lag
+    pass runs thousands of times per schedule); otherwise the solver itself."""
+    src, dst = table.precedence
+    if not table.forward:
+        return _solve(table, src, dst, [-((start[v] - at) // period) for v, at in zip(dst, ready, strict=True)],
+                      table.topo)
+    r = [0] * len(table)
+    for u, v, at in zip(src, dst, ready, strict=True):
+        need = r[u] - ((start[v] - at) // period)
+        if need > r[v]:
+            r[v] = need
+    return r
 
 
 def loop_spans(table: TaskTable, start: Sequence[int], lag: Sequence[int], period: int,

@@ -6,7 +6,8 @@ keeps W_l on one processor (no weight traffic). Three candidate placements are t
 and swaps off the busiest processor), the iteration's timeline cut into N contiguous runs + repair, and
 that cut unrepaired (each body one stretch of the iteration, so lags step about once per processor: the
 least staleness, at a slightly longer period). Bodies are ordered and packed by `best_ordering`; lags are
-the minimal legal ones. The shortest period wins; within `PERIOD_SLACK` of it, the lowest staleness.
+the minimal legal ones. The shortest period wins; within `PERIOD_SLACK` of it, the lowest staleness. A
+placement's period and words need no timing, so only the placements that can still win are timed (`_ranked`).
 
 With `max_staleness` K every weight loop must turn around within K + 1 periods (span of F_l … U_l ≤
 (K+1)·P). The shortest candidate meeting K is kept unless the modulo list scheduler (tasks at their
@@ -40,9 +41,11 @@ from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
+from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, replicated_timing
+from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, table_of
 from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 
@@ -176,7 +179,7 @@ def split_plans(network: Network, num_procs: int, model: CostModel,
     weight-stationary item c_l (all its tasks) exceeds T, split into ⌈c_l / T⌉ parts (at most N and its rows),
     so each part fits the target; distinct plans only. A pruning heuristic, not a search of every split: at
     most five searches, none when no layer outweighs a processor's share (resnet50 at N = 16)."""
-    costs = build_training_graph(network).costs(model)
+    costs = table_of(network, GraphOptions(), model).graph.costs(model)
     own = {layer.index: 0 for layer in network.layers}  # all of a layer's tasks: its weight-stationary item
     for task, cost in costs.items():
         own[task.layer] += cost
@@ -210,42 +213,64 @@ def _rank(result: ScheduleResult) -> tuple[float, float, int]:
 def _schedule_network(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
                       interconnect: Interconnect = SHARED) -> ScheduleResult:
     """LayerPipe's placement search on one network (as given, or a split variant)."""
-    graph = build_training_graph(network, GraphOptions(intra=options.intra, inter=options.inter))
-    table = TaskTable.of(graph, model)
+    table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
-    timed = [_time(table, num_procs, placement, asap, interconnect)
-             for placement in search_space(table, num_procs, asap, options, interconnect, max_words)]
-    if max_words is not None:
-        timed = [t for t in timed if t.cost.words <= max_words]
+    ranked = _ranked(table, num_procs, search_space(table, num_procs, asap, options, interconnect, max_words),
+                     interconnect, max_words)
     k = options.max_staleness
     if k is None:
-        # The period on the interconnect first, then the words moved, then staleness.
-        best = min(timed, key=lambda t: (t.period, t.cost.words, t.timing.score()))
+        # The period on the interconnect first, then the words moved, then staleness: only the placements of
+        # the least (period, words) are timed (the first group), and none when the replicated plan beats them.
+        period, words = ranked[0][0][1].period, ranked[0][0][1].words
         replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
         if replicated is not None and (Fraction(replicated.period, replicated.table.unfold),
-                                       Fraction(replicated.words, replicated.table.unfold)) < (Fraction(best.period),
-                                                                                               Fraction(best.cost.words)):
-            laid = replicated
+                                       Fraction(replicated.words, replicated.table.unfold)) < (Fraction(period),
+                                                                                               Fraction(words)):
+            laid = replicated_timing(table, replicated.plan, num_procs, interconnect)
+            note = f"PipeDream's replicated placement, on LayerPipe's tasks: {replicated.note}"
             return periodic_result("layerpipe", options, laid.table, num_procs, laid.placement, laid.timing.start,
                                    laid.timing.lag, laid.period, laid.table.cost, interconnect=interconnect,
                                    arrival=laid.timing.arrival, base_item_costs=table.cost,
-                                   notes=(f"PipeDream's replicated placement, on LayerPipe's tasks: {laid.note}",))
+                                   notes=(note,))
+        best = min((_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in ranked[0]),
+                   key=lambda t: t.timing.score())
     else:
         # The shortest period among the candidates that meet the bound, unless list scheduling finds shorter.
-        meeting = [t for t in timed if t.timing.score()[0] <= k]
-        ceiling = min((t.period for t in meeting), default=None)
+        # The groups go by (period, words), so the first group with a candidate meeting the bound holds the
+        # shortest such period and, among its candidates that meet it, the fallback (fewest words, then score).
+        ceiling, fallback = None, None
+        for placements in ranked:
+            timed = [_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in placements]
+            meeting = [t for t in timed if t.timing.score()[0] <= k]
+            if meeting:
+                ceiling, fallback = meeting[0].period, min(meeting, key=lambda t: t.timing.score())
+                break
         group = weight_groups(table, options.keep_weights_together)
         item_costs, _ = group_items(table, group)
         found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling, interconnect, max_words)
-        best = _settle(table, _tightened(table, found or min(meeting, key=lambda t: (t.period, t.cost.words,
-                                                                                     t.timing.score())),
-                                         k, num_procs, interconnect), k, num_procs, interconnect)
+        chosen = found or fallback
+        assert chosen is not None, "_bounded finds a period whenever no candidate meets the bound"
+        best = _settle(table, _tightened(table, chosen, k, num_procs, interconnect), k, num_procs, interconnect)
     group = weight_groups(table, options.keep_weights_together)
     item_costs, _ = group_items(table, group)
     return periodic_result("layerpipe", options, table, num_procs, best.placement, best.timing.start,
                            best.timing.lag, best.period, item_costs, max_staleness=k, interconnect=interconnect,
                            arrival=best.timing.arrival)
+
+
+def _ranked(table: TaskTable, num_procs: int, placements: Sequence[list[int]], interconnect: Interconnect,
+            max_words: float | None) -> list[list[tuple[list[int], PlacementCost]]]:
+    """The placements with their costs (those within `max_words`), grouped by (period, words), the groups in
+    increasing order and each in search order: the policy ranks candidates by (period, words, staleness), so
+    the period and words — which need no timing — say which ones are worth timing. One processor moving
+    nothing is always within a bound, so there is always a group."""
+    groups: dict[tuple[int, int], list[tuple[list[int], PlacementCost]]] = {}
+    for placement in placements:
+        cost = placement_cost(table, placement, num_procs, interconnect)
+        if max_words is None or cost.words <= max_words:
+            groups.setdefault((cost.period, cost.words), []).append((placement, cost))
+    return [groups[key] for key in sorted(groups)]
 
 
 @dataclass(frozen=True)
@@ -259,8 +284,8 @@ class Candidate:
 
 
 def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence[int],
-          interconnect: Interconnect) -> Candidate:
-    cost = placement_cost(table, placement, num_procs, interconnect)
+          interconnect: Interconnect, cost: PlacementCost | None = None) -> Candidate:
+    cost = cost or placement_cost(table, placement, num_procs, interconnect)
     period = cost.period
     timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                            default_targets(table, placement, num_procs, asap), interconnect)
@@ -301,13 +326,13 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
 
 @dataclass(frozen=True)
 class ReplicatedCandidate:
-    """PipeDream's replicated plan laid out on LayerPipe's tasks (an unfolded timing), with its words moved
-    per period."""
+    """PipeDream's replicated plan laid out on LayerPipe's tasks (its unfolded table and period), with its words
+    moved per period; `replicated_timing(table, plan, ...)` times it when it wins."""
 
+    plan: Plan
     table: UnfoldedTable
-    placement: list[int]
+    placement: tuple[int, ...]
     period: int
-    timing: Timing
     words: int
     note: str
 
@@ -318,26 +343,24 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
     with LayerPipe's finer tasks on the same processors: its loads and channels are PipeDream's, so its
     period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
     (design notes §11). None when the plan has no replicas (the single-iteration search already holds it),
-    when weights must stay together and a replica set splits them, or when it moves more words than allowed."""
-    from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+    when weights must stay together and a replica set splits them, or when it moves more words than allowed.
 
+    LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table gave
+    plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual network,
+    links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks."""
     if options.keep_weights_together or not options.replication:
         return None
-    pd_table = TaskTable.of(build_training_graph(table.graph.network, GraphOptions.pipedream()), model)
+    pd_table = table_of(table.graph.network, GraphOptions.pipedream(), model)
     costs = PlanCosts(pd_table, interconnect)
-    best = plan(costs, num_procs)
+    best = plan_stages(costs, num_procs)
     if best.unfold == 1:
         return None
-    laid = replicated_timing(table, best, num_procs, interconnect)
-    unfolded = laid.table
-    words = placement_cost(unfolded, laid.placement, num_procs, interconnect).words
-    if max_words is not None and words > max_words * unfolded.unfold:
+    laid = replicated_layout(table, best, num_procs, interconnect)
+    words = placement_cost(laid.table, laid.placement, num_procs, interconnect).words
+    if max_words is not None and words > max_words * laid.table.unfold:
         return None
-    note = f"stages x replicas {best.describe(costs.layers)}"
-    # LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table
-    # gave plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual
-    # network, links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks.
-    return ReplicatedCandidate(unfolded, laid.placement, laid.period, laid.timing, words, note)
+    return ReplicatedCandidate(best, laid.table, laid.placement, laid.period, words,
+                               f"stages x replicas {best.describe(costs.layers)}")
 
 
 def pipedream_placement(table: TaskTable, num_procs: int) -> list[int]:
@@ -385,7 +408,12 @@ def _settle(table: TaskTable, best: Candidate, k: int, num_procs: int, interconn
 
     `_tightened` re-times bodies gap-free, and where that breaks the bound it keeps the searched period, which
     can still have slack: mlp:16-12-8-4 on 3 processors, max staleness 1 was scheduled at 90 cycles on
-    `shared` (143 on links:2:16) and simulated at 89 (140), the ratio of its graph."""
+    `shared` (143 on links:2:16) and simulated at 89 (140), the ratio of its graph.
+
+    The graph holds every processor's and every link's cycle (its load over one period), so its ratio is at
+    least the busiest processor or channel: a timing at that period has no slack to take out (not re-timed)."""
+    if best.period <= best.cost.period:
+        return best
     found = settled(table, best.placement, num_procs, best.timing, best.period, interconnect)
     if found.period >= best.period or found.timing.score()[0] > k:
         return best
@@ -425,10 +453,9 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
         start = [s % period for s in sigma]
         if interconnect.is_shared:
             listed = timing_of(table, start, [s // period for s in sigma], period)
-        else:
-            listed = timed_starts(table, start, period, comm)
-        tight = timed_starts(table, start, period, comm)
-        best = min(listed, tight, key=Timing.score)
+            best = min(listed, timed_starts(table, start, period, comm), key=Timing.score)
+        else:  # the listed timing is the tight one
+            best = timed_starts(table, start, period, comm)
         return Candidate(placement, period, cost, best) if best.score()[0] <= k else None
 
     low = period_lower_bound(item_costs, num_procs, loop_lengths(table), k)

@@ -28,12 +28,14 @@ How the order is made: a list simulation over the stage ops with the stage costs
 the cost model and the uncontended transfer time of the activation or error words on the given
 interconnect (`Interconnect.transfer_cycles`); at each decision the processor takes, among its ready ops,
 first an I (or the W that gates a ready I), then an F (earliest stage, then micro-batch), then the oldest W;
-idle when nothing is ready. The order is then timed like every synchronous policy, by the simulator on the
-interconnect (`_sync_policies.synchronous_result`). `allocation="auto"` (the default) orders modulo allocation
-with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the simulator time the
-MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one, and keeps the
-fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults to 1. The
-micro-batches per step default to gpipe's, 2·min(N, L), so the two compare step for step as the paper does.
+idle when nothing is ready (`_ooo_order.py`; layouts whose estimate provably cannot be among the best are
+not simulated to the end, `_plan_layouts`). The order is then timed like every synchronous policy, by the
+simulator on the interconnect (`_sync_policies.synchronous_result`). `allocation="auto"` (the default)
+orders modulo allocation with g = 1 .. ⌈L/N⌉ (or the given `group_size`) and the contiguous stages, has the
+simulator time the MAX_TIMED_LAYOUTS best by the list simulation's one-step estimate and the contiguous one,
+and keeps the fastest timed step (ties: the better estimate); the paper tunes g per model, the code defaults
+to 1. The micro-batches per step default to gpipe's, 2·min(N, L), so the two compare step for step as the
+paper does.
 
 Simplifications: TensorFlow's runtime order inside a virtual layer (layer by layer) is ours only at stage
 granularity; the paper's GPU-stream overlap of communication with compute is the interconnect model's.
@@ -45,21 +47,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from layerpipe.costs import CostModel
-from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
+from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule import _stage_programs
 from layerpipe.schedule._deps import StageInfo
-from layerpipe.schedule._ir import OpSchedule
+from layerpipe.schedule._ooo_order import StageCost, makespan_bound, ooo_order
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stage_programs import StageOp
 from layerpipe.schedule._sync_policies import (
-    StageCost,
     _check_step_size,
     contiguous_stages,
     layer_step_work,
     synchronous_result,
+    training_graph,
 )
 
 #: Largest number of group sizes `group_size=None` tries (each one list-scheduled order).
@@ -103,124 +105,25 @@ def modulo_stages(network: Network, group_size: int) -> list[list[int]]:
 
 def stage_costs(graph: TrainingGraph, model: CostModel, stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
     """F, I (A + E), W (G) per micro-batch and U per step of every stage."""
-    stage_of = {layer: s for s, run in enumerate(stage_layers) for layer in run}
-    out = [[0, 0, 0, 0] for _ in stage_layers]
+    return _stage_costs_of(layer_costs(graph, model), stage_layers)
+
+
+def layer_costs(graph: TrainingGraph, model: CostModel) -> dict[int, list[int]]:
+    """Per layer, its [F, I (A + E), W (G), U] cycles."""
+    out = {layer.index: [0, 0, 0, 0] for layer in graph.network.layers}
     for t, c in graph.costs(model).items():
-        out[stage_of[t.layer]][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
-    return [StageCost(*row) for row in out]
+        out[t.layer][{"F": 0, "G": 2, "U": 3}.get(t.kind, 1)] += c  # the rest (A, E) is I
+    return out
 
 
-def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, push: bool,
-              stages: StageInfo, interconnect: Interconnect) -> tuple[list[list[StageOp]], int]:
-    """One step's per-processor order of stage s on processor s mod N (see the module docstring), and the
-    step's makespan in the list simulation (uncontended transfers: an estimate, not the timed step)."""
-    count, m = len(costs), microbatches
-    proc = [s % num_procs for s in range(count)]
-    end: dict[StageOp, int] = {}
-    free = [0] * num_procs
-    rows: list[list[StageOp]] = [[] for _ in range(num_procs)]
-    nxt = {kind: [0] * count for kind in "FIW"}  # next micro-batch per kind and stage
-    last = count - 1
-
-    def arrival(producer: StageOp, words: int, here: int) -> int | None:
-        done = end.get(producer)
-        if done is None:
-            return None
-        return done if proc[producer[1]] == here else done + interconnect.transfer_cycles(words)
-
-    def ready_time(op: StageOp) -> int | None:
-        """When `op`'s inputs are in, or None if a producer has not been placed yet."""
-        kind, s, t = op
-        here = proc[s]
-        needs: list[int | None] = []
-        if kind == "F":
-            if s:
-                needs.append(arrival(("F", s - 1, t), stages.words_into_forward(s), here))
-            if push and s == 0 < last and t >= num_procs:  # the code gates every stage but the last
-                needs.append(end.get(("W", 0, t - num_procs)))
-        elif kind == "I":
-            needs.append(end.get(("F", s, t)))
-            if s < last:
-                needs.append(arrival(("I", s + 1, t), stages.words_into_backward(s), here))
-                if t:
-                    needs.append(end.get(("W", s, t - 1)))
-        else:
-            needs.append(end.get(("I", s, t) if s < last else ("I", s, m - 1)))
-        known = [n for n in needs if n is not None]
-        if len(known) < len(needs):
-            return None
-        return max([0, *known])
-
-    def duration(op: StageOp) -> int:
-        kind, s, t = op
-        c = costs[s]
-        base = {"F": c.forward, "I": c.input_grad, "W": c.weight_grad}[kind]
-        return base + (c.update if kind == "W" and t == m - 1 else 0)  # W_s(m−1) is the stage's last: then U
-
-    def priority(op: StageOp, gates_ready_input: bool) -> tuple[int, int, int]:
-        kind, s, t = op
-        if kind == "I":
-            return (0, t, -s)
-        if kind == "W" and gates_ready_input:
-            return (0, t, -s)
-        if kind == "F":
-            return (1, s, t)
-        return (2, t, s)
-
-    # Each (kind, stage) has one candidate, its next micro-batch; its ready time changes only when one of its
-    # producers is placed, and a processor's best candidate only when one of its candidates or its free time
-    # changes, so both are cached and refreshed for what a placement touches.
-    ready: dict[tuple[str, int], int | None] = {(k, s): ready_time((k, s, 0)) for s in range(count) for k in "FIW"}
-    own: list[list[int]] = [[s for s in range(count) if proc[s] == p] for p in range(num_procs)]
-    best_of: list[tuple[int, tuple[int, int, int], StageOp] | None] = [None] * num_procs
-
-    def refresh(p: int) -> None:
-        best = None
-        for s in own[p]:
-            for kind in "FIW":
-                t = nxt[kind][s]
-                r = ready[(kind, s)]
-                if t >= m or r is None:
-                    continue
-                # I_s(t+1) has its input gradient and waits only for this W: the W is on the critical path.
-                gates = kind == "W" and s < last and nxt["I"][s] == t + 1 and ("I", s + 1, t + 1) in end
-                key = (max(r, free[p]), priority((kind, s, t), gates), (kind, s, t))
-                if best is None or key < best:
-                    best = key
-        best_of[p] = best
-
-    for p in range(num_procs):
-        refresh(p)
-    for _ in range(3 * m * count):
-        (start, _, op), here = min(((best, p) for p, best in enumerate(best_of) if best is not None),
-                                   key=lambda pair: (pair[0][0], pair[0][1], pair[1]))
-        kind, s, _ = op
-        end[op] = start + duration(op)
-        free[here] = end[op]
-        rows[here].append(op)
-        nxt[kind][s] += 1
-        touched = {(kind, s)}  # the next op of this kind and stage, and every consumer of `op`
-        if kind == "F":
-            touched |= {("F", s + 1), ("I", s)} if s < last else {("I", s)}
-        elif kind == "I":
-            touched |= {("W", s)} | ({("I", s - 1)} if s else set())
-        else:
-            touched |= {("I", s)} | ({("F", 0)} if push and s == 0 else set())
-        dirty = {here}
-        for k, u in touched:
-            if u <= last and nxt[k][u] < m:
-                ready[(k, u)] = ready_time((k, u, nxt[k][u]))
-                dirty.add(proc[u])
-        if kind == "I" and s:
-            dirty.add(proc[s - 1])  # W_{s−1}'s gate looks at I_s's progress
-        for p in dirty:
-            refresh(p)
-    return rows, max(end.values(), default=0)
+def _stage_costs_of(per_layer: dict[int, list[int]], stage_layers: Sequence[Sequence[int]]) -> list[StageCost]:
+    return [StageCost(*(sum(part) for part in zip(*(per_layer[layer] for layer in run), strict=True)))
+            for run in stage_layers]
 
 
 def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OOOOptions,
                  interconnect: Interconnect = SHARED) -> ScheduleResult:
-    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    graph = training_graph(network)
     m = options.microbatches or 2 * min(num_procs, len(network))
     layouts: list[tuple[int | None, list[list[int]]]] = []
     if options.allocation != "contiguous":
@@ -232,9 +135,10 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
     if options.allocation != "modulo":
         procs = min(num_procs, len(network))
         layouts.append((None, contiguous_stages(network, graph, model, procs, m)))
-    # Every layout gets its order and the list simulation's estimate of its step; the simulator (which costs
-    # far more) times the MAX_TIMED_LAYOUTS best estimates and always the contiguous layout, skipping those
-    # whose busiest processor's work (a lower bound on the step) already reaches the best step timed.
+    # The layouts with the MAX_TIMED_LAYOUTS best estimates of the list simulation get their order (the others
+    # need none: `_plan_layouts`); the simulator (which costs far more) times those and always the contiguous
+    # layout, skipping those whose busiest processor's work (a lower bound on the step) already reaches the
+    # best step timed.
     per_layer = layer_step_work(graph, model, m)
 
     def busiest(stage_layers: list[list[int]]) -> int:
@@ -243,44 +147,79 @@ def schedule_ooo(network: Network, num_procs: int, model: CostModel, options: OO
             load[s % len(load)] += sum(per_layer[layer] for layer in run)
         return max(load)
 
-    planned = []
-    for k, (g, stage_layers) in enumerate(layouts):
-        stages = StageInfo.of_network(graph, stage_layers)
-        procs = min(num_procs, len(stage_layers))
+    for _, stage_layers in layouts:  # every layout's size is checked (in order) before any work
         _check_step_size("ooo", len(stage_layers), m)
-        rows, estimate = ooo_order(stage_costs(graph, model, stage_layers), procs, m, options.push, stages,
-                                   interconnect)
-        planned.append((estimate, k, g, stage_layers, rows))
+    planned = _plan_layouts(graph, model, layouts, num_procs, m, options.push, interconnect)
     planned.sort(key=lambda plan: (plan[0], plan[1]))
     timed = planned[:MAX_TIMED_LAYOUTS] + [plan for plan in planned[MAX_TIMED_LAYOUTS:] if plan[2] is None]
     best: ScheduleResult | None = None
+    seen: list[list[list[int]]] = []
     for _, _, g, stage_layers, rows in timed:
         if best is not None and busiest(stage_layers) >= best.metrics.period_cycles:
             continue
-        result = _with_stages(network, graph, num_procs, model, options, interconnect, g, stage_layers, m, rows)
+        chosen = _layout_options(options, g)  # first: it refuses what it refuses even for a layout skipped below
+        if stage_layers in seen:  # the same stages as a layout timed already (N ≥ L: g = 1 is the contiguous
+            continue  # cut): the same order and step, which cannot beat that one's
+        seen.append(stage_layers)
+        result = _with_stages(network, graph, num_procs, model, chosen, options, interconnect, g, stage_layers, m,
+                              rows)
         if best is None or result.metrics.period_cycles < best.metrics.period_cycles:
             best = result
     assert best is not None
     return best
 
 
-def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: CostModel, options: OOOOptions,
-                 interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int,
+def _plan_layouts(graph: TrainingGraph, model: CostModel, layouts: list[tuple[int | None, list[list[int]]]],
+                  num_procs: int, m: int, push: bool, interconnect: Interconnect
+                  ) -> list[tuple[int, int, int | None, list[list[int]], list[list[StageOp]]]]:
+    """(estimate, k, g, stages, order) of layout k: every layout that can be among the MAX_TIMED_LAYOUTS best by
+    (estimate, k), and the contiguous one (g None), which is always timed; the others are left out.
+
+    A layout's estimate is at least `makespan_bound` (its busiest processor's work after the first forward can
+    reach it), so the layouts are simulated in the order of that bound, and once MAX_TIMED_LAYOUTS estimates are
+    known, a layout whose bound exceeds the last of them is not simulated, nor finished once its simulation
+    shows it would exceed it (`cutoff`): it could not be picked.
+    """
+    per_layer = layer_costs(graph, model)
+    prepared = []
+    for k, (g, stage_layers) in enumerate(layouts):
+        costs = _stage_costs_of(per_layer, stage_layers)
+        procs = min(num_procs, len(stage_layers))
+        prepared.append((g is not None, makespan_bound(costs, procs, m), k, g, stage_layers, costs, procs))
+    prepared.sort(key=lambda item: item[:3])  # the contiguous layout first: it is needed anyway
+    planned: list[tuple[int, int, int | None, list[list[int]], list[list[StageOp]]]] = []
+    for modulo, bound, k, g, stage_layers, costs, procs in prepared:
+        known = sorted(plan[:2] for plan in planned)
+        cutoff = known[MAX_TIMED_LAYOUTS - 1][0] if modulo and len(known) >= MAX_TIMED_LAYOUTS else None
+        if cutoff is not None and bound > cutoff:
+            break  # so is every later bound
+        stages = StageInfo.of_network(graph, stage_layers)
+        made = ooo_order(costs, procs, m, push, stages, interconnect, cutoff)
+        if made is not None:
+            rows, estimate = made
+            planned.append((estimate, k, g, stage_layers, rows))
+    return planned
+
+
+def _layout_options(options: OOOOptions, g: int | None) -> OOOOptions:
+    """The options a result of layout g (None: contiguous) reports: its allocation and group size."""
+    if g is None:  # a given group size (-g with allocation auto) sized the modulo layout, not this one
+        return replace(options, allocation="contiguous", group_size=None)
+    return replace(options, allocation="modulo", group_size=g)
+
+
+def _with_stages(network: Network, graph: TrainingGraph, num_procs: int, model: CostModel, chosen: OOOOptions,
+                 options: OOOOptions, interconnect: Interconnect, g: int | None, stage_layers: list[list[int]], m: int,
                  rows: list[list[StageOp]]) -> ScheduleResult:
-    """OOO's order `rows` of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous."""
+    """OOO's order `rows` of `stage_layers` (stage s on processor s mod N), timed; `g` None for contiguous;
+    `chosen` the layout's options (`_layout_options`), `options` the ones given."""
     procs = min(num_procs, len(stage_layers))
-
-    def build(steps: int) -> OpSchedule:
-        return _stage_programs._schedule(rows, m, steps)
-
     if g is None:
         layout = f"contiguous allocation: {len(stage_layers)} balanced stages"
-        chosen = replace(options, allocation="contiguous")
     else:
         layout = f"modulo allocation: {len(stage_layers)} groups of {g} layers"
-        chosen = replace(options, allocation="modulo", group_size=g)
     picked = " (the fastest layout timed)" if options.allocation == "auto" or options.group_size is None else ""
     notes = (f"{layout}{picked} on {procs} of {num_procs} processors, {m} micro-batches per step"
              + (", push: at most N in flight" if options.push else ""),)
     return synchronous_result("ooo", chosen, network, graph, num_procs, model, interconnect, stage_layers,
-                              build, m, notes)
+                              _stage_programs._schedule(rows, m, 1), m, notes)

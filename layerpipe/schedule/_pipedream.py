@@ -46,7 +46,7 @@ from layerpipe.schedule._ir import MAX_UNFOLD
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._planner import Plan, PlanCosts, Stage, plan, replicated_timing
 from layerpipe.schedule._result import ScheduleResult, periodic_result
-from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._task_table import TaskTable, table_of
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _one_f_one_b(table: TaskTable, num_procs: int, interconnect: Interconnect = 
 
 def schedule_pipedream(network: Network, num_procs: int, model: CostModel, options: PipeDreamOptions,
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
-    table = TaskTable.of(build_training_graph(network, GraphOptions.pipedream()), model)
+    table = table_of(network, GraphOptions.pipedream(), model)
     if not options.replication:
         placement, period, timing = _one_f_one_b(table, num_procs, interconnect)
         return periodic_result("pipedream", options, table, num_procs, placement, timing.start, timing.lag,

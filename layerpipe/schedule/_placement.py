@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from layerpipe.interconnect import Interconnect
-from layerpipe.schedule._comm import Comm, transfers
+from layerpipe.schedule._comm import Comm, queues
 from layerpipe.schedule._task_table import TaskTable, memo
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
@@ -41,16 +41,14 @@ class PlacementCost:
 def placement_cost(table: TaskTable, placement: Sequence[int], num_procs: int,
                    interconnect: Interconnect) -> PlacementCost:
     load = [0] * num_procs
+    cost = table.cost
     for v, p in enumerate(placement):
-        load[p] += table.cost[v]
-    holds: dict[int, int] = {}
-    words = 0
-    for t in transfers(table, Comm(placement, interconnect, num_procs)):
-        holds[t.channel] = holds.get(t.channel, 0) + t.hold
-        words += t.words
+        load[p] += cost[v]
     if interconnect.is_shared:  # no channels, but the words still cross processors
-        words = crossing_words(table, placement)
-    channel = max(holds.values(), default=0)
+        channel, words = 0, crossing_words(table, placement)
+    else:  # the transfers with their channels' holds (`queues`, memoised for the timing passes)
+        lined = queues(table, Comm(placement, interconnect, num_procs))
+        channel, words = max(lined.channel_hold, default=0), lined.words
     return PlacementCost(max(max(load), channel), max(load), channel, words)
 
 

@@ -49,7 +49,7 @@ from fractions import Fraction
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
-from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
 from layerpipe.schedule._ir import PeriodicSchedule
 from layerpipe.schedule._lags import _longest_lags, asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
@@ -357,16 +357,37 @@ _REPLICATED: dict[tuple[object, ...], Replicated] = memo({})
 _REPLICATED_KEPT = 16
 
 
-def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
-                       coalesce: int | None) -> Replicated:
-    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
-    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
-    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
-    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
-    `best_ordering`), and the lags are the minimal ones on the interconnect.
+@dataclass(frozen=True)
+class Layout:
+    """A plan's copies on their processors, before any body is timed: what fixes the period and the traffic."""
 
-    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
-    gradients, ICML'21 §3), for plans without replicas."""
+    table: UnfoldedTable
+    placement: tuple[int, ...]
+    period: int  #: the busiest processor or channel
+    stage_of: dict[int, int]  #: layer → its stage
+    replicas: dict[int, int]  #: layer → its update group (the stage's replicas, or `coalesce`)
+
+
+def replicated_layout(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect = SHARED,
+                      coalesce: int | None = None) -> Layout:
+    """The layout `replicated_timing` times (its unfolded table, placement and period), without the timing:
+    a caller that compares periods and traffic first (LayerPipe's replicated candidate) times only a winner.
+    Memoised like `replicated_timing` (the timing lays out the same plan again); `Layout` is read only."""
+    key = (table.token, table.graph, plan_, num_procs, interconnect, coalesce)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) >= _REPLICATED_KEPT:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # oldest first
+        found = _LAYOUTS[key] = _layout(table, plan_, num_procs, interconnect, coalesce)
+    return found
+
+
+#: `replicated_layout`'s memo.
+_LAYOUTS: dict[tuple[object, ...], Layout] = memo({})
+
+
+def _layout(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+            coalesce: int | None) -> Layout:
     layers = [layer.index for layer in table.graph.network.layers]
     stage_of = {layers[i]: k for k, s in enumerate(plan_.stages) for i in range(s.first, s.last + 1)}
     procs = stage_processors(plan_)
@@ -382,6 +403,22 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     for v, p in enumerate(placement):
         loads[p] += unfolded.cost[v]
     period = max(max(loads), busiest_channel(unfolded, Comm(placement, interconnect, num_procs)))
+    return Layout(unfolded, tuple(placement), period, stage_of, replicas)
+
+
+def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+                       coalesce: int | None) -> Replicated:
+    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
+    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
+    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
+    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
+    `best_ordering`), and the lags are the minimal ones on the interconnect.
+
+    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
+    gradients, ICML'21 §3), for plans without replicas."""
+    laid = replicated_layout(table, plan_, num_procs, interconnect, coalesce)
+    unfolded, period, stage_of, replicas = laid.table, laid.period, laid.stage_of, laid.replicas
+    placement = list(laid.placement)
 
     def block(v: int) -> tuple[int, int, int, int]:
         """(micro-batch of the copy within the period, block, order in block); U after its group's last B."""
@@ -391,10 +428,11 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         g = replicas[t.layer]
         return ((k * g + g - 1) if t.kind == "U" else k, 1, -t.layer, 1 if t.kind == "U" else 0)
 
+    blocks = [block(v) for v in range(len(unfolded))]  # each key reads them, several times per task
     keys: list[Callable[[int], tuple]] = [
-        lambda v: block(v),
-        lambda v: (block(v)[0], 1 - block(v)[1], *block(v)[2:]),
-        lambda v: (block(v)[1], *block(v)),
+        blocks.__getitem__,
+        lambda v: (blocks[v][0], 1 - blocks[v][1], *blocks[v][2:]),
+        lambda v: (blocks[v][1], *blocks[v]),
     ]
     comm = Comm(placement, interconnect, num_procs)
     trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
@@ -414,14 +452,21 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
                             comm))
     # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
     # The versions are counted only for the trials of the least staleness: no other trial can win.
+    # A trial equal to an earlier one (body orders that coincide) settles and scores the same and comes later: it
+    # cannot win, so it is not scored again.
     staled: list[tuple[int, Timing, PeriodicSchedule, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    tried: set[tuple[object, ...]] = set()
     for found in trials:
+        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
+        if seen in tried:
+            continue
+        tried.add(seen)
         settled = _settled_lags(unfolded, found, period, comm)
         if settled is not None:
             lags, arrival = settled
             timing = timing_of(unfolded, found.start, lags, period, arrival)
             schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
-            pins = schedule.read_pins()
+            pins = schedule.forward_pins()  # all that staleness and versions read
             stale = periodic_staleness(schedule, table.graph, pins=pins)
             staled.append((max(stale.values(), default=0), timing, schedule, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
@@ -450,6 +495,10 @@ def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
     lags = update_chain_lags(table, found.start, found.lag, period)
     if lags is None or not found.arrival:
         return None if lags is None else (lags, found.arrival)
+    if lags == found.lag and replanned_alike(table, found.start, period, comm, found.lag, found.arrival):
+        # The first round would re-plan `found`'s own plan times: the same arrivals and lags, and the update order
+        # already holds on them, so it would return them (almost every trial).
+        return lags, dict(found.arrival)
     for _ in range(SETTLE_ROUNDS):
         arrival = channel_timing(table, comm, found.start, period,
                                  [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
@@ -541,14 +590,14 @@ def _round_robin_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, i
             for u, w in zip(table.preds[v], table.pred_words[v], strict=True):
                 if stage_of[table.tasks[u].layer] != stage_of[t.layer]:
                     (comm_f if t.kind == "F" else comm_b)[stage_of[t.layer]] += interconnect.transfer_cycles(w)
-    tau = Fraction(period, unfold)
-    offset = [Fraction(0)] * count
+    # τ = P/J exactly, in integers: ⌈x/τ⌉ = ⌈x·J/P⌉ and ⌊o + j·τ⌋ = o + ⌊j·P/J⌋ for whole o
+    offset = [0] * count
     for s in range(1, count):
         offset[s] = offset[s - 1] + f[s - 1] + comm_f[s]
     delay = [0] * count
     for s in range(count - 2, -1, -1):
         r = plan_.stages[s].replicas
-        d = delay[s + 1] + math.ceil((f[s + 1] + b[s + 1] + comm_f[s + 1] + comm_b[s]) / tau)
+        d = delay[s + 1] - (-(f[s + 1] + b[s + 1] + comm_f[s + 1] + comm_b[s]) * unfold // period)
         delay[s] = -(-d // r) * r
     # the slot (micro-batch whose forward it starts with) of every copy
     slot = []
@@ -568,7 +617,7 @@ def _round_robin_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, i
     for (s, j), members in groups.items():
         members.sort(key=lambda v: (0 if table.tasks[v].kind == "F" else 2 if table.tasks[v].kind == "U" else 1,
                                     table.tasks[v].layer if table.tasks[v].kind == "F" else -table.tasks[v].layer))
-        at = math.floor(offset[s] + j * tau)
+        at = offset[s] + j * period // unfold
         for v in members:
             start[v] = at % period
             at += table.cost[v]
@@ -609,22 +658,22 @@ def _round_robin_targets(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, 
     for t, k, c in zip(table.tasks, table.phase, table.cost, strict=True):
         if k == 0 and t.kind != "U":
             (forward if t.kind == "F" else backward)[stage_of[t.layer]] += c
-    tau = Fraction(period, table.unfold)
+    unfold = table.unfold  # τ = P/J, in integers as in `_round_robin_starts`
     offset = [sum(forward[:s]) for s in range(count)]
     # B_s(k) must follow B_{s+1}(k): o_s + (k + d_s)·τ + f_s ≥ o_{s+1} + (k + d_{s+1})·τ + f_{s+1} + b_{s+1},
     # i.e. d_s ≥ d_{s+1} + (f_{s+1} + b_{s+1}) / τ; the last stage runs B(k) right after F(k) (d = 0).
     delay = [0] * count
     for s in range(count - 2, -1, -1):
-        d = delay[s + 1] + (math.ceil((forward[s + 1] + backward[s + 1]) / tau) if tau else 0)
+        d = delay[s + 1] + (-(-(forward[s + 1] + backward[s + 1]) * unfold // period) if period else 0)
         r = plan_.stages[s].replicas if table.unfold == plan_.unfold else 1
         delay[s] = -(-d // r) * r
     target = []
     for t, k in zip(table.tasks, table.phase, strict=True):
         s = stage_of[t.layer]
         if t.kind == "F":
-            at = offset[s] + k * tau
+            at = offset[s] + k * period // unfold
         else:
             last = k * replicas[t.layer] + replicas[t.layer] - 1 if t.kind == "U" else k
-            at = offset[s] + (last + delay[s]) * tau + forward[s]
-        target.append(math.floor(at))
+            at = offset[s] + forward[s] + (last + delay[s]) * period // unfold
+        target.append(at)
     return target

@@ -24,6 +24,7 @@ its last (tests/test_zero_bubble.py measures bubble and memory with the simulato
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -86,6 +87,14 @@ def _repeated(rows: Sequence[tuple[np.ndarray, np.ndarray]], tasks: tuple[tuple[
     columns = OpColumns(tuple(bounds), tasks, np.concatenate(tasked) if tasked else empty,
                         np.concatenate(iterations) if iterations else empty)
     return OpSchedule.from_columns("stage", columns, synchronous=True, microbatches=microbatches)
+
+
+def repeat_step(one_step: OpSchedule, steps: int) -> OpSchedule:
+    """`steps` steps of a one-step stage schedule: what its generator gives when asked for `steps` steps (every
+    generator here repeats its step with `_repeated`), without generating the order again."""
+    c = one_step.as_columns()
+    rows = [(c.task[lo:hi], c.iteration[lo:hi]) for lo, hi in itertools.pairwise(c.bounds)]
+    return _repeated(rows, c.tasks, one_step.microbatches, steps)
 
 
 def looping_stage_map(procs: int, virtual_stages: int) -> list[int]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._engine import compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._task_table import memo
 from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
@@ -111,9 +112,9 @@ class SyncShape:
     build: Callable[[int, int, object, int], OpSchedule]  # (processors, microbatches, options, steps)
     default_microbatches: Callable[[int], int] = lambda p: 2 * p
 
-    def generate(self, procs: int, microbatches: int, options: object) -> OpSchedule:
-        """`TIMED_STEPS` steps of the policy's order."""
-        return self.build(procs, microbatches, options, TIMED_STEPS)
+    def generate(self, procs: int, microbatches: int, options: object, steps: int = TIMED_STEPS) -> OpSchedule:
+        """`steps` steps of the policy's order (`TIMED_STEPS` unless given)."""
+        return self.build(procs, microbatches, options, steps)
 
 
 def _virtual(o: object) -> int:
@@ -134,15 +135,6 @@ SHAPES: dict[str, SyncShape] = {
     "dualpipev": SyncShape(lambda o: 2, lambda p, m, o, k: _stage_programs.dualpipev(p, m, k)),
     "looped-bfs": SyncShape(_virtual, lambda p, m, o, k: _stage_programs.looped_bfs(p, m, _virtual(o), k)),
 }
-
-
-class StageCost(NamedTuple):
-    """Cycles of one stage's work: per micro-batch F, I (input gradient), W (weight gradient); per step U."""
-
-    forward: int
-    input_grad: int
-    weight_grad: int
-    update: int = 0
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -208,6 +200,69 @@ def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, in
     return timed_step(run, interconnect)
 
 
+# ------------------------------------------------------------------------------------------------- memos
+
+class NetworkKey:
+    """A network as a memo key: equal when the networks are equal values with the same origins (`Network`
+    equality leaves the origin out), hashed on a few cheap fields (a full `Network` hash walks every layer, at
+    every lookup; equal keys still compare whole)."""
+
+    __slots__ = ("_hash", "network", "origins")
+
+    def __init__(self, network: Network) -> None:
+        self.network = network
+        self.origins = _origins(network)
+        self._hash = hash((network.name, network.batch, network.input_shape, len(network.layers)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NetworkKey) and self._hash == other._hash and (
+            self.network is other.network or (self.network == other.network and self.origins == other.origins))
+
+
+#: `training_graph`'s graphs by network value; the oldest dropped past the cap.
+_GRAPHS: dict[NetworkKey, TrainingGraph] = memo({})
+_GRAPHS_KEPT = 8
+#: `partition_contiguous`'s runs by (per-layer work, count): gpipe, 1f1b, zb-h1 and ooo's contiguous layout cut
+#: the same network into the same stages at one N.
+_RUNS: dict[tuple[tuple[int, ...], int], list[list[int]]] = memo({})
+_RUNS_KEPT = 64
+
+
+def training_graph(network: Network) -> TrainingGraph:
+    """`build_training_graph(network, GraphOptions(intra=True, inter=True))`, the graph of every synchronous
+    policy and ooo, memoised on the network's value (a sweep loads the same network for every point; the
+    graph is a pure function of it). A hit on another, equal `Network` object gives the graph of that object
+    (`graph.network is network`, which the simulator checks to reuse the graph) with the caches already filled
+    (costs per model, successors, topological order): what a fresh build would compute, computed once."""
+    key = NetworkKey(network)
+    found = _GRAPHS.get(key)
+    if found is not None and found.network is network:
+        return found
+    if found is None:
+        graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+        if len(_GRAPHS) >= _GRAPHS_KEPT:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
+    else:
+        graph = replace(found, network=network)  # a new object: its caches start empty, so carry them over
+        graph._costs.update(found._costs)
+        graph.__dict__.update({k: v for k, v in found.__dict__.items() if k not in graph.__dict__})
+    _GRAPHS[key] = graph  # the latest object, with every cache filled so far
+    return graph
+
+
+def _origins(network: Network) -> tuple[object, ...]:
+    """Where `network` was derived from, all the way down (`Network` equality leaves its origin out)."""
+    chain: list[object] = []
+    origin = network.origin
+    while origin is not None:
+        chain.append(origin)
+        origin = origin.source.origin
+    return tuple(chain)
+
+
 # ----------------------------------------------------------------------------------------------- results
 
 
@@ -216,7 +271,12 @@ def contiguous_stages(network: Network, graph: TrainingGraph, model: CostModel, 
     """`count` contiguous stages of `network`'s layers, balanced on per-step work m·(F + A + E + G) + U."""
     per_layer = layer_step_work(graph, model, microbatches)
     layers = [layer.index for layer in network.layers]
-    runs = partition_contiguous([per_layer[i] for i in layers], count)
+    key = (tuple(per_layer[i] for i in layers), count)
+    runs = _RUNS.get(key)
+    if runs is None:
+        if len(_RUNS) >= _RUNS_KEPT:
+            _RUNS.pop(next(iter(_RUNS)))
+        runs = _RUNS[key] = partition_contiguous(list(key[0]), count)
     return [[layers[i] for i in run] for run in runs]
 
 
@@ -231,23 +291,24 @@ def layer_step_work(graph: TrainingGraph, model: CostModel, microbatches: int) -
 def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | OOOOptions, network: Network,
                        graph: TrainingGraph, num_procs: int,
                        model: CostModel, interconnect: Interconnect, stage_layers: Sequence[Sequence[int]],
-                       build: Callable[[int], OpSchedule], microbatches: int, notes: Sequence[str]
+                       step_order: OpSchedule, microbatches: int, notes: Sequence[str]
                        ) -> ScheduleResult:
-    """Time `build`'s order of `stage_layers` on `interconnect` and measure it (shared by every synchronous
-    policy). `build(steps)` gives `steps` steps on at most `num_procs` processors."""
+    """Time the one-step order `step_order` of `stage_layers` (at most `num_procs` processors, made by a generator
+    of `_stage_programs`) on `interconnect` and measure it (shared by every synchronous policy)."""
     m = microbatches
     stages = StageInfo.of_network(graph, stage_layers)
+    one_step = _pad(step_order, num_procs)
 
     def padded(steps: int) -> OpSchedule:
-        return _pad(build(steps), num_procs)
+        return one_step if steps == 1 else _stage_programs.repeat_step(one_step, steps)
 
     step, settled = network_step(padded, graph, stages, model, interconnect)
-    one_step = padded(1)
     costs = graph.costs(model)
     work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
     bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
     proc_of_stage = _stage_processors(one_step)
-    placement = {t: proc_of_stage[s] for s, run in enumerate(stage_layers) for t in graph.tasks if t.layer in run}
+    proc_of_layer = {layer: proc_of_stage[s] for s, run in enumerate(stage_layers) for layer in run}
+    placement = {t: proc_of_layer[t.layer] for t in graph.tasks}
     batch = network.batch
     metrics = ScheduleMetrics(
         cycles_per_sample=step / (m * batch),
@@ -281,11 +342,11 @@ def schedule_synchronous(policy: str, network: Network, num_procs: int, model: C
     _check_step_size(policy, procs * chunks, m)
     if policy == "dualpipev" and m < 2 * procs:  # fail before timing, with the generator's message
         _stage_programs.dualpipev(procs, m)
-    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    graph = training_graph(network)
     stage_layers = contiguous_stages(network, graph, model, procs * chunks, m)
     notes = (f"{procs * chunks} stages on {procs} of {num_procs} processors, {m} micro-batches per step",)
     return synchronous_result(policy, options, network, graph, num_procs, model, interconnect, stage_layers,
-                              lambda steps: shape.build(procs, m, options, steps), m, notes)
+                              shape.generate(procs, m, options, 1), m, notes)
 
 
 def _pad(schedule: OpSchedule, num_procs: int) -> OpSchedule:
@@ -324,10 +385,10 @@ def schedule_stages(policy: str, num_procs: int, options: object,
     if min(f, i) < 1 or w < 0:
         raise InputError(f"stage costs F,B,W must have F, B >= 1 and W >= 0, got {f},{i},{w}")
     _check_step_size(policy, num_procs * chunks, m)
-    one_step = shape.build(num_procs, m, options, 1)
+    one_step = shape.generate(num_procs, m, options, 1)
     stages = StageInfo(num_procs * chunks)
-    step, settled = stage_step(lambda k: shape.build(num_procs, m, options, k), [(f, i, w)] * stages.num_stages,
-                               interconnect)
+    step, settled = stage_step(lambda k: one_step if k == 1 else _stage_programs.repeat_step(one_step, k),
+                               [(f, i, w)] * stages.num_stages, interconnect)
     work = m * (f + i + w) * stages.num_stages
     metrics = ScheduleMetrics(
         cycles_per_sample=step / m,

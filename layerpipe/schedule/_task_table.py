@@ -4,6 +4,9 @@
                 each precedence edge carries and the weight reads.
 - `TaskTable.token` — one int per distinct table content, the key the memos of pure passes use (a table is
                 built again for every call on the same network, so identity would never hit).
+- `table_of`   — the table of a network's training graph under graph options and a cost model, memoised (the
+                policies of one sweep point build the same ones: layerpipe with and without a staleness bound,
+                its replicated candidate and pipedream).
 - `memo` / `clear_memos` — the scheduling passes' memos register here, so a benchmark can time a cold start
                 (a fresh process's) or a test can start from none; results never depend on them.
 """
@@ -12,12 +15,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
 from layerpipe.costs import CostModel
-from layerpipe.dfg import Task, TrainingGraph
+from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
+from layerpipe.network import Network
 from layerpipe.schedule._deps import layer_task_edges
 
 #: How to empty each registered memo (`memo`).
@@ -89,6 +93,19 @@ class TaskTable:
         return ([u for ps in self.preds for u in ps], [v for v, ps in enumerate(self.preds) for _ in ps])
 
     @cached_property
+    def edge_index(self) -> dict[tuple[int, int], int]:
+        """(source, head) → position of that precedence edge in `precedence` (the edges are distinct)."""
+        src, dst = self.precedence
+        return {(u, v): e for e, (u, v) in enumerate(zip(src, dst, strict=True))}
+
+    @cached_property
+    def forward(self) -> bool:
+        """Whether `topo` is the index order and every precedence edge runs forward in it: then relaxing the
+        edges in `precedence` order (by head) is a topological sweep (`_lags.lags_from_ready`)."""
+        src, dst = self.precedence
+        return self.topo == tuple(range(len(self.tasks))) and all(u < v for u, v in zip(src, dst, strict=True))
+
+    @cached_property
     def token(self) -> int:
         """An int shared by exactly the tables of equal content (class and every field but `graph`): the memo key
         of passes that read only those fields (`_comm_timing.comm_timing`, `_comm.transfers`). Equal graphs build
@@ -110,3 +127,25 @@ class TaskTable:
     def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
         where = {(t.layer, a): i for i, t in enumerate(self.tasks) for a in t.kind}
         return tuple((t.layer, where[(t.layer, "F")], i) for i, t in enumerate(self.tasks) if t.has("U"))
+
+
+#: `table_of`'s memo: (network, graph options, cost model) → the table (read only, like every table).
+_TABLES: dict[tuple[object, ...], TaskTable] = memo({})
+_TABLES_KEPT = 16
+
+
+def table_of(network: Network, options: GraphOptions, model: CostModel) -> TaskTable:
+    """`TaskTable.of(build_training_graph(network, options), model)`, memoised by its inputs (networks, graph
+    options and cost models are values; a model that cannot be hashed is not remembered)."""
+    try:
+        key = (network, options, model)
+        found = _TABLES.get(key)
+    except TypeError:
+        return TaskTable.of(build_training_graph(network, options), model)
+    if found is None:
+        if len(_TABLES) >= _TABLES_KEPT:
+            _TABLES.pop(next(iter(_TABLES)))  # oldest first
+        found = _TABLES[key] = TaskTable.of(build_training_graph(network, options), model)
+    if found.graph.network is not network:  # an equal network: the result names the caller's own object
+        found = replace(found, graph=found.graph.with_network(network))
+    return found

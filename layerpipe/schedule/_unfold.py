@@ -23,7 +23,7 @@ and groups into the IR.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,7 +35,15 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, check_unfolding, read_offset, seen_updates, slot_order
+from layerpipe.schedule._ir import (
+    PeriodicSchedule,
+    Slot,
+    check_unfolding,
+    make_slot,
+    read_offset,
+    seen_updates,
+    slot_order,
+)
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._task_table import TaskTable, memo
 
@@ -80,6 +88,26 @@ def unfolded_edges(graph: TrainingGraph, unfold: int, groups: Mapping[int, int] 
     return out
 
 
+def _delay_free_edges(graph: TrainingGraph, unfold: int,
+                      groups: Mapping[int, int]) -> Iterator[tuple[PhaseTask, PhaseTask, int]]:
+    """(source, destination, words) of the delay-0 edges of `unfolded_edges`, in its order, without making an
+    edge object for every edge of every phase (`unfold_table` reads only these)."""
+    for e in layer_task_edges(graph):
+        (sk, sl), (dk, dl) = e.src, e.dst
+        if e.role == ROLE_ORDER:
+            per = copies(sk, sl, unfold, groups)
+            words = graph.network.layer(sl).weight_count
+            for q in range(per - 1):  # the last copy's edge wraps into the next period: delay 1
+                yield (sk, sl, q), (dk, dl, q + 1), words
+        elif e.role == "gradient":
+            g = groups.get(dl, 1)
+            for k in range(unfold):
+                yield (sk, sl, k), (dk, dl, k // g), e.words
+        else:
+            for i in range(unfold - e.delay):  # i + delay < J: the same period
+                yield (sk, sl, i), (dk, dl, i + e.delay), e.words
+
+
 @dataclass(frozen=True)
 class UnfoldedTable(TaskTable):
     """A `TaskTable` over the phase copies of another: `tasks[v]` is the base task, `phase[v]` its phase."""
@@ -88,6 +116,11 @@ class UnfoldedTable(TaskTable):
     base: tuple[int, ...] = ()  #: index of each copy's task in the table it was unfolded from
     unfold: int = 1
     groups: tuple[tuple[int, int], ...] = ()
+
+    @cached_property
+    def update_copies(self) -> dict[int, list[int]]:
+        """Layer → its update copies, in index order (read, never changed, by every pinning pass)."""
+        return _update_copies_by_layer(self)
 
     @cached_property
     def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
@@ -123,10 +156,10 @@ def unfold_table(table: TaskTable, unfold: int, groups: Mapping[int, int] | None
                 order.append((v, k // groups.get(t.layer, 1)))
     index = {(table.tasks[v].kind, table.tasks[v].layer, k): i for i, (v, k) in enumerate(order)}
     words: list[dict[int, int]] = [{} for _ in order]
-    for e in unfolded_edges(table.graph, unfold, groups):
-        if e.delay == 0 and e.src in index and e.dst in index:
-            u, v = index[e.src], index[e.dst]
-            words[v][u] = words[v].get(u, 0) + e.words
+    for head, tail, carried in _delay_free_edges(table.graph, unfold, groups):
+        producer, consumer = index.get(head), index.get(tail)
+        if producer is not None and consumer is not None:
+            words[consumer][producer] = words[consumer].get(producer, 0) + carried
     preds = tuple(tuple(sorted(w)) for w in words)
     reads = []
     for u, x, w in table.weight_reads:
@@ -162,11 +195,16 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     `newest[(u, x)]`, when given, is a copy the read may not be newer than: the newest update the reader sees
     among those no newer than that copy's (`channel_timing` moves pins only to older copies, so that its
     re-planning converges). Ties go to the first copy, as in `latest_update`."""
-    by_layer, groups = _update_copies_by_layer(table), dict(table.groups)
+    by_layer, groups = table.update_copies, dict(table.groups)
+    cost, phase, tasks, unfold = table.cost, table.phase, table.tasks, table.unfold
     out = {}
     for u, x, _ in table.weight_reads:
-        us, copies, per = _reader_copies(table, placement, start, lag, by_layer, groups, x)
-        seen = seen_updates(start[x], lag[x], copies, per, period, delay.get(x, 0))
+        # `seen_updates` over `_reader_copies`, inlined (every weight read, every round of `channel_timing`)
+        layer = tasks[x].layer
+        us, per = by_layer[layer], unfold // groups.get(layer, 1)
+        at, x_lag, zero, x_proc = start[x] - delay.get(x, 0), lag[x], cost[x] == 0, placement[x]
+        seen = [per * ((at - start[q] - (cost[q] + (cost[q] == 0 and zero and placement[q] == x_proc))) // period
+                       - lag[q] + x_lag) + phase[q] for q in us]
         cap = seen[us.index(newest[(u, x)])] if newest is not None else max(seen)
         best = max(v for v in seen if v <= cap)
         out[(u, x)] = us[seen.index(best)]
@@ -242,7 +280,7 @@ def _periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int
     phase = table.phase if isinstance(table, UnfoldedTable) else (0,) * len(table)
     bodies: list[list[Slot]] = [[] for _ in range(num_procs)]
     for v, t in enumerate(table.tasks):
-        bodies[placement[v]].append(Slot(start[v], t.kind, t.layer, lag[v], phase[v]))
+        bodies[placement[v]].append(make_slot(start[v], t.kind, t.layer, lag[v], phase[v]))
     costs = {(t.kind, t.layer): c for t, c in zip(table.tasks, table.cost, strict=True)}
     delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
     for u, x, _ in table.weight_reads:

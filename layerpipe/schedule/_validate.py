@@ -23,8 +23,9 @@ deadlocks on.
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from heapq import heapify, heappop, heappush
 
@@ -39,6 +40,9 @@ from layerpipe.schedule._ir import (
     OpSchedule,
     PeriodicSchedule,
     ScheduleError,
+    Slot,
+    latest_update,
+    read_offset,
     slot_order,
     tie_rank,
 )
@@ -512,8 +516,10 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
             reads = [_steady_period(slots[("F", layer.index, k)].lag - slots[(back, layer.index, k)].lag, depth)
                      for k in range(unfold)]
             hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
-        ends = sorted(j * period + u.start + c_u for j in range(last_end) for u in updates
-                      if per * (j - u.lag) + u.phase >= 0)
+        # Update ends of periods j < last_end that apply an update ≥ 0: per·(j − lag) + phase ≥ 0, i.e.
+        # j ≥ lag − ⌊phase / per⌋ (each copy's ends as one range, not every period filtered)
+        ends = sorted(j * period + end for u in updates for end in (u.start + c_u,)
+                      for j in range(max(0, u.lag - u.phase // per), last_end))
         events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
         for k in range(unfold):
             f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
@@ -547,7 +553,11 @@ def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo:
     finishes = sorted((f, v) for _, v, f in events)
     active: dict[int, int] = {}
     best, i, k = 1, 0, 0
-    for tau in sorted({b for b, _ in begins} | {f for f, _ in finishes} | set(ends)):
+    # Only times in the window count; the reads that begin or finish before one are caught up on the way (the
+    # state at τ is every begin and finish ≤ τ, however many times were visited before it).
+    times = {b for b, _ in begins if lo <= b < hi} | {f for f, _ in finishes if lo <= f < hi}
+    times.update(e for e in ends if lo <= e < hi)
+    for tau in sorted(times):
         while i < len(begins) and begins[i][0] <= tau:
             active[begins[i][1]] = active.get(begins[i][1], 0) + 1
             i += 1
@@ -557,9 +567,8 @@ def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo:
             if not active[v]:
                 del active[v]
             k += 1
-        if lo <= tau < hi:
-            current = bisect_right(ends, tau)
-            best = max(best, len(active) + (current not in active))
+        current = bisect_right(ends, tau)
+        best = max(best, len(active) + (current not in active))
     return best
 
 
@@ -593,3 +602,81 @@ def validate(
     return validate_explicit(
         schedule, graph, stages, iterations=iterations, durations=durations, max_staleness=max_staleness
     )
+
+
+# --- the pins themselves ----------------------------------------------------------------------------------
+# Which version each reader reads (`PeriodicSchedule.read_pins`, whose staleness and versions the passes above
+# measure): `_ir` holds the rule (`latest_update`) and the schedule; this applies the rule to every reader,
+# layer by layer, in plain Python for the small readers × copies tables of most layers, as arrays for large
+# ones.
+
+#: The order of `read_pins`' keys (kind, layer, phase): by layer, then kind, then phase.
+_PIN_ORDER = operator.itemgetter(1, 0, 2)
+
+#: Readers × update copies of one layer up to which the pins are computed in plain Python (numpy's per-call
+#: cost outweighs a few dozen integer formulas).
+SMALL_PINS = 256
+
+
+def schedule_pins(schedule: PeriodicSchedule, vectorised: bool,
+                  forward_only: bool = False) -> dict[tuple[str, int, int], int]:
+    """`PeriodicSchedule.read_pins`: per reader, `latest_update` over its layer's update copies — reader by
+    reader, or (`vectorised`, a period > 0) a layer at a time (`latest_updates`). `forward_only`: the F readers
+    alone (`PeriodicSchedule.forward_pins`)."""
+    floor = {(k, layer, phase): st for k, layer, phase, st in schedule.read_floor}
+    groups = dict(schedule.groups)
+    updates: dict[int, list[tuple[Slot, int]]] = {}
+    readers: dict[int, list[tuple[Slot, int]]] = {}
+    for p, body in enumerate(schedule.bodies):
+        for s in body:
+            if s.kind == "U":
+                updates.setdefault(s.layer, []).append((s, p))
+            elif (s.kind == "F") if forward_only else ("F" in s.kind or "E" in s.kind):
+                readers.setdefault(s.layer, []).append((s, p))
+    stale: dict[tuple[str, int, int], int] = {}
+    for layer, xs in readers.items():
+        us = updates.get(layer)
+        if not us or ("U", layer) not in schedule.costs:
+            continue
+        g = groups.get(layer, 1)
+        per = schedule.unfold // g
+        c_u = schedule.costs[("U", layer)]
+        delays = [schedule.read_delays.get((x.kind, layer, x.phase) if x.phase else (x.kind, layer), 0)
+                  for x, _ in xs]
+        c_xs = [schedule.costs.get((x.kind, layer), 1) for x, _ in xs]
+        if vectorised:
+            best = latest_updates(schedule.period, xs, us, c_u, c_xs, delays, per)
+        else:
+            best = [latest_update(x.start, x.lag, [(u.start, u.lag, u.phase, read_offset(c_u, c_x, pu == px))
+                                                   for u, pu in us], per, schedule.period, delay)[0]
+                    for (x, px), c_x, delay in zip(xs, c_xs, delays, strict=True)]
+        for (x, _), b in zip(xs, best, strict=True):
+            key = (x.kind, layer, x.phase)
+            value = x.phase // g - 1 - b
+            stale[key] = max(value, floor.get(key, value)) if floor else value
+    return {key: stale[key] for key in sorted(stale, key=_PIN_ORDER)}
+
+
+def latest_updates(period: int, xs: Sequence[tuple[Slot, int]], us: Sequence[tuple[Slot, int]], c_u: int,
+                   c_xs: Sequence[int], delays: Sequence[int], per: int) -> list[int]:
+    """`latest_update`'s newest update for each reader of `xs` (slot, processor) over the copies `us`, as arrays:
+    f = ⌊(start_X − start_U − offset − delay)/P⌋, seen = (J/g)·(f − lag_U + lag_X) + phase_U, its max."""
+    if len(xs) * len(us) <= SMALL_PINS:
+        copies = [(u.start, u.lag, u.phase, pu) for u, pu in us]
+        out = []
+        for (x, px), cost_x, delay in zip(xs, c_xs, delays, strict=True):
+            at, reader_lag = x.start - delay, x.lag
+            zero = c_u == 0 and cost_x == 0
+            out.append(max(per * ((at - start - (c_u + (zero and pu == px))) // period - lag + reader_lag) + phase
+                           for start, lag, phase, pu in copies))
+        return out
+    import numpy as np
+
+    x_start, x_lag, x_proc = np.array([(x.start, x.lag, p) for x, p in xs], dtype=np.int64).T
+    u_start, u_lag, u_phase, u_proc = np.array([(u.start, u.lag, u.phase, p) for u, p in us], dtype=np.int64).T
+    c_x = np.array(c_xs, dtype=np.int64)
+    # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
+    offset = c_u + ((c_u == 0) & (c_x[:, None] == 0) & (x_proc[:, None] == u_proc[None, :]))
+    f = (x_start[:, None] - u_start[None, :] - offset - np.array(delays, dtype=np.int64)[:, None]) // period
+    seen = per * (f - u_lag[None, :] + x_lag[:, None]) + u_phase[None, :]
+    return seen.max(axis=1).tolist()

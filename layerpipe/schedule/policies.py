@@ -39,7 +39,14 @@ from layerpipe.schedule._pipedream import (
 )
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._streams import StreamOOOOptions, StreamOptions, schedule_stream, schedule_stream_ooo
-from layerpipe.schedule._sync_policies import InterleavedOptions, SyncOptions, ZBH1Options, schedule_synchronous
+from layerpipe.schedule._sync_policies import (
+    InterleavedOptions,
+    NetworkKey,
+    SyncOptions,
+    ZBH1Options,
+    schedule_synchronous,
+)
+from layerpipe.schedule._task_table import memo
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
 #: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design
@@ -113,6 +120,25 @@ POLICIES: dict[str, Policy[Any]] = {p.name: p for p in (
 STREAM_ENGINE_POLICIES: tuple[str, ...] = ("dp", "dp-ooo", "stream", "stream-ooo")
 
 
+#: `_has_work` by (cost model, network value): a sweep asks it of every point; the oldest dropped past the cap.
+_HAS_WORK: dict[tuple[object, NetworkKey], bool] = memo({})
+_HAS_WORK_KEPT = 64
+
+
+def _has_work(model: CostModel, network: Network) -> bool:
+    """Does some task of `network` cost cycles under `model`? (Memoised: a pure function of two values.)"""
+    key = (model, NetworkKey(network))
+    try:
+        known = _HAS_WORK.get(key)
+    except TypeError:  # a model that is not hashable is not remembered
+        return any(network_costs(model, network).values())
+    if known is None:
+        if len(_HAS_WORK) >= _HAS_WORK_KEPT:
+            _HAS_WORK.pop(next(iter(_HAS_WORK)))
+        known = _HAS_WORK[key] = any(network_costs(model, network).values())
+    return known
+
+
 def get_policy(name: str) -> Policy[Any]:
     try:
         return POLICIES[name]
@@ -145,7 +171,7 @@ def make_schedule(name: str, network: Network, num_procs: int, model: CostModel,
         options = policy.options()
     elif type(options) is not policy.options:
         raise InputError(f"policy '{name}' takes {policy.options.__name__}, got {type(options).__name__}")
-    if not any(network_costs(model, network).values()):
+    if not _has_work(model, network):
         raise InputError(f"every task of network '{network.name}' costs 0 cycles under cost model '{model.name}': "
                          "there is nothing to schedule (give the tasks a cost: e.g. --cost-model pe)")
     if interconnect is None:
