@@ -11,6 +11,8 @@ work with given stage costs; `simulate_policy_result` times what a scheduling po
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from layerpipe._gc import gc_paused
@@ -20,7 +22,7 @@ from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_sched
 from layerpipe.sim._interconnect import INTERCONNECTS, MODES, SimConfig, link_hold_cycles
 from layerpipe.sim._memory import peak_memory
 from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result, simulated_network
-from layerpipe.sim._report import SimResult
+from layerpipe.sim._report import PendingReports, SimResult
 from layerpipe.sim._versions import version_array
 from layerpipe.sim._workload import Workload
 
@@ -62,11 +64,19 @@ def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: Si
     start, end = run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
     distributed = config.interconnect != "shared"
 
-    def figures(c: CompiledSchedule, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    def versions(c: CompiledSchedule, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         if not reports:
-            return np.full(c.num_ops, -1, dtype=np.int64), (0,) * c.num_procs
-        versions = version_array(c, start, end, workload, config.mode, remote_copies=distributed)
-        return versions, tuple(peak_memory(c, start, end, versions, workload, config.mode, distributed=distributed))
+            return np.full(c.num_ops, -1, dtype=np.int64)
+        return version_array(c, start, end, workload, config.mode, remote_copies=distributed)
+
+    def peaks(c: CompiledSchedule, start: np.ndarray, end: np.ndarray,
+              version_map: Callable[[], np.ndarray]) -> tuple[int, ...]:
+        if not reports:
+            return (0,) * c.num_procs
+        # The version map only where weights are held (the peaks of activations alone do not read it).
+        held = version_map() if any(workload.weight_words.values()) else np.zeros(0, dtype=np.int64)
+        return tuple(peak_memory(c, start, end, held, workload, config.mode, distributed=distributed))
 
     # The version map, the peaks, the traffic and the ops are computed when first read (the same values).
-    return SimResult.deferred(compiled, config, start, end, figures, workload.batch, workload.memory_unit)
+    return SimResult.deferred(compiled, config, start, end, PendingReports(versions, peaks), workload.batch,
+                              workload.memory_unit)

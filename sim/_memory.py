@@ -25,6 +25,8 @@ What is counted, as intervals [from, to) on one processor; at equal times releas
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from layerpipe.sim._engine import CompiledSchedule
@@ -37,10 +39,8 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
                 workload: Workload, mode: str, distributed: bool = False) -> list[int]:
     """The largest number of words each processor holds at any time (`distributed`: every reader of a
     weight holds its own copy, see the module docstring)."""
-    # The weight steps first: their scratch arrays are gone before the activation intervals are built (peak).
-    steps: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for p, t, d in _weight_steps(c, start, end, versions, workload, mode, distributed):
-        steps.setdefault(p, []).append((t, d))
+    # The weight changes first: their scratch arrays are gone before the activation intervals are built (peak).
+    wp, wt, wd = _weight_changes(c, start, end, versions, workload, mode, distributed)
     if workload.level == "layer":
         where, lo, hi, words = _kept_intervals(c, start, end)
     else:
@@ -49,12 +49,14 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
     # changes by time, releases (negative) first; changes equal in both are equal, so their order is not seen.
     peaks = [0] * c.num_procs
     if len(where) <= SMALL_INTERVALS * max(c.num_procs, 1):  # at once (as before issue 14): cheaper here
-        return _peaks_at_once(c.num_procs, where, lo, hi, words, steps)
+        return _peaks_at_once(c.num_procs, [where, where, wp], [lo, hi, wt], [words, -words, wd])
+    by_proc = np.argsort(wp, kind="stable")
+    cuts = list(itertools.accumulate(np.bincount(wp, minlength=c.num_procs).tolist(), initial=0))
     for p in range(c.num_procs):
         mine = np.flatnonzero(where == p)
-        t_parts = [lo[mine], hi[mine], *(t for t, _ in steps.get(p, ()))]
-        d_parts = [words[mine], -words[mine], *(d for _, d in steps.get(p, ()))]
-        times, deltas = np.concatenate(t_parts), np.concatenate(d_parts)
+        held = by_proc[cuts[p]:cuts[p + 1]]
+        times = np.concatenate([lo[mine], hi[mine], wt[held]])
+        deltas = np.concatenate([words[mine], -words[mine], wd[held]])
         if len(times):
             peaks[p] = max(0, int(np.cumsum(deltas[np.lexsort((deltas, times))]).max()))
     return peaks
@@ -64,28 +66,49 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
 SMALL_INTERVALS = 1024
 
 
-def _peaks_at_once(num_procs: int, where: np.ndarray, lo: np.ndarray, hi: np.ndarray, words: np.ndarray,
-                   steps: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> list[int]:
-    """`peak_memory`'s peaks with one sort of every change: by processor, then time, releases first."""
-    procs = [where, where]
-    times = [lo, hi]
-    deltas = [words, -words]
-    for p, parts in sorted(steps.items()):
-        for t, d in parts:
-            procs.append(np.full(len(t), p, dtype=np.int64))
-            times.append(t)
-            deltas.append(d)
+def _peaks_at_once(num_procs: int, procs: list[np.ndarray], times: list[np.ndarray],
+                   deltas: list[np.ndarray]) -> list[int]:
+    """`peak_memory`'s peaks with one sort of every change (processor, time, words), given in parts."""
     peaks = [0] * num_procs
     all_p, all_t, all_d = np.concatenate(procs), np.concatenate(times), np.concatenate(deltas)
     if not len(all_p):
         return peaks
+    integers = all_d.dtype.kind == "i" and all_t.dtype.kind == "i"
+    span = int(all_t.max()) + 1 if integers else 0
+    if integers and int(all_t.min()) >= 0 and 2 * num_procs * span < 1 << 62:
+        # One key (processor, time, allocation?) rather than sorting by every delta's value: within one time of
+        # one processor the releases still go first, so the running sum falls, then rises, and its largest
+        # value there is the one before or after that time either way — the same peaks.
+        key = (all_p.astype(np.int64) * span + all_t) * 2 + (all_d > 0)
+        order = np.argsort(key, kind="stable")  # radix sort of integers: 8x quicksort's speed here (16k keys)
+        return _peaks_of_sorted(num_procs, all_d[order], np.bincount(all_p, minlength=num_procs))
     order = np.lexsort((all_d, all_t, all_p))
-    all_p, all_d = all_p[order], all_d[order]
-    bounds = np.searchsorted(all_p, np.arange(num_procs + 1))
-    for p in range(num_procs):
-        a, b = int(bounds[p]), int(bounds[p + 1])
-        if b > a:
-            peaks[p] = max(0, int(np.cumsum(all_d[a:b]).max()))
+    if all_d.dtype.kind != "i":  # not integers: one cumsum per processor, so every sum is added as before
+        all_p, all_d = all_p[order], all_d[order]
+        bounds = np.searchsorted(all_p, np.arange(num_procs + 1))
+        for p in range(num_procs):
+            a, b = int(bounds[p]), int(bounds[p + 1])
+            if b > a:
+                peaks[p] = max(0, int(np.cumsum(all_d[a:b]).max()))
+        return peaks
+    return _peaks_of_sorted(num_procs, all_d[order], np.bincount(all_p[order], minlength=num_procs))
+
+
+def _peaks_of_sorted(num_procs: int, deltas: np.ndarray, per_proc: np.ndarray) -> list[int]:
+    """Peak of each processor's running sum of integer `deltas`, sorted by processor (`per_proc[p]` of them on
+    p) and within one in the order they apply. One running sum over all of them; a processor's own is the
+    global one less its value where the processor's changes begin (exact integers: the same sums)."""
+    peaks = [0] * num_procs
+    running = np.zeros(len(deltas) + 1, dtype=np.int64)
+    np.cumsum(deltas, out=running[1:])
+    counts = per_proc.tolist()
+    cuts = list(itertools.accumulate(counts, initial=0))
+    nonempty = [p for p in range(num_procs) if counts[p]]
+    if nonempty:
+        at = np.asarray([cuts[p] for p in nonempty], dtype=np.int64)
+        tops = np.maximum.reduceat(running[1:], at) - running[at]
+        for p, top in zip(nonempty, tops.tolist(), strict=True):
+            peaks[p] = max(0, int(top))
     return peaks
 
 
@@ -112,14 +135,123 @@ def _stage_activation_intervals(c: CompiledSchedule, start: np.ndarray, end: np.
     key = unit * span + c.iteration
     release = np.zeros((int(unit.max()) + 1 if c.num_ops else 1) * span, dtype=np.int64)
     np.maximum.at(release, key, end)  # the last end among the unit's ops of that micro-batch
-    f = np.flatnonzero(forward)
+    f = forward.nonzero()[0]
     words = np.asarray([workload.activation_words.get(u, 0) for u in range(len(release) // span)], dtype=np.int64)
     return c.proc_array(np.int64)[f], start[f], release[key[f]], words[unit[f]]
+
+
+#: Ops up to which `_weight_changes` takes every unit at once (above, unit by unit: `_weight_steps`).
+MAX_AT_ONCE_OPS = 1 << 17
+
+
+def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
+                    workload: Workload, mode: str, distributed: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(processor, time, word delta) of every change of the weight words held: on every processor at every
+    time the same words as `_weight_steps` (so the same peaks), every unit and holder at once — a fixed number
+    of array passes, not a dozen per unit and holder (22 of those per `explore` point: issue 14).
+
+    A holder g (unit u of |W_u| = w words, processor q) holds, from 0 to the run's end, w for the current
+    version plus `buffer`, plus w for each version v its readers keep in use, over [lo_v, hi_v) (first start,
+    last end among them), less w while the current version is one of those (it is counted once): version v is
+    current over [ue_{v−1}, ue_v) between u's sorted update ends, so that is [max(ue_{v−1}, lo_v), min(ue_v, hi_v)).
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    sizes = workload.weight_words
+    if not any(w for w in sizes.values()):
+        return empty, empty, empty
+    if not all(isinstance(w, int) for w in sizes.values()) or c.num_ops > MAX_AT_ONCE_OPS:
+        # Sizes not integers, or a long run (the arrays over every reader would raise the peak of memory: issue
+        # 14): the steps unit by unit, as they were.
+        parts = list(_weight_steps(c, start, end, versions, workload, mode, distributed))
+        return (np.concatenate([np.full(len(t), p, dtype=np.int64) for p, t, _ in parts] or [empty]),
+                np.concatenate([t for _, t, _ in parts] or [empty]),
+                np.concatenate([d for _, _, d in parts] or [empty]))
+    kinds = [k for k, _ in c.tasks]
+    unit_of_task = np.asarray([u for _, u in c.tasks], dtype=np.int64)
+    size_of_task = np.asarray([sizes.get(u, 0) for _, u in c.tasks], dtype=np.int64)
+    weighted = size_of_task[c.task] > 0
+    cuts = np.asarray(c.bounds, dtype=np.int64)
+    # The owner of each unit: the processor of its first U op, else of its first op with an F.
+    updates = np.flatnonzero(weighted & np.asarray([k == "U" for k in kinds], dtype=bool)[c.task])
+    forwards = np.flatnonzero(weighted & np.asarray(["F" in k for k in kinds], dtype=bool)[c.task])
+    owner_op: dict[int, int] = {}
+    for ops in (forwards, updates):  # updates last: they win
+        owned, first = np.unique(unit_of_task[c.task[ops]], return_index=True)
+        owner_op.update(zip(owned.tolist(), ops[first].tolist(), strict=True))
+    if not owner_op:
+        return empty, empty, empty
+    units = sorted(owner_op)  # units with an owner, numbered 0, 1, ... (dense)
+    dense = np.full(int(unit_of_task.max()) + 2 - min(0, int(unit_of_task.min())), -1, dtype=np.int64)
+    shift = -min(0, int(unit_of_task.min()))
+    dense[np.asarray(units, dtype=np.int64) + shift] = np.arange(len(units))
+    owner_ops = np.asarray([owner_op[u] for u in units], dtype=np.int64)
+    owner = np.searchsorted(cuts, owner_ops, side="right") - 1
+    size = np.asarray([sizes[u] for u in units], dtype=np.int64)
+    extra = 1 if mode == "ema" else 0
+    procs = c.num_procs
+    # Readers of owned units, their unit (dense) and holder.
+    readers = np.flatnonzero(versions >= 0)
+    r_unit = dense[unit_of_task[c.task[readers]] + shift] if len(readers) else empty
+    readers, r_unit = readers[r_unit >= 0], r_unit[r_unit >= 0]
+    r_proc = np.searchsorted(cuts, readers, side="right") - 1
+    r_holder = r_proc if distributed else owner[r_unit]
+    # Holders: (unit, processor) of every reader and every owner; each holds w (+ buffer) throughout.
+    holder_keys = np.unique(np.concatenate([r_unit * procs + r_holder, np.arange(len(units)) * procs + owner]))
+    h_unit, h_proc = holder_keys // procs, holder_keys % procs
+    held = size[h_unit]
+    if extra:
+        if distributed:  # the buffer sits with the backward readers, else with the owner
+            backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)[c.task[readers]]
+            buffered = np.unique(r_unit[backward] * procs + r_proc[backward])
+            has_backward = np.zeros(len(units), dtype=bool)
+            has_backward[r_unit[backward]] = True
+            with_buffer = np.isin(holder_keys, buffered) | (~has_backward[h_unit] & (h_proc == owner[h_unit]))
+        else:
+            with_buffer = np.ones(len(holder_keys), dtype=bool)
+        held = held + np.where(with_buffer, size[h_unit], 0)
+    finish = int(end.max()) + 1 if len(end) else 0
+    const_p = np.concatenate([h_proc, h_proc])
+    const_t = np.concatenate([np.zeros(len(h_proc), dtype=np.int64), np.full(len(h_proc), finish, dtype=np.int64)])
+    const_d = np.concatenate([held, -held])
+    if not len(readers):
+        return const_p, const_t, const_d
+    # Versions in use per holder: [lo, hi) over its readers of each version.
+    v = versions[readers].astype(np.int64)
+    span = int(v.max()) + 1
+    key = (r_unit * procs + r_holder) * span + v
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    lo = np.minimum.reduceat(start[readers[order]], first)
+    hi = np.maximum.reduceat(end[readers[order]], first)
+    pair = key[first]
+    p_unit, p_proc, p_version = pair // span // procs, pair // span % procs, pair % span
+    w = size[p_unit]
+    used = hi > lo
+    # The current version's own span is not counted twice: u's update ends, sorted per unit.
+    upd_unit = dense[unit_of_task[c.task[updates]] + shift]
+    upd_order = np.lexsort((end[updates], upd_unit))
+    ue = end[updates][upd_order]
+    ue_cut = np.zeros(len(units) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(upd_unit, minlength=len(units)), out=ue_cut[1:])
+    count = ue_cut[p_unit + 1] - ue_cut[p_unit]
+    current = p_version <= count  # version v is current at some time only if v ≤ the number of updates
+    base = ue_cut[p_unit] + p_version
+    since = np.where(current & (p_version > 0), ue[np.clip(base - 1, 0, max(len(ue) - 1, 0))] if len(ue) else 0, lo)
+    until = np.where(current & (p_version < count), ue[np.clip(base, 0, max(len(ue) - 1, 0))] if len(ue) else 0, hi)
+    a, b = np.maximum(lo, since), np.minimum(hi, until)
+    twice = current & (a < b)
+    return (np.concatenate([const_p, p_proc[used], p_proc[used], p_proc[twice], p_proc[twice]]),
+            np.concatenate([const_t, lo[used], hi[used], a[twice], b[twice]]),
+            np.concatenate([const_d, w[used], -w[used], -w[twice], w[twice]]))
 
 
 def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
                   workload: Workload, mode: str, distributed: bool = False):
     """Per weight unit and holding processor: (processor, change times, word deltas) of the words held."""
+    if not workload.weight_words:
+        return  # nothing to hold (stage-level runs without weight sizes)
     extra = 1 if mode == "ema" else 0
     # Per-task tables and per-unit subsets rather than flags and processors per op (issue 14: memory per op).
     kinds = [k for k, _ in c.tasks]

@@ -36,6 +36,16 @@ from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._interconnect import SimConfig
 
 
+@dataclass(frozen=True)
+class PendingReports:
+    """How a deferred result computes its version map and its peaks when first read: `versions(compiled, start,
+    end)`, and `peaks(compiled, start, end, versions)` where `versions()` gives the version map (called only when
+    the peaks need it: weights held; a stage-level run without weight sizes never computes it for its metrics)."""
+
+    versions: Callable[[CompiledSchedule, np.ndarray, np.ndarray], np.ndarray]
+    peaks: Callable[[CompiledSchedule, np.ndarray, np.ndarray, Callable[[], np.ndarray]], tuple[int, ...]]
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """Timing of every op and the figures derived from it. Arrays are indexed like `ops`."""
@@ -64,11 +74,10 @@ class SimResult:
             value: Any = compiled.ops
         elif name == "link_traffic_words":
             value = link_traffic(compiled)
-        else:
-            versions, peaks = pending(compiled, self.__dict__["start"], self.__dict__["end"])
-            object.__setattr__(self, "versions", versions)
-            object.__setattr__(self, "peak_memory_words", peaks)
-            return versions if name == "versions" else peaks
+        elif name == "versions":
+            value = pending.versions(compiled, self.__dict__["start"], self.__dict__["end"])
+        else:  # the peaks read the version map only where weights are held (it is computed then)
+            value = pending.peaks(compiled, self.__dict__["start"], self.__dict__["end"], lambda: self.versions)
         object.__setattr__(self, name, value)
         return value
 
@@ -82,10 +91,9 @@ class SimResult:
 
     @classmethod
     def deferred(cls, compiled: CompiledSchedule, config: SimConfig, start: np.ndarray, end: np.ndarray,
-                 reports: Callable[[CompiledSchedule, np.ndarray, np.ndarray], tuple[np.ndarray, tuple[int, ...]]],
-                 batch: int = 1, memory_unit: str = "words") -> SimResult:
-        """A result of `compiled`'s timing whose ops, version map and peaks (`reports(compiled, start, end)`)
-        and traffic are computed when first read: the same values as building them at once."""
+                 reports: PendingReports, batch: int = 1, memory_unit: str = "words") -> SimResult:
+        """A result of `compiled`'s timing whose ops, version map and peaks (`reports`) and traffic are computed
+        when first read: the same values as building them at once."""
         made = cls.__new__(cls)
         given = {"schedule": compiled.schedule, "config": config, "start": start, "end": end, "batch": batch,
                  "memory_unit": memory_unit, "_compiled": compiled, "_pending": reports}
@@ -97,8 +105,8 @@ class SimResult:
     def num_procs(self) -> int:
         return self.schedule.num_procs
 
-    @property
-    def total_cycles(self) -> int:
+    @cached_property
+    def total_cycles(self) -> int:  # read by most figures: one reduction, not one per read
         return int(self.end.max()) if len(self.end) else 0
 
     @cached_property
@@ -142,10 +150,12 @@ class SimResult:
     # --- processors -------------------------------------------------------------------------------------
     @cached_property
     def busy_cycles(self) -> tuple[int, ...]:
-        if self._from_compiled:  # processor-major ops: a slice per processor, no array per op (issue 14)
+        if self._from_compiled:  # processor-major ops: a sum per processor's slice (issue 14)
             cuts = self._compiled.bounds  # type: ignore[union-attr]
+            if self.num_ops <= SMALL_OPS:  # from one running sum: fewer calls
+                return tuple(_slice_sums(self.end - self.start, cuts))
             return tuple(int(self.end[lo:hi].sum()) - int(self.start[lo:hi].sum())
-                         for lo, hi in itertools.pairwise(cuts))
+                         for lo, hi in itertools.pairwise(cuts))  # no array over every op (memory)
         dur = self.end - self.start
         return tuple(int(x) for x in np.bincount(self.proc, weights=dur, minlength=self.num_procs).astype(np.int64))
 
@@ -154,20 +164,34 @@ class SimResult:
         return tuple(self.total_cycles - b for b in self.busy_cycles)
 
     @cached_property
+    def _gaps(self) -> tuple[np.ndarray, list[int]]:
+        """Every processor's idle intervals [from, to) between its ops, one (k, 2) array processor after
+        processor, and where each processor's rows begin (one pass over every op, not one per processor)."""
+        if self._from_compiled:  # the compiled schedule's bounds are the rows' cuts
+            cuts = np.asarray(self._compiled.bounds, dtype=np.int64)  # type: ignore[union-attr]
+        else:
+            cuts = np.zeros(self.num_procs + 1, dtype=np.int64)
+            np.cumsum(self.schedule.row_lengths(), out=cuts[1:])
+        start, end = np.asarray(self.start, dtype=np.int64), np.asarray(self.end, dtype=np.int64)
+        gap = start[1:] > end[:-1]
+        last = cuts[1:-1] - 1  # op k is compared with op k + 1: not across a processor's last op
+        gap[last[(last >= 0) & (last < len(gap))]] = False
+        at = gap.nonzero()[0]
+        rows = np.empty((len(at), 2), dtype=np.int64)
+        rows[:, 0] = end[at]
+        rows[:, 1] = start[at + 1]
+        return rows, np.searchsorted(at, cuts, side="left").tolist()
+
+    @cached_property
     def bubbles(self) -> tuple[np.ndarray, ...]:
         """Per processor, an (k, 2) array of idle intervals [from, to) between its first and last op."""
-        out = []
-        lo = 0
-        for count in self.schedule.row_lengths():
-            s, e = self.start[lo:lo + count], self.end[lo:lo + count]
-            gap = s[1:] > e[:-1]
-            out.append(np.stack([e[:-1][gap], s[1:][gap]], axis=1) if count > 1 else np.zeros((0, 2), np.int64))
-            lo += count
-        return tuple(out)
+        rows, cuts = self._gaps
+        return tuple(rows[a:b] for a, b in itertools.pairwise(cuts))
 
     @property
     def bubble_cycles(self) -> tuple[int, ...]:
-        return tuple(int((b[:, 1] - b[:, 0]).sum()) for b in self.bubbles)
+        rows, cuts = self._gaps
+        return tuple(_slice_sums(rows[:, 1] - rows[:, 0], cuts))
 
     @property
     def utilization_pct(self) -> float:
@@ -198,7 +222,7 @@ class SimResult:
     @cached_property
     def cycles_per_iteration(self) -> float:
         return steady_cycles_per_iteration(self.schedule, self.completion_times, self.total_cycles,
-                                           max(self.busy_cycles, default=0))
+                                           max(self.busy_cycles, default=0), self.num_iterations)
 
     @property
     def cycles_per_sample(self) -> float:
@@ -257,6 +281,10 @@ class SimResult:
                 for op, v in zip(self.ops, self.versions, strict=True) if v >= 0]
 
 
+#: Ops up to which the busy cycles come from one running sum over every op (above, a sum per processor: no
+#: array over every op, issue 14's memory).
+SMALL_OPS = 1 << 16
+
 #: Dependencies per processor up to which the traffic sums take every entry at once (above, one at a time).
 SMALL_ENTRIES = 2048
 
@@ -264,21 +292,32 @@ SMALL_ENTRIES = 2048
 _DEFERRED = ("ops", "versions", "peak_memory_words", "link_traffic_words")
 
 
+def _slice_sums(values: np.ndarray, cuts: list[int]) -> list[int]:
+    """Sums of values[cuts[k]:cuts[k+1]] for every k, exact integers (differences of one running sum)."""
+    running = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(values, out=running[1:])
+    at = running[np.asarray(cuts, dtype=np.int64)]
+    return (at[1:] - at[:-1]).tolist()
+
+
 def link_traffic(c: CompiledSchedule) -> dict[tuple[int, int], int]:
     """Words per ordered processor pair, over every cross-processor (producer, consumer) pair. A pair's words
     are the sum of its dependencies' words, so the sums run over the dependencies directly (no pairing sort);
     a processor pair is listed when any dependency crosses it, as when any (producer, consumer) pair does."""
-    proc = c.proc_array()
     procs = c.num_procs
     if len(c.prod_idx) <= SMALL_ENTRIES * max(procs, 1):  # at once: a pass per processor costs more here
-        src, dst = proc[c.prod_idx], proc[c.consumer_of_edge]
-        cross = src != dst
-        if not cross.any():
-            return {}
-        pair = src[cross].astype(np.int64) * procs + dst[cross]
-        sums = np.bincount(pair, weights=c.prod_words[cross], minlength=procs ** 2).astype(np.int64)
-        present = np.bincount(pair, minlength=procs ** 2) > 0
-        return {(int(k) // procs, int(k) % procs): int(sums[k]) for k in np.flatnonzero(present)}
+        # Entries are consumer-major and consumers processor-major: each consumer processor's entries are one
+        # slice (no array of every entry's consumer).
+        cuts = np.asarray(c.prod_ptr)[np.asarray(c.bounds, dtype=np.int64)]
+        dst = np.arange(procs, dtype=np.int64).repeat(cuts[1:] - cuts[:-1])
+        pair = c.proc_array(np.int64)[c.prod_idx] * procs + dst
+        present = np.zeros(procs ** 2, dtype=bool)
+        present[pair] = True
+        # Pairs on one processor are summed too and left out after (each pair's entries in the same order).
+        sums = np.bincount(pair, weights=c.prod_words, minlength=procs ** 2).astype(np.int64)
+        present[::procs + 1] = False
+        return {(k // procs, k % procs): int(sums[k]) for k in present.nonzero()[0].tolist()}
+    proc = c.proc_array()
     # Consumers are numbered processor-major: consumer processor q's entries are one slice of the CSR arrays,
     # taken in turn (no array over every entry: issue 14). Each pair's sum adds its entries in the same order
     # as one bincount over all of them would.

@@ -32,7 +32,7 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
                   mode: str, remote_copies: bool = False) -> np.ndarray:
     """Version read by every op (compiled numbering), −1 for ops that read no weights."""
     versions = np.full(c.num_ops, -1, dtype=np.int64)
-    reads = np.asarray([workload.reads_weights(k, u) for k, u in c.tasks], dtype=bool)[c.task]
+    reads = np.asarray(workload.weight_readers(c.tasks), dtype=bool)[c.task]
     if not reads.any():
         return versions
     sched = c.schedule
@@ -104,7 +104,7 @@ def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.n
         return
     span = int(c.iteration.max()) + 1
     forward_key = unit[forward].astype(np.int64) * span + c.iteration[forward]
-    order = np.argsort(forward_key)
+    order = np.argsort(forward_key, kind="stable")  # keys are distinct: the same order; radix sort
     forward, forward_key = forward[order], forward_key[order]
     key = unit[backward].astype(np.int64) * span + c.iteration[backward]
     pos = np.minimum(np.searchsorted(forward_key, key), len(forward_key) - 1)

@@ -86,17 +86,21 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
     members = np.argsort(task, kind="stable")
     cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
     role_ids: dict[str, int] = {}
+    task_edges = layer_task_edges(workload.graph, schedule.read_staleness_map())
+    live = [(e, task_id[e.dst]) for e in task_edges if e.dst in task_id]
+    for e, _ in live:  # roles numbered in edge order (an edge into a present task numbers its role)
+        role_ids.setdefault(e.role, len(role_ids))
+    per_task = np.diff(cuts)
+    if int(per_task[[dst for _, dst in live]].sum()) <= MAX_AT_ONCE:
+        return _edges_at_once(live, task_id, role_ids, op_at, members, cuts, iteration, index, n, small)
     # Two passes over the edges, so no array of every edge is built twice: count each consumer's producers (and
     # find a missing one, first edge first), then write each edge's producers at their consumers' next free
     # places — consumer-major and, per consumer, in edge order (what a stable sort of all edges by consumer
     # gives).
     edges = []
     count = np.zeros(n, dtype=np.int64)
-    for e in layer_task_edges(workload.graph, schedule.read_staleness_map()):
-        dst = task_id.get(e.dst)
-        if dst is None:
-            continue  # no op of this task: nothing consumes the edge
-        role = role_ids.setdefault(e.role, len(role_ids))
+    for e, dst in live:
+        role = role_ids[e.role]
         consumers, producers, t = _edge_producers(e, dst, task_id.get(e.src), members, cuts, iteration, index)
         missing = np.flatnonzero(producers < 0)
         if len(missing):
@@ -120,6 +124,49 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
         role_of[at] = role
         cursor[consumers] += 1
     return ptr, producer, words, role_of, tuple(role_ids)
+
+
+#: (Edge, consumer) pairs up to which `_task_edge_dependencies` takes every edge at once (a few arrays of that
+#: length, ~50 B per pair); above, edge by edge in two passes (memory per op, issue 14).
+MAX_AT_ONCE = 1 << 16
+
+
+def _edges_at_once(live: list[tuple[TaskEdge, int]], task_id: dict[tuple[str, int], int], role_ids: dict[str, int],
+                   op_at: Callable[[int], Op], members: np.ndarray, cuts: np.ndarray, iteration: np.ndarray,
+                   index: np.ndarray, n: int, small: bool) -> Csr:
+    """`_task_edge_dependencies`' CSR from one pass over every (edge, consumer) pair: a schedule of a few thousand
+    ops has a few hundred task edges, and the edge-by-edge passes made ~20 numpy calls per edge (issue 14: 2.7 ms
+    per compile of an explore point). The same entries in the same order: the pairs are listed edge by edge, each
+    edge's consumers in op order, then sorted stably by consumer; the same first missing producer."""
+    k = len(live)
+    dst = np.asarray([d for _, d in live], dtype=np.int64)
+    src = np.asarray([task_id.get(e.src, -1) for e, _ in live], dtype=np.int64)
+    delay = np.asarray([e.delay for e, _ in live], dtype=np.int64)
+    words_of = np.asarray([e.words for e, _ in live], dtype=np.int64)
+    role_of = np.asarray([role_ids[e.role] for e, _ in live], dtype=np.int8)
+    count = cuts[dst + 1] - cuts[dst] if k else np.zeros(0, dtype=np.int64)
+    edge = np.repeat(np.arange(k, dtype=np.int64), count)
+    first = np.cumsum(count) - count
+    consumer = members[cuts[dst][edge] + np.arange(len(edge), dtype=np.int64) - first[edge]]
+    t = iteration[consumer] - delay[edge]
+    needed = t >= 0
+    edge, consumer, t = edge[needed], consumer[needed], t[needed]
+    e_src = src[edge]
+    producer = np.full(len(edge), -1, dtype=index.dtype)
+    has_src = e_src >= 0
+    producer[has_src] = index[e_src[has_src], t[has_src]]
+    missing = np.flatnonzero(producer < 0)
+    if len(missing):
+        at = int(missing[0])
+        raise MissingProducer(op_at(int(consumer[at])), (*live[int(edge[at])][0].src, int(t[at])))
+    used = np.bincount(edge, minlength=k) > 0  # edges with a consumer: their words decide the words' type
+    narrow = all(np.iinfo(np.int32).min <= w <= np.iinfo(np.int32).max for w in words_of[used].tolist())
+    order = np.argsort(consumer, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
+    edge = edge[order]
+    return (ptr, producer[order].astype(np.int32 if small else np.int64, copy=False),
+            words_of.astype(np.int32 if narrow else np.int64)[edge], role_of[edge], tuple(role_ids))
 
 
 def _edge_producers(e: TaskEdge, dst: int, src: int | None, members: np.ndarray, cuts: np.ndarray,

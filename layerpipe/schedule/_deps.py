@@ -484,14 +484,16 @@ class _Rules:
         self.task_id = {t: k for k, t in enumerate(tasks)}
         self.rows: list[tuple[int, ...]] = []
         self.role_names: list[str] = []
+        self._role_ids: dict[str, int] = {}  # role → its index in role_names (no list search per row)
 
     def add(self, task: int, src: tuple[str, int], words: int, role: str, *, div: int = 1, mul: int = 1,
             off: int = 0, cap: int = 0, mod: int = 1, phase: int = 0, alt: tuple[str, int] | None = None) -> None:
-        if role not in self.role_names:
+        code = self._role_ids.get(role)
+        if code is None:
+            code = self._role_ids[role] = len(self.role_names)
             self.role_names.append(role)
         alt_id = self.task_id.get(alt, -1) if alt is not None else -1
-        self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words,
-                          self.role_names.index(role)))
+        self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words, code))
 
 
 def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], task: np.ndarray,
@@ -547,13 +549,17 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     if (producer < 0).any():
         return None
     # Number the roles by first appearance, as the op-by-op walk does.
-    first = {r: int(np.argmax(role == r)) for r in range(len(rules.role_names)) if (role == r).any()}
+    present = np.bincount(role, minlength=len(rules.role_names)).nonzero()[0].tolist() if len(role) else []
+    first = {r: int(np.argmax(role == r)) for r in present}
     ranked = sorted(first, key=first.__getitem__)
-    code = np.zeros(len(rules.role_names), dtype=np.int8)
-    code[ranked] = np.arange(len(ranked))
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=ptr[1:])
-    return DependencyArrays(ptr, producer, words, code[role], tuple(rules.role_names[r] for r in ranked))
+    names = tuple(rules.role_names[r] for r in ranked)
+    if ranked == list(range(len(ranked))):  # numbered so already: the codes stand
+        return DependencyArrays(ptr, producer, words, role.astype(np.int8, copy=False), names)
+    code = np.zeros(len(rules.role_names), dtype=np.int8)
+    code[ranked] = np.arange(len(ranked))
+    return DependencyArrays(ptr, producer, words, code[role], names)
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -585,39 +591,58 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
                               and int(col["words"].max()) <= np.iinfo(np.int32).max)
     words_of = col["words"].astype(np.int32) if fits else col["words"]
     per_task = np.bincount(col["task"], minlength=num_tasks)
-    first_row = np.cumsum(per_task) - per_task  # rows are added task by task
-    trivial = {name: bool((col[name] == value).all()) for name, value in (("div", 1), ("mul", 1), ("off", 0),
-                                                                           ("mod", 1), ("cap", 0))}
+    first_row = per_task.cumsum() - per_task  # rows are added task by task
+    # Which of div, mul, off, cap, mod hold their neutral value in every row (one comparison of the five columns).
+    neutral = (table[:, 3:8] == (1, 1, 0, 0, 1)).all(axis=0).tolist() if len(table) else [True] * 5
+    trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
+    has_alt = bool((col["alt"] >= 0).any())
     span = index.shape[1]
+    flat = index.reshape(-1)
     n = len(task)
     counts = np.zeros(n, dtype=np.int64)
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for lo in range(0, n, APPLY_BLOCK):
         block_task, it_block = task[lo:lo + APPLY_BLOCK], iteration[lo:lo + APPLY_BLOCK]
-        cons, local = _expand(per_task[block_task])
-        row = first_row[block_task[cons]] + local
-        it = it_block[cons]
+        # Each consumer's rows are its task's, consecutive from first_row: rows and iterations repeated per
+        # consumer, without an array of owners and offsets (`_expand`) where the rows are enough.
+        many = per_task[block_task]
+        before = many.cumsum()
+        before -= many
+        row = (first_row[block_task] - before).repeat(many)
+        row += np.arange(len(row), dtype=np.int64)
+        it = it_block.repeat(many)
         base = it if trivial["div"] else it // col["div"][row]
         if not trivial["mul"]:
             base = base * col["mul"][row]
         if not trivial["off"]:
             base = base - col["off"][row]
-        if trivial["cap"]:
-            count = np.ones(len(row), dtype=np.int64)
-        else:
-            cap = col["cap"][row]
-            count = np.where(cap > 0, np.minimum(cap, total - base), 1)
         live = base >= 0
         if not trivial["mod"]:
             live &= it % col["mod"][row] == col["phase"][row]
-        pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
-        row, t = row[pair], base[pair] + k
-        producer = np.full(len(t), -1, dtype=index.dtype)
-        for which in ("src", "alt"):
-            src = col[which][row]
-            todo = (producer < 0) & (src >= 0) & (t < span)
-            producer[todo] = index[src[todo], t[todo]]
-        counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
+        if trivial["cap"] and live.all():  # one producer per (consumer, row): the pairs are the rows themselves
+            pair, t = None, base
+        else:
+            if trivial["cap"]:
+                count = np.ones(len(row), dtype=np.int64)
+            else:
+                cap = col["cap"][row]
+                count = np.where(cap > 0, np.minimum(cap, total - base), 1)
+            pair, k = _expand(np.where(live, np.maximum(count, 0), 0))
+            row, t = row[pair], base[pair] + k
+        # Looked up in the flat table with `where` rather than masked 2-D indexing (half the time): slot 0 stands
+        # in where the row has no such task or iteration, and its value is not taken.
+        src = col["src"][row]
+        found = (src >= 0) & (t < span)
+        producer = np.where(found, flat[np.where(found, src * span + t, 0)], -1).astype(index.dtype, copy=False)
+        if has_alt:  # where src has no op at that iteration, the row's alternative task
+            src = col["alt"][row]
+            found = (producer < 0) & (src >= 0) & (t < span)
+            producer = np.where(found, flat[np.where(found, src * span + t, 0)], producer)
+        if pair is None:
+            counts[lo:lo + APPLY_BLOCK] = many
+        else:
+            cons = np.repeat(np.arange(len(block_task), dtype=np.int64), many)
+            counts[lo:lo + APPLY_BLOCK] = np.bincount(cons[pair], minlength=len(block_task))
         parts.append((producer, words_of[row], col["role"][row].astype(np.int8)))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
@@ -702,20 +727,20 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
             rules.add(k, ("I", s), 0, "kept")
     empty = np.zeros(0, dtype=np.int64)
     n = len(task)
-    if not m or not n:
+    if not m or not n or int(iteration.max()) < m:  # asynchronous, or one step: no step edges
         return 0, (empty, empty)
     # Step edges: the first forward of (stage, step j ≥ 1) on each processor needs every gradient op (B, W) of
     # the stage in step j − 1, in op order.
-    kind_of = np.asarray([kind for kind, _ in tasks])[task]
+    kinds = [kind for kind, _ in tasks]
     unit = np.asarray(units, dtype=np.int64)[task]
     step = iteration // m
     num_steps = int(step.max()) + 1
     proc = np.repeat(np.arange(schedule.num_procs, dtype=np.int64), schedule.row_lengths())
-    gradient = np.flatnonzero((kind_of == "B") | (kind_of == "W"))
+    gradient = np.flatnonzero(np.asarray([kind in ("B", "W") for kind in kinds], dtype=bool)[task])
     g_key = unit[gradient] * num_steps + step[gradient]
     by_key = np.argsort(g_key, kind="stable")
     g_sorted, g_ops = g_key[by_key], gradient[by_key]
-    forwards = np.flatnonzero(kind_of == "F")
+    forwards = np.flatnonzero(np.asarray([kind == "F" for kind in kinds], dtype=bool)[task])
     f_key = (unit[forwards] * num_steps + step[forwards]) * schedule.num_procs + proc[forwards]
     _, first = np.unique(f_key, return_index=True)
     heads = np.sort(forwards[first])

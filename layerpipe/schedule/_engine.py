@@ -68,9 +68,24 @@ from layerpipe.schedule._dep_csr import (
     _task_edge_dependencies,
 )
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
+from layerpipe.schedule._op_sweep import (  # noqa: F401 - DeadlockError, _sweep: the engine's names, as before
+    STAGE_ROUNDS_MIN_PROCS,
+    DeadlockError,
+    _check_finished,
+    _run_sweep,
+    _sweep,
+    _sweep_first,
+    _sweep_single,
+)
 from layerpipe.schedule._rounds import MIN_PROCS as ROUNDS_MIN_PROCS
 from layerpipe.schedule._rounds import LinkSends, sweep_rounds
-from layerpipe.schedule._runs import Runs, make_runs, needed_input_lists, op_times, sweep_runs
+from layerpipe.schedule._runs import (
+    FirstInputs,
+    Runs,
+    first_inputs,
+    make_runs,
+    needed_input_lists,
+)
 from layerpipe.schedule._workload import Workload
 
 #: The interconnect kinds the engine times (`layerpipe.interconnect`; `SimConfig.interconnect`).
@@ -86,18 +101,6 @@ def link_hold_cycles(words: int, words_per_cycle: float | Fraction) -> int:
     if isinstance(words_per_cycle, Fraction):
         return -(-(words * words_per_cycle.denominator) // words_per_cycle.numerator)
     return math.ceil(words / words_per_cycle)
-
-
-class DeadlockError(InputError):
-    """No processor can start its next op. `blocked[p] = (next op, producers it still waits for)`."""
-
-    def __init__(self, blocked: dict[int, tuple[Op, tuple[Op, ...]]]) -> None:
-        self.blocked = blocked
-        parts = []
-        for p, (op, waits) in sorted(blocked.items()):
-            inputs = ", ".join(f"{w} (p{w.proc})" for w in waits) or "nothing (unreachable)"
-            parts.append(f"p{p} blocked at {op} waiting for {inputs}")
-        super().__init__("deadlock: " + "; ".join(parts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,13 +142,15 @@ class CompiledSchedule:
     @cached_property
     def dur(self) -> list[int]:
         """The cycles of every op, a list: every op of a task shares its duration's int object."""
+        if max(self.cost, default=0) <= 256 and min(self.cost, default=0) >= -5:
+            return self.dur_array().tolist()  # small ints are shared objects anyway: one C pass
         with gc_paused():
             return list(map(self.cost.__getitem__, self.task.tolist()))
 
     def proc_array(self, dtype: type = np.int32) -> np.ndarray:
         """The processor of every op, from `bounds` (int32 by default: processor pairs p·N + q still fit)."""
-        counts: np.ndarray = np.diff(np.asarray(self.bounds, dtype=np.int64))
-        return np.repeat(np.arange(self.num_procs, dtype=dtype), counts)
+        cuts = np.asarray(self.bounds, dtype=np.int64)  # ndarray methods: numpy's function wrappers cost more
+        return np.arange(self.num_procs, dtype=dtype).repeat(cuts[1:] - cuts[:-1])
 
     def dur_array(self) -> np.ndarray:
         """The cycles of every op, an int64 array."""
@@ -162,6 +167,10 @@ class CompiledSchedule:
 
     def completion_times(self, end: np.ndarray) -> np.ndarray:
         """`completion_times` of this schedule's ops given their ends (compiled numbering)."""
+        schedule = self.schedule
+        if (schedule.synchronous and self.num_ops and all(kind != "U" for kind, _ in self.tasks)
+                and int(self.iteration.max()) < max(schedule.microbatches, 1)):
+            return np.asarray([int(end.max())], dtype=np.int64)  # one step without updates: C(0) is the last end
         # Block by block, each block's flags and keys from per-task tables: no array per op (issue 14).
         is_update = np.asarray([kind == "U" for kind, _ in self.tasks], dtype=bool)
         sizes = self.schedule.groups_map()
@@ -173,7 +182,7 @@ class CompiledSchedule:
     @property
     def consumer_of_edge(self) -> np.ndarray:
         """The consumer op of every CSR entry (computed when asked, not kept: memory per op, issue 14)."""
-        return np.repeat(np.arange(self.num_ops, dtype=np.int64), np.diff(self.prod_ptr))
+        return np.arange(self.num_ops, dtype=np.int64).repeat(self.prod_ptr[1:] - self.prod_ptr[:-1])
 
     @cached_property
     def prods(self) -> list[list[int]]:
@@ -186,23 +195,32 @@ class CompiledSchedule:
         (`layerpipe.schedule._runs.needed_inputs`: the same times, the same deadlock reports)."""
         return needed_input_lists(self.bounds, self.prod_ptr, self.prod_idx)
 
+    @cached_property
+    def sweep_first(self) -> FirstInputs:
+        """`sweep_inputs` as the op-by-op sweep reads them (`layerpipe.schedule._runs.first_inputs`)."""
+        return first_inputs(self.bounds, self.prod_ptr, self.prod_idx, self.num_ops)
+
     @property
     def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Distinct (producer, consumer) pairs sorted by producer then consumer, words summed per pair:
         one transfer each when they sit on different processors. Computed when asked, not kept (the traffic
         report and the link plan, itself kept, read it once each)."""
-        n = self.num_ops
-        key = self.prod_idx.astype(np.int64) * n + self.consumer_of_edge  # int64: the CSR may be int32
-        if not len(key):
-            return key, key.copy(), np.zeros(0, dtype=np.int64)
-        order = np.argsort(key, kind="stable")  # a sort, not np.unique: numpy 2's is a hash, then a sort
-        key = key[order]
-        starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        if not len(self.prod_idx):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty.copy(), empty.copy()
+        # Entries are consumer-major, so a stable sort by producer alone leaves each producer's consumers in
+        # order: the stable sort by (producer, consumer) (not np.unique: numpy 2's is a hash, then a sort).
+        order = np.argsort(self.prod_idx, kind="stable")
+        producer = self.prod_idx[order].astype(np.int64)
+        consumer = self.consumer_of_edge[order]
+        starts = np.flatnonzero(np.concatenate(([True], (producer[1:] != producer[:-1]) |
+                                                (consumer[1:] != consumer[:-1]))))
         words = self.prod_words[order]
         if words.dtype == np.int32:  # narrowed at compile time: sum in int64 (exact)
             words = words.astype(np.int64)
-        words = np.add.reduceat(words, starts).astype(np.int64)  # summed before any cast (words may be floats)
-        return key[starts] // n, key[starts] % n, words
+        if len(starts) < len(words):  # a pair listed more than once: its words summed
+            words = np.add.reduceat(words, starts)
+        return producer[starts], consumer[starts], words.astype(np.int64)  # summed before any cast (floats)
 
     # The runs are built for each run of the engine and not kept: their Python lists (~40 B per op) were the
     # largest part of what a simulated schedule held while its reports were computed (issue 14: lenet5 at 100k
@@ -290,6 +308,11 @@ class LinkPlan:
         return needed_input_lists(self.bounds, self.input_ptr, self.input_src)
 
     @cached_property
+    def sweep_first(self) -> FirstInputs:
+        """`sweep_inputs` as the op-by-op sweep reads them (`layerpipe.schedule._runs.first_inputs`)."""
+        return first_inputs(self.bounds, self.input_ptr, self.input_src, len(self.input_ptr) - 1 + len(self.word_array))
+
+    @cached_property
     def sends(self) -> list[list[tuple[int, int]]]:
         """`sends[i]`: op i's transfers as (input number, link) in the order they queue."""
         n = len(self.input_ptr) - 1
@@ -337,21 +360,23 @@ def _completions(schedule: OpSchedule, iteration: np.ndarray, end: np.ndarray,
 
 
 def steady_cycles_per_iteration(schedule: OpSchedule, completions: np.ndarray, total_cycles: int,
-                                busiest: int) -> float:
+                                busiest: int, iterations: int | None = None) -> float:
     """The steady-state slope of `completions` (C(k) per iteration or step): over the middle half, whole
     periods of an unfolded schedule, per micro-batch of a synchronous one, and at least the busiest
     processor's `busiest` cycles per iteration; total_cycles / iterations below 3. The one definition
     `SimResult.cycles_per_iteration` (whose docstring states the rule) and the stream policies share."""
+    if iterations is None:  # `schedule.num_iterations` (a pass over the ops): read once, or given
+        iterations = schedule.num_iterations
     k = len(completions)
     lo, hi = k // 4, k - 1 - k // 4
     unfold = max(schedule.unfold, 1)  # unfolded schedules repeat every J iterations: whole periods
     hi = lo + (hi - lo) // unfold * unfold
     if k < 3 or hi <= lo:
-        return total_cycles / max(schedule.num_iterations, 1)
+        return total_cycles / max(iterations, 1)
     slope = float(completions[hi] - completions[lo]) / (hi - lo)
     if schedule.synchronous:
         slope /= max(schedule.microbatches, 1)
-    return max(slope, busiest / schedule.num_iterations)
+    return max(slope, busiest / iterations)
 
 
 def _split(flat: np.ndarray, ptr: np.ndarray) -> list[list[int]]:
@@ -400,8 +425,8 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
     plan_time = _plan_times(workload.plan, tasks, task, iteration)
     ptr, producer, words, role, roles = csr
-    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow(ptr), _narrow(producer),
-                                _narrow(words), role, roles, plan_time=plan_time)
+    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
+                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
@@ -414,6 +439,14 @@ def _narrow(values: np.ndarray) -> np.ndarray:
                                                           and int(values.max()) <= np.iinfo(np.int32).max)):
         return values.astype(np.int32)
     return values
+
+
+def _narrow_ptr(ptr: np.ndarray) -> np.ndarray:
+    """`_narrow` of a CSR pointer: it rises from 0, so its last value is its largest (one element read, not two
+    reductions)."""
+    if ptr.dtype == np.int64 and (not len(ptr) or (int(ptr[0]) >= 0 and int(ptr[-1]) <= np.iinfo(np.int32).max)):
+        return ptr.astype(np.int32)
+    return _narrow(ptr)
 
 
 def _has_duplicate(slot: np.ndarray, cells: int) -> bool:
@@ -437,7 +470,7 @@ def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int],
     (as `_from_ops` numbers them)."""
     task = np.asarray(columns.task, dtype=np.int64)
     first = columns.first_positions()
-    present = np.flatnonzero(first < columns.num_ops)
+    present = (first < columns.num_ops).nonzero()[0]
     order = present[np.argsort(first[present], kind="stable")]
     tasks = tuple(columns.tasks[int(k)] for k in order)
     if (order == np.arange(len(order))).all():  # numbered so already (`PeriodicSchedule.unroll`): share the column
@@ -498,12 +531,18 @@ def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 
 def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | Fraction
          ) -> tuple[list[int] | np.ndarray, list[int] | np.ndarray]:
     if kind == "shared":
+        if c.schedule.level == "stage" and c.num_procs < STAGE_ROUNDS_MIN_PROCS:
+            timed = _sweep_single(c)
+            if timed is not None:
+                return timed  # else an op needs several inputs, or a deadlock (the sweeps below report it)
         if c.num_procs >= ROUNDS_MIN_PROCS:  # many processors: lock-step rounds on arrays
             timed = sweep_rounds(c.bounds, c.dur_array(), c.prod_ptr, c.prod_idx)
             if timed is not None:
                 return timed  # else they do not pay here, or a deadlock (the sweeps below report it)
         runs = c.shared_runs
-        return _sweep(c, c.sweep_inputs) if runs is None else _run_sweep(c, runs, c.num_ops)
+        if runs is None:
+            return _sweep_first(c, c.sweep_first, lambda: c.sweep_inputs)
+        return _run_sweep(c, runs, c.num_ops)
     if kind == "bus":  # one channel for every processor, served in planned order when planned
         return _run_links_events(c, latency, words_per_cycle, bus=True)
     if 0 in c.cost and _zero_duration_sender(c):  # some op takes 0 cycles (`cost` lists present tasks only)
@@ -518,22 +557,8 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
     hold = [0] * c.num_ops + held.tolist()
     runs = c.link_runs
     if runs is None:
-        return _sweep(c, plan.sweep_inputs, plan, hold, latency)
+        return _sweep_first(c, plan.sweep_first, lambda: plan.sweep_inputs, plan, hold, latency)
     return _run_sweep(c, runs, c.num_ops + len(plan.word_array), hold, latency, plan)
-
-
-def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int] | tuple[()] = (),
-               latency: int = 0, plan: LinkPlan | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The sweep over runs of ops (`layerpipe.schedule._runs`): the op-by-op `_sweep`'s times, its deadlocks."""
-    known, nxt, finished = sweep_runs(runs, num_inputs, c.num_procs * c.num_procs, hold, latency)
-    if not finished:
-        n = c.num_ops
-        head_of = runs.run_of.tolist()
-        done = [known[head_of[x]] >= 0 if x < n else known[x] >= 0 for x in range(num_inputs)]
-        at = [runs.head[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
-        _check_finished(c, at, done, plan.inputs if plan is not None else c.prods,
-                        plan.producer if plan is not None else [])
-    return op_times(runs, known, c.dur_array())
 
 
 def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.ndarray:
@@ -550,69 +575,6 @@ def _hold_cycles(words: np.ndarray, words_per_cycle: float | Fraction) -> np.nda
 def _zero_duration_sender(c: CompiledSchedule) -> bool:
     proc = c.proc
     return any(c.dur[i] == 0 and any(proc[j] != proc[i] for j, _ in c.consumers[i]) for i in range(c.num_ops))
-
-
-def _sweep(c: CompiledSchedule, inputs: list[list[int]], plan: LinkPlan | None = None,
-           hold: list[int] | tuple[()] = (), latency: int = 0) -> tuple[list[int], list[int]]:
-    """Start and end of every op: processors walk their programs (see the module docstring).
-
-    `avail[x]` is when input x is available: an op's end (x < n) or a transfer's arrival (x = n + k, `links`
-    only, queued on its link by `plan.sends` when its producer ends, holding it `hold[x]` cycles; no plan, no
-    holds); −1 until known.
-    """
-    n = c.num_ops
-    dur, lo, hi = c.dur, c.bounds[:-1], c.bounds[1:]
-    sends = plan.sends if plan is not None else None
-    total = n + (len(plan.words) if plan is not None else 0)
-    start = [0] * n
-    avail = [-1] * total
-    link_free = [0] * (c.num_procs * c.num_procs)  # link p→q is p·N + q
-    nxt = lo.copy()
-    free = [0] * len(lo)
-    waiters: list[list[int] | None] = [None] * total  # input → processors parked on it
-    work = list(range(len(lo) - 1, -1, -1))
-    while work:
-        p = work.pop()
-        i, last, t = nxt[p], hi[p], free[p]
-        while i < last:
-            s = t
-            for x in inputs[i]:
-                e = avail[x]
-                if e < 0:
-                    parked = waiters[x]
-                    if parked is None:
-                        waiters[x] = [p]
-                    else:
-                        parked.append(p)
-                    break
-                if e > s:
-                    s = e
-            else:
-                start[i] = s
-                t = avail[i] = s + dur[i]
-                woken = waiters[i]
-                if woken is not None:
-                    work.extend(woken)
-                    waiters[i] = None
-                if sends is not None:
-                    for x, link in sends[i]:
-                        depart = link_free[link]
-                        if depart < t:
-                            depart = t
-                        depart += hold[x]
-                        link_free[link] = depart
-                        avail[x] = depart + latency
-                        woken = waiters[x]
-                        if woken is not None:
-                            work.extend(woken)
-                            waiters[x] = None
-                i += 1
-                continue
-            break
-        nxt[p], free[p] = i, t
-    if any(nxt[p] < hi[p] for p in range(c.num_procs)):
-        _check_finished(c, nxt, [e >= 0 for e in avail], inputs, plan.producer if plan is not None else [])
-    return start, avail[:n]
 
 
 @dataclass(frozen=True)
@@ -813,17 +775,3 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
     if any(nxt[p] < last[p] for p in range(procs)):
         _check_finished(c, nxt, done, c.prods, [])
     return start, end
-
-
-def _check_finished(c: CompiledSchedule, nxt: list[int], finished: list[bool], prods: list[list[int]],
-                    transfer_producer: list[int]) -> None:
-    """Raise `DeadlockError` if a processor has ops left; node n + k stands for transfer k's producer."""
-    n = c.num_ops
-    blocked: dict[int, tuple[Op, tuple[Op, ...]]] = {}
-    for p in range(c.num_procs):
-        i = nxt[p]
-        if i < c.bounds[p + 1]:
-            waits = sorted({j if j < n else transfer_producer[j - n] for j in prods[i] if not finished[j]})
-            blocked[p] = (c.ops[i], tuple(c.ops[j] for j in waits))
-    if blocked:
-        raise DeadlockError(blocked)

@@ -18,7 +18,7 @@ head, not per op.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,15 +33,21 @@ class Runs:
     Heads are numbered k = 0, 1, … in op order (processor-major); processor p's heads are
     head_bounds[p] … head_bounds[p+1] − 1. Head k is op `head[k]`, its run takes `length[k]` cycles, and its
     inputs are (key, add) pairs: available at known[key] + add, where key is the head op of the producer's run
-    (an op input) or the transfer's input number n + t (add 0). `sends[k]` are the transfers of the run's ops in
-    program order: (input number, link, off of the sending op).
+    (an op input) or the transfer's input number n + t (add 0). Its first input is (first_key[k], first_add[k])
+    — key `none`, always known at 0, when it has none — and the others are `rest[k]` (None for heads with one or
+    none; `rest` None when no head has more): most heads have one input, and a tuple of tuples per head was most of
+    building the runs (issue 14). `sends[k]` are the transfers of the run's ops in program order: (input number,
+    link, off of the sending op).
     """
 
     head: list[int]
     head_bounds: list[int]
     length: list[int]
-    inputs: list[tuple[tuple[int, int], ...]]
-    sends: list[list[tuple[int, int, int]]] | None
+    first_key: list[int]
+    first_add: list[int]
+    rest: list[tuple[tuple[int, int], ...] | None] | None
+    none: int  #: the input number standing for "no input" (one past the last op or transfer)
+    sends: list[Sequence[tuple[int, int, int]]] | None
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
 
@@ -90,25 +96,44 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     np.cumsum(np.bincount(head_number[kept_consumer], minlength=len(heads)), out=in_ptr[1:])
     del kept_consumer
     head_bounds = np.searchsorted(heads, np.asarray(bounds, dtype=np.int64)).tolist()
+    none = n + (len(send_input) if send_input is not None else 0)
+    count = np.diff(in_ptr)
+    has = count > 0
+    first_at = in_ptr[:-1][has]
+    # Keys of op inputs as positions in the head list (its own int objects are shared: memory per op, issue 14),
+    # position len(heads) standing for `none`; transfer keys (links) as they are.
+    first_key = np.full(len(heads), len(heads) if all_ops else none, dtype=np.int64)
+    first_key[has] = head_number[kept_src[first_at]] if all_ops else key[first_at]
+    first_add = np.zeros(len(heads), dtype=np.int64)
+    first_add[has] = add[first_at]
+    multi = np.flatnonzero(count > 1).tolist()
     with gc_paused():
         head_list = heads.tolist()
-        # Every key of an op input is a head op: the head list's own int objects (a run's head number is the
-        # same for every op of the run, so the source's own number gives it).
-        keys = map(head_list.__getitem__, _ints(head_number[kept_src])) if all_ops else iter(key.tolist())
-        del key, kept_src
-        pairs = list(zip(keys, _shared(add), strict=True))  # iterators: no list of the keys, none of the adds
-        del keys, add
-        # A tuple per head, not a list: 48 bytes for one input where a list takes 72 (most heads have one).
-        inputs = list(map(tuple, map(pairs.__getitem__, itertools.starmap(slice, itertools.pairwise(_ints(in_ptr))))))
-        del pairs
-        sends = None
+        if all_ops:
+            head_list.append(none)
+            first_keys = list(map(head_list.__getitem__, _ints(first_key)))
+            head_list.pop()
+        else:
+            first_keys = shared_ints(first_key)
+        del first_key
+        rest: list[tuple[tuple[int, int], ...] | None] | None = None
+        if multi:
+            keys = list(map(head_list.__getitem__, _ints(head_number[kept_src]))) if all_ops else key.tolist()
+            adds, at = add.tolist(), in_ptr.tolist()
+            rest = [None] * len(heads)
+            for k in multi:
+                rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
+            del keys, adds
+        del key, add, kept_src
+        sends: list[Sequence[tuple[int, int, int]]] | None = None
         if send_producer is not None and send_input is not None and send_link is not None:
             owner = head_number[send_producer]
             s_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
             np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
             flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
-            sends = [flat[a:b] for a, b in itertools.pairwise(s_ptr.tolist())]
-    return Runs(head_list, head_bounds, shared_ints(length), inputs, sends, _narrow(run_of), _narrow(off))
+            sends = [flat[a:b] if b > a else () for a, b in itertools.pairwise(s_ptr.tolist())]
+    return Runs(head_list, head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
+                none, sends, _narrow(run_of), _narrow(off))
 
 
 def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
@@ -170,29 +195,24 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 def needed_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(consumer of every input, is it needed?): an input that is an earlier op of the consumer's own processor
     has ended by the time the processor reaches the consumer, so a sweep need not look at it (nor can a
-    processor ever wait for it: dropping it changes no time and no deadlock report)."""
+    processor ever wait for it: dropping it changes no time and no deadlock report).
+
+    Ops are numbered processor-major, so the earlier ops of consumer j's processor p are exactly bounds[p] … j − 1
+    (transfer inputs, numbered from n, are never among them): an input x is dropped when bounds[p] ≤ x < j — two
+    comparisons per input, no processor looked up per input (issue 14: this was a fifth of building the runs)."""
     n = bounds[-1]
-    per_op: np.ndarray = np.diff(np.asarray(ptr, dtype=np.int64))
-    consumer = np.repeat(np.arange(n, dtype=np.int64), per_op)
-    del per_op
+    ptr = np.asarray(ptr, dtype=np.int64)
+    consumer = np.arange(n, dtype=np.int64).repeat(ptr[1:] - ptr[:-1])  # ndarray methods: no function wrappers
+    cuts = ptr[np.asarray(bounds, dtype=np.int64)]
+    if len(src) <= SMALL_INPUTS * max(len(bounds) - 1, 1):  # at once: a pass per processor costs more here
+        first = np.asarray(bounds[:-1], dtype=np.int64).repeat(cuts[1:] - cuts[:-1])  # its processor's first op
+        return consumer, (src < first) | (src >= consumer)
     # Processor by processor (consumers are numbered processor-major, so each is one slice of the entries): no
-    # array of every entry's processors (issue 14: memory).
-    counts: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
-    proc = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    if len(src) <= SMALL_INPUTS * max(len(counts), 1):  # at once: a pass per processor costs more here
-        is_op = src < n
-        local = np.zeros(len(src), dtype=bool)
-        local[is_op] = proc[src[is_op]] == proc[consumer[is_op]]
-        return consumer, ~(local & (src < consumer))
-    cuts = np.asarray(ptr, dtype=np.int64)[np.asarray(bounds, dtype=np.int64)].tolist()
+    # array of every entry's first op (issue 14: memory).
     keep = np.ones(len(src), dtype=bool)
-    for p in range(len(counts)):
-        lo, hi = cuts[p], cuts[p + 1]
+    for p, (lo, hi) in enumerate(itertools.pairwise(cuts.tolist())):
         x = src[lo:hi]
-        is_op = x < n
-        local = np.zeros(hi - lo, dtype=bool)
-        local[is_op] = proc[x[is_op]] == p
-        keep[lo:hi] = ~(local & (x < consumer[lo:hi]))
+        keep[lo:hi] = (x < bounds[p]) | (x >= consumer[lo:hi])
     return consumer, keep
 
 
@@ -207,14 +227,54 @@ def needed_input_lists(bounds: list[int], ptr: np.ndarray, src: np.ndarray) -> l
         return [values[a:b] for a, b in itertools.pairwise(cuts.tolist())]
 
 
+#: What the op-by-op sweep reads per op: its first needed input, and the others of ops that have more than one
+#: (None for ops with one or none; None altogether when no op has more).
+FirstInputs = tuple[list[int], list[list[int] | None] | None]
+
+
+def first_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, sentinel: int) -> FirstInputs:
+    """Per op, its first `needed_inputs` entry (`sentinel`, an input the sweep holds available at cycle 0, when it
+    has none) and the rest of them for ops with more. Nearly every op of a stage-level pipeline needs one input
+    once its own processor's are dropped: one list of ints, not a list per op (building 1,024 small lists and
+    freeing them was as long as the sweep itself, 1F1B at p = 8, issue 14)."""
+    n = bounds[-1]
+    consumer, keep = needed_inputs(bounds, ptr, src)
+    kept = src[keep]
+    counts = np.bincount(consumer[keep], minlength=n)
+    cuts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=cuts[1:])
+    first = np.full(n, sentinel, dtype=np.int64)
+    has = counts > 0
+    first[has] = kept[cuts[:-1][has]]
+    multi = (counts > 1).nonzero()[0].tolist()
+    if not multi:
+        return first.tolist(), None
+    values, at = kept.tolist(), cuts.tolist()
+    more: list[list[int] | None] = [None] * n
+    with gc_paused():
+        for i in multi:
+            more[i] = values[at[i] + 1:at[i + 1]]
+    return first.tolist(), more
+
+
+def split_first(inputs: list[list[int]], sentinel: int) -> FirstInputs:
+    """`first_inputs` of per-op input lists (as given, none dropped)."""
+    first = [row[0] if row else sentinel for row in inputs]
+    if all(len(row) <= 1 for row in inputs):
+        return first, None
+    return first, [row[1:] if len(row) > 1 else None for row in inputs]
+
+
 def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
                ) -> tuple[list[int], list[int], bool]:
     """(known, free-at-stop per processor, finished?) of the run sweep: known[x] is the start of the run headed
     by op x, or the arrival of transfer x; −1 where never known (a deadlock: `finished` False)."""
-    known = [-1] * num_inputs
-    waiters: list[list[int] | None] = [None] * num_inputs
+    known = [-1] * max(num_inputs, r.none + 1)
+    known[r.none] = 0  # "no input"
+    waiters: list[list[int] | None] = [None] * len(known)
     link_free = [0] * num_links
-    heads, inputs, length, sends = r.head, r.inputs, r.length, r.sends
+    heads, length, sends = r.head, r.length, r.sends
+    first_key, first_add, rest = r.first_key, r.first_add, r.rest
     lo, hi = r.head_bounds[:-1], r.head_bounds[1:]
     nxt = list(lo)
     free = [0] * len(lo)
@@ -223,43 +283,56 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
         p = work.pop()
         k, stop, t = nxt[p], hi[p], free[p]
         while k < stop:
-            s = t
-            for key, add in inputs[k]:
-                e = known[key]
-                if e < 0:
-                    parked = waiters[key]
-                    if parked is None:
-                        waiters[key] = [p]
-                    else:
-                        parked.append(p)
+            key = first_key[k]
+            e = known[key]
+            if e < 0:
+                parked = waiters[key]
+                if parked is None:
+                    waiters[key] = [p]
+                else:
+                    parked.append(p)
+                break
+            e += first_add[k]
+            s = t if t > e else e
+            others = rest[k] if rest is not None else None
+            if others is not None:
+                for key, add in others:
+                    e = known[key]
+                    if e < 0:
+                        parked = waiters[key]
+                        if parked is None:
+                            waiters[key] = [p]
+                        else:
+                            parked.append(p)
+                        break
+                    e += add
+                    if e > s:
+                        s = e
+                else:
+                    others = None
+                if others is not None:  # parked on one of the others
                     break
-                e += add
-                if e > s:
-                    s = e
-            else:
-                h = heads[k]
-                known[h] = s
-                t = s + length[k]
-                woken = waiters[h]
-                if woken is not None:
-                    work.extend(woken)
-                    waiters[h] = None
-                if sends is not None:
-                    for x, link, off in sends[k]:
-                        depart = link_free[link]
-                        ready = s + off
-                        if depart < ready:
-                            depart = ready
-                        depart += hold[x]
-                        link_free[link] = depart
-                        known[x] = depart + latency
-                        woken = waiters[x]
-                        if woken is not None:
-                            work.extend(woken)
-                            waiters[x] = None
-                k += 1
-                continue
-            break
+            h = heads[k]
+            known[h] = s
+            t = s + length[k]
+            woken = waiters[h]
+            if woken is not None:
+                work.extend(woken)
+                waiters[h] = None
+            if sends is not None:
+                for x, link, off in sends[k]:
+                    depart = link_free[link]
+                    ready = s + off
+                    if depart < ready:
+                        depart = ready
+                    depart += hold[x]
+                    link_free[link] = depart
+                    known[x] = depart + latency
+                    woken = waiters[x]
+                    if woken is not None:
+                        work.extend(woken)
+                        waiters[x] = None
+            k += 1
         nxt[p], free[p] = k, t
     finished = all(k >= stop for k, stop in zip(nxt, hi, strict=True))
     return known, nxt, finished

@@ -95,6 +95,13 @@ class Workload:
             return dependencies(schedule, graph=self.graph)
         return dependencies(schedule, stages=self.stages)
 
+    def weight_readers(self, tasks: Sequence[tuple[str, int]]) -> list[bool]:
+        """`reads_weights` of every (kind, unit) task, in one pass."""
+        if self.level == "stage":
+            return [kind in STAGE_WEIGHT_READERS for kind, _ in tasks]
+        weights = self.weight_words
+        return [unit in weights and ("F" in kind or "E" in kind) for kind, unit in tasks]
+
     def reads_weights(self, kind: str, unit: int) -> bool:
         """Does a `kind` op of `unit` read weights (so the version map records it)?"""
         if self.level == "stage":
