@@ -89,12 +89,13 @@ def modulo_list_schedule(
             group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
     proc = [-1] * n
     sigma = [0] * n
+    ends = [0] * n  # sigma + cost of each placed task: what its consumers wait for
     cost, preds, every = table.cost, table.preds, range(num_procs)
     for v in priority:
         c = cost[v]
         ready = 0
         for u in preds[v]:
-            end = sigma[u] + cost[u]
+            end = ends[u]
             if end > ready:
                 ready = end
         g = group[v] if group is not None else None
@@ -150,7 +151,7 @@ def modulo_list_schedule(
         elif g not in group_proc:
             group_proc[g] = p
             room[p] -= group_cost[g]
-        proc[v], sigma[v] = p, at
+        proc[v], sigma[v], ends[v] = p, at, at + c
     return proc, sigma
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, queues
+from layerpipe.schedule._move_scores import best_move
 from layerpipe.schedule._task_table import TaskTable, memo
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
@@ -147,6 +148,8 @@ class _State:
                     c = self.channel(self.place[u], self.place[v])
                     self.chan[c] = self.chan.get(c, 0) + h
         self.memo: list[dict[int, tuple[list[tuple[int, int]], int]]] = [{} for _ in members]
+        #: `delta` flattened for the array scoring (`_move_scores`): (channels, changes, words), same lifetime.
+        self.flat: list[dict[int, tuple[tuple[int, ...], tuple[int, ...], int]]] = [{} for _ in members]
         self._histogram()
 
     def _histogram(self) -> None:
@@ -249,32 +252,35 @@ class _State:
             self.place[v] = dst
         self.item_place[item] = dst
         self.memo[item].clear()
+        self.flat[item].clear()
         for j in self.nbr_items[item]:
             self.memo[j].clear()
+            self.flat[j].clear()
         self._histogram()
 
     def candidate_moves(self) -> list[tuple[int, int]]:
         """(item, destination) pairs that touch a bottleneck resource, in order — less those that would load
         their destination processor past the period (no such move lowers the key)."""
-        top, _, _ = self.key()
+        top = self.levels[0]
         moves: set[tuple[int, int]] = set()
         load, cost = self.load, self.item_cost
         # Off a busiest processor: to one of the least loaded processors, or to where the item's data goes.
         light = sorted(range(self.n), key=lambda q: (load[q], q))[:LIGHT_TARGETS]
         busiest = {p for p, x in enumerate(load) if x == top}
         if busiest:
-            place = self.place
+            place, nbr_tasks = self.place, self.nbr_tasks
             for i, p in enumerate(self.item_place):
                 if p in busiest:
                     room = top - cost[i]
-                    moves.update((i, q) for q in {*light, *(place[x] for x in self.nbr_tasks[i])}
-                                 if q != p and load[q] <= room)
+                    targets = {*light, *map(place.__getitem__, nbr_tasks[i])}
+                    targets.discard(p)
+                    moves.update([(i, q) for q in targets if load[q] <= room])
         hot = {ch for ch, x in self.chan.items() if x == top}
         if hot:
-            place, item_of = self.place, self.item_of
+            place, item_of, bus, n = self.place, self.item_of, self.bus, self.n
             for u, v in self.held:
                 pu, pv = place[u], place[v]
-                if pu != pv and self.channel(pu, pv) in hot:
+                if pu != pv and (0 if bus else pu * n + pv) in hot:  # `channel`, inlined (every held edge)
                     iu, iv = item_of[u], item_of[v]
                     if load[pv] + cost[iu] <= top:
                         moves.add((iu, pv))
@@ -309,15 +315,8 @@ def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interco
              members: Sequence[Sequence[int]], max_words: float | None) -> list[int]:
     state = _State(table, placement, num_procs, interconnect, members)
     for _ in range(MAX_MOVES):
-        current = beat = state.key()
-        best: tuple[int, int] | None = None
-        for item, dst in state.candidate_moves():  # in order: on equal keys the first move wins
-            after = state.key_after(item, dst, beat)
-            if after is None or not after < beat:
-                continue
-            if max_words is not None and after[2] > max_words and after[2] > current[2]:
-                continue
-            beat, best = after, (item, dst)
+        # the first candidate move of least key below the placement's own (`_move_scores.best_move`)
+        best = best_move(state, state.candidate_moves(), state.key(), max_words)
         if best is None:
             break
         state.move(*best)
