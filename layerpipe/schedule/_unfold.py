@@ -219,7 +219,7 @@ def pinning_delay(table: UnfoldedTable, placement: Sequence[int], start: Sequenc
     might arrive in time once the bus no longer carries them, but the plan does not send them). Every copy's
     seen update drops as d grows, the newest seen one by one (updates end in order), so the search stops at
     the source's update."""
-    us, copies, per = _reader_copies(table, placement, start, lag, _update_copies_by_layer(table), dict(table.groups),
+    us, copies, per = _reader_copies(table, placement, start, lag, table.update_copies, dict(table.groups),
                                      x)
     target = seen_updates(start[x], lag[x], copies, per, period, delay)[us.index(source)]
     d = delay
