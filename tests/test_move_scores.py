@@ -1,4 +1,4 @@
-"""`_move_scores`: a round of `improve`'s candidate moves scored on arrays picks the move the one-at-a-time loop
+"""`_placement.best_move`: a round of `improve`'s candidate moves scored on arrays picks the move the one-at-a-time loop
 picks — the first of least key below the placement's own, under a words bound or not — on every round of
 searches from random placements of zoo networks on every kind of interconnect."""
 
@@ -13,8 +13,7 @@ from layerpipe.dfg import GraphOptions
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule._layerpipe import group_items, weight_groups
-from layerpipe.schedule._move_scores import _scored, best_move, one_at_a_time
-from layerpipe.schedule._placement import _State, improve
+from layerpipe.schedule._placement import _scored, _State, best_move, improve, one_at_a_time
 from layerpipe.schedule._task_table import table_of
 
 
@@ -59,7 +58,7 @@ def test_array_scores_pick_the_loops_move(network: str, num_procs: int, spec: st
 def test_improve_unchanged_through_the_array_path() -> None:
     """A large search (resnet18 on 8 processors offers rounds of more than `BATCH_MOVES` moves) ends where the
     loop alone ends."""
-    import layerpipe.schedule._move_scores as scores
+    import layerpipe.schedule._placement as scores
 
     model = PEModel()
     table = table_of(load_network("resnet18"), GraphOptions(), model)

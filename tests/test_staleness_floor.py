@@ -1,4 +1,4 @@
-"""`_staleness_floor`: the floor never exceeds the staleness a timing of those starts really has — the planned
+"""`_lags.StalenessFloor`: the floor never exceeds the staleness a timing of those starts really has — the planned
 timing on the interconnect (`timed`), and the listed timing of a modulo list schedule — so a probe it rules
 out would have failed. Random placements, starts and periods of zoo networks on every kind of interconnect,
 and the bounded search's own list schedules."""
@@ -16,9 +16,8 @@ from layerpipe.network import load_network
 from layerpipe.schedule._bodies import contiguous_starts, modulo_list_schedule, order_bodies
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import timed, timing_of
-from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._lags import StalenessFloor, asap_times
 from layerpipe.schedule._placement import placement_cost
-from layerpipe.schedule._staleness_floor import StalenessFloor
 from layerpipe.schedule._task_table import table_of
 
 SPECS = ["links:2:1", "rtl", "bus:2:16", "shared", "links:1:1/8"]

@@ -207,7 +207,7 @@ def best_ordering(
 def ordering_starts(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
                     keys: Sequence[Callable[[int], tuple]], targets: Sequence[Sequence[int]] = ()) -> list[list[int]]:
     """The starts `best_ordering` times for these keys and targets, in its order, without timing them (a
-    caller that can rule a placement out from its starts alone skips the timing: `_staleness_floor`)."""
+    caller that can rule a placement out from its starts alone skips the timing: `_lags.StalenessFloor`)."""
     out = [contiguous_starts(order_bodies(placement, num_procs, key), table.cost) for key in keys]
     for target in targets:
         out.append(_packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,

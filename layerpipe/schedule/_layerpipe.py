@@ -40,13 +40,12 @@ from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
-from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
+from layerpipe.schedule._lags import StalenessFloor, asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, replicated_timing
 from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
-from layerpipe.schedule._staleness_floor import StalenessFloor
 from layerpipe.schedule._task_table import TaskTable, table_of
 from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
@@ -244,7 +243,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         ceiling, fallback = None, None
         floor = StalenessFloor(table, interconnect)
         for placements in ranked:
-            # A placement none of whose body orders can meet the bound (`_staleness_floor`) is not timed: only
+            # A placement none of whose body orders can meet the bound (`StalenessFloor`) is not timed: only
             # the candidates that meet it are read
             timed = [_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in placements
                      if not _cannot_meet(table, num_procs, placement, asap, cost.period, floor, k)]
