@@ -89,12 +89,13 @@ def modulo_list_schedule(
             group_cost[group[v]] = group_cost.get(group[v], 0) + table.cost[v]
     proc = [-1] * n
     sigma = [0] * n
+    ends = [0] * n  # sigma + cost of each placed task: what its consumers wait for
     cost, preds, every = table.cost, table.preds, range(num_procs)
     for v in priority:
         c = cost[v]
         ready = 0
         for u in preds[v]:
-            end = sigma[u] + cost[u]
+            end = ends[u]
             if end > ready:
                 ready = end
         g = group[v] if group is not None else None
@@ -150,7 +151,7 @@ def modulo_list_schedule(
         elif g not in group_proc:
             group_proc[g] = p
             room[p] -= group_cost[g]
-        proc[v], sigma[v] = p, at
+        proc[v], sigma[v], ends[v] = p, at, at + c
     return proc, sigma
 
 
@@ -203,6 +204,31 @@ def best_ordering(
     return min(candidates, key=Timing.score)
 
 
+def ordering_starts(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
+                    keys: Sequence[Callable[[int], tuple]], targets: Sequence[Sequence[int]] = ()) -> list[list[int]]:
+    """The starts `best_ordering` times for these keys and targets, in its order, without timing them (a
+    caller that can rule a placement out from its starts alone skips the timing: `_lags.StalenessFloor`)."""
+    out = [contiguous_starts(order_bodies(placement, num_procs, key), table.cost) for key in keys]
+    for target in targets:
+        out.append(_packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,
+                                  target))
+    return out
+
+
+def _by_offset(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
+    """`_pack_to`'s body order: by target offset modulo the period, then target, then task."""
+    return lambda v: (target[v] % period, target[v], v)
+
+
+def _packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
+    start = [0] * len(table)
+    for body in bodies:
+        for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
+                                             period), strict=True):
+            start[v] = at
+    return start
+
+
 def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
              target: Sequence[int], comm: Comm | None = None) -> Timing:
     """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
@@ -214,12 +240,7 @@ def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, 
                 comm: Comm | None = None) -> Timing:
     """Bodies in the given orders packed around the period, each task at or after its target offset
     (`pack_circular`), with the minimal lags for those starts."""
-    start = [0] * len(table)
-    for body in bodies:
-        for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
-                                             period), strict=True):
-            start[v] = at
-    return timed(table, start, period, comm)
+    return timed(table, _packed_starts(table, bodies, period, target), period, comm)
 
 
 def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:

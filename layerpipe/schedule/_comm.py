@@ -86,10 +86,25 @@ def queues(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] 
            tuple(sorted(sources.items())) if sources else None)
     found = _TRANSFERS.get(key)
     if found is None:
+        if sources:
+            # Only the weight reads depend on `sources`: the precedence transfers, which come first, are the
+            # plain queues' own (re-pinning rounds of a large unfolded table would otherwise rebuild them all).
+            plain = queues(table, comm).found
+            made = [*plain[: _precedence_count(plain)], *_weight_transfers(table, comm, sources)]
+        else:
+            made = _transfers(table, comm, sources)
         if len(_TRANSFERS) >= _TRANSFERS_KEPT:
             _TRANSFERS.pop(next(iter(_TRANSFERS)))  # oldest first
-        found = _TRANSFERS[key] = Queues(table, comm, tuple(_transfers(table, comm, sources)))
+        found = _TRANSFERS[key] = Queues(table, comm, tuple(made))
     return found
+
+
+def _precedence_count(found: Sequence[Transfer]) -> int:
+    """How many of `_transfers`' list are precedence transfers (they precede every weight read)."""
+    count = len(found)
+    while count and found[count - 1].weight:
+        count -= 1
+    return count
 
 
 class Queues:
@@ -187,6 +202,14 @@ def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], i
                 if h is None:
                     h = holds[w] = ic.hold(w)
                 out.append(Transfer(u, v, w, 0 if bus else pu * n + pv, h))  # `Interconnect.channel`
+    out += _weight_transfers(table, comm, sources)
+    return out
+
+
+def _weight_transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:
+    """`_transfers`' weight reads: each from the update copy `sources` names (or the one the table lists)."""
+    ic, place, n = comm.interconnect, comm.placement, comm.num_procs
+    out = []
     for u, x, w in table.weight_reads:
         src = sources.get((u, x), u) if sources else u
         if place[src] != place[x]:

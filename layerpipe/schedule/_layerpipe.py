@@ -33,13 +33,14 @@ from layerpipe.schedule._bodies import (
     best_ordering,
     default_targets,
     modulo_list_schedule,
+    ordering_starts,
     time_bodies,
 )
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._comm_timing import timed as timed_starts
 from layerpipe.schedule._ir import check_unfolding
-from layerpipe.schedule._lags import asap_times, loop_lengths, timeline
+from layerpipe.schedule._lags import StalenessFloor, asap_times, loop_lengths, timeline
 from layerpipe.schedule._placement import PlacementCost, improve, placement_cost
 from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, replicated_timing
 from layerpipe.schedule._planner import plan as plan_stages
@@ -240,8 +241,12 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         # The groups go by (period, words), so the first group with a candidate meeting the bound holds the
         # shortest such period and, among its candidates that meet it, the fallback (fewest words, then score).
         ceiling, fallback = None, None
+        floor = StalenessFloor(table, interconnect)
         for placements in ranked:
-            timed = [_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in placements]
+            # A placement none of whose body orders can meet the bound (`StalenessFloor`) is not timed: only
+            # the candidates that meet it are read
+            timed = [_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in placements
+                     if not _cannot_meet(table, num_procs, placement, asap, cost.period, floor, k)]
             meeting = [t for t in timed if t.timing.score()[0] <= k]
             if meeting:
                 ceiling, fallback = meeting[0].period, min(meeting, key=lambda t: t.timing.score())
@@ -290,6 +295,15 @@ def _time(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence
     timing = best_ordering(table, placement, num_procs, period, asap_keys(asap, period),
                            default_targets(table, placement, num_procs, asap), interconnect)
     return Candidate(placement, period, cost, timing)
+
+
+def _cannot_meet(table: TaskTable, num_procs: int, placement: list[int], asap: Sequence[int], period: int,
+                 floor: StalenessFloor, k: int) -> bool:
+    """Whether every timing `_time` would try for the placement (its body orders and packings at `period`)
+    has a staleness above k by its starts alone (`StalenessFloor.above`), so its best cannot meet k."""
+    starts = ordering_starts(table, placement, num_procs, period, asap_keys(asap, period),
+                             default_targets(table, placement, num_procs, asap))
+    return all(floor.above(placement, start, period, k) for start in starts)
 
 
 def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
@@ -440,17 +454,20 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
     period, its transfers are planned); None if it finds none below `known`."""
     priority = sorted(range(len(table)), key=lambda v: (asap[v], v))
     together = group if any(g < 0 for g in group) else None
+    floor = StalenessFloor(table, interconnect)
 
     def attempt(period: int, fixed: Sequence[int] | None = None) -> Candidate | None:
         found = modulo_list_schedule(table, period, num_procs, priority, together, fixed)
         if found is None:
             return None
         placement, sigma = found
+        start = [s % period for s in sigma]
+        if floor.above(placement, start, period, k):  # no timing of these starts meets the bound: not planned
+            return None
         cost = placement_cost(table, placement, num_procs, interconnect)
         if cost.period > period or (max_words is not None and cost.words > max_words):
             return None
         comm = Comm(placement, interconnect, num_procs)
-        start = [s % period for s in sigma]
         if interconnect.is_shared:
             listed = timing_of(table, start, [s // period for s in sigma], period)
             best = min(listed, timed_starts(table, start, period, comm), key=Timing.score)

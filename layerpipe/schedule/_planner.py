@@ -563,8 +563,11 @@ def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int
         start.append(at)
     # Within a block the layers go in order (forward) and reverse order (backward), then U_l last layer first.
     out = [0] * len(table)
-    for p_key in sorted({(stage_of[t.layer], at) for t, at in zip(table.tasks, start, strict=True)}):
-        members = [v for v, t in enumerate(table.tasks) if (stage_of[t.layer], start[v]) == p_key]
+    blocks: dict[tuple[int, int], list[int]] = {}  # (stage, start) → its tasks in index order (one pass)
+    for v, (t, at) in enumerate(zip(table.tasks, start, strict=True)):
+        blocks.setdefault((stage_of[t.layer], at), []).append(v)
+    for p_key in sorted(blocks):
+        members = blocks[p_key]
         members.sort(key=lambda v: (table.tasks[v].layer if table.tasks[v].kind == "F" else -table.tasks[v].layer))
         at = p_key[1]
         for v in members:

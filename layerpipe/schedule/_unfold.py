@@ -198,15 +198,29 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     by_layer, groups = table.update_copies, dict(table.groups)
     cost, phase, tasks, unfold = table.cost, table.phase, table.tasks, table.unfold
     out = {}
+    # Per layer, each copy's (end, lag, phase), read by every reader of the layer; a zero-cycle copy is read one
+    # cycle later by a zero-cycle reader on its processor (`read_offset`): such layers take the general formula
+    ends: dict[int, tuple[list[tuple[int, int, int]], bool]] = {}
     for u, x, _ in table.weight_reads:
         # `seen_updates` over `_reader_copies`, inlined (every weight read, every round of `channel_timing`)
         layer = tasks[x].layer
         us, per = by_layer[layer], unfold // groups.get(layer, 1)
         at, x_lag, zero, x_proc = start[x] - delay.get(x, 0), lag[x], cost[x] == 0, placement[x]
-        seen = [per * ((at - start[q] - (cost[q] + (cost[q] == 0 and zero and placement[q] == x_proc))) // period
-                       - lag[q] + x_lag) + phase[q] for q in us]
-        cap = seen[us.index(newest[(u, x)])] if newest is not None else max(seen)
-        best = max(v for v in seen if v <= cap)
+        known = ends.get(layer)
+        if known is None:
+            known = ends[layer] = ([(start[q] + cost[q], lag[q], phase[q]) for q in us],
+                                   any(cost[q] == 0 for q in us))
+        copies, zero_copy = known
+        if zero_copy and zero:
+            seen = [per * ((at - start[q] - (cost[q] + (cost[q] == 0 and placement[q] == x_proc))) // period
+                           - lag[q] + x_lag) + phase[q] for q in us]
+        else:
+            seen = [per * ((at - end) // period - q_lag + x_lag) + q_phase for end, q_lag, q_phase in copies]
+        if newest is None:
+            best = max(seen)
+        else:
+            cap = seen[us.index(newest[(u, x)])]
+            best = max(v for v in seen if v <= cap)
         out[(u, x)] = us[seen.index(best)]
     return out
 
@@ -219,7 +233,7 @@ def pinning_delay(table: UnfoldedTable, placement: Sequence[int], start: Sequenc
     might arrive in time once the bus no longer carries them, but the plan does not send them). Every copy's
     seen update drops as d grows, the newest seen one by one (updates end in order), so the search stops at
     the source's update."""
-    us, copies, per = _reader_copies(table, placement, start, lag, _update_copies_by_layer(table), dict(table.groups),
+    us, copies, per = _reader_copies(table, placement, start, lag, table.update_copies, dict(table.groups),
                                      x)
     target = seen_updates(start[x], lag[x], copies, per, period, delay)[us.index(source)]
     d = delay

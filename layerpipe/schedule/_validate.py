@@ -28,6 +28,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from heapq import heapify, heappop, heappush
+from itertools import pairwise
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
@@ -410,7 +411,7 @@ def validate_periodic(
         busy = [s for s in body if cost[(s.kind, s.layer)] > 0]
         if sum(cost[(s.kind, s.layer)] for s in busy) > period:
             fail(f"overlap: p{p} has more work than the period {period}", p, busy[0].start)
-        for i, a in enumerate(busy):
+        for i, a in enumerate(busy if not _disjoint_arcs(busy, cost, period) else ()):  # the first overlap
             for b in busy[i + 1 :]:
                 ca, cb = cost[(a.kind, a.layer)], cost[(b.kind, b.layer)]
                 if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
@@ -447,6 +448,19 @@ def validate_periodic(
             if stale > max_staleness:
                 p, _, start = where[("F", layer, 0)]
                 fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)
+
+
+def _disjoint_arcs(busy: Sequence[Slot], cost: Mapping[tuple[str, int], int], period: int) -> bool:
+    """Whether the slots' cycles (arcs [start, start + cost) around the period, costs > 0, their sum ≤ P) are
+    pairwise disjoint: each arc ends by the next one's start in circular order. A check in n log n instead of
+    the pairs' n² (a large unfolded body holds hundreds of slots); the pairs are searched, in their order, only
+    when some overlap, to name the first."""
+    if len(busy) < 2:
+        return True
+    arcs = sorted((s.start % period, cost[(s.kind, s.layer)]) for s in busy)
+    if arcs[0][0] + period - arcs[-1][0] < arcs[-1][1]:  # the last arc wraps into the first
+        return False
+    return all(b - a >= c for (a, c), (b, _) in pairwise(arcs))
 
 
 def periodic_staleness(
