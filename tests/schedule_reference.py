@@ -5,15 +5,23 @@ function. Copied from commit 92d1fb8 (layerpipe/schedule/_placement.py, _validat
 names changed; not used by the package. Also, from commit 6b4e035 (before the scheduler's second speed pass):
 `modulo_list_schedule` scanning every processor's free list, and `comm_timing`'s rounds re-planning every
 channel and solving the lags with the retiming package's solver every round.
+
+Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
+(`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
 """
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from layerpipe.dfg import TrainingGraph
+from hypothesis import HealthCheck, settings
+
+from layerpipe.costs import MacsModel, PEModel
+from layerpipe.dfg import TrainingGraph, build_training_graph
 from layerpipe.interconnect import Interconnect, compiled_bus_key
+from layerpipe.schedule._bodies import _earliest_fit, _occupy  # unchanged by the fast paths: shared
 from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
 from layerpipe.schedule._comm_timing import COMM_ROUNDS
 from layerpipe.schedule._ir import PeriodicSchedule, tie_rank
@@ -333,13 +341,13 @@ def reference_modulo_list_schedule(
         for p in candidates:
             if g is not None and g not in group_proc and room[p] < group_cost[g]:
                 continue
-            at = _reference_earliest_fit(free[p], ready, c, period)
+            at = _earliest_fit(free[p], ready, c, period)
             if at is not None and (best is None or at < best[0]):
                 best = (at, p)
         if best is None:
             return None
         at, p = best
-        _reference_occupy(free[p], at % period, c)
+        _occupy(free[p], at % period, c)
         if g is None:
             room[p] -= c
         elif g not in group_proc:
@@ -347,37 +355,6 @@ def reference_modulo_list_schedule(
             room[p] -= group_cost[g]
         proc[v], sigma[v] = p, at
     return proc, sigma
-
-
-def _reference_earliest_fit(free: list[tuple[int, int]], ready: int, cost: int, period: int) -> int | None:
-    offset = ready % period
-    base = ready - offset
-    if cost == 0:
-        # no cycles, but a place in the program: not inside a busy interval (it would wait for that op to end);
-        # the end of the interval it falls in, the next free cycle, is the earliest point between ops (no op
-        # here wraps past the period, so its boundary is one too)
-        if offset == 0 or any(a <= offset <= b for a, b in free):
-            return ready
-        return base + next((a for a, _ in free if a > offset), period)
-    for a, b in free:
-        s = max(a, offset)
-        if s + cost <= b:
-            return base + s
-    for a, b in free:
-        if b - a >= cost:
-            return base + period + a
-    return None
-
-
-def _reference_occupy(free: list[tuple[int, int]], start: int, cost: int) -> None:
-    if cost == 0:
-        return
-    for k, (a, b) in enumerate(free):
-        if a <= start and start + cost <= b:
-            pieces = [(x, y) for x, y in ((a, start), (start + cost, b)) if y > x]
-            free[k : k + 1] = pieces
-            return
-    raise AssertionError("occupy outside a free interval")
 
 
 def reference_comm_timing(table: TaskTable, start: Sequence[int], period: int,
@@ -403,3 +380,24 @@ def _reference_longest_lags(table: TaskTable, start: Sequence[int], period: int,
     end = [s + c for s, c in zip(start, table.cost, strict=True)]
     bound = [-((start[v] - arrival.get((u, v), end[u])) // period) for u, v in zip(src, dst, strict=True)]
     return _solve(table, src, dst, bound, table.topo)
+
+
+SPECS = ("shared", "links:0:1", "links:2:1", "links:1:1/8", "links:3:2", "bus:2:3", "bus:0:1/2", "rtl")
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def task_table(net, overhead: int) -> TaskTable:
+    """`net`'s task table under `PEModel(lanes=4, overhead)`, or `MacsModel` for overhead 0."""
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    return TaskTable.of(build_training_graph(net), model)
+
+
+def random_placement(num_tasks: int, members: Sequence[Sequence[int]], num_procs: int,
+                     rng: random.Random) -> list[int]:
+    """Each item (its member tasks together) on a random processor: the task → processor list."""
+    placement = [0] * num_tasks
+    for tasks in members:
+        proc = rng.randrange(num_procs)
+        for v in tasks:
+            placement[v] = proc
+    return placement

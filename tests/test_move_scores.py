@@ -15,6 +15,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule._layerpipe import group_items, weight_groups
 from layerpipe.schedule._placement import _scored, _State, best_move, improve, one_at_a_time
 from layerpipe.schedule._task_table import table_of
+from tests.schedule_reference import random_placement
 
 
 def _searches(network: str, spec: str, num_procs: int, seed: int, together: bool):
@@ -25,11 +26,7 @@ def _searches(network: str, spec: str, num_procs: int, seed: int, together: bool
     ic = parse_interconnect(spec, lanes=model.lanes)
     _, members = group_items(table, weight_groups(table, True) if together else range(len(table)))
     rng = random.Random(seed)
-    item_place = [rng.randrange(num_procs) for _ in members]
-    placement = [0] * len(table)
-    for i, tasks in enumerate(members):
-        for v in tasks:
-            placement[v] = item_place[i]
+    placement = random_placement(len(table), members, num_procs, rng)
     state = _State(table, placement, num_procs, ic, members)
     bound = None if seed % 2 else state.words * rng.choice((0.5, 0.9, 1.0))
     for _ in range(400):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from layerpipe.costs import MacsModel, PEModel
@@ -30,16 +30,16 @@ from layerpipe.schedule._placement import _improve, improve
 from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._validate import periodic_versions
-from tests.schedule_reference import reference_improve, reference_pack_channels, reference_periodic_versions
+from tests.schedule_reference import (
+    FAST,
+    SPECS,
+    random_placement,
+    reference_improve,
+    reference_pack_channels,
+    reference_periodic_versions,
+    task_table,
+)
 from tests.strategies import networks
-
-SPECS = ("shared", "links:0:1", "links:2:1", "links:1:1/8", "links:3:2", "bus:2:3", "bus:0:1/2", "rtl")
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _table(net, overhead: int) -> TaskTable:
-    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
-    return TaskTable.of(build_training_graph(net), model)
 
 
 @FAST
@@ -47,15 +47,11 @@ def _table(net, overhead: int) -> TaskTable:
        spec=st.sampled_from(SPECS), overhead=st.integers(0, 3), together=st.booleans(), seed=st.integers(0, 2**16),
        bounded=st.booleans())
 def test_improve_equals_the_reference(net, n, spec, overhead, together, seed, bounded) -> None:
-    table = _table(net, overhead)
+    table = task_table(net, overhead)
     ic = parse_interconnect(spec, lanes=4)
     _, members = group_items(table, weight_groups(table, together))
     rng = random.Random(seed)
-    item_proc = [rng.randrange(n) for _ in members]
-    placement = [0] * len(table)
-    for i, tasks in enumerate(members):
-        for v in tasks:
-            placement[v] = item_proc[i]
+    placement = random_placement(len(table), members, n, rng)
     words = sum(w for ws in table.pred_words for w in ws) + sum(w for _, _, w in table.weight_reads)
     max_words = rng.randrange(words + 1) if bounded else None
     expected = reference_improve(table, placement, n, ic, members, max_words)
@@ -68,7 +64,7 @@ def test_improve_equals_the_reference(net, n, spec, overhead, together, seed, bo
 
 
 def test_improve_refuses_an_item_split_over_processors() -> None:
-    table = _table(load_network("mlp:8-6-4"), 0)
+    table = task_table(load_network("mlp:8-6-4"), 0)
     _, members = group_items(table, weight_groups(table, True))
     split = next(m for m in members if len(m) > 1)
     placement = [0] * len(table)
@@ -130,7 +126,7 @@ def test_periodic_versions_on_zoo_schedules_equals_the_reference() -> None:
        spec=st.sampled_from(tuple(s for s in SPECS if s != "shared")), overhead=st.integers(0, 3),
        seed=st.integers(0, 2**16), planned=st.booleans(), slack=st.integers(0, 40))
 def test_pack_channels_equals_the_reference(net, n, spec, overhead, seed, planned, slack) -> None:
-    table = _table(net, overhead)
+    table = task_table(net, overhead)
     rng = random.Random(seed)
     comm = Comm([rng.randrange(n) for _ in range(len(table))], parse_interconnect(spec, lanes=4), n)
     found = transfers(table, comm)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from layerpipe.costs import MacsModel, PEModel
+from layerpipe.costs import PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
@@ -31,16 +31,14 @@ from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._layerpipe import weight_groups
 from layerpipe.schedule._planner import PlanCosts, plan, replicated_layout
 from layerpipe.schedule._task_table import TaskTable, clear_memos, table_of
-from tests.schedule_reference import reference_comm_timing, reference_modulo_list_schedule
+from tests.schedule_reference import (
+    FAST,
+    SPECS,
+    reference_comm_timing,
+    reference_modulo_list_schedule,
+    task_table,
+)
 from tests.strategies import networks
-
-SPECS = ("shared", "links:0:1", "links:2:1", "links:1:1/8", "links:3:2", "bus:2:3", "bus:0:1/2", "rtl")
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _table(net, overhead: int) -> TaskTable:
-    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
-    return TaskTable.of(build_training_graph(net), model)
 
 
 @FAST
@@ -48,7 +46,7 @@ def _table(net, overhead: int) -> TaskTable:
        overhead=st.integers(0, 3), together=st.booleans(), fixed=st.booleans(), seed=st.integers(0, 2**16),
        stretch=st.integers(0, 60))
 def test_modulo_list_schedule_equals_the_reference(net, n, overhead, together, fixed, seed, stretch) -> None:
-    table = _table(net, overhead)
+    table = task_table(net, overhead)
     asap = asap_times(table)
     priority = sorted(range(len(table)), key=lambda v: (asap[v], v))
     group = weight_groups(table, True) if together else None
@@ -64,7 +62,7 @@ def test_modulo_list_schedule_equals_the_reference(net, n, overhead, together, f
 @given(net=networks(max_layers=7, dag=True, max_width=12, max_batch=3), n=st.integers(2, 6),
        spec=st.sampled_from(SPECS), overhead=st.integers(0, 3), seed=st.integers(0, 2**16), slack=st.integers(0, 40))
 def test_comm_timing_equals_the_reference(net, n, spec, overhead, seed, slack) -> None:
-    table = _table(net, overhead)
+    table = task_table(net, overhead)
     ic = parse_interconnect(spec, lanes=4)
     rng = random.Random(seed)
     placement = [rng.randrange(n) for _ in range(len(table))]

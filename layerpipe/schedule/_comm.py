@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,7 @@ def queues(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] 
             made = [*plain[: _precedence_count(plain)], *_weight_transfers(table, comm, sources)]
         else:
             made = _transfers(table, comm, sources)
-        if len(_TRANSFERS) >= _TRANSFERS_KEPT:
-            _TRANSFERS.pop(next(iter(_TRANSFERS)))  # oldest first
-        found = _TRANSFERS[key] = Queues(table, comm, tuple(made))
+        found = _TRANSFERS.add(key, Queues(table, comm, tuple(made)))
     return found
 
 
@@ -184,8 +182,7 @@ class Queues:
 
 
 #: `transfers`' memo: (table token, placement, interconnect, processors, sources) → the transfers' `Queues`.
-_TRANSFERS: dict[tuple[object, ...], Queues] = memo({})
-_TRANSFERS_KEPT = 128
+_TRANSFERS: BoundedMemo[tuple[object, ...], Queues] = BoundedMemo(128)
 
 
 def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.retiming import solve_difference_constraints
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 
 
 def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:
@@ -48,14 +48,12 @@ def loop_lengths(table: TaskTable) -> dict[int, int]:
     any other less than M. U_l out of reach leaves F_l alone (c_F)."""
     found = _LOOPS.get(table.token)
     if found is None:
-        if len(_LOOPS) >= _TIMELINES_KEPT:
-            _LOOPS.pop(next(iter(_LOOPS)))  # oldest first
-        found = _LOOPS[table.token] = _loop_lengths(table)
+        found = _LOOPS.add(table.token, _loop_lengths(table))
     return dict(found)
 
 
 #: `loop_lengths`' memo by table content: the bounded search and the result's bound ask for the same table's.
-_LOOPS: dict[int, dict[int, int]] = memo({})
+_LOOPS: BoundedMemo[int, dict[int, int]] = BoundedMemo(32)
 
 
 def _loop_lengths(table: TaskTable) -> dict[int, int]:
@@ -83,19 +81,16 @@ def timeline(table: TaskTable, asap: Sequence[int]) -> list[int]:
     key = (table.token, tuple(asap))
     found = _TIMELINES.get(key)
     if found is None:
-        if len(_TIMELINES) >= _TIMELINES_KEPT:
-            _TIMELINES.pop(next(iter(_TIMELINES)))  # oldest first
         dst, src = table.precedence
         rest = _solve(table, src, dst, [table.cost[w] for w in src], table.topo[::-1])
         tail = [c + r for c, r in zip(table.cost, rest, strict=True)]
-        found = _TIMELINES[key] = tuple(sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v)))
+        found = _TIMELINES.add(key, tuple(sorted(range(len(table)), key=lambda v: (asap[v], -tail[v], v))))
     return list(found)
 
 
 #: `timeline`'s memo by (table content, ASAP starts): every candidate placement of a search asks for its table's
 #: (`_bodies.default_targets`).
-_TIMELINES: dict[tuple[object, ...], tuple[int, ...]] = memo({})
-_TIMELINES_KEPT = 32
+_TIMELINES: BoundedMemo[tuple[object, ...], tuple[int, ...]] = BoundedMemo(32)
 
 
 def _longest_lags(table: TaskTable, start: Sequence[int], period: int,

@@ -24,7 +24,7 @@ import numpy as np
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, queues
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable, memo
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
 LIGHT_TARGETS = 3
@@ -106,17 +106,14 @@ class _Items:
 
 
 #: `_Items` by (table token, interconnect, items): the few last, for the start placements of one search.
-_ITEMS: dict[tuple[object, ...], _Items] = memo({})
-_ITEMS_KEPT = 8
+_ITEMS: BoundedMemo[tuple[object, ...], _Items] = BoundedMemo(8)
 
 
 def _items(table: TaskTable, interconnect: Interconnect, members: Sequence[Sequence[int]]) -> _Items:
     key = (table.token, interconnect, tuple(map(tuple, members)))
     found = _ITEMS.get(key)
     if found is None:
-        if len(_ITEMS) >= _ITEMS_KEPT:
-            _ITEMS.pop(next(iter(_ITEMS)))
-        found = _ITEMS[key] = _Items(table, interconnect, members)
+        found = _ITEMS.add(key, _Items(table, interconnect, members))
     return found
 
 

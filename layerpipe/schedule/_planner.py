@@ -52,7 +52,7 @@ from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
 from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
 from layerpipe.schedule._ir import PeriodicSchedule
 from layerpipe.schedule._lags import _longest_lags, asap_times
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
@@ -219,8 +219,7 @@ def _flatten(chain: _Chain) -> tuple[Stage, ...]:
 #: `plan`'s results by (costs key, processors, replication). The pipedream policy and layerpipe's replicated
 #: candidate plan the same network on the same interconnect (design notes §11: LayerPipe's space holds
 #: PipeDream's plan), and sweeps plan one network at many N: the search is the planner's largest cost.
-_PLANS: dict[tuple[object, ...], Plan] = memo({})
-_PLANS_KEPT = 256
+_PLANS: BoundedMemo[tuple[object, ...], Plan] = BoundedMemo(256)
 
 
 def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
@@ -228,9 +227,7 @@ def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
     key = (costs.key(), num_procs, replication)
     found = _PLANS.get(key)
     if found is None:
-        if len(_PLANS) >= _PLANS_KEPT:
-            _PLANS.pop(next(iter(_PLANS)))  # oldest first: a bounded memo for long-lived processes
-        found = _PLANS[key] = _search_plan(costs, num_procs, replication)
+        found = _PLANS.add(key, _search_plan(costs, num_procs, replication))
     return found
 
 
@@ -344,17 +341,14 @@ def replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     key = (table.token, table.graph, plan_, num_procs, interconnect, coalesce)
     found = _REPLICATED.get(key)
     if found is None:
-        if len(_REPLICATED) >= _REPLICATED_KEPT:
-            _REPLICATED.pop(next(iter(_REPLICATED)))  # oldest first
-        found = _REPLICATED[key] = _replicated_timing(table, plan_, num_procs, interconnect, coalesce)
+        found = _REPLICATED.add(key, _replicated_timing(table, plan_, num_procs, interconnect, coalesce))
     t = found.timing
     return replace(found, placement=list(found.placement),
                    timing=Timing(list(t.start), list(t.lag), dict(t.staleness), dict(t.arrival)))
 
 
 #: `replicated_timing`'s memo (few entries: an unfolded table of a large network is large).
-_REPLICATED: dict[tuple[object, ...], Replicated] = memo({})
-_REPLICATED_KEPT = 16
+_REPLICATED: BoundedMemo[tuple[object, ...], Replicated] = BoundedMemo(16)
 
 
 @dataclass(frozen=True)
@@ -376,14 +370,12 @@ def replicated_layout(table: TaskTable, plan_: Plan, num_procs: int, interconnec
     key = (table.token, table.graph, plan_, num_procs, interconnect, coalesce)
     found = _LAYOUTS.get(key)
     if found is None:
-        if len(_LAYOUTS) >= _REPLICATED_KEPT:
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # oldest first
-        found = _LAYOUTS[key] = _layout(table, plan_, num_procs, interconnect, coalesce)
+        found = _LAYOUTS.add(key, _layout(table, plan_, num_procs, interconnect, coalesce))
     return found
 
 
 #: `replicated_layout`'s memo.
-_LAYOUTS: dict[tuple[object, ...], Layout] = memo({})
+_LAYOUTS: BoundedMemo[tuple[object, ...], Layout] = BoundedMemo(16)
 
 
 def _layout(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,

@@ -47,7 +47,7 @@ from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._engine import compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._task_table import memo
+from layerpipe.schedule._task_table import BoundedMemo
 from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
@@ -223,12 +223,10 @@ class NetworkKey:
 
 
 #: `training_graph`'s graphs by network value; the oldest dropped past the cap.
-_GRAPHS: dict[NetworkKey, TrainingGraph] = memo({})
-_GRAPHS_KEPT = 8
+_GRAPHS: BoundedMemo[NetworkKey, TrainingGraph] = BoundedMemo(8)
 #: `partition_contiguous`'s runs by (per-layer work, count): gpipe, 1f1b, zb-h1 and ooo's contiguous layout cut
 #: the same network into the same stages at one N.
-_RUNS: dict[tuple[tuple[int, ...], int], list[list[int]]] = memo({})
-_RUNS_KEPT = 64
+_RUNS: BoundedMemo[tuple[tuple[int, ...], int], list[list[int]]] = BoundedMemo(64)
 
 
 def training_graph(network: Network) -> TrainingGraph:
@@ -243,13 +241,11 @@ def training_graph(network: Network) -> TrainingGraph:
         return found
     if found is None:
         graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
-        if len(_GRAPHS) >= _GRAPHS_KEPT:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
     else:
         graph = replace(found, network=network)  # a new object: its caches start empty, so carry them over
         graph._costs.update(found._costs)
         graph.__dict__.update({k: v for k, v in found.__dict__.items() if k not in graph.__dict__})
-    _GRAPHS[key] = graph  # the latest object, with every cache filled so far
+    _GRAPHS.add(key, graph)  # the latest object, with every cache filled so far
     return graph
 
 
@@ -274,9 +270,7 @@ def contiguous_stages(network: Network, graph: TrainingGraph, model: CostModel, 
     key = (tuple(per_layer[i] for i in layers), count)
     runs = _RUNS.get(key)
     if runs is None:
-        if len(_RUNS) >= _RUNS_KEPT:
-            _RUNS.pop(next(iter(_RUNS)))
-        runs = _RUNS[key] = partition_contiguous(list(key[0]), count)
+        runs = _RUNS.add(key, partition_contiguous(list(key[0]), count))
     return [[layers[i] for i in run] for run in runs]
 
 

@@ -29,12 +29,31 @@ _CLEARS: list[Callable[[], None]] = []
 
 
 M = TypeVar("M", bound=dict[Any, Any])  # any memo dict
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def memo(table: M, clear: Callable[[], None] | None = None) -> M:
     """Register a module's memo dict (or, with `clear`, how to empty it and what it counts) for `clear_memos`."""
     _CLEARS.append(clear or table.clear)
     return table
+
+
+class BoundedMemo(dict[K, V]):
+    """A registered memo of at most `kept` entries, the oldest dropped first (a long-lived process, such as an
+    `explore` worker, keeps only the recent ones)."""
+
+    def __init__(self, kept: int) -> None:
+        super().__init__()
+        self.kept = kept
+        memo(self)
+
+    def add(self, key: K, value: V) -> V:
+        """Remember `value` under `key` (a new key drops the oldest entry when full) and return it."""
+        if key not in self and len(self) >= self.kept:
+            self.pop(next(iter(self)))
+        self[key] = value
+        return value
 
 
 def clear_memos() -> None:
@@ -130,8 +149,7 @@ class TaskTable:
 
 
 #: `table_of`'s memo: (network, graph options, cost model) → the table (read only, like every table).
-_TABLES: dict[tuple[object, ...], TaskTable] = memo({})
-_TABLES_KEPT = 16
+_TABLES: BoundedMemo[tuple[object, ...], TaskTable] = BoundedMemo(16)
 
 
 def table_of(network: Network, options: GraphOptions, model: CostModel) -> TaskTable:
@@ -143,9 +161,7 @@ def table_of(network: Network, options: GraphOptions, model: CostModel) -> TaskT
     except TypeError:
         return TaskTable.of(build_training_graph(network, options), model)
     if found is None:
-        if len(_TABLES) >= _TABLES_KEPT:
-            _TABLES.pop(next(iter(_TABLES)))  # oldest first
-        found = _TABLES[key] = TaskTable.of(build_training_graph(network, options), model)
+        found = _TABLES.add(key, TaskTable.of(build_training_graph(network, options), model))
     if found.graph.network is not network:  # an equal network: the result names the caller's own object
         found = replace(found, graph=found.graph.with_network(network))
     return found

@@ -45,7 +45,7 @@ from layerpipe.schedule._ir import (
     slot_order,
 )
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
 PhaseTask = tuple[str, int, int]
@@ -267,8 +267,7 @@ def _reader_copies(table: UnfoldedTable, placement: Sequence[int], start: Sequen
 #: `periodic_of`'s schedules by their inputs (table content, placement, timing, arrivals, floor): a policy scores
 #: its candidate timings on their schedules and then builds the winner's result from the same inputs, so the
 #: winner's schedule — and the read pins it keeps — is the one already scored. Bounded; oldest dropped first.
-_SCHEDULES: dict[tuple[object, ...], PeriodicSchedule] = memo({})
-_SCHEDULES_KEPT = 16
+_SCHEDULES: BoundedMemo[tuple[object, ...], PeriodicSchedule] = BoundedMemo(16)
 
 
 def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int], period: int,
@@ -282,9 +281,7 @@ def periodic_of(table: TaskTable, placement: Sequence[int], start: Sequence[int]
            tuple(sorted(arrival.items())) if arrival else (), tuple(floor))
     found = _SCHEDULES.get(key)
     if found is None:
-        if len(_SCHEDULES) >= _SCHEDULES_KEPT:
-            _SCHEDULES.pop(next(iter(_SCHEDULES)))
-        found = _SCHEDULES[key] = _periodic_of(table, placement, start, lag, period, num_procs, arrival, floor)
+        found = _SCHEDULES.add(key, _periodic_of(table, placement, start, lag, period, num_procs, arrival, floor))
     return found
 
 

@@ -47,7 +47,7 @@ from layerpipe.schedule._sync_policies import (
     ZBH1Options,
     schedule_synchronous,
 )
-from layerpipe.schedule._task_table import memo
+from layerpipe.schedule._task_table import BoundedMemo
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
 #: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design
@@ -128,8 +128,7 @@ GC_PAUSED_POLICIES: frozenset[str] = frozenset({"layerpipe", "pipedream", "piped
 
 
 #: `_has_work` by (cost model, network value): a sweep asks it of every point; the oldest dropped past the cap.
-_HAS_WORK: dict[tuple[object, NetworkKey], bool] = memo({})
-_HAS_WORK_KEPT = 64
+_HAS_WORK: BoundedMemo[tuple[object, NetworkKey], bool] = BoundedMemo(64)
 
 
 def _has_work(model: CostModel, network: Network) -> bool:
@@ -140,9 +139,7 @@ def _has_work(model: CostModel, network: Network) -> bool:
     except TypeError:  # a model that is not hashable is not remembered
         return any(network_costs(model, network).values())
     if known is None:
-        if len(_HAS_WORK) >= _HAS_WORK_KEPT:
-            _HAS_WORK.pop(next(iter(_HAS_WORK)))
-        known = _HAS_WORK[key] = any(network_costs(model, network).values())
+        known = _HAS_WORK.add(key, any(network_costs(model, network).values()))
     return known
 
 
