@@ -170,7 +170,9 @@ def test_a_hidden_layer_split_sums_the_partial_errors_bit_and_cycle_exact_in_ica
     _verify(design, tmp_path)
 
 
-@pytest.mark.slow  # an Icarus run: ~11 s of CPU
+@pytest.mark.slow  # an Icarus run: ~5 s of CPU
+# test_harness runs this design on Icarus (cocotb's bench: bit-exact, the simulator's cycles) and on the harness
+@pytest.mark.exhaustive
 def test_a_micro_batch_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) -> None:
     """mlp:64-16-4 on 4 PEs × 2 lanes, B = 4: fc1 in 4 parts of 4 rows; each sample's parts side by side in the
     concatenation (strided writes and reads, the senders' jumps between runs)."""
@@ -181,7 +183,8 @@ def test_a_micro_batch_split_runs_bit_and_cycle_exact_in_icarus(tmp_path: Path) 
     _verify(design, tmp_path)
 
 
-#: The points the three named Icarus tests above run (their pairs need no second run).
+#: The points the three named Icarus tests above run (their pairs need no second run; the micro-batch one's Icarus
+#: run in the suite is test_harness's).
 NAMED_ICARUS = [("mlp:64-8-4", 3, 4, 1), ("mlp:4-16-48-4", 3, 2, 1), ("mlp:64-16-4", 4, 2, 4)]
 
 

@@ -118,7 +118,7 @@ def test_cached_schedule_is_make_schedule_once_per_run(tmp_path: Path, monkeypat
     assert len(calls) == 2 and len(list(tmp_path.glob("*.pickle"))) == 3
 
 
-@pytest.mark.slow  # five exports of a small design: ~3 s of CPU
+@pytest.mark.slow  # four exports of a 1-PE design: ~1.5 s of CPU
 def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same text as `export_verilog`; computed once per (design inputs, debug) — an equal design made again
     is a hit, another T or the debug top is another entry; through `shared_verilog` the library's own calls hit
@@ -127,7 +127,7 @@ def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypat
     import layerpipe.hdl._flow as flow
 
     monkeypatch.setenv(conftest.SCHEDULE_CACHE_ENV, str(tmp_path))
-    design = flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 4)
+    design = flow.make_design("mlp:5-4-3", "layerpipe", 1, 1, 4)
     calls: list[bool] = []
     real = flow.export_verilog
 
@@ -138,14 +138,14 @@ def test_cached_verilog_is_export_verilog_once_per_run(tmp_path: Path, monkeypat
     monkeypatch.setattr(flow, "export_verilog", counting)
     text = conftest.cached_verilog(design)
     assert text == real(design) and calls == [False]
-    assert conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 4)) == text and calls == [False]
+    assert conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 1, 1, 4)) == text and calls == [False]
     assert conftest.cached_verilog(design, debug=True) != text and calls == [False, True]
-    conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 8))
+    conftest.cached_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 1, 1, 8))
     assert calls == [False, True, False] and len(list(tmp_path.glob("*.v"))) == 3 and not list(tmp_path.glob("*.tmp"))
     # as `shared_verilog` installs it: the library's own calls read the cache, a miss goes to `export`
     monkeypatch.setattr(flow, "export_verilog", functools.partial(conftest.cached_verilog, export=counting))
     assert flow.export_verilog(design) == text and calls == [False, True, False]
-    flow.export_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 2, 2, 6))
+    flow.export_verilog(flow.make_design("mlp:5-4-3", "layerpipe", 1, 1, 6))
     assert calls == [False, True, False, False] and len(list(tmp_path.glob("*.v"))) == 4
 
 
