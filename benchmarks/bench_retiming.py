@@ -144,9 +144,9 @@ def _steps(mod: types.ModuleType, graph: TrainingGraph, stages: Sequence[int], m
     timed = mod.timed_graph(graph, costs)
     solution = mod.solve_delays(graph, stages)
     problem = delays_now._problem(graph, delays_now._stage_of_task(graph, stages), True)
-    need = np.asarray(problem.required, dtype=np.int64) - problem.timed.delays
-    bounds = delays_now._bounds(problem.timed, need, problem.group_of_edge,
-                                [solution.delays[layer] for layer in problem.layers])
+    # the constraint system as the solver builds it (its edges as task indices: `_Problem`, since c28dd28)
+    need = np.asarray(problem.required, dtype=np.int64) - problem.edge_delays
+    bounds = delays_now._bounds(need, problem.group_of_edge, [solution.delays[layer] for layer in problem.layers])
     delayed = mod.timed_graph(graph, costs, solution.delays)
     retimed = mod.retimed_delays(timed, dict(solution.lags))
     small_timed = mod.timed_graph(small, small.costs(model))
@@ -160,8 +160,7 @@ def _steps(mod: types.ModuleType, graph: TrainingGraph, stages: Sequence[int], m
         "solve delays (+bounds)": lambda: dict(mod.solve_delays(graph, stages, model).delays),
         "solve delays": lambda: dict(mod.solve_delays(graph, stages).lags),
         "delays feasible": lambda: mod.delays_feasible(graph, stages, solution.delays),
-        "difference constraints": lambda: lags(mod.least_retiming(n, problem.timed.src, problem.timed.dst,
-                                                                  bounds)),
+        "difference constraints": lambda: lags(mod.least_retiming(n, problem.src, problem.dst, bounds)),
         "clock period": lambda: mod.clock_period(delayed),
         "legality check": lambda: mod.retiming_violations(timed, retimed),
         "loop bounds": lambda: [(b.layer, b.time, b.delays) for b in mod.loop_bounds(graph, costs)],
