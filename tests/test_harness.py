@@ -133,12 +133,11 @@ def test_observations_regroup_reads_per_run(row: list[int], lanes: int, repeat: 
 
 # ---- the real harness ----------------------------------------------------------------------------------
 
-#: benchmarks/bench_rtl.py's speed design (mlp:32-32-32-32-16, 4 PEs x 4 lanes) at T = 8 rather than its 32: the
-#: same hardware but for the iteration counters' widths, and the Icarus run that checks the harness against cocotb
-#: takes a quarter of the cycles (~15 s of CPU at T = 32).
 #: The micro-batch split design (test_hw_split's): fc1 in 4 parts over 4 PEs × 2 lanes, micro-batches of 4, T = 4 —
 #: the harness's hardest case (views of concatenated parts, strided writes, micro-batches). One harness build of
-#: it serves both that file's harness point (now in the exhaustive tier) and this check.
+#: it serves both that file's harness point (now in the exhaustive tier) and this check; its Verilog is the one
+#: test_hw_split lints. (The speed design of benchmarks/bench_rtl.py, mlp:32-32-32-32-16 on 4 PEs × 4 lanes, is
+#: that benchmark's own.)
 BENCH = ("mlp:64-16-4", "layerpipe", 4, 2, 4)
 BENCH_OPTIONS = {"batch": 4, "split_layers": True}
 
