@@ -12,17 +12,16 @@ from layerpipe.schedule._dep_csr import MAX_INDEX_CELLS
 from layerpipe.schedule._engine import (
     BusOrder,
     CompiledSchedule,
-    DeadlockError,
     LinkPlan,
     _array_dependencies,
     _events,
     _listed_dependencies,
     _run_links_events,
-    _sweep,
     bus_order,
     compile_schedule,
     run_timing,
 )
+from layerpipe.schedule._op_sweep import DeadlockError, _sweep
 from layerpipe.sim._interconnect import SimConfig
 
 __all__ = [

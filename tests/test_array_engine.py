@@ -27,8 +27,9 @@ from layerpipe.schedule import (
     policy_options,
 )
 from layerpipe.schedule._deps import STAGE_GRADIENT_KINDS, expand_stages
-from layerpipe.schedule._engine import _hold_cycles, _run_sweep, _sweep, compile_schedule
+from layerpipe.schedule._engine import _hold_cycles, compile_schedule
 from layerpipe.schedule._ir import OpColumns, op_order_key
+from layerpipe.schedule._op_sweep import _run_sweep, _sweep
 from layerpipe.schedule._runs import Runs, make_runs
 from layerpipe.schedule._sync_policies import MAX_STEP_SLOTS, _check_step_size, contiguous_stages
 from layerpipe.schedule._workload import Workload

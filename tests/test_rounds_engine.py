@@ -20,7 +20,8 @@ from layerpipe.errors import InputError
 from layerpipe.network import load_network
 from layerpipe.schedule import OpSchedule, StageInfo, _stage_programs
 from layerpipe.schedule._deps import expand_stages
-from layerpipe.schedule._engine import _hold_cycles, _sweep, compile_schedule, run_timing
+from layerpipe.schedule._engine import _hold_cycles, compile_schedule, run_timing
+from layerpipe.schedule._op_sweep import _sweep
 from layerpipe.schedule._rounds import MAX_INPUTS, MIN_PROCS, LinkSends, sweep_rounds
 from layerpipe.schedule._sync_policies import contiguous_stages
 from layerpipe.schedule._workload import Workload

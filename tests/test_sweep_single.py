@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from layerpipe.schedule import OpSchedule, dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
-from layerpipe.schedule._engine import _sweep, _sweep_single, compile_schedule, run_timing
+from layerpipe.schedule._engine import compile_schedule, run_timing
+from layerpipe.schedule._op_sweep import _sweep, _sweep_single
 from layerpipe.sim import DeadlockError, Workload
 
 GENERATORS = {

@@ -68,12 +68,11 @@ from layerpipe.schedule._dep_csr import (
     _task_edge_dependencies,
 )
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
-from layerpipe.schedule._op_sweep import (  # noqa: F401 - DeadlockError, _sweep: the engine's names, as before
+from layerpipe.schedule._op_sweep import (
     STAGE_ROUNDS_MIN_PROCS,
     DeadlockError,
     _check_finished,
     _run_sweep,
-    _sweep,
     _sweep_first,
     _sweep_single,
 )
