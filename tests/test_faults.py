@@ -13,11 +13,16 @@ start per kill, so 20 kills cost seconds, not minutes (the report's schedules ar
 first, see its test). The child makes itself a process group, so its workers
 can be found after it dies. Kill times are drawn from a seeded generator over the length of a complete run.
 
-Forking a process that runs other threads copies their locks as they were: a lock another thread held at the fork
-is held for ever in the child. tqdm's monitor thread (started by the first progress bar in this xdist worker, any
-earlier test's) takes tqdm's lock every few seconds, and a child forked inside that window hung on its own first
-bar until pytest-timeout (CI, 900 s). So the monitor is stopped before every fork and never restarted in this
-process, and each wait on a child has a deadline that fails the test in CHILD_SECONDS with what was running.
+A forked child shares tqdm's lock with this process in two ways, and both hung CI until pytest-timeout (900 s):
+- Forking a process that runs other threads copies their locks as they were: a lock another thread held at the
+  fork is held for ever in the child. tqdm's monitor thread (started by the first progress bar in this xdist
+  worker, any earlier test's) takes tqdm's lock every few seconds, and a child forked inside that window hung on
+  its own first bar. So the monitor is stopped before every fork and never restarted in this process.
+- tqdm's lock includes a multiprocessing semaphore, which a fork shares rather than copies. Every bar takes it,
+  even a disabled one; a child SIGKILLed while holding it left it held for ever, so the next child and then this
+  worker's next bar (another test's) hung. So each child makes its own tqdm locks first thing (`_own_tqdm_locks`),
+  as a separately started `layerpipe` process would have.
+Each wait on a child has a deadline that fails the test in CHILD_SECONDS with what was running.
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ def _no_monitor_thread() -> None:
         tqdm.monitor = None
 
 
+def _own_tqdm_locks() -> None:
+    """In a forked child: tqdm locks of its own, so that killing it cannot leave this process's held (docstring)."""
+    import multiprocessing
+    import threading
+
+    from tqdm import tqdm
+    from tqdm.std import TqdmDefaultWriteLock
+
+    TqdmDefaultWriteLock.th_lock = threading.RLock()
+    TqdmDefaultWriteLock.mp_lock = multiprocessing.RLock()
+    tqdm.set_lock(TqdmDefaultWriteLock())
+
+
 def _wait(pid: int) -> int:
     """waitpid with a deadline: a hung child is killed (its group too) and the test fails naming it."""
     deadline = time.monotonic() + CHILD_SECONDS
@@ -73,6 +91,7 @@ def _spawn(work: Callable[[], int], cwd: Path) -> int:
         code = 99
         try:
             os.setpgid(0, 0)
+            _own_tqdm_locks()
             os.chdir(cwd)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
@@ -199,6 +218,34 @@ def test_forks_start_with_no_tqdm_monitor_thread() -> None:
         assert not any(t.name == "tqdm_monitor" and t.is_alive() for t in threading.enumerate())
     finally:
         tqdm.monitor_interval = saved
+
+
+def test_a_child_killed_holding_tqdms_lock_blocks_no_one(tmp_path: Path) -> None:
+    """The second hang CI met: a child SIGKILLed inside a bar's lock. Afterwards this process and a new child both
+    take tqdm's lock at once (before `_own_tqdm_locks`, the shared semaphore stayed held and both waited for ever)."""
+    from tqdm import tqdm
+    from tqdm.std import TqdmDefaultWriteLock
+
+    tqdm.get_lock()  # this process's locks exist before the fork, as after any earlier bar
+    held = tmp_path / "held"
+
+    def hold() -> int:
+        tqdm.get_lock().acquire()
+        held.write_text("1")
+        time.sleep(60)
+        return 0
+
+    pid = _spawn(hold, tmp_path)
+    deadline = time.monotonic() + CHILD_SECONDS
+    while not held.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held.exists(), "the child never took the lock"
+    os.kill(pid, signal.SIGKILL)
+    assert os.waitstatus_to_exitcode(_wait(pid)) == -signal.SIGKILL
+    mp_lock = TqdmDefaultWriteLock.mp_lock
+    assert mp_lock is not None and mp_lock.acquire(timeout=5), "the killed child left this process's tqdm lock held"
+    mp_lock.release()
+    _complete(lambda: tqdm(total=1, disable=True).close() or 0, tmp_path)
 
 
 def test_a_hung_child_fails_the_test_in_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
