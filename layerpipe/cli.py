@@ -2,9 +2,12 @@
 
 Each subcommand lives in its own module under `layerpipe.commands` and exposes `register(subparsers)`,
 which adds its parser and sets `handler`; the module is imported only when its subcommand runs
-(`COMMANDS` holds the names and help lines `--help` lists). Bad input of any kind (`InputError`, argparse
-errors) and every other expected failure (`expected_failure`: a missing extra, a refused path, too deep, too
-large, not UTF-8) prints one line on stderr and exits 2; no traceback, no half-written output.
+(`COMMANDS` holds the names and help lines `--help` lists). A command module imports at module level only what
+its parser needs (the registries' names come from `layerpipe.commands._names`) and its handler imports the rest,
+so `layerpipe CMD --help` and argument errors load no numeric library either (issue 14 item 3). Bad input of
+any kind (`InputError`, argparse errors) and every other expected failure (`expected_failure`: a missing extra, a
+refused path, too deep, too large, not UTF-8) prints one line on stderr and exits 2; no traceback, no
+half-written output.
 """
 
 from __future__ import annotations

@@ -178,8 +178,67 @@ def test_subcommand_help_imports_only_its_own_module(command: str) -> None:
     loaded = _imported_after(f"import io; from layerpipe.cli import main; sys.stdout = io.StringIO(); "
                              f"main([{command!r}, '--help'])")
     assert f"layerpipe.commands.{command}" in loaded
-    own = {f"layerpipe.commands.{command}"} | {f"layerpipe.commands.{m}" for m in ("_common", "schedule", "rtl")}
+    own = {f"layerpipe.commands.{command}"} | {f"layerpipe.commands.{m}" for m in ("_common", "_names", "schedule",
+                                                                                    "rtl")}
     assert not {m for m in loaded if m.startswith("layerpipe.commands.") and m not in own}
+
+
+#: Per command, argument errors argparse itself refuses (a missing required argument, a bad type, a bad choice),
+#: before the handler runs. NETWORK and folder names are never read: the error comes first.
+PARSE_ERRORS: dict[str, list[list[str]]] = {
+    "graph": [[], ["mlp:4-4", "--format", "nope"], ["mlp:4-4", "--batch", "0"]],
+    "delays": [["mlp:4-4"], ["mlp:4-4", "--stages", "even:2", "--weight-mode", "nope"]],
+    "schedule": [[], ["mlp:4-4", "--policy", "layerpipe", "-n", "0"],
+                 ["mlp:4-4", "--policy", "ooo", "-n", "2", "--allocation", "nope"]],
+    "compare": [["mlp:4-4"], ["mlp:4-4", "-n", "x"], ["mlp:4-4", "-n", "2", "--format", "nope"]],
+    "simulate": [[], ["mlp:4-4", "--policy", "nope"],
+                 ["mlp:4-4", "--policy", "layerpipe", "--out", "o", "--functional", "nope"],
+                 ["mlp:4-4", "--policy", "layerpipe", "--out", "o", "--samples", "0"]],
+    "rtl": [[], *(["mlp:4-4", "--policy", "layerpipe", "-n", "2", "--lanes", "2", "--out", "o", *bad]
+                  for bad in (["--part", "nope"], ["--router", "nope"], ["--sample-depth", "3"]))],
+    "verify": [[], ["mlp:4-4", "--policy", "layerpipe", "-n", "2", "--lanes", "2", "--samples", "2", "--sim", "x"]],
+    "explore": [[], ["--out", "o.csv", "-n", "x"]],
+    "report": [["--out", ""]],
+    "profile": [[], ["mlp:4-4", "--repeats", "0"]],
+}
+#: What neither a subcommand's --help nor its argument errors may import (issue 14 item 3: `simulate --help` took
+#: 130-300 ms CPU importing them to build its parser): the handlers import them when the command runs.
+HEAVY_FOR_SUBCOMMANDS = (*(m for m in HEAVY if m != "layerpipe.commands._common"), "layerpipe.hdl", "tqdm")
+
+
+def test_subcommand_help_and_argument_errors_import_no_heavy_library(tmp_path: Path) -> None:
+    """Every subcommand's `--help` and its parse-time argument errors, all in one fresh process (one start, not
+    one per case): each exits as before (0 for help; 2 with argparse's one line naming the command), and then
+    none of numpy, scipy, networkx, matplotlib, amaranth, torch, yaml, tqdm or the scheduling, simulator, RTL and
+    DSE packages is loaded. The parsers take registry names from `layerpipe.commands._names`."""
+    cases = [[name, "--help"] for name in COMMANDS] + [[name, *argv] for name, errors in PARSE_ERRORS.items()
+                                                      for argv in errors]
+    assert set(PARSE_ERRORS) == set(COMMANDS)
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "from layerpipe.cli import main\n"
+        "results = []\n"
+        f"for argv in {cases!r}:\n"
+        "    out, err = io.StringIO(), io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as exit_:\n"
+        "            code = exit_.code\n"
+        "    results.append([argv, code, err.getvalue()])\n"
+        "print(json.dumps({'results': results, 'modules': sorted(sys.modules)}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    for argv, code, err in doc["results"]:
+        if argv[1:] == ["--help"]:
+            assert (code, err) == (0, ""), argv
+        else:  # argparse's error names the subcommand's prog (a handler's InputError would not)
+            assert code == 2 and err.count("\n") == 1, (argv, err)
+            assert err.startswith(("layerpipe: error: layerpipe ", "layerpipe: error: layerpipe: ")), (argv, err)
+    assert not list(tmp_path.iterdir())
+    assert not [m for m in doc["modules"] if m.startswith(HEAVY_FOR_SUBCOMMANDS)]
 
 
 def test_listed_help_lines_are_the_modules_own() -> None:

@@ -1,4 +1,9 @@
-"""Helpers shared by the CLI subcommands: argument types, atomic output, tables."""
+"""Helpers shared by the CLI subcommands: argument types, atomic output, tables.
+
+Every command's parser imports this module, so at module level it imports only the standard library and cheap
+layerpipe modules (issue 14 item 3: `layerpipe CMD --help` in well under 100 ms); the cost models and the
+interconnects are imported by the functions that build them, when a command runs.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from layerpipe._files import check_creatable, check_output_file, check_output_folder, write_atomic
-from layerpipe.costs import COST_MODELS
+from layerpipe.commands._names import COST_MODEL_TAKES
 from layerpipe.errors import InputError
 
 __all__ = ["write_atomic"]  # re-exported: commands import their file helpers from here or from layerpipe._files
@@ -131,8 +136,9 @@ def add_network_args(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch size B (default: the network's own, 1 for built-ins)")
 
 
-#: What each cost model takes from the command line (besides its name), from the one registry.
-COST_MODEL_OPTIONS = {name: tuple(f"--{p}" for p in kind.takes) for name, kind in COST_MODELS.items()}
+#: What each cost model takes from the command line (besides its name): the registry's `takes`, from the static
+#: copy the parsers use (tests/test_cli_names.py holds it equal to `layerpipe.costs.COST_MODELS`).
+COST_MODEL_OPTIONS = {name: tuple(f"--{p}" for p in takes) for name, takes in COST_MODEL_TAKES.items()}
 _DEFAULT_LANES = 64
 _DEFAULT_OVERHEAD = 16
 
@@ -140,7 +146,7 @@ _DEFAULT_OVERHEAD = 16
 def add_cost_args(parser: argparse.ArgumentParser, default: str = "pe") -> None:
     # --lanes/--overhead default to None so that `cost_model_from_args` can tell a flag the chosen model
     # ignores (an error) from one left out (the model's default).
-    parser.add_argument("--cost-model", default=default, help=f"{', '.join(COST_MODELS)} (default {default})")
+    parser.add_argument("--cost-model", default=default, help=f"{', '.join(COST_MODEL_TAKES)} (default {default})")
     parser.add_argument("--lanes", type=positive_int("--lanes", MAX_LANES), default=None,
                         help=f"MACs per cycle (pe, rtl; default {_DEFAULT_LANES})")
     parser.add_argument("--overhead", type=non_negative_int("--overhead", MAX_OVERHEAD), default=None,

@@ -14,6 +14,7 @@ import argparse
 import csv
 import io
 import sys
+from typing import TYPE_CHECKING
 
 from layerpipe.commands._common import (
     add_cost_args,
@@ -26,10 +27,11 @@ from layerpipe.commands._common import (
     interconnect_from_args,
     to_json,
 )
+from layerpipe.commands._names import MAX_PROCS, POLICY_NAMES
 from layerpipe.errors import InputError
-from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.network import load_network
-from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
+
+if TYPE_CHECKING:  # the handler imports what the work needs (the schedule package: numpy, networkx); not the parser
+    from layerpipe.interconnect import Interconnect
 
 COLUMNS = ("network", "batch", "interconnect", "num_procs", "policy", "cycles_per_sample", "lower_bound_cycles",
            "utilization_pct", "speedup_vs_baseline", "traffic_words_per_sample", "weight_versions", "max_staleness")
@@ -41,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("networks", nargs="+", metavar="NETWORK", help="zoo names, mlp:W0-W1-..., FILE.yaml")
     p.add_argument("-n", "--num-procs", dest="num_procs", type=int_list("-n/--num-procs", maximum=MAX_PROCS),
                    required=True, help="processor counts, e.g. 7,8,9 or 2-16")
-    p.add_argument("--policies", default=None, help=f"comma-separated subset of {', '.join(POLICIES)}")
+    p.add_argument("--policies", default=None, help=f"comma-separated subset of {', '.join(POLICY_NAMES)}")
     p.add_argument("--baseline", default="pipedream", help="policy the speedups are relative to (default pipedream)")
     add_network_args(p)
     add_cost_args(p)
@@ -62,6 +64,10 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
     """The comparison rows; `policies=None` means every policy that runs on each network. Every policy is
     scheduled on `interconnect` (default `shared`), and each row names it. `options` (option name → value)
     go to every compared policy that has them; one that no compared policy has is an error."""
+    from layerpipe.interconnect import SHARED
+    from layerpipe.network import load_network
+    from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
+
     interconnect = interconnect or SHARED
     given = dict(options or {})
     for option in given:
@@ -124,6 +130,8 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.schedule.policies import POLICIES, get_policy
+
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies is not None else None
     if policies is not None and not policies:
         raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
@@ -203,6 +211,8 @@ def describe_model(model) -> str:
 
 def render(rows: list[dict[str, object]], fmt: str, baseline: str, model: str = "",
            model_json: dict[str, object] | None = None, interconnect: Interconnect | None = None) -> str:
+    from layerpipe.interconnect import SHARED
+
     interconnect = interconnect or SHARED
     if fmt == "json":
         # the model as fields, not the table legend's prose ("cost model pe (lanes 64, overhead 16)")

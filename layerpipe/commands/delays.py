@@ -16,8 +16,7 @@ from layerpipe.commands._common import (
     format_table,
     to_json,
 )
-from layerpipe.dfg import WEIGHT_MODES, GraphOptions, build_training_graph
-from layerpipe.network import load_network
+from layerpipe.commands._names import WEIGHT_MODES
 
 if TYPE_CHECKING:  # retiming imports numpy: load it in the handler, not when the CLI builds its parser
     from layerpipe.retiming import DelaySolution, IterationBound
@@ -38,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.dfg import GraphOptions, build_training_graph
+    from layerpipe.network import load_network
     from layerpipe.retiming import solve_delays
     from layerpipe.stages import parse_stage_map
 

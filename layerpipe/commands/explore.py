@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from layerpipe.commands._common import int_list, output_file, positive_int
-from layerpipe.costs import COST_MODELS
-from layerpipe.schedule.policies import MAX_PROCS
+from layerpipe.commands._names import COST_MODEL_TAKES, MAX_PROCS
 
 if TYPE_CHECKING:
     from layerpipe.dse import SweepSpec
@@ -34,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reverse-first-k", dest="reverse_first_k", default=None, metavar="K[,K...]",
                    help="dp-ooo: reverse first-k values to sweep, integers >= 0 or auto (default auto)")
     p.add_argument("--batch", type=positive_int("--batch"), default=1)
-    sweepable = ", ".join(name for name, kind in COST_MODELS.items() if "profile" not in kind.takes)
-    p.add_argument("--cost-model", default="pe", help=f"{sweepable} (default pe)")  # the one registry's names
+    sweepable = ", ".join(name for name, takes in COST_MODEL_TAKES.items() if "profile" not in takes)
+    p.add_argument("--cost-model", default="pe", help=f"{sweepable} (default pe)")  # the registry's names
     p.add_argument("--area", action="store_true",
                    help="add RTL area figures: place and route on ecp5-85k with the PyPI yosys + nextpnr (Debian "
                         "yosys iCE40 statistics without them; MLP points only; minutes per point, cached)")

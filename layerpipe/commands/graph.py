@@ -20,11 +20,9 @@ from layerpipe.commands._common import (
     format_table,
     to_json,
 )
-from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
-from layerpipe.network import load_network
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the DFG and the networks import numpy: load them in the handler, not when the parser is built
     from layerpipe.costs import CostModel
     from layerpipe.dfg import TrainingGraph
     from layerpipe.network import Network
@@ -49,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.dfg import GraphOptions, build_training_graph
+    from layerpipe.network import load_network
+
     net = load_network(args.network, args.batch)
     model = cost_model_from_args(args, net)
     graph = build_training_graph(net, GraphOptions(intra=not args.no_intra, inter=not args.no_inter))

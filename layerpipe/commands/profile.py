@@ -16,7 +16,6 @@ from layerpipe.commands._common import (
     output_file,
     positive_int,
 )
-from layerpipe.network import load_network
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from layerpipe.commands._common import require_extras
 
     require_extras("profile", "torch")
+    from layerpipe.network import load_network  # numpy: at run time, not when the parser is built
     from layerpipe.profile import profile_network
 
     net = load_network(args.network, args.batch)

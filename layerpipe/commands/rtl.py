@@ -26,6 +26,7 @@ from typing import Any
 
 from layerpipe._files import check_output_folder, owns_names, staged_folder, write_atomic
 from layerpipe.commands._common import ArgumentValueError, format_table, int_in, positive_int, to_json
+from layerpipe.commands._names import FPGA_PARTS, FPGA_ROUTERS
 from layerpipe.errors import InputError
 
 
@@ -88,19 +89,17 @@ def _output_dir(text: str) -> str:
         raise ArgumentValueError(str(exc)) from None
 
 
+# The names, not the FPGA flow's tables: a bad --part is a parse error, and importing hdl/_fpga.py for it
+# (hashlib, importlib.metadata) cost ~30 ms of the error's start.
 def _part_name(text: str) -> str:
-    from layerpipe.hdl._fpga import PARTS
-
-    if text not in PARTS:
-        raise ArgumentValueError(f"must be one of {', '.join(PARTS)}, got '{text}'")
+    if text not in FPGA_PARTS:
+        raise ArgumentValueError(f"must be one of {', '.join(FPGA_PARTS)}, got '{text}'")
     return text
 
 
 def _router_name(text: str) -> str:
-    from layerpipe.hdl._fpga import ROUTERS
-
-    if text not in ROUTERS:
-        raise ArgumentValueError(f"must be one of {', '.join(ROUTERS)}, got '{text}'")
+    if text not in FPGA_ROUTERS:
+        raise ArgumentValueError(f"must be one of {', '.join(FPGA_ROUTERS)}, got '{text}'")
     return text
 
 
@@ -114,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="output directory (new, empty or an earlier run's; replaced atomically)")
     p.add_argument("--no-synth", action="store_true", help="do not run yosys even when it is installed")
     p.add_argument("--part", default=None, type=_part_name, help="FPGA part for synthesis, place and route: "
-                   "ecp5-25k, ecp5-45k, ecp5-85k, ice40-up5k, ice40-hx8k (default: yosys statistics only)")
+                   f"{', '.join(FPGA_PARTS)} (default: yosys statistics only)")
     p.add_argument("--freq", type=float, default=None,
                    help="nextpnr target frequency in MHz with --part (default 100; Fmax is reported either way)")
     p.add_argument("--router", default=None, type=_router_name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from layerpipe.commands._common import (
     add_cost_args,
@@ -26,11 +27,11 @@ from layerpipe.commands._common import (
     positive_int,
     to_json,
 )
+from layerpipe.commands._names import MAX_PROCS, POLICY_NAMES
 from layerpipe.errors import InputError
-from layerpipe.network import load_network
-from layerpipe.schedule import ScheduleResult, dump_schedule
-from layerpipe.schedule._sync_policies import schedule_stages
-from layerpipe.schedule.policies import MAX_PROCS, POLICIES, get_policy, make_schedule, policy_options
+
+if TYPE_CHECKING:  # the schedule package imports numpy and networkx: the handler loads it, not the parser
+    from layerpipe.schedule import ScheduleResult
 
 #: Most iterations `--format csv` unrolls a periodic schedule for.
 MAX_ITERATIONS = 100_000
@@ -149,7 +150,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("schedule", help="one policy's schedule of a network on N processors",
                        description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("network", nargs="?", help="zoo name, mlp:W0-W1-..., or FILE.yaml (omit with --stages)")
-    p.add_argument("--policy", required=True, help=f"one of {', '.join(POLICIES)}")
+    p.add_argument("--policy", required=True, help=f"one of {', '.join(POLICY_NAMES)}")
     p.add_argument("-n", "--num-procs", dest="num_procs", type=positive_int("-n/--num-procs", MAX_PROCS), default=None,
                    help="number of processors N")
     p.add_argument("--stages", type=positive_int("--stages", MAX_PROCS), default=None,
@@ -170,6 +171,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from layerpipe.network import load_network
+    from layerpipe.schedule._sync_policies import schedule_stages
+    from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options
+
     policy = get_policy(args.policy)
     options = policy_options(args.policy, given_options(args), OPTION_FLAGS)
     if args.stages is not None:
@@ -215,6 +220,8 @@ def describe(result: ScheduleResult) -> dict[str, object]:
 
 
 def render(result: ScheduleResult, fmt: str, iterations: int | None = None) -> str:
+    from layerpipe.schedule import dump_schedule
+
     if fmt == "json":
         doc = describe(result)
         doc["schedule"] = json.loads(dump_schedule(result.schedule, "json"))

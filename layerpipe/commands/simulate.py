@@ -19,9 +19,7 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from layerpipe._files import owns_names, read_text_limited, staged_folder
 from layerpipe.commands._common import (
@@ -37,24 +35,20 @@ from layerpipe.commands._common import (
     replaceable_folder,
     to_json,
 )
-from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.commands._names import WEIGHT_MODES
 from layerpipe.errors import InputError
-from layerpipe.network import Network, load_network
-from layerpipe.schedule import OpSchedule, PeriodicSchedule, StageInfo, load_schedule
-from layerpipe.sim import (
-    MODES,
-    SimConfig,
-    SimResult,
-    Workload,
-    compile_schedule,
-    policy_ops,
-    simulate_compiled,
-    simulated_network,
-)
 
-#: What a run simulates: the schedule, its workload (or, for the policies the stream engine times, the timed
-#: result itself), the network (None for a stage-level schedule file) and the fields metrics.json starts with.
-SimInputs = tuple[OpSchedule, Workload | SimResult, Network | None, dict[str, object]]
+if TYPE_CHECKING:  # numpy, the schedule package and the simulator load in the handler, not with the parser
+    import numpy as np
+
+    from layerpipe.dfg import GraphOptions
+    from layerpipe.network import Network
+    from layerpipe.schedule import OpSchedule
+    from layerpipe.sim import SimConfig, SimResult, Workload
+
+    #: What a run simulates: the schedule, its workload (or, for the policies the stream engine times, the timed
+    #: result itself), the network (None for a stage-level schedule file) and the fields metrics.json starts with.
+    SimInputs = tuple[OpSchedule, Workload | SimResult, Network | None, dict[str, object]]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training samples T to run (with --policy; default 8 iterations' worth)")
     p.add_argument("--functional", choices=("float64", "fixed"), default=None,
                    help="also execute the numerics in the simulated order and versions")
-    p.add_argument("--mode", default="stash", help=f"weight mode: {', '.join(MODES)} (default stash)")
+    p.add_argument("--mode", default="stash", help=f"weight mode: {', '.join(WEIGHT_MODES)} (default stash)")
     p.add_argument("--lr", type=positive_float("--lr"), default=2.0 ** -4,
                    help="learning rate (fixed point: a power of two 2^-k; default 2^-4)")
     p.add_argument("--total-bits", type=int, default=16, help="fixed point: total bits n (default 16)")
@@ -106,6 +100,8 @@ class _Gone(argparse.Action):
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
     """The simulator's configuration: the weight mode and the interconnect (`rtl` at the cost model's lanes)."""
+    from layerpipe.sim import MODES, SimConfig
+
     if args.mode not in MODES:
         raise InputError(f"--mode '{args.mode}' is not one of {', '.join(MODES)}")
     if args.schedule is not None and args.stage_costs is not None and args.network is None:
@@ -117,6 +113,8 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from layerpipe.sim import SimResult, compile_schedule, simulate_compiled
 
     config = sim_config(args)
     fmt = _fixed_format(args) if args.functional == "fixed" else None
@@ -164,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_policy(args: argparse.Namespace, config: SimConfig) -> SimInputs:
     from layerpipe.commands.schedule import OPTION_FLAGS, given_options
+    from layerpipe.network import load_network
     from layerpipe.schedule.policies import STREAM_ENGINE_POLICIES, make_schedule, policy_options
-    from layerpipe.sim import simulate_policy_result
+    from layerpipe.sim import policy_ops, simulate_policy_result, simulated_network
 
     if args.network is None:
         raise InputError("NETWORK is required with --policy")
@@ -198,6 +197,11 @@ def _from_policy(args: argparse.Namespace, config: SimConfig) -> SimInputs:
 
 
 def _from_file(args: argparse.Namespace, config: SimConfig) -> SimInputs:
+    from layerpipe.dfg import build_training_graph
+    from layerpipe.network import load_network
+    from layerpipe.schedule import PeriodicSchedule, StageInfo, load_schedule
+    from layerpipe.sim import Workload
+
     if args.num_procs is not None or args.samples is not None:
         raise InputError("-n and --samples go with --policy; a --schedule file fixes processors and iterations")
     path = Path(args.schedule)
@@ -320,6 +324,8 @@ def _schedule_format(path: Path, text: str, given: str) -> str:
 
 def _graph_options(schedule: OpSchedule, mode: str) -> GraphOptions:
     """The DFG switches a layer-level schedule's kinds imply (a fused kind says which split is off)."""
+    from layerpipe.dfg import GraphOptions
+
     kinds = {op.kind for op in schedule.ops()}
     intra = not kinds & {"EG", "AEG"}
     inter = not kinds & {"AE", "AEG"}
@@ -367,6 +373,8 @@ def _functional(args: argparse.Namespace, network: Network, schedule: OpSchedule
 
 def _npz(arrays: dict[str, np.ndarray]) -> Callable[[Path], None]:
     def write(path: Path) -> None:
+        import numpy as np
+
         # allow_pickle is savez's default, named so no array name can be matched to it (mypy checks that)
         np.savez(path, allow_pickle=True, **{k: arrays[k] for k in sorted(arrays)})
 
