@@ -257,11 +257,12 @@ def step_cycles(p: DPPlan, interconnect: Interconnect) -> float:
 
 
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
-             interconnect: Interconnect, comm_priority: bool = False) -> int:
+             interconnect: Interconnect, comm_priority: bool = False) -> tuple[int, float]:
     """`auto`: the K with the fastest simulated step, the smallest on ties, found coarse to fine: every
     g-th K in 0..L_w (g = ⌈L_w / 8⌉, L_w included), then every K within g of the best of those. With
     L_w ≤ 8 weight layers that is every K; beyond, a K between grid points can be missed when the step time
-    has a narrow dip there (the search costs about 8 + 2g simulations instead of L_w + 1)."""
+    has a narrow dip there (the search costs about 8 + 2g simulations instead of L_w + 1). Returns K and its
+    step's cycles (`step_cycles`), which the schedule reports without simulating that K again."""
     weights = len(weight_layers(network))
     grid = max(1, -(-weights // 8))
     times: dict[int, float] = {}
@@ -273,7 +274,8 @@ def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: i
         return min(sorted(times), key=lambda k: (times[k], k))
 
     coarse = best(sorted(set(range(0, weights + 1, grid)) | {weights}))
-    return best(list(range(max(0, coarse - grid + 1), min(weights, coarse + grid - 1) + 1)))
+    k = best(list(range(max(0, coarse - grid + 1), min(weights, coarse + grid - 1) + 1)))
+    return k, times[k]
 
 
 def schedule_dp(network: Network, num_procs: int, model: CostModel, options: DPOptions,
@@ -286,20 +288,24 @@ def schedule_dp_ooo(network: Network, num_procs: int, model: CostModel, options:
                     interconnect: Interconnect = SHARED) -> ScheduleResult:
     check_interconnect(interconnect)
     k = options.reverse_first_k
+    step = None
     if k == "auto":
-        k = choose_k(network, num_procs, model, options.bucket_words, interconnect, options.comm_priority)
+        k, step = choose_k(network, num_procs, model, options.bucket_words, interconnect, options.comm_priority)
     assert isinstance(k, int)
     return _schedule("dp-ooo", network, num_procs, model, replace(options, reverse_first_k=k), k,
-                     options.bucket_words, interconnect, options.comm_priority)
+                     options.bucket_words, interconnect, options.comm_priority, step)
 
 
 def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, options: object, k: int,
-              bucket_words: int, interconnect: Interconnect, comm_priority: bool) -> ScheduleResult:
+              bucket_words: int, interconnect: Interconnect, comm_priority: bool,
+              step: float | None = None) -> ScheduleResult:
+    """`step`: the plan's `step_cycles` when the caller has it (`choose_k` simulated the chosen K)."""
     check_interconnect(interconnect)
     if not weight_layers(network):
         raise InputError(f"{policy}: network {network.name} has no weight layers to all-reduce")
     p = plan(network, num_procs, model, k, bucket_words, comm_priority)
-    step = step_cycles(p, interconnect)
+    if step is None:
+        step = step_cycles(p, interconnect)
     work = sum(p.costs.values())
     samples = num_procs * network.batch
     chunk_words = sum(-(-sum(network.layer(layer).weight_count for layer in group) // num_procs)
