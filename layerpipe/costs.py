@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from layerpipe._rtl_costs import RTLCostModel
-from layerpipe.errors import InputError
+from layerpipe.errors import InputError, unknown_name
 from layerpipe.network import Layer, Network
 
 ATOMIC_KINDS = "FAEGU"
@@ -177,7 +177,7 @@ def make_cost_model(name: str, *, lanes: int = 64, overhead: int = 16, profile: 
     """A cost model by name (a key of `COST_MODELS`), given the parameters it takes."""
     kind = COST_MODELS.get(name)
     if not isinstance(kind, CostModelKind):
-        raise InputError(f"unknown cost model '{name}'; allowed: {', '.join(COST_MODELS)}")
+        raise unknown_name("cost model", name, COST_MODELS)
     given = {"lanes": lanes, "overhead": overhead, "profile": profile}
     return kind.make(**{key: given[key] for key in kind.takes})
 

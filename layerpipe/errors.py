@@ -4,6 +4,16 @@ The CLI turns it into a single line on stderr and exit status 2; nothing else in
 Messages name the field and the values it allows.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 
 class InputError(ValueError):
     """Bad input from a user: a spec, a file, a flag. The message is one line, shown as is."""
+
+
+def unknown_name(kind: str, name: str, allowed: Iterable[str]) -> InputError:
+    """The error for a name that is not in a registry, "unknown policy 'x'; allowed: a, b": one wording for the
+    registries themselves and for the CLI's early check of their names (`layerpipe.commands._common`)."""
+    return InputError(f"unknown {kind} '{name}'; allowed: {', '.join(allowed)}")

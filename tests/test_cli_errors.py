@@ -201,18 +201,39 @@ PARSE_ERRORS: dict[str, list[list[str]]] = {
     "report": [["--out", ""]],
     "profile": [[], ["mlp:4-4", "--repeats", "0"]],
 }
+_POLICIES = ("layerpipe, pipedream, pipedream-2bw, gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, zbv, dualpipev, "
+             "looped-bfs, ooo, optimal, dp, dp-ooo, stream, stream-ooo")
+#: Misspelt registry names, which the handlers check against the static names before importing the registries
+#: (`_common.check_registry_names`), with the registry's own message. NETWORK and folders are never read.
+NAME_ERRORS: list[tuple[list[str], str]] = [
+    (["schedule", "mlp:4-4", "--policy", "nope", "-n", "2"], f"unknown policy 'nope'; allowed: {_POLICIES}"),
+    (["schedule", "nonet", "--policy", "gpipe", "-n", "2", "--cost-model", "x"],
+     "unknown cost model 'x'; allowed: macs, pe, profiled, rtl"),
+    (["simulate", "nonet", "--policy", "nope", "-n", "2", "--out", "o"], f"unknown policy 'nope'; allowed: {_POLICIES}"),
+    (["simulate", "nonet", "--policy", "gpipe", "-n", "2", "--out", "o", "--mode", "x"],
+     "--mode 'x' is not one of stash, latest, ema"),
+    (["simulate", "nonet", "--policy", "gpipe", "-n", "2", "--out", "o", "--cost-model", "x"],
+     "unknown cost model 'x'; allowed: macs, pe, profiled, rtl"),
+    (["compare", "nonet", "-n", "2", "--policies", "gpipe, nope"], f"unknown policy 'nope'; allowed: {_POLICIES}"),
+    (["compare", "nonet", "-n", "2", "--policies", ","], f"--policies must name at least one of {_POLICIES}"),
+    (["compare", "nonet", "-n", "2", "--cost-model", "x"], "unknown cost model 'x'; allowed: macs, pe, profiled, rtl"),
+    (["explore", "nonet", "-n", "2", "--policies", "gpipe,nope", "--out", "o.csv"],
+     f"unknown policy 'nope'; allowed: {_POLICIES}"),
+]
 #: What neither a subcommand's --help nor its argument errors may import (issue 14 item 3: `simulate --help` took
 #: 130-300 ms CPU importing them to build its parser): the handlers import them when the command runs.
 HEAVY_FOR_SUBCOMMANDS = (*(m for m in HEAVY if m != "layerpipe.commands._common"), "layerpipe.hdl", "tqdm")
 
 
 def test_subcommand_help_and_argument_errors_import_no_heavy_library(tmp_path: Path) -> None:
-    """Every subcommand's `--help` and its parse-time argument errors, all in one fresh process (one start, not
-    one per case): each exits as before (0 for help; 2 with argparse's one line naming the command), and then
+    """Every subcommand's `--help`, its parse-time argument errors and misspelt registry names (`NAME_ERRORS`),
+    all in one fresh process (one start, not one per case): each exits as before (0 for help; 2 with argparse's
+    one line naming the command, or the registry's message), and then
     none of numpy, scipy, networkx, matplotlib, amaranth, torch, yaml, tqdm or the scheduling, simulator, RTL and
     DSE packages is loaded. The parsers take registry names from `layerpipe.commands._names`."""
     cases = [[name, "--help"] for name in COMMANDS] + [[name, *argv] for name, errors in PARSE_ERRORS.items()
-                                                      for argv in errors]
+                                                      for argv in errors] + [argv for argv, _ in NAME_ERRORS]
+    named = {tuple(argv): f"layerpipe: error: {message}\n" for argv, message in NAME_ERRORS}
     assert set(PARSE_ERRORS) == set(COMMANDS)
     probe = (
         "import contextlib, io, json, sys\n"
@@ -234,6 +255,8 @@ def test_subcommand_help_and_argument_errors_import_no_heavy_library(tmp_path: P
     for argv, code, err in doc["results"]:
         if argv[1:] == ["--help"]:
             assert (code, err) == (0, ""), argv
+        elif tuple(argv) in named:  # a handler's InputError, before it imports the registries
+            assert (code, err) == (2, named[tuple(argv)]), argv
         else:  # argparse's error names the subcommand's prog (a handler's InputError would not)
             assert code == 2 and err.count("\n") == 1, (argv, err)
             assert err.startswith(("layerpipe: error: layerpipe ", "layerpipe: error: layerpipe: ")), (argv, err)

@@ -21,6 +21,7 @@ from layerpipe.commands._common import (
     add_interconnect_arg,
     add_network_args,
     add_output_arg,
+    check_registry_names,
     cost_model_from_args,
     emit,
     int_list,
@@ -130,11 +131,14 @@ def compare_rows(networks: list[str], procs: list[int], policies: list[str] | No
 
 
 def run(args: argparse.Namespace) -> int:
-    from layerpipe.schedule.policies import POLICIES, get_policy
-
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies is not None else None
     if policies is not None and not policies:
-        raise InputError(f"--policies must name at least one of {', '.join(POLICIES)}")
+        raise InputError(f"--policies must name at least one of {', '.join(POLICY_NAMES)}")
+    # Before the scheduler is imported (issue 14 item 3); the cost model is read next, the policies' names after
+    # it, when the rows are scheduled: a command line with both wrong now names the policy first.
+    check_registry_names(policies=policies or (), cost_model=args.cost_model)
+    from layerpipe.schedule.policies import POLICIES, get_policy
+
     model = cost_model_from_args(args)
     interconnect = interconnect_from_args(args, model)
     from layerpipe.commands.schedule import OPTION_FLAGS, given_options

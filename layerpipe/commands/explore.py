@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from layerpipe.commands._common import int_list, output_file, positive_int
+from layerpipe.commands._common import check_registry_names, int_list, output_file, positive_int
 from layerpipe.commands._names import COST_MODEL_TAKES, MAX_PROCS
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ def _plots(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.policies is not None and not args.sweep:  # the names `_spec` makes points of, before dse is imported
+        check_registry_names(policies=args.policies.split(","))
     from layerpipe.dse import COLUMNS, ResultsFile, run_sweep, save_pareto
     from layerpipe.dse._evaluate import check_points
     from layerpipe.dse._pareto import check_pareto_dir

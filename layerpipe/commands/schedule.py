@@ -19,6 +19,7 @@ from layerpipe.commands._common import (
     add_interconnect_arg,
     add_network_args,
     add_output_arg,
+    check_registry_names,
     cost_model_from_args,
     emit,
     interconnect_from_args,
@@ -171,6 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The policy's name first, as before; the cost model's (used with a NETWORK only) before the NETWORK is read.
+    check_registry_names(policies=(args.policy,), cost_model=args.cost_model if args.stages is None else None)
     from layerpipe.network import load_network
     from layerpipe.schedule._sync_policies import schedule_stages
     from layerpipe.schedule.policies import POLICIES, get_policy, make_schedule, policy_options

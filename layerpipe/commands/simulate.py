@@ -26,6 +26,7 @@ from layerpipe.commands._common import (
     add_cost_args,
     add_interconnect_arg,
     add_network_args,
+    check_registry_names,
     cost_model_from_args,
     interconnect_from_args,
     make_parent,
@@ -98,20 +99,34 @@ class _Gone(argparse.Action):
                          "bus:LATENCY:WORDS_PER_CYCLE or rtl")
 
 
+def _stage_costs_only(args: argparse.Namespace) -> bool:
+    """A stage-level schedule file with its own stage costs: no cost model is read."""
+    return args.schedule is not None and args.stage_costs is not None and args.network is None
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """The weight mode, the cost model and the policy, checked against the static names before the handler imports
+    the simulator and the scheduler (issue 14 item 3: ~30 ms, not ~300, for a misspelt name). The mode and the cost
+    model come first, as `sim_config` reads them; the policy, which `_from_policy` reads after the NETWORK, comes
+    before the NETWORK here."""
+    if args.mode not in WEIGHT_MODES:  # = layerpipe.sim.MODES (tests/test_cli_names.py)
+        raise InputError(f"--mode '{args.mode}' is not one of {', '.join(WEIGHT_MODES)}")
+    check_registry_names(cost_model=None if _stage_costs_only(args) else args.cost_model,
+                         policies=() if args.policy is None else (args.policy,))
+
+
 def sim_config(args: argparse.Namespace) -> SimConfig:
     """The simulator's configuration: the weight mode and the interconnect (`rtl` at the cost model's lanes)."""
     from layerpipe.sim import MODES, SimConfig
 
     if args.mode not in MODES:
         raise InputError(f"--mode '{args.mode}' is not one of {', '.join(MODES)}")
-    if args.schedule is not None and args.stage_costs is not None and args.network is None:
-        model = None  # stage-level costs: no cost model, `rtl` means one lane
-    else:
-        model = cost_model_from_args(args)
+    model = None if _stage_costs_only(args) else cost_model_from_args(args)  # None: `rtl` means one lane
     return SimConfig.of(interconnect_from_args(args, model), args.mode)
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_names(args)
     from tqdm import tqdm
 
     from layerpipe.sim import SimResult, compile_schedule, simulate_compiled

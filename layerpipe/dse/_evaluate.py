@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from layerpipe.costs import make_cost_model
 from layerpipe.dse._sweep import DesignPoint
-from layerpipe.errors import InputError
+from layerpipe.errors import unknown_name
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
@@ -87,7 +87,7 @@ def check_points(points: Sequence[DesignPoint]) -> None:
         load_network(net)
     for policy in sorted({p.policy for p in points}):
         if policy not in POLICIES:
-            raise InputError(f"unknown policy '{policy}'; allowed: {', '.join(POLICIES)}")
+            raise unknown_name("policy", policy, POLICIES)
     for model in sorted({p.cost_model for p in points}):
         make_cost_model(model, lanes=1)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from layerpipe._gc import gc_paused
 from layerpipe.costs import CostModel, network_costs
-from layerpipe.errors import InputError
+from layerpipe.errors import InputError, unknown_name
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._dataparallel import DPOOOOptions, DPOptions, schedule_dp, schedule_dp_ooo
@@ -147,7 +147,7 @@ def get_policy(name: str) -> Policy[Any]:
     try:
         return POLICIES[name]
     except KeyError:
-        raise InputError(f"unknown policy '{name}'; allowed: {', '.join(POLICIES)}") from None
+        raise unknown_name("policy", name, POLICIES) from None
 
 
 def policy_options(name: str, given: Mapping[str, object] | None = None,
