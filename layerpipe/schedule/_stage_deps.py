@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerpipe.schedule._deps import MAX_INDEX_CELLS, DependencyArrays, StageInfo, _microbatches
-from layerpipe.schedule._ir import OpSchedule
+from layerpipe.schedule._ir import OpSchedule, numbered_by_first_appearance
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -56,8 +56,8 @@ def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int
         return None
     if schedule.synchronous and span > _microbatches(schedule):
         return None  # more than one step: the step edges
-    if not _numbered_by_first_appearance(task, len(tasks)):
-        return None
+    if not numbered_by_first_appearance(task, len(tasks)):
+        return None  # the role codes below are numbered by first appearance only then (see `_task_rows`)
     # The (task, micro-batch) → op table, flat, with one more task row of −1: a missing producer task indexes
     # it, so no mask is needed before the lookup. int32 op numbers, as `dependency_arrays` has them.
     index = np.full((len(tasks) + 1) * span, -1, dtype=np.int32 if n < INT32_MAX else np.int64)
@@ -94,18 +94,11 @@ class _TaskRows:
     roles: tuple[str, ...]
 
 
-def _numbered_by_first_appearance(task: np.ndarray, num_tasks: int) -> bool:
-    """Are tasks 0 … num_tasks − 1 numbered in order of their first op, every one present? Then the role codes
-    below, given in the order the rows are met task by task, are already numbered by first appearance among
-    the dependencies (every op of a task has all its task's rows), as `dependency_arrays` numbers them."""
-    highest = np.maximum.accumulate(task)
-    return (int(task[0]) == 0 and int(highest[-1]) == num_tasks - 1
-            and (len(task) == 1 or int((highest[1:] - highest[:-1]).max()) <= 1))
-
-
 def _task_rows(tasks: Sequence[tuple[str, int]], stages: StageInfo | None, span: int) -> _TaskRows | None:
     """The rows of `_stage_rules` per task (see `_TaskRows`); None where the op-by-op rules would raise (a stage
-    without word counts). Role codes in the order the rows are met, as `_stage_rules` adds them."""
+    without word counts). Role codes in the order the rows are met, as `_stage_rules` adds them: with tasks
+    numbered by first appearance (and every op of a task having all its task's rows) that is the order the
+    roles first appear among the dependencies, the numbering `dependency_arrays` gives them."""
     num_stages = stages.num_stages if stages else 1 + max((unit for _, unit in tasks), default=-1)
     info = stages or StageInfo(num_stages)
     for kind, s in tasks:  # the checks of `_stage_rules`
