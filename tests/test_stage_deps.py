@@ -148,3 +148,17 @@ def test_what_the_rule_table_turns_down_is_turned_down() -> None:
     short = StageInfo(2, (0,), (0,))  # word counts missing for stage 1's forward
     assert stage_dependency_arrays(schedule, tasks, task, iteration, short) is None
     assert dependency_arrays(schedule, tasks, task, iteration, stages=short) is None
+
+
+def test_the_memo_of_task_rows_is_private_to_each_caller() -> None:
+    schedule = zb_h1(3, 6)
+    tasks, task, iteration = _numbered(schedule)
+    first = stage_dependency_arrays(schedule, tasks, task, iteration)
+    assert first is not None
+    expected = _arrays(first)
+    for a in (first.ptr, first.producer, first.words, first.role):
+        a[:] = 0  # a caller's arrays are its own: the next call is not changed
+    again = stage_dependency_arrays(schedule, list(tasks), task, iteration)  # equal tasks, any sequence
+    assert again is not None and _arrays(again) == expected
+    lists = StageInfo(3, [1, 2, 3], [4, 5, 6])  # type: ignore[arg-type] - unhashable: built for the call
+    assert _agree(schedule, lists)

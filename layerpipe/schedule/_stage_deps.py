@@ -19,6 +19,7 @@ itself turns down. `tests/test_stage_deps.py` compares the two over generated sc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int
         return None
     if any(kind not in ("F", "B", "I", "W") for kind, _ in tasks) or min(unit for _, unit in tasks) < 0:
         return None  # `dependencies()` raises
-    rows = _task_rows(tasks, stages, span)
+    rows = _rows_of(tuple(tasks), stages)
     if rows is None:
         return None
     if schedule.synchronous and span > _microbatches(schedule):
@@ -69,9 +70,9 @@ def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int
     np.cumsum(count, out=ptr[1:])
     cells = rows.cell.take(task, axis=0)[rows.present.take(task, axis=0)]
     at = iteration.repeat(count)
-    producer = index.take(rows.key.take(cells) + at)
+    producer = index.take(rows.src.take(cells) * span + at)
     if rows.alt is not None:  # where src has no op at that micro-batch, the row's alternative
-        producer = np.where(producer < 0, index.take(rows.alt.take(cells) + at), producer)
+        producer = np.where(producer < 0, index.take(rows.alt.take(cells) * span + at), producer)
     if (producer < 0).any():
         return None  # a missing producer: `dependency_arrays` gives None too, and `dependencies()` says which
     return DependencyArrays(ptr, producer, rows.words.take(cells), rows.role.take(cells), rows.roles)
@@ -79,12 +80,12 @@ def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int
 
 @dataclass(frozen=True)
 class _TaskRows:
-    """`_stage_rules`' rows, numbered in the order they are met: per row, where its producer sits in the flat
-    index table at micro-batch 0 (its task · span), the same for the alternative producer (None when no row
-    needs one), its words and role code (in `dependency_arrays`' dtypes); per task (the last: none, the index
-    table's −1 row), its rows' numbers in slot order (`cell`), which slots hold a row, and how many do."""
+    """`_stage_rules`' rows, numbered in the order they are met: per row, its producer task, its alternative
+    producer task (None when no row needs one), its words and role code (in `dependency_arrays`' dtypes); per
+    task (the last: none, the index table's −1 row), its rows' numbers in slot order (`cell`), which slots
+    hold a row, and how many do. Read-only: `_rows_of` shares them between calls."""
 
-    key: np.ndarray
+    src: np.ndarray
     alt: np.ndarray | None
     words: np.ndarray
     role: np.ndarray
@@ -94,7 +95,25 @@ class _TaskRows:
     roles: tuple[str, ...]
 
 
-def _task_rows(tasks: Sequence[tuple[str, int]], stages: StageInfo | None, span: int) -> _TaskRows | None:
+#: Task lists whose rows `_rows_of` keeps (a scheduler times many candidates of one pipeline's tasks).
+MEMO_SIZE = 64
+
+
+def _rows_of(tasks: tuple[tuple[str, int], ...], stages: StageInfo | None) -> _TaskRows | None:
+    """`_task_rows`, kept per (tasks, stages): they depend on nothing else, and building them (a Python pass
+    over the tasks and seven small arrays) was a third of the builder's time at p = 8."""
+    try:
+        return _memo_rows(tasks, stages)
+    except TypeError:  # a StageInfo holding lists (unhashable): built for this call
+        return _task_rows(tasks, stages)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _memo_rows(tasks: tuple[tuple[str, int], ...], stages: StageInfo | None) -> _TaskRows | None:
+    return _task_rows(tasks, stages)
+
+
+def _task_rows(tasks: Sequence[tuple[str, int]], stages: StageInfo | None) -> _TaskRows | None:
     """The rows of `_stage_rules` per task (see `_TaskRows`); None where the op-by-op rules would raise (a stage
     without word counts). Role codes in the order the rows are met, as `_stage_rules` adds them: with tasks
     numbered by first appearance (and every op of a task having all its task's rows) that is the order the
@@ -142,8 +161,10 @@ def _task_rows(tasks: Sequence[tuple[str, int]], stages: StageInfo | None, span:
     cell.extend([0] * ROWS)
     fits = not words or (min(words) >= INT32_MIN and max(words) <= INT32_MAX)  # as `dependency_arrays` has them
     counts = np.asarray(count, dtype=np.int64)
-    return _TaskRows(np.asarray(src, dtype=np.int64) * span,
-                     np.asarray(alt, dtype=np.int64) * span if any(a != none for a in alt) else None,
-                     np.asarray(words, dtype=np.int32 if fits else np.int64), np.asarray(role, dtype=np.int8),
-                     np.asarray(cell, dtype=np.int64).reshape(-1, ROWS), np.arange(ROWS) < counts[:, None], counts,
-                     tuple(role_ids))
+    arrays = (np.asarray(src, dtype=np.int64), np.asarray(alt, dtype=np.int64) if any(a != none for a in alt) else None,
+              np.asarray(words, dtype=np.int32 if fits else np.int64), np.asarray(role, dtype=np.int8),
+              np.asarray(cell, dtype=np.int64).reshape(-1, ROWS), np.arange(ROWS) < counts[:, None], counts)
+    for a in arrays:
+        if a is not None:
+            a.flags.writeable = False  # shared by every call with these tasks (`_rows_of`)
+    return _TaskRows(*arrays, tuple(role_ids))
