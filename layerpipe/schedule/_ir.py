@@ -309,11 +309,13 @@ class OpSchedule:
         bounds = tuple(itertools.accumulate(self.row_lengths(), initial=0))
         return OpColumns(bounds, tuple(task_id), task, iteration)
 
-    @property
+    @cached_property
     def num_iterations(self) -> int:
         """Iterations (micro-batches for synchronous schedules) the ops cover: the largest index + 1.
 
         Update ops of synchronous layer-level schedules count steps, not micro-batches, so they are left out.
+        Kept once computed (the ops never change; `dataclasses.replace` makes a new schedule): a full
+        `simulate()` reads it, and on columns it is a pass over every op.
         """
         c = self.columns
         if c is not None:
