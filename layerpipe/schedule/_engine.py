@@ -468,6 +468,8 @@ def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int],
     """(bounds, tasks, task, iteration) of a schedule of columns, tasks numbered in order of first appearance
     (as `_from_ops` numbers them)."""
     task = np.asarray(columns.task, dtype=np.int64)
+    if columns.numbered_by_first_appearance():  # so already (`PeriodicSchedule.unroll`, the generators): shared
+        return list(columns.bounds), columns.tasks, task, np.asarray(columns.iteration, dtype=np.int64)
     first = columns.first_positions()
     present = (first < columns.num_ops).nonzero()[0]
     order = present[np.argsort(first[present], kind="stable")]
