@@ -179,11 +179,12 @@ def _stage_activation_peaks(c: CompiledSchedule, start: np.ndarray, end: np.ndar
     if not len(f):
         return peaks
     hi = release.take(key.take(f))
-    firsts = np.searchsorted(f, c.bounds).tolist()  # processor p's F ops are f[firsts[p]:firsts[p+1]]
+    cuts = np.searchsorted(f, c.bounds)  # processor p's F ops are f[cuts[p]:cuts[p+1]]
+    firsts = cuts.tolist()
     top = int(hi.max()) + 1  # past every release and every start (an F op's release is no earlier than its start)
     if procs * top >= 1 << 62:
         return None
-    base = np.arange(procs, dtype=np.int64).repeat(np.diff(firsts)) * top
+    base = np.arange(procs, dtype=np.int64).repeat(cuts[1:] - cuts[:-1]) * top
     allocated = base + start.take(f)
     released = base + hi
     if min(words_of) == max(words_of):  # one size: counts, no sums

@@ -97,8 +97,7 @@ class SimResult:
         made = cls.__new__(cls)
         given = {"schedule": compiled.schedule, "config": config, "start": start, "end": end, "batch": batch,
                  "memory_unit": memory_unit, "_compiled": compiled, "_pending": reports}
-        for name, value in given.items():
-            object.__setattr__(made, name, value)
+        made.__dict__.update(given)  # what `object.__setattr__` field by field (frozen) writes, in one call
         return made
 
     @property

@@ -30,6 +30,9 @@ from layerpipe.schedule._ir import OpSchedule, numbered_by_first_appearance
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
+#: The kinds of stage-level ops (`dependencies()` raises on any other).
+STAGE_KINDS = frozenset(("F", "B", "I", "W"))
+
 
 def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], task: np.ndarray,
                             iteration: np.ndarray, stages: StageInfo | None = None,
@@ -49,8 +52,9 @@ def stage_dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int
     span = int(iteration.max()) + 1
     if len(tasks) * span > MAX_INDEX_CELLS:
         return None
-    if any(kind not in ("F", "B", "I", "W") for kind, _ in tasks) or min(unit for _, unit in tasks) < 0:
-        return None  # `dependencies()` raises
+    for kind, unit in tasks:  # one pass, not two generators (a few µs a call)
+        if unit < 0 or kind not in STAGE_KINDS:
+            return None  # `dependencies()` raises
     rows = _rows_of(tuple(tasks), stages)
     if rows is None:
         return None
