@@ -75,7 +75,8 @@ def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: Si
             return (0,) * c.num_procs
         # The version map only where weights are held (the peaks of activations alone do not read it).
         held = version_map() if any(workload.weight_words.values()) else np.zeros(0, dtype=np.int64)
-        return tuple(peak_memory(c, start, end, held, workload, config.mode, distributed=distributed))
+        return tuple(peak_memory(c, start, end, held, workload, config.mode, distributed=distributed,
+                                 engine_times=True))
 
     # The version map, the peaks, the traffic and the ops are computed when first read (the same values).
     return SimResult.deferred(compiled, config, start, end, PendingReports(versions, peaks), workload.batch,

@@ -28,6 +28,7 @@ from layerpipe.schedule import (
 )
 from layerpipe.schedule._deps import DependencyArrays, dependency_arrays
 from layerpipe.schedule._engine import _from_columns, _from_ops
+from layerpipe.schedule._ir import numbered_by_first_appearance
 from layerpipe.schedule._stage_deps import stage_dependency_arrays
 
 GENERATORS: dict[str, Callable[[int, int, int], OpSchedule]] = {
@@ -59,9 +60,16 @@ def _arrays(a: DependencyArrays) -> tuple[object, ...]:
 def _agree(schedule: OpSchedule, stages: StageInfo | None = None,
            numbered: tuple[tuple[tuple[str, int], ...], np.ndarray, np.ndarray] | None = None) -> bool:
     """Does the builder give the rule table's arrays where it gives any? True when it gave them."""
-    tasks, task, iteration = numbered or _numbered(schedule)
+    if numbered is None:
+        numbered = _numbered(schedule)
+        # `compile_schedule` numbers tasks by first appearance (so `_array_dependencies` skips the builder's check)
+        assert numbered_by_first_appearance(numbered[1], len(numbered[0]))
+    tasks, task, iteration = numbered
     fast = stage_dependency_arrays(schedule, tasks, task, iteration, stages)
     general = dependency_arrays(schedule, tasks, task, iteration, stages=stages)
+    if numbered_by_first_appearance(task, len(tasks)):  # the caller's word for it: the same arrays, or None
+        told = stage_dependency_arrays(schedule, tasks, task, iteration, stages, numbered=True)
+        assert (told is None) == (fast is None) and (fast is None or _arrays(told) == _arrays(fast))  # type: ignore[arg-type]
     if fast is None:
         return False
     assert general is not None, "the builder gave arrays where the rule table gives none"

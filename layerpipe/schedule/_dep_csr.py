@@ -36,13 +36,14 @@ def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np
 def _array_dependencies(schedule: OpSchedule, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
                         iteration: np.ndarray, workload: Workload) -> Csr | None:
     """CSR arrays from SIR's `dependency_arrays`: the rules of `dependencies()` as arrays, the same producers in
-    the same order with the same role numbering; None where they do not apply."""
+    the same order with the same role numbering; None where they do not apply. The tasks are numbered as
+    `compile_schedule` numbers them (by first appearance: every caller passes a compiled schedule's)."""
     if schedule.level != workload.level:
         return None  # `dependencies()` says why
     if workload.level == "layer":
         arrays = dependency_arrays(schedule, tasks, task, iteration, graph=workload.graph)
     else:  # the stage rules' own builder where it applies (1F1B, ZB-H1 ...: a third of the rule table's time)
-        arrays = stage_dependency_arrays(schedule, tasks, task, iteration, workload.stages)
+        arrays = stage_dependency_arrays(schedule, tasks, task, iteration, workload.stages, numbered=True)
         if arrays is None:
             arrays = dependency_arrays(schedule, tasks, task, iteration, stages=workload.stages)
     if arrays is None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from layerpipe.errors import InputError
+from layerpipe.schedule._int_lists import int64_array
 from layerpipe.schedule._ir import Op
 from layerpipe.schedule._runs import FirstInputs, Runs, op_times, split_first, sweep_runs
 
@@ -89,7 +90,7 @@ def _sweep_single(c: CompiledSchedule) -> tuple[np.ndarray, np.ndarray] | None:
     if any(nxt[p] < hi[p] for p in range(c.num_procs)):
         return None
     del avail[n]
-    end = np.asarray(avail, dtype=np.int64)
+    end = int64_array(avail)
     return end - c.dur_array(), end
 
 

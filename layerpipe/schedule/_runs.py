@@ -238,6 +238,9 @@ def first_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, sentinel: 
     once its own processor's are dropped: one list of ints, not a list per op (building 1,024 small lists and
     freeing them was as long as the sweep itself, 1F1B at p = 8, issue 14)."""
     n = bounds[-1]
+    count = ptr[1:] - ptr[:-1]
+    if n and len(src) <= SMALL_INPUTS * max(len(bounds) - 1, 1) and int(count.max()) <= PAIRS:
+        return _first_of_pairs(bounds, ptr, src, count, sentinel)
     _, keep = needed_inputs(bounds, ptr, src)
     # Each op's needed entries are the kept ones within its CSR slice: where its slice begins and ends among the
     # kept entries is the running count of kept entries at its slice bounds (no per-entry consumer array, no
@@ -258,6 +261,39 @@ def first_inputs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, sentinel: 
     with gc_paused():
         for i in multi:
             more[i] = values[cuts[i] + 1:cuts[i + 1]]
+    return first.tolist(), more
+
+
+#: Entries per op up to which `first_inputs` looks at each op's entries in place (`_first_of_pairs`): a stage op
+#: has at most two producers (its activation or error, and what it kept).
+PAIRS = 2
+
+
+def _first_of_pairs(bounds: list[int], ptr: np.ndarray, src: np.ndarray, count: np.ndarray,
+                    sentinel: int) -> FirstInputs:
+    """`first_inputs` where no op has more than two entries (`count` per op, at most 2): each op's first and second
+    entry read in place (x, y) and tested per op, no running count of kept entries over the CSR (a `cumsum`, no
+    vector loop in numpy) nor a compacted copy. An entry is dropped when it is an earlier op of the consumer's
+    processor, first ≤ x < consumer: with `rel` = consumer − first, that is x − first < rel as unsigned numbers (one
+    comparison: x below first wraps to a huge value)."""
+    n = bounds[-1]
+    padded = np.empty(len(src) + PAIRS, dtype=np.int64)  # past the last entry: a place to read for ops with fewer
+    padded[:len(src)] = src
+    padded[len(src):] = sentinel
+    at = ptr[:-1]
+    x, y = padded.take(at), padded.take(at + 1)  # an op's own entries only where count says so (masked below)
+    cuts = np.asarray(bounds, dtype=np.int64)
+    own = cuts[:-1].repeat(cuts[1:] - cuts[:-1])  # each op's processor's first op
+    rel = (np.arange(n, dtype=np.int64) - own).view(np.uint64)
+    need_x = (count >= 1) & ((x - own).view(np.uint64) >= rel)
+    need_y = (count >= 2) & ((y - own).view(np.uint64) >= rel)
+    first = np.where(need_x, x, np.where(need_y, y, sentinel))
+    both = (need_x & need_y).nonzero()[0].tolist()
+    if not both:
+        return first.tolist(), None
+    more: list[list[int] | None] = [None] * n
+    for i, second in zip(both, y[both].tolist(), strict=True):
+        more[i] = [second]
     return first.tolist(), more
 
 
