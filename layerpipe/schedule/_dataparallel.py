@@ -211,16 +211,17 @@ def build_program(p: DPPlan, steps: int) -> Program:
                     done_at[(0, layer, step)] = g  # one replica: nothing to reduce
                 continue
             words = -(-sum(net.layer(layer).weight_count for layer in group) // n)
-            sent: dict[int, int] = {}
-            for s in range(2 * (n - 1)):
-                now = {}
-                for rep in range(n):
-                    deps = list(grads[rep]) + ([sent[(rep - 1) % n]] if s else [])
-                    now[rep] = prog.transfer(rep, (rep + 1) % n, words, deps, min(group) if p.comm_priority else 0)
-                sent = now
+            ring = [(rep, (rep + 1) % n) for rep in range(n)]
+            priority = min(group) if p.comm_priority else 0
+            # Round s: every replica sends to the next one, after its gradients and (from the second round on)
+            # what it received in round s − 1, from replica rep − 1: item sent + (rep − 1) mod n of that round.
+            sent = prog.transfers(ring, words, [tuple(grads[rep]) for rep in range(n)], priority)
+            for _ in range(2 * (n - 1) - 1):
+                sent = prog.transfers(ring, words, [(*grads[rep], sent + (rep - 1) % n) for rep in range(n)],
+                                      priority)
             for rep in range(n):
                 for layer in group:
-                    done_at[(rep, layer, step)] = sent[(rep - 1) % n]
+                    done_at[(rep, layer, step)] = sent + (rep - 1) % n
         for rep in range(n):
             for layer in reversed(layers):
                 if net.layer(layer).has_weights and layer not in first:

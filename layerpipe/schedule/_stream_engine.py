@@ -43,6 +43,7 @@ event engine on the same ops with those durations (tested).
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,6 +106,32 @@ class Program:
             raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
         return self._add(None, src, dst, words, 1, 0, deps, priority)
 
+    def transfers(self, pairs: list[tuple[int, int]], words: int, deps: list[tuple[int, ...]],
+                  priority: int = 0) -> int:
+        """`transfer(src, dst, words, deps[k], priority)` for each (src, dst) of `pairs` in turn, at once: the item
+        number of the first (the others follow it). A collective's round (a ring all-reduce sends N at a time,
+        ~10^5 per data-parallel run) is added without a call per transfer. The transfers of one call depend on
+        none of each other."""
+        n = len(self.names)
+        count = len(pairs)
+        if len(deps) != count:
+            raise InputError(f"{count} transfers need {count} dependency lists, got {len(deps)}")
+        for src, dst in pairs:
+            if src == dst:
+                raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
+        flat = [d for ds in deps for d in ds]
+        if flat and not (min(flat) >= 0 and max(flat) < n):
+            raise InputError(f"item {n} depends on an item that is not an earlier one: {flat}")
+        self.names.extend([None] * count)
+        self.device.extend([src for src, _ in pairs])
+        self.stream.extend([dst for _, dst in pairs])
+        self.work.extend([words] * count)
+        self.width.extend([1] * count)
+        self.overhead.extend([0] * count)
+        self.priority.extend([priority] * count)
+        self.deps.extend(deps)
+        return n
+
     def _add(self, name: Op | None, device: int, stream: int, work: int, width: int, overhead: int,
              deps: tuple[int, ...] | list[int], priority: int = 0) -> int:
         n = len(self.names)
@@ -158,120 +185,149 @@ def share_lanes(lanes: int, widths: list[int], streams: list[int]) -> list[int]:
 
 
 def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing:
-    """Start and end cycle of every item (see the module docstring for the rules)."""
+    """Start and end cycle of every item (see the module docstring for the rules).
+
+    The data-parallel policies time ~10^5 items per run and dozens of runs per schedule (dp-ooo's choice of K),
+    so the per-event work is kept small: each kernel's stream queue is found by a number (`qof`), not a
+    (device, stream) key; a transfer's channel is worked out once; events carry a running count from
+    `itertools.count`. The rules, and so every start and end, are those of tests/stream_engine_reference.py
+    (tests/test_stream_engine_identity.py)."""
     n = program.num_items
     names, device, stream, work = program.names, program.device, program.stream, program.work
+    overhead, width, lanes, priority = program.overhead, program.width, program.lanes, program.priority
     consumers: list[list[int]] = [[] for _ in range(n)]
     pending = [0] * n
     for i, deps in enumerate(program.deps):
-        pending[i] = len(deps)
-        for d in deps:
-            consumers[d].append(i)
-    queues: dict[tuple[int, int], list[int]] = {}
+        if deps:
+            pending[i] = len(deps)
+            for d in deps:
+                consumers[d].append(i)
+    is_kernel = [name is not None for name in names]
+    # Each stream's kernels in order; `qof[i]` numbers kernel i's stream (its queue), -1 for a transfer.
+    queue_of: dict[tuple[int, int], int] = {}
+    queues: list[list[int]] = []
+    qof = [-1] * n
     for i in range(n):
-        if names[i] is not None:
-            queues.setdefault((device[i], stream[i]), []).append(i)
-    head = dict.fromkeys(queues, 0)
-    busy = dict.fromkeys(queues, False)
+        if is_kernel[i]:
+            key = (device[i], stream[i])
+            q = queue_of.get(key)
+            if q is None:
+                q = queue_of[key] = len(queues)
+                queues.append([])
+            queues[q].append(i)
+            qof[i] = q
+    head = [0] * len(queues)
+    busy = [False] * len(queues)
     start = [-1] * n
     end = [-1] * n
     # Computing kernels per device: item → remaining MACs; shares as of `since[d]`.
-    computing: list[dict[int, int]] = [{} for _ in program.lanes]
-    share: list[dict[int, int]] = [{} for _ in program.lanes]
-    since = [0] * len(program.lanes)
-    stamp = [0] * len(program.lanes)
+    computing: list[dict[int, int]] = [{} for _ in lanes]
+    share: list[dict[int, int]] = [{} for _ in lanes]
+    since = [0] * len(lanes)
+    stamp = [0] * len(lanes)
     channel_free: dict[int, int] = {}
-    num_devices = len(program.lanes)
+    num_devices = len(lanes)
     bus = interconnect.kind == "bus"
+    shared = interconnect.is_shared
+    latency = interconnect.latency
     holds: dict[int, int] = {}  # words → channel cycles
     waiting_on: dict[int, list[tuple[int, int, int]]] = {}  # channel → (priority, ready time, item) heap
     # Events: (time, order, kind, item, stamp); kind 0 = an item finished, 1 = launch overhead over,
     # 2 = a device's projected completion (valid while its stamp is current), 3 = a channel is free.
     heap: list[tuple[int, int, int, int, int]] = []
-    seq = 0
-
-    def push(t: int, kind: int, item: int, st: int = 0) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, item, st))
-        seq += 1
+    order = itertools.count()
+    heappush, heappop = heapq.heappush, heapq.heappop
 
     def settle(d: int, t: int) -> None:
         """Advance device d's computing kernels to t at their current shares."""
         dt = t - since[d]
         if dt:
+            running = computing[d]
             for k, a in share[d].items():
-                computing[d][k] -= a * dt
+                running[k] -= a * dt
         since[d] = t
 
     def reshare(d: int, t: int) -> None:
-        kernels = list(computing[d])
+        running = computing[d]
         stamp[d] += 1
-        if not kernels:
+        if not running:
             share[d] = {}
             return
-        if len(kernels) == 1:  # the common case, and what share_lanes gives for one kernel
-            share[d] = {kernels[0]: min(program.width[kernels[0]], program.lanes[d])}
+        if len(running) == 1:  # the common case, and what share_lanes gives for one kernel
+            (k,) = running
+            a = min(width[k], lanes[d])
+            share[d] = {k: a}
+            nxt = t + max(0, -(-running[k] // a))
         else:
-            got = share_lanes(program.lanes[d], [program.width[k] for k in kernels], [stream[k] for k in kernels])
+            kernels = list(running)
+            got = share_lanes(lanes[d], [width[k] for k in kernels], [stream[k] for k in kernels])
             share[d] = dict(zip(kernels, got, strict=True))
-        nxt = min(t + max(0, -(-computing[d][k] // a)) for k, a in share[d].items() if a > 0)
-        push(nxt, 2, d, stamp[d])
+            nxt = min(t + max(0, -(-running[k] // a)) for k, a in share[d].items() if a > 0)
+        heappush(heap, (nxt, next(order), 2, d, stamp[d]))
 
-    def try_launch(q: tuple[int, int], t: int) -> None:
-        if busy[q] or head[q] >= len(queues[q]):
+    def try_launch(q: int, t: int) -> None:
+        if busy[q]:
             return
-        i = queues[q][head[q]]
+        items = queues[q]
+        at = head[q]
+        if at >= len(items):
+            return
+        i = items[at]
         if pending[i]:
             return
         busy[q] = True
-        head[q] += 1
+        head[q] = at + 1
         start[i] = t
-        push(t + program.overhead[i], 1, i)
+        heappush(heap, (t + overhead[i], next(order), 1, i, 0))
 
     def ready(i: int, t: int) -> None:
         """Item i's dependencies have all finished (at t)."""
-        if names[i] is not None:
-            try_launch((device[i], stream[i]), t)
+        if is_kernel[i]:
+            try_launch(qof[i], t)
             return
-        if interconnect.is_shared:
+        if shared:
             start[i] = t
-            push(t, 0, i)
+            heappush(heap, (t, next(order), 0, i, 0))
             return
         c = 0 if bus else device[i] * num_devices + stream[i]  # `Interconnect.channel`
-        waiting = waiting_on.setdefault(c, [])
+        waiting = waiting_on.get(c)
+        if waiting is None:
+            waiting = waiting_on[c] = []
         if channel_free.get(c, 0) <= t and not waiting:
             depart(i, c, t)
         else:  # the channel is busy: its free event takes the best waiting transfer
-            heapq.heappush(waiting, (program.priority[i], t, i))
+            heappush(waiting, (priority[i], t, i))
 
     def depart(i: int, c: int, t: int) -> None:
-        hold = holds.get(work[i])
+        words = work[i]
+        hold = holds.get(words)
         if hold is None:
-            hold = holds[work[i]] = interconnect.hold(work[i])
+            hold = holds[words] = interconnect.hold(words)
         channel_free[c] = t + hold
         start[i] = t
-        push(t + hold + interconnect.latency, 0, i)
-        push(t + hold, 3, c)
+        heappush(heap, (t + hold + latency, next(order), 0, i, 0))
+        heappush(heap, (t + hold, next(order), 3, c, 0))
 
     def finish(i: int, t: int) -> None:
         end[i] = t
-        if names[i] is not None:
-            q = (device[i], stream[i])
+        q = qof[i]
+        if q >= 0:
             busy[q] = False
         for j in consumers[i]:
-            pending[j] -= 1
-            if not pending[j]:
+            left = pending[j] - 1
+            pending[j] = left
+            if not left:
                 ready(j, t)
-        if names[i] is not None:
-            try_launch((device[i], stream[i]), t)
+        if q >= 0:
+            try_launch(q, t)
 
     for i in range(n):
-        if not pending[i] and names[i] is None:
+        if not pending[i] and not is_kernel[i]:
             ready(i, 0)
-    for q in queues:
+    for q in range(len(queues)):
         try_launch(q, 0)
     while heap:
-        t, _, kind, item, st = heapq.heappop(heap)
+        t, _, kind, item, st = heappop(heap)
         if kind == 0:
             finish(item, t)
         elif kind == 1:
@@ -285,19 +341,21 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
         elif kind == 3:
             waiting = waiting_on[item]
             if waiting and channel_free[item] <= t:
-                _, _, i = heapq.heappop(waiting)
+                _, _, i = heappop(waiting)
                 depart(i, item, t)
         elif st == stamp[item]:
             d = item
             settle(d, t)
-            done = sorted(k for k, rem in computing[d].items() if rem <= 0)
+            running = computing[d]
+            done = sorted(k for k, rem in running.items() if rem <= 0)
             for k in done:
-                del computing[d][k]
+                del running[k]
             reshare(d, t)
             for k in done:
                 finish(k, t)
     if any(e < 0 for e in end):
-        _deadlock(program, end, queues, head)
+        _deadlock(program, end, {key: queues[q] for key, q in queue_of.items()},
+                  {key: head[q] for key, q in queue_of.items()})
     return Timing(start, end)
 
 
