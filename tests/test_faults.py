@@ -10,7 +10,8 @@
 Each run is a forked child of this process running the real command (`layerpipe.cli.main`, or
 `layerpipe.report.generate` with a tiny configuration since the report has no small CLI form): no interpreter
 start per kill, so 20 kills cost seconds, not minutes (the report's schedules are memoized in this process
-first, see its test). The child makes itself a process group, so its workers
+first, see its test; `simulate` and `explore` run once in this process first, `_warm`, so no child imports
+matplotlib again). The child makes itself a process group, so its workers
 can be found after it dies. Kill times are drawn from a seeded generator over the length of a complete run.
 
 A forked child shares tqdm's lock with this process in two ways, and both hung CI until pytest-timeout (900 s):
@@ -100,6 +101,18 @@ def _spawn(work: Callable[[], int], cwd: Path) -> int:
         finally:
             os._exit(code)
     return pid
+
+
+def _warm(run: Callable[[], int]) -> None:
+    """Run a command once in this process, its output discarded, before any child is forked: the children then
+    inherit its imports and loaded caches (matplotlib alone is ~0.45 s of CPU to import, its fonts more to load)
+    instead of each loading them again, so a run's length, and the kill times drawn over it, are the command's
+    own work, where it writes its files."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert run() == 0
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -262,6 +275,7 @@ def test_simulate_survives_sigkill(tmp_path: Path) -> None:
     base = ["simulate", "mlp:16-12-8-4", "--policy", "layerpipe", "-n", "2", "--out", str(out)]
     runs = (lambda: main([*base, "--samples", "8"]), lambda: main([*base, "--samples", "24", "--functional",
                                                                     "float64"]))
+    _warm(lambda: main([*base[:-1], str(tmp_path / "warm"), "--samples", "24", "--functional", "float64"]))
     _folder_kills(tmp_path, runs, out, seed=1)
 
 
@@ -331,6 +345,7 @@ def test_explore_jobs_2_survives_sigkill(tmp_path: Path) -> None:
     args = ["explore", "mlp:16-12-8-4", "mlp:12-10-8", "-n", "1-6", "--policies", "layerpipe,pipedream",
             "--jobs", "2", "--no-progress"]
     clean = tmp_path / "clean" / "r.csv"
+    _warm(lambda: main([*args, "--jobs", "1", "--out", str(tmp_path / "warm" / "r.csv")]))  # the last --jobs wins
     length = _complete(lambda: main([*args, "--out", str(clean)]), tmp_path)
     reference = {r["point_index"]: r for r in ResultsFile(clean).read_rows()}
     rng = random.Random(4)

@@ -112,7 +112,7 @@ def _regression(tmp_path: Path, seeds: list[int], sim: str) -> None:
 def _seeds(default: str) -> list[int]:
     """LAYERPIPE_REGRESSION_SEEDS: a count N (seeds 0..N−1) or a comma list; the default keeps CI's time."""
     text = os.environ.get("LAYERPIPE_REGRESSION_SEEDS", default)
-    return [int(s) for s in text.split(",")] if "," in text else list(range(int(text)))
+    return [int(s) for s in text.split(",") if s.strip()] if "," in text else list(range(int(text)))
 
 
 @pytest.mark.slow

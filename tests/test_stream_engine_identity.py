@@ -36,7 +36,7 @@ def programs(draw: st.DrawFn) -> Program:
     return prog
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(program=programs(), spec=st.sampled_from(INTERCONNECTS))
 def test_run_program_equals_the_reference(program: Program, spec: str) -> None:
     interconnect = parse_interconnect(spec)
