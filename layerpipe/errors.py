@@ -15,5 +15,5 @@ class InputError(ValueError):
 
 def unknown_name(kind: str, name: str, allowed: Iterable[str]) -> InputError:
     """The error for a name that is not in a registry, "unknown policy 'x'; allowed: a, b": one wording for the
-    registries themselves and for the CLI's early check of their names (`layerpipe.commands._common`)."""
+    registries themselves and for the command line's early check of their names, so the two cannot differ."""
     return InputError(f"unknown {kind} '{name}'; allowed: {', '.join(allowed)}")

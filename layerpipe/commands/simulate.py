@@ -116,11 +116,10 @@ def _check_names(args: argparse.Namespace) -> None:
 
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
-    """The simulator's configuration: the weight mode and the interconnect (`rtl` at the cost model's lanes)."""
-    from layerpipe.sim import MODES, SimConfig
+    """The simulator's configuration: the weight mode (`_check_names` checked it) and the interconnect (`rtl` at
+    the cost model's lanes)."""
+    from layerpipe.sim import SimConfig
 
-    if args.mode not in MODES:
-        raise InputError(f"--mode '{args.mode}' is not one of {', '.join(MODES)}")
     model = None if _stage_costs_only(args) else cost_model_from_args(args)  # None: `rtl` means one lane
     return SimConfig.of(interconnect_from_args(args, model), args.mode)
 

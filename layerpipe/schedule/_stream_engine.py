@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,12 @@ from layerpipe.schedule._ir import Op, OpSchedule
 #: imports it from here); the data-parallel policies time their step over the same horizon, so the figure
 #: `compare` prints is the one `explore` measures. It sits here, below both, so neither imports upward.
 SIM_ITERATIONS_MIN = 16
+
+
+def _check_earlier(n: int, deps: Sequence[int]) -> None:
+    """Item `n`'s dependencies (or a batch's, from item `n` on) are all items added before it."""
+    if deps and not (min(deps) >= 0 and max(deps) < n):
+        raise InputError(f"item {n} depends on an item that is not an earlier one: {tuple(deps)}")
 
 
 @dataclass
@@ -119,9 +126,7 @@ class Program:
         for src, dst in pairs:
             if src == dst:
                 raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
-        flat = [d for ds in deps for d in ds]
-        if flat and not (min(flat) >= 0 and max(flat) < n):
-            raise InputError(f"item {n} depends on an item that is not an earlier one: {flat}")
+        _check_earlier(n, [d for ds in deps for d in ds])
         self.names.extend([None] * count)
         self.device.extend([src for src, _ in pairs])
         self.stream.extend([dst for _, dst in pairs])
@@ -136,8 +141,7 @@ class Program:
              deps: tuple[int, ...] | list[int], priority: int = 0) -> int:
         n = len(self.names)
         deps = tuple(deps)  # a repeated dependency is counted and released once per mention: harmless
-        if deps and not (min(deps) >= 0 and max(deps) < n):
-            raise InputError(f"item {n} depends on an item that is not an earlier one: {deps}")
+        _check_earlier(n, deps)
         self.names.append(name)
         self.device.append(device)
         self.stream.append(stream)
