@@ -59,7 +59,8 @@ def _make_opt() -> tuple[str, ...]:
     opt = os.environ.get("LAYERPIPE_VERILATOR_OPT_FAST")
     if not opt:
         return _MAKE_OPT
-    return (f"OPT_FAST={'-O1' if opt == '-O0' else opt}", f"OPT_SLOW={opt}", f"OPT_GLOBAL={opt}")
+    # OPT_GLOBAL (Verilator's runtime files) stays the default: one compiled runtime per machine, through ccache.
+    return (f"OPT_FAST={'-O1' if opt == '-O0' else opt}", f"OPT_SLOW={opt}", _MAKE_OPT[2])
 
 
 def harness_missing() -> str | None:
@@ -149,12 +150,14 @@ def build_harness(verilog: str, build_root: Path, top: str = "layerpipe_accel", 
     began = time.perf_counter()
     work.mkdir(parents=True, exist_ok=True)
     (work / "design.v").write_text(verilog)
+    # No -CFLAGS naming the build folder: it would be on every compiler command line, runtime files included,
+    # and make ccache miss Verilator's runtime in every build (ports.h goes to obj/, which `-I.` already names).
     _run(["verilator", *HARNESS_FLAGS, "--top-module", top, "-Mdir", "obj", "-o", "harness",
-          "-CFLAGS", f"-I{work}", "design.v", str(_SOURCE)], work, env, "verilator")
+          "design.v", str(_SOURCE)], work, env, "verilator")
     ports = tuple(parse_verilator_ports((work / "obj" / "Vtop.h").read_text()))
     if not any(p.name == "clk" for p in ports):
         raise RuntimeError(f"the Verilated top has no clk port: {[p.name for p in ports]}")
-    (work / "ports.h").write_text(_ports_header(ports))
+    (work / "obj" / "ports.h").write_text(_ports_header(ports))
     _run(["make", "-C", "obj", "-f", "Vtop.mk", f"-j{jobs}", *make_opt, "harness"], work, env, "make")
     ports_file.write_text(json.dumps([p.__dict__ for p in ports]))
     return HarnessBuild(exe, ports, time.perf_counter() - began)
