@@ -24,8 +24,9 @@ from layerpipe.interconnect import Interconnect, compiled_bus_key
 from layerpipe.schedule._bodies import _earliest_fit, _occupy  # unchanged by the fast paths: shared
 from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
 from layerpipe.schedule._comm_timing import COMM_ROUNDS
-from layerpipe.schedule._ir import PeriodicSchedule, tie_rank
+from layerpipe.schedule._ir import tie_rank
 from layerpipe.schedule._lags import _solve
+from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
 

@@ -23,7 +23,7 @@ from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Linear, Network, NetworkBuilder
 from layerpipe.schedule import LayerPipeOptions, ScheduleError
 from layerpipe.schedule._bodies import _earliest_fit
-from layerpipe.schedule._ir import PeriodicSchedule, Slot
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot
 from layerpipe.schedule._self_timed import constraint_graph, self_timed_period
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._validate import validate_periodic

@@ -14,7 +14,8 @@ from layerpipe.network import load_network
 from layerpipe.schedule import validate
 from layerpipe.schedule._deps import layer_task_edges
 from layerpipe.schedule._formats import dump_schedule, from_csv, from_json, to_json
-from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule, Slot
+from layerpipe.schedule._ir import OpSchedule
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot
 from layerpipe.schedule._pipedream import PipeDream2BWOptions
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import copies, unfold_table, unfolded_edges

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from layerpipe.schedule._ir import make_slot
+from layerpipe.schedule._periodic import make_slot
 from layerpipe.schedule._validate import _disjoint_arcs
 
 

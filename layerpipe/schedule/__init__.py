@@ -13,19 +13,11 @@ from layerpipe.schedule._formats import (
     to_torch_actions,
     to_torch_csv,
 )
-from layerpipe.schedule._ir import (
-    KINDS_LAYER,
-    KINDS_STAGE,
-    Op,
-    OpSchedule,
-    PeriodicSchedule,
-    ScheduleError,
-    Slot,
-    parse_op,
-)
+from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpSchedule, ScheduleError, parse_op
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._ooo import OOOOptions
 from layerpipe.schedule._optimal import OptimalOptions
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot
 from layerpipe.schedule._pipedream import PipeDream2BWOptions, PipeDreamOptions
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stage_programs import (

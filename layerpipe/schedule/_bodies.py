@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed
-from layerpipe.schedule._ir import PeriodicSchedule, Slot, make_slot, slot_order
 from layerpipe.schedule._lags import timeline
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot, make_slot, slot_order
 from layerpipe.schedule._task_table import TaskTable
 
 

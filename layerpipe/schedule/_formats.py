@@ -31,7 +31,6 @@ from layerpipe.schedule._ir import (
     LEVELS,
     Op,
     OpSchedule,
-    PeriodicSchedule,
     _header_int,
     check_unfolding,
     format_groups,
@@ -39,8 +38,8 @@ from layerpipe.schedule._ir import (
     parse_groups,
     parse_op,
     parse_phase_reads,
-    slot_order,
 )
+from layerpipe.schedule._periodic import PeriodicSchedule, slot_order
 
 #: Names of the formats `dump_schedule` and `load_schedule` take.
 FORMATS = ("text", "csv", "torch-csv", "json")

@@ -50,8 +50,8 @@ from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
 from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
-from layerpipe.schedule._ir import PeriodicSchedule
 from layerpipe.schedule._lags import _longest_lags, asap_times
+from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions

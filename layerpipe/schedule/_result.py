@@ -11,8 +11,9 @@ from layerpipe.network import Network
 from layerpipe.schedule._bodies import periodic_from
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._deps import StageInfo
-from layerpipe.schedule._ir import OpSchedule, PeriodicSchedule
+from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._lags import loop_lengths
+from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions

@@ -35,16 +35,9 @@ from layerpipe.schedule._bodies import asap_keys, best_ordering, default_targets
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing, timing_of
 from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
-from layerpipe.schedule._ir import (
-    PeriodicSchedule,
-    Slot,
-    check_unfolding,
-    make_slot,
-    read_offset,
-    seen_updates,
-    slot_order,
-)
+from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot, make_slot, read_offset, seen_updates, slot_order
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
@@ -188,7 +181,7 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
                           period: int, delay: Mapping[int, int],
                           newest: Mapping[tuple[int, int], int] | None = None) -> dict[tuple[int, int], int]:
     """The update copy each weight read (u, x) of `table.weight_reads` really reads from under a timing: the
-    copy `layerpipe.schedule._ir.latest_update` picks — the rule `PeriodicSchedule.read_pins` pins the
+    copy `layerpipe.schedule._periodic.latest_update` picks — the rule `PeriodicSchedule.read_pins` pins the
     unrolled reads with, so the planned transfer is the one the simulator makes. `delay[x]` is the cycles from
     that copy's end to its weights reaching reader x (its planned transfer; 0 when local or unknown).
 

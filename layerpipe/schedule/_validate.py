@@ -33,20 +33,8 @@ from itertools import pairwise
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies
-from layerpipe.schedule._ir import (
-    KINDS_LAYER,
-    KINDS_STAGE,
-    Op,
-    OpKey,
-    OpSchedule,
-    PeriodicSchedule,
-    ScheduleError,
-    Slot,
-    latest_update,
-    read_offset,
-    slot_order,
-    tie_rank,
-)
+from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, ScheduleError, tie_rank
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot, latest_update, read_offset, slot_order
 from layerpipe.schedule._unfold import copies, unfolded_edges
 
 #: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
@@ -620,7 +608,7 @@ def validate(
 
 # --- the pins themselves ----------------------------------------------------------------------------------
 # Which version each reader reads (`PeriodicSchedule.read_pins`, whose staleness and versions the passes above
-# measure): `_ir` holds the rule (`latest_update`) and the schedule; this applies the rule to every reader,
+# measure): `_periodic` holds the rule (`latest_update`) and the schedule; this applies the rule to every reader,
 # layer by layer, in plain Python for the small readers × copies tables of most layers, as arrays for large
 # ones.
 
