@@ -26,7 +26,7 @@ from layerpipe._lazy import lazy_names
 if TYPE_CHECKING:
     from layerpipe._rtl_costs import RTLCostModel
     from layerpipe.hdl._cocotb import SIMULATORS, CocotbResult, available_simulators, run_cocotb, verilator_environment
-    from layerpipe.hdl._compiler import SUPPORTED_POLICIES, HardwareLimits, Program, compile_program
+    from layerpipe.hdl._compiler import SUPPORTED_POLICIES, compile_program
     from layerpipe.hdl._datapath import Opcode
     from layerpipe.hdl._flow import Design, make_design
     from layerpipe.hdl._link import LINK_LATENCY
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         unpack_matrix,
         unpack_vector,
     )
+    from layerpipe.hdl._program import HardwareLimits, Program
     from layerpipe.hdl._synth import (
         LINT_WAIVERS,
         SYNTH_TARGETS,
@@ -67,8 +68,8 @@ _LAZY: dict[str, str] = {
     "available_simulators": "layerpipe.hdl._cocotb",
     "run_cocotb": "layerpipe.hdl._cocotb",
     "verilator_environment": "layerpipe.hdl._cocotb",
-    "HardwareLimits": "layerpipe.hdl._compiler",
-    "Program": "layerpipe.hdl._compiler",
+    "HardwareLimits": "layerpipe.hdl._program",
+    "Program": "layerpipe.hdl._program",
     "SUPPORTED_POLICIES": "layerpipe.hdl._compiler",
     "compile_program": "layerpipe.hdl._compiler",
     "Opcode": "layerpipe.hdl._datapath",

@@ -24,16 +24,10 @@ from typing import Any
 from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.errors import InputError
 from layerpipe.fixedpoint import FixedFormat
-from layerpipe.hdl._compiler import (
-    SUPPORTED_POLICIES,
-    Program,
-    ceil_div,
-    check_lanes,
-    compile_program,
-    mlp_widths,
-)
+from layerpipe.hdl._compiler import SUPPORTED_POLICIES, check_lanes, compile_program, mlp_widths
 from layerpipe.hdl._conv import matrix_shape
 from layerpipe.hdl._host import HostConfig
+from layerpipe.hdl._program import Program, ceil_div
 from layerpipe.interconnect import Interconnect
 from layerpipe.network import Network, load_network
 
@@ -212,20 +206,20 @@ def _compile(net: Network, result: Any, lanes: int, samples: int, policy: str, s
     """The program with sample rings of `sample_depth` iterations: a power of two, at least `min_sample_depth`
     (below it the in-order sequencers would deadlock) unless it holds all T; by default the smallest power of
     two above that bound (one iteration of slack for the host's refill), at most T's."""
-    from layerpipe.hdl._compiler import _pow2_at_least
+    from layerpipe.hdl._program import pow2_at_least
     from layerpipe.hdl._top import min_sample_depth
 
-    whole = _pow2_at_least(samples)
+    whole = pow2_at_least(samples)
     probe = compile_program(net, result.graph, result.periodic, lanes, samples, policy=policy, sample_depth=1)
     bound = min_sample_depth(probe)
     if sample_depth is None:
-        sample_depth = min(whole, _pow2_at_least(bound + 1))
+        sample_depth = min(whole, pow2_at_least(bound + 1))
     elif (not isinstance(sample_depth, int) or isinstance(sample_depth, bool) or sample_depth < 1
           or sample_depth & (sample_depth - 1)):
         raise InputError(f"the sample buffer depth must be a power of two, got {sample_depth!r}")
     elif sample_depth < min(bound, samples):
         raise InputError(f"a sample buffer of {sample_depth} iterations deadlocks this schedule: G_1(t) frees x(t)'s "
-                         f"slot {bound - 1} periods after F_1(t) reads it; use at least {_pow2_at_least(bound)}")
+                         f"slot {bound - 1} periods after F_1(t) reads it; use at least {pow2_at_least(bound)}")
     sample_depth = min(sample_depth, whole)
     if sample_depth == 1:
         return probe

@@ -35,8 +35,8 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, 
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._compiler import Buffer, Program, Send
 from layerpipe.hdl._datapath import mul_const
+from layerpipe.hdl._program import Buffer, Program, Send
 from layerpipe.interconnect import RTL_LINK_LATENCY
 
 __all__ = ["LINK_LATENCY", "MEM_BANK", "MEM_GRADS", "MEM_WEIGHTS", "LinkReceiver", "LinkSender", "beat_layout"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from layerpipe.hdl._compiler import Buffer, Entry, PEProgram, Program, Step
+from layerpipe.hdl._program import Buffer, Entry, PEProgram, Program, Step
 
 __all__ = ["ModelRun", "run_program"]
 

@@ -31,9 +31,9 @@ from amaranth.hdl import Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._compiler import Buffer, PEProgram, Step
 from layerpipe.hdl._datapath import Opcode, mul_const
 from layerpipe.hdl._pe import PEConfig, command_layout, op_overhead
+from layerpipe.hdl._program import Buffer, PEProgram, Step
 
 __all__ = ["Row", "Sequencer", "rows_of"]
 

@@ -31,10 +31,10 @@ from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._compiler import PEProgram, Program
 from layerpipe.hdl._host import HostConfig, HostInterface, host_widths, register_map
 from layerpipe.hdl._link import LinkReceiver, LinkSender, slot_address
 from layerpipe.hdl._pe import PEConfig, ProcessingElement
+from layerpipe.hdl._program import PEProgram, Program
 from layerpipe.hdl._sequencer import Sequencer
 from layerpipe.interconnect import Interconnect
 from layerpipe.sim import SimConfig

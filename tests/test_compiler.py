@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from layerpipe._rtl_costs import RTLCostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
-from layerpipe.hdl._compiler import HardwareLimits, Program, compile_program
+from layerpipe.hdl._compiler import compile_program
 from layerpipe.hdl._flow import Design, make_design
+from layerpipe.hdl._program import HardwareLimits, Program
 from layerpipe.network import Linear, NetworkBuilder, load_network, mlp
 from layerpipe.schedule import PeriodicSchedule, Slot
 from tests.rtl_placements import placed_design, placed_schedule, placements
