@@ -29,6 +29,7 @@ import itertools
 
 import numpy as np
 
+from layerpipe.schedule._int_lists import stable_argsort
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._workload import Workload
 
@@ -56,7 +57,7 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
     peaks = [0] * c.num_procs
     if len(where) <= SMALL_INTERVALS * max(c.num_procs, 1):  # at once (as before issue 14): cheaper here
         return _peaks_at_once(c.num_procs, [where, where, wp], [lo, hi, wt], [words, -words, wd])
-    by_proc = np.argsort(wp, kind="stable")
+    by_proc = stable_argsort(wp)
     cuts = list(itertools.accumulate(np.bincount(wp, minlength=c.num_procs).tolist(), initial=0))
     for p in range(c.num_procs):
         mine = np.flatnonzero(where == p)
@@ -86,7 +87,7 @@ def _peaks_at_once(num_procs: int, procs: list[np.ndarray], times: list[np.ndarr
         # one processor the releases still go first, so the running sum falls, then rises, and its largest
         # value there is the one before or after that time either way — the same peaks.
         key = (all_p.astype(np.int64) * span + all_t) * 2 + (all_d > 0)
-        order = np.argsort(key, kind="stable")  # radix sort of integers: 8x quicksort's speed here (16k keys)
+        order = stable_argsort(key)  # radix sort of integers: 8x quicksort's speed here (16k keys)
         return _peaks_of_sorted(num_procs, all_d.take(order), np.bincount(all_p, minlength=num_procs))
     order = np.lexsort((all_d, all_t, all_p))
     if all_d.dtype.kind != "i":  # not integers: one cumsum per processor, so every sum is added as before
@@ -192,7 +193,7 @@ def _stage_activation_peaks(c: CompiledSchedule, start: np.ndarray, end: np.ndar
         held *= words_of[0]
     else:
         words = np.asarray(words_of, dtype=np.int64).take(unit.take(f))
-        order = np.argsort(released, kind="stable")
+        order = stable_argsort(released)
         freed = np.zeros(len(f) + 1, dtype=np.int64)
         np.cumsum(words.take(order), out=freed[1:])
         held = np.cumsum(words) - freed.take(np.searchsorted(released.take(order), allocated, "right"))
@@ -283,7 +284,7 @@ def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, ver
     v = versions[readers].astype(np.int64)
     span = int(v.max()) + 1
     key = (r_unit * procs + r_holder) * span + v
-    order = np.argsort(key, kind="stable")
+    order = stable_argsort(key)
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     lo = np.minimum.reduceat(start[readers[order]], first)
@@ -327,7 +328,7 @@ def _weight_steps(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versi
         return np.searchsorted(cuts, ops, side="right") - 1
 
     unit = _unit_per_op(c)
-    by_unit = np.argsort(unit, kind="stable")  # stable: program order within a unit's ops
+    by_unit = stable_argsort(unit)  # stable: program order within a unit's ops
     sorted_units = unit[by_unit]
     del unit
     finish = int(end.max()) + 1 if len(end) else 0

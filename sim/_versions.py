@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from layerpipe.schedule._int_lists import stable_argsort
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._memory import _unit_per_op
 from layerpipe.sim._workload import Workload
@@ -46,7 +47,7 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
     updates = updates[np.lexsort((end[updates], unit[updates]))]  # by layer, then end time
     update_units, update_ends = unit[updates], end[updates]
     readers = np.flatnonzero(reads)
-    readers = readers[np.argsort(unit[readers], kind="stable")]
+    readers = readers[stable_argsort(unit[readers])]
     layers, first = np.unique(unit[readers], return_index=True)
     for layer, lo, hi in zip(layers.tolist(), first.tolist(), [*first[1:].tolist(), len(readers)], strict=True):
         members = readers[lo:hi]
@@ -104,7 +105,7 @@ def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.n
         return
     span = int(c.iteration.max()) + 1
     forward_key = unit[forward].astype(np.int64) * span + c.iteration[forward]
-    order = np.argsort(forward_key, kind="stable")  # keys are distinct: the same order; radix sort
+    order = stable_argsort(forward_key)  # keys are distinct: the same order; radix sort
     forward, forward_key = forward[order], forward_key[order]
     key = unit[backward].astype(np.int64) * span + c.iteration[backward]
     pos = np.minimum(np.searchsorted(forward_key, key), len(forward_key) - 1)

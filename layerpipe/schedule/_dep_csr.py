@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
+from layerpipe.schedule._int_lists import stable_argsort
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._stage_deps import stage_dependency_arrays
 from layerpipe.schedule._workload import Workload
@@ -27,7 +28,7 @@ Csr = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
 
 def _csr(consumer: np.ndarray, producer: np.ndarray, words: np.ndarray, role: np.ndarray, n: int,
          roles: tuple[str, ...]) -> Csr:
-    order = np.argsort(consumer, kind="stable")
+    order = stable_argsort(consumer)
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
     return ptr, producer[order], words[order], role[order], roles
@@ -87,7 +88,7 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
     index = np.full((len(tasks), span), -1, dtype=np.int32 if small else np.int64)
     index[task, iteration] = np.arange(n)
     task_id = {t: k for k, t in enumerate(tasks)}
-    members = np.argsort(task, kind="stable")
+    members = stable_argsort(task)
     cuts = np.searchsorted(task[members], np.arange(len(tasks) + 1))
     role_ids: dict[str, int] = {}
     task_edges = layer_task_edges(workload.graph, schedule.read_staleness_map())
@@ -165,7 +166,7 @@ def _edges_at_once(live: list[tuple[TaskEdge, int]], task_id: dict[tuple[str, in
         raise MissingProducer(op_at(int(consumer[at])), (*live[int(edge[at])][0].src, int(t[at])))
     used = np.bincount(edge, minlength=k) > 0  # edges with a consumer: their words decide the words' type
     narrow = all(np.iinfo(np.int32).min <= w <= np.iinfo(np.int32).max for w in words_of[used].tolist())
-    order = np.argsort(consumer, kind="stable")
+    order = stable_argsort(consumer)
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])
     edge = edge[order]

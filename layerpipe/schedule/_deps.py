@@ -358,6 +358,8 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
     """
     import numpy as np
 
+    from layerpipe.schedule._int_lists import stable_argsort
+
     if schedule.level != "stage" or not schedule.synchronous:
         raise InputError("expand_stages takes a synchronous stage-level schedule")
     if len(stages.layers) != stages.num_stages:
@@ -420,7 +422,7 @@ def expand_stages(schedule: OpSchedule, graph: TrainingGraph, stages: StageInfo)
     flat_update: list[bool] = []
     starts = np.zeros(2 * len(columns.tasks), dtype=np.int64)
     known: dict[int, list[tuple[str, int]]] = {}
-    for tmpl in used[np.argsort(first_use, kind="stable")].tolist():
+    for tmpl in used[stable_argsort(first_use)].tolist():
         kind, stage = columns.tasks[tmpl // 2]
         tasks = known.get(tmpl // 2)
         if tasks is None:
@@ -506,6 +508,8 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     over `MAX_INDEX_CELLS`, a simple asynchronous schedule (it has its own array path)."""
     import numpy as np
 
+    from layerpipe.schedule._int_lists import stable_argsort
+
     n = len(task)
     if n and int(iteration.min()) < 0:
         return None
@@ -543,7 +547,7 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
         step_role = len(rules.role_names)
         rules.role_names.append(ROLE_STEP)
         role = np.concatenate([role, np.full(len(steps[0]), step_role, dtype=np.int8)])
-        order = np.argsort(consumer, kind="stable")  # a forward's activation, then its step edges
+        order = stable_argsort(consumer)  # a forward's activation, then its step edges
         producer, words, role = producer[order], words[order], role[order]
         counts = np.bincount(consumer, minlength=n)
     if (producer < 0).any():
@@ -704,6 +708,8 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
     op-by-op rules would raise (a kind that is not F, B, I, W; a stage without word counts)."""
     import numpy as np
 
+    from layerpipe.schedule._int_lists import stable_argsort
+
     units = [unit for _, unit in tasks]
     if any(kind not in ("F", "B", "I", "W") for kind, _ in tasks) or min(units, default=0) < 0:
         return None
@@ -738,7 +744,7 @@ def _stage_rules(schedule: OpSchedule, rules: _Rules, tasks: Sequence[tuple[str,
     proc = np.repeat(np.arange(schedule.num_procs, dtype=np.int64), schedule.row_lengths())
     gradient = np.flatnonzero(np.asarray([kind in ("B", "W") for kind in kinds], dtype=bool)[task])
     g_key = unit[gradient] * num_steps + step[gradient]
-    by_key = np.argsort(g_key, kind="stable")
+    by_key = stable_argsort(g_key)
     g_sorted, g_ops = g_key[by_key], gradient[by_key]
     forwards = np.flatnonzero(np.asarray([kind == "F" for kind in kinds], dtype=bool)[task])
     f_key = (unit[forwards] * num_steps + step[forwards]) * schedule.num_procs + proc[forwards]

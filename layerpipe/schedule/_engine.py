@@ -67,7 +67,7 @@ from layerpipe.schedule._dep_csr import (
     _listed_dependencies,
     _task_edge_dependencies,
 )
-from layerpipe.schedule._int_lists import int64_array
+from layerpipe.schedule._int_lists import int64_array, stable_argsort
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
 from layerpipe.schedule._op_sweep import (
     STAGE_ROUNDS_MIN_PROCS,
@@ -210,7 +210,7 @@ class CompiledSchedule:
             return empty, empty.copy(), empty.copy()
         # Entries are consumer-major, so a stable sort by producer alone leaves each producer's consumers in
         # order: the stable sort by (producer, consumer) (not np.unique: numpy 2's is a hash, then a sort).
-        order = np.argsort(self.prod_idx, kind="stable")
+        order = stable_argsort(self.prod_idx)
         producer = self.prod_idx[order].astype(np.int64)
         consumer = self.consumer_of_edge[order]
         starts = np.flatnonzero(np.concatenate(([True], (producer[1:] != producer[:-1]) |
@@ -266,7 +266,7 @@ class CompiledSchedule:
         # Inputs of each op: its same-processor producers and its incoming transfers.
         dst = np.concatenate([consumer[local], j])
         src = np.concatenate([producer[local], transfer])
-        by_dst = np.argsort(dst, kind="stable")
+        by_dst = stable_argsort(dst)
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
         links = proc[i] * procs + proc[j]
@@ -473,7 +473,7 @@ def _from_columns(columns: OpColumns) -> tuple[list[int], tuple[tuple[str, int],
         return list(columns.bounds), columns.tasks, task, np.asarray(columns.iteration, dtype=np.int64)
     first = columns.first_positions()
     present = (first < columns.num_ops).nonzero()[0]
-    order = present[np.argsort(first[present], kind="stable")]
+    order = present[stable_argsort(first[present])]
     tasks = tuple(columns.tasks[int(k)] for k in order)
     if (order == np.arange(len(order))).all():  # numbered so already (`PeriodicSchedule.unroll`): share the column
         return list(columns.bounds), tasks, task, np.asarray(columns.iteration, dtype=np.int64)

@@ -29,3 +29,29 @@ def int64_array(values: Sequence[int]) -> np.ndarray:
     except struct.error:  # not all native int64s (floats, out of range): numpy's conversion, or its error
         return np.asarray(values, dtype=np.int64)
     return out
+
+
+#: Keys below which `stable_argsort` is numpy's own sort: under ~700 keys timsort is as fast as the two reductions
+#: and the cast the radix path needs.
+SMALL_SORT = 768
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """`np.argsort(keys, kind="stable")` of an integer array: the same permutation (a stable sort's is unique), faster.
+
+    numpy's stable sort is a radix sort only for keys of 16 bits or fewer, timsort otherwise (issue 14: 70 µs for
+    2,000 op numbers, 9 as uint16; 2.6 ms for 40,000, 0.35). Keys whose range fits 16 bits are sorted as uint16
+    offsets from their least value; keys whose range fits 32 bits in two such passes, the low halves first (LSD radix:
+    the second pass, stable, keeps the first's order among equal high halves). Wider ranges, other dtypes and short
+    arrays go to numpy as they are (so do uint64 keys, which int64 cannot hold)."""
+    kind, size = keys.dtype.kind, keys.dtype.itemsize
+    if len(keys) < max(SMALL_SORT, 1) or size <= 2 or not (kind == "i" or (kind == "u" and size <= 4)):
+        return np.argsort(keys, kind="stable")  # short, already radix-sorted (16 bits), or not an integer array
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo < 1 << 16:
+        return np.argsort((keys.astype(np.int64) - lo).astype(np.uint16), kind="stable")
+    if hi - lo < 1 << 32:
+        off = keys.astype(np.int64) - lo
+        order = np.argsort((off & 0xFFFF).astype(np.uint16), kind="stable")
+        return order.take(np.argsort((off >> 16).astype(np.uint16).take(order), kind="stable"))
+    return np.argsort(keys, kind="stable")

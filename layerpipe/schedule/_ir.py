@@ -186,8 +186,10 @@ class OpColumns:
         order): what `compile_schedule` numbers them by, so it can share this column instead of renumbering."""
         import numpy as np
 
+        from layerpipe.schedule._int_lists import stable_argsort
+
         first = self.first_positions()
-        order = np.argsort(first, kind="stable")
+        order = stable_argsort(first)
         if (order == np.arange(len(order))).all():
             return self
         renumber = np.empty(len(order), dtype=np.int64)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layerpipe.schedule._int_lists import stable_argsort
 from layerpipe.schedule._runs import head_mask, needed_inputs, run_offsets
 
 __all__ = ["MIN_PROCS", "LinkSends", "sweep_rounds"]
@@ -197,7 +198,7 @@ def _link_queue(sends: LinkSends, sender_row: np.ndarray, off: np.ndarray, rows:
     hold = np.asarray(sends.hold, dtype=np.int64)
     ready_off = off[sends.producer]
     # Along each link (a stable sort by link keeps each link's queue order): the holds up to each transfer.
-    order = np.argsort(link, kind="stable")
+    order = stable_argsort(link)
     by_link = link[order]
     new_link = np.r_[True, by_link[1:] != by_link[:-1]] if count else np.zeros(0, dtype=bool)
     held = np.cumsum(hold[order])
