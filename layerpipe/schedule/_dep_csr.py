@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from layerpipe.schedule._deps import MissingProducer, TaskEdge, dependency_arrays, layer_task_edges
-from layerpipe.schedule._int_lists import stable_argsort
+from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN, stable_argsort
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._stage_deps import stage_dependency_arrays
 from layerpipe.schedule._workload import Workload
@@ -84,7 +84,7 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
     if len(tasks) * span > MAX_INDEX_CELLS:  # sparse iteration numbers: look producers up op by op instead
         return None
     # int32 where the numbers fit (issue 14: these are the compile step's peak): the op numbers, the words.
-    small = n < np.iinfo(np.int32).max
+    small = n < INT32_MAX
     index = np.full((len(tasks), span), -1, dtype=np.int32 if small else np.int64)
     index[task, iteration] = np.arange(n)
     task_id = {t: k for k, t in enumerate(tasks)}
@@ -116,7 +116,7 @@ def _task_edge_dependencies(schedule: OpSchedule, op_at: Callable[[int], Op], ta
             edges.append((e, dst, role))
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(count, out=ptr[1:])
-    narrow_words = all(np.iinfo(np.int32).min <= e.words <= np.iinfo(np.int32).max for e, _, _ in edges)
+    narrow_words = all(INT32_MIN <= e.words <= INT32_MAX for e, _, _ in edges)
     producer = np.empty(int(ptr[-1]), dtype=np.int32 if small else np.int64)
     words = np.empty(int(ptr[-1]), dtype=np.int32 if narrow_words else np.int64)
     role_of = np.empty(int(ptr[-1]), dtype=np.int8)
@@ -165,7 +165,7 @@ def _edges_at_once(live: list[tuple[TaskEdge, int]], task_id: dict[tuple[str, in
         at = int(missing[0])
         raise MissingProducer(op_at(int(consumer[at])), (*live[int(edge[at])][0].src, int(t[at])))
     used = np.bincount(edge, minlength=k) > 0  # edges with a consumer: their words decide the words' type
-    narrow = all(np.iinfo(np.int32).min <= w <= np.iinfo(np.int32).max for w in words_of[used].tolist())
+    narrow = all(INT32_MIN <= w <= INT32_MAX for w in words_of[used].tolist())
     order = stable_argsort(consumer)
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=ptr[1:])

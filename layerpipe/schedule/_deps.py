@@ -508,7 +508,7 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
     over `MAX_INDEX_CELLS`, a simple asynchronous schedule (it has its own array path)."""
     import numpy as np
 
-    from layerpipe.schedule._int_lists import stable_argsort
+    from layerpipe.schedule._int_lists import INT32_MAX, stable_argsort
 
     n = len(task)
     if n and int(iteration.min()) < 0:
@@ -536,7 +536,7 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
         total = span
         _grouped_rules(schedule, rules, graph)
     # Op numbers as int32 where they fit (issue 14: the producers and the table are the compile step's peak).
-    index = np.full((len(tasks), span), -1, dtype=np.int32 if n < np.iinfo(np.int32).max else np.int64)
+    index = np.full((len(tasks), span), -1, dtype=np.int32 if n < INT32_MAX else np.int64)
     index[task, iteration] = np.arange(n, dtype=np.int64)
     counts, producer, words, role = _apply(rules, len(tasks), task, iteration, index, total)
     if steps is not None and len(steps[0]):
@@ -587,12 +587,14 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     (issue 14: memory per op)."""
     import numpy as np
 
+    from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN
+
     table = np.asarray(rules.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
     col = {name: table[:, k] for k, name in enumerate(_RULE_COLUMNS)}
     # Producers in `index`'s type and words as int32 where every rule's fit: 9 bytes per dependency, not 17,
     # in the blocks and in their concatenation (issue 14: memory per op).
-    fits = not len(table) or (np.iinfo(np.int32).min <= int(col["words"].min())
-                              and int(col["words"].max()) <= np.iinfo(np.int32).max)
+    fits = not len(table) or (int(col["words"].min()) >= INT32_MIN
+                              and int(col["words"].max()) <= INT32_MAX)
     words_of = col["words"].astype(np.int32) if fits else col["words"]
     per_task = np.bincount(col["task"], minlength=num_tasks)
     first_row = per_task.cumsum() - per_task  # rows are added task by task

@@ -67,7 +67,7 @@ from layerpipe.schedule._dep_csr import (
     _listed_dependencies,
     _task_edge_dependencies,
 )
-from layerpipe.schedule._int_lists import int64_array, stable_argsort
+from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN, int64_array, stable_argsort
 from layerpipe.schedule._ir import Op, OpColumns, OpSchedule, RunPlan, tie_rank
 from layerpipe.schedule._op_sweep import (
     STAGE_ROUNDS_MIN_PROCS,
@@ -435,8 +435,8 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
 def _narrow(values: np.ndarray) -> np.ndarray:
     """A CSR array as int32 when every value fits (issue 14: memory per dependency). Readers index with it,
     compare it and widen it to int64 before any product or sum that could leave int32."""
-    if values.dtype == np.int64 and (not len(values) or (int(values.min()) >= np.iinfo(np.int32).min
-                                                          and int(values.max()) <= np.iinfo(np.int32).max)):
+    if values.dtype == np.int64 and (not len(values) or (int(values.min()) >= INT32_MIN
+                                                          and int(values.max()) <= INT32_MAX)):
         return values.astype(np.int32)
     return values
 
@@ -444,7 +444,7 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 def _narrow_ptr(ptr: np.ndarray) -> np.ndarray:
     """`_narrow` of a CSR pointer: it rises from 0, so its last value is its largest (one element read, not two
     reductions)."""
-    if ptr.dtype == np.int64 and (not len(ptr) or (int(ptr[0]) >= 0 and int(ptr[-1]) <= np.iinfo(np.int32).max)):
+    if ptr.dtype == np.int64 and (not len(ptr) or (int(ptr[0]) >= 0 and int(ptr[-1]) <= INT32_MAX)):
         return ptr.astype(np.int32)
     return _narrow(ptr)
 

@@ -46,7 +46,7 @@ from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, repl
 from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
-from layerpipe.schedule._task_table import TaskTable, table_of
+from layerpipe.schedule._task_table import BoundedMemo, TaskTable, table_of
 from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 
@@ -217,8 +217,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
-    ranked = _ranked(table, num_procs, search_space(table, num_procs, asap, options, interconnect, max_words),
-                     interconnect, max_words)
+    ranked = ranked_space(table, num_procs, asap, options, interconnect, max_words)
     k = options.max_staleness
     if k is None:
         # The period on the interconnect first, then the words moved, then staleness: only the placements of
@@ -262,6 +261,26 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     return periodic_result("layerpipe", options, table, num_procs, best.placement, best.timing.start,
                            best.timing.lag, best.period, item_costs, max_staleness=k, interconnect=interconnect,
                            arrival=best.timing.arrival)
+
+
+def ranked_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
+                 interconnect: Interconnect, max_words: float | None) -> list[list[tuple[list[int], PlacementCost]]]:
+    """`_ranked` of `search_space`, memoised by what they read: the table's content (`TaskTable.token`) and graph,
+    N, `keep_weights_together` (the only option the space reads), the interconnect and `max_words`. `asap` is
+    `asap_times(table)`, a function of the table, so the table's key covers it. A sweep schedules layerpipe with
+    and without a staleness bound at each network × N, and both start from this same space (issue 14: a fifth of
+    the layerpipe policy's time). Each caller gets its own lists."""
+    key = (table.token, table.graph, num_procs, options.keep_weights_together, interconnect, max_words)
+    found = _RANKED.get(key)
+    if found is None:
+        found = _RANKED.add(key, _ranked(table, num_procs, search_space(table, num_procs, asap, options,
+                                                                          interconnect, max_words),
+                                         interconnect, max_words))
+    return [[(list(placement), cost) for placement, cost in group] for group in found]
+
+
+#: `ranked_space`'s memo (`PlacementCost` is frozen; the placements are copied out).
+_RANKED: BoundedMemo[tuple[object, ...], list[list[tuple[list[int], PlacementCost]]]] = BoundedMemo(16)
 
 
 def _ranked(table: TaskTable, num_procs: int, placements: Sequence[list[int]], interconnect: Interconnect,

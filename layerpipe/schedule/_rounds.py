@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layerpipe.schedule._int_lists import stable_argsort
+from layerpipe.schedule._int_lists import INT32_MAX, stable_argsort
 from layerpipe.schedule._runs import head_mask, needed_inputs, run_offsets
 
 __all__ = ["MIN_PROCS", "LinkSends", "sweep_rounds"]
@@ -108,9 +108,9 @@ def sweep_rounds(bounds: list[int], dur: np.ndarray, ptr: np.ndarray, src: np.nd
         return None
     # int32 tables where the values fit (issue 14: they are most of the rounds' memory, rows × width each).
     transfers = 0 if sends is None else len(sends.producer)
-    small = np.int32 if first_transfer + transfers < np.iinfo(np.int32).max else np.int64
+    small = np.int32 if first_transfer + transfers < INT32_MAX else np.int64
     key = np.full((rows, width), zero, dtype=small)
-    add = np.zeros((rows, width), dtype=np.int32 if int(off.max()) < np.iinfo(np.int32).max else np.int64)
+    add = np.zeros((rows, width), dtype=np.int32 if int(off.max()) < INT32_MAX else np.int64)
     follows = np.ones(runs, dtype=bool)  # runs after another on their processor
     follows[at[:-1][at[:-1] < at[1:]]] = False
     later = row_of_run[follows]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layerpipe._gc import gc_paused
+from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +188,7 @@ def _ints(values: np.ndarray) -> memoryview:
 
 def _narrow(values: np.ndarray) -> np.ndarray:
     """`values` as int32 when every value fits (half the memory; sums with int64 arrays stay int64)."""
-    if len(values) and np.iinfo(np.int32).min <= int(values.min()) and int(values.max()) <= np.iinfo(np.int32).max:
+    if len(values) and int(values.min()) >= INT32_MIN and int(values.max()) <= INT32_MAX:
         return values.astype(np.int32)
     return values
 
