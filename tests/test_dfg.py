@@ -265,3 +265,19 @@ def test_costs_are_remembered_per_model_and_handed_out_as_copies() -> None:
     batched = dataclasses.replace(graph, network=load_network("lenet5", 4))
     assert batched.costs(MacsModel()) == {
         t: task_cost(MacsModel(), batched.network.layer(t.layer), t.kind, 4) for t in batched.tasks}
+
+
+@settings(max_examples=40, deadline=None)
+@given(networks(max_layers=6), st.booleans(), st.booleans())
+def test_graph_hash_is_remembered_and_stays_the_fields_hash(network, intra: bool, inter: bool) -> None:
+    """`TrainingGraph.__hash__` computes the dataclass's hash once: equal graphs hash alike, the value is the hash of
+    the compared fields, and a pickled graph (a worker's) carries no remembered hash from this process."""
+    import pickle
+
+    graph = build_training_graph(network, GraphOptions(intra, inter))
+    fields_hash = hash((graph.network, graph.options, graph.tasks, graph.edges))
+    assert hash(graph) == fields_hash and hash(graph) == fields_hash  # computed, then remembered
+    again = build_training_graph(network, GraphOptions(intra, inter))
+    assert again == graph and hash(again) == hash(graph)
+    copy = pickle.loads(pickle.dumps(graph))
+    assert "_hash" not in copy.__dict__ and copy == graph and hash(copy) == fields_hash
