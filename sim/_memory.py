@@ -29,7 +29,7 @@ import itertools
 
 import numpy as np
 
-from layerpipe.schedule._int_lists import stable_argsort
+from layerpipe.schedule._int_lists import sorted_unique, stable_argsort
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._workload import Workload
 
@@ -261,13 +261,13 @@ def _weight_changes(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, ver
     r_proc = np.searchsorted(cuts, readers, side="right") - 1
     r_holder = r_proc if distributed else owner[r_unit]
     # Holders: (unit, processor) of every reader and every owner; each holds w (+ buffer) throughout.
-    holder_keys = np.unique(np.concatenate([r_unit * procs + r_holder, np.arange(len(units)) * procs + owner]))
+    holder_keys = sorted_unique(np.concatenate([r_unit * procs + r_holder, np.arange(len(units)) * procs + owner]))
     h_unit, h_proc = holder_keys // procs, holder_keys % procs
     held = size[h_unit]
     if extra:
         if distributed:  # the buffer sits with the backward readers, else with the owner
             backward = np.asarray([("E" in k or k in ("B", "I")) for k in kinds], dtype=bool)[c.task[readers]]
-            buffered = np.unique(r_unit[backward] * procs + r_proc[backward])
+            buffered = sorted_unique(r_unit[backward] * procs + r_proc[backward])
             has_backward = np.zeros(len(units), dtype=bool)
             has_backward[r_unit[backward]] = True
             with_buffer = np.isin(holder_keys, buffered) | (~has_backward[h_unit] & (h_proc == owner[h_unit]))
@@ -380,7 +380,7 @@ def _held_version_counts(lo: np.ndarray, hi: np.ndarray, update_ends: np.ndarray
     lo[v] <= τ < hi[v] (versions nobody read have lo > hi and never count)."""
     used = hi > lo
     span_lo, span_hi = np.sort(lo[used]), np.sort(hi[used])
-    times = np.unique(np.concatenate([[0], span_lo, span_hi, update_ends]))
+    times = sorted_unique(np.concatenate([[0], span_lo, span_hi, update_ends]))
     active = np.searchsorted(span_lo, times, side="right") - np.searchsorted(span_hi, times, side="right")
     current = np.searchsorted(update_ends, times, side="right")
     known = current < len(lo)

@@ -187,3 +187,17 @@ def test_resume_of_a_different_sweep_is_refused(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert "holds results of a different sweep" in err and err.count("\n") == 1
     assert out.read_bytes() == before
+
+
+#: What a one-job `explore --no-progress --plots none` process does not load: tqdm (no bar), multiprocessing (no
+#: workers), numpy.ma (`sorted_unique` instead of `np.unique`, whose first call imports the masked arrays).
+NOT_LOADED = ("tqdm", "multiprocessing", "numpy.ma")
+
+
+def test_explore_without_bar_or_workers_loads_neither(tmp_path: Path) -> None:
+    code = ("import sys; from layerpipe.cli import main; "
+            f"main(['explore', 'mlp:8-6-4', '-n', '2,3', '--policies', 'layerpipe,pipedream,1f1b,ooo', "
+            f"'--max-staleness', '1', '--out', {str(tmp_path / 'r.csv')!r}, '--no-progress', '--plots', 'none']); "
+            f"print([m for m in {NOT_LOADED!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

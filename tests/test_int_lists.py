@@ -3,7 +3,8 @@
 on generated lists: ints across the whole int64 range and past it, bools, numpy ints, floats, lists longer than
 one `struct` call takes (a small chunk), empty lists. `stable_argsort` (the engine's stable sorts of integer keys
 as one or two 16-bit radix passes) gives `np.argsort(keys, kind="stable")`'s permutation on generated keys of
-every integer dtype, with ranges below 16 bits, between 16 and 32 bits (two passes) and wider."""
+every integer dtype, with ranges below 16 bits, between 16 and 32 bits (two passes) and wider; `sorted_unique` gives
+`np.unique(values)` (values, dtype, shape) on integer arrays of every dtype, 1-D and 2-D."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import layerpipe.schedule._int_lists as int_lists
-from layerpipe.schedule._int_lists import int64_array, stable_argsort
+from layerpipe.schedule._int_lists import int64_array, sorted_unique, stable_argsort
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 ODD = st.one_of(st.integers(-(1 << 70), 1 << 70), st.booleans(), INT64.map(np.int64),
@@ -74,3 +75,16 @@ def test_stable_argsort_is_numpys_stable_argsort(data: st.DataObject, dtype: typ
     want = np.argsort(keys, kind="stable")
     assert got.dtype == want.dtype
     assert got.tolist() == want.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(DTYPES), st.data(), st.integers(0, 40), st.booleans())
+def test_sorted_unique_is_numpys_unique(dtype: type, data: st.DataObject, size: int, square: bool) -> None:
+    info = np.iinfo(dtype)
+    values = data.draw(st.lists(st.integers(int(info.min), int(info.max)) | st.integers(0, 3), min_size=size,
+                                max_size=size))
+    keys = np.asarray(values, dtype=dtype)
+    if square and size % 2 == 0:
+        keys = keys.reshape(2, -1)  # flattened, as numpy's is
+    got, want = sorted_unique(keys), np.unique(keys)
+    assert (got.dtype, got.shape, got.tolist()) == (want.dtype, want.shape, want.tolist())

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from tqdm import tqdm
 
 from layerpipe.dse._evaluate import evaluate_point
 from layerpipe.dse._store import ResultsFile
@@ -26,6 +24,7 @@ from layerpipe.errors import InputError
 
 if TYPE_CHECKING:
     from distributed import Future as DaskFuture
+    from tqdm import tqdm
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,9 @@ def _local_executor(jobs: int) -> Iterator[Callable[..., Future[Any]]]:
     if jobs == 1:
         yield _inline_submit
         return
+    # Imported here: `concurrent.futures.process` loads multiprocessing (~17 ms), which a one-job run never uses.
+    from concurrent.futures import ProcessPoolExecutor
+
     with ProcessPoolExecutor(max_workers=jobs, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         yield pool.submit
 
@@ -136,8 +138,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     store = ResultsFile(out)
     done = store.start(spec.sweep_id, resume)
     pending = [(i, p) for i, p in enumerate(points) if i not in done]
-    bar = tqdm(total=len(points), initial=len(points) - len(pending), unit="pt", file=sys.stderr,
-               disable=None if progress else True, desc="explore", dynamic_ncols=True)  # None: terminals only
+    bar = _progress_bar(len(points), len(points) - len(pending), progress)
     if scheduler:
         with _dask_executor(scheduler) as dask_submit, bar:
             _drain_dask([dask_submit(_row, spec, i, p) for i, p in pending], store, bar)
@@ -157,7 +158,31 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     return RunSummary(len(points), len(points) - len(pending), len(pending), time.perf_counter() - t0)
 
 
-def _drain_dask(futures: list[DaskFuture[Any]], store: ResultsFile, bar: tqdm[Any]) -> None:
+class _NoBar:
+    """What a run without progress (`progress=False`, `explore --no-progress`) counts its points on: nothing."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+
+def _progress_bar(total: int, initial: int, progress: bool) -> tqdm[Any] | _NoBar:
+    """The run's progress bar on stderr (terminals only), or none: tqdm is imported only for a bar (~27 ms of a
+    `layerpipe explore --no-progress` process's start, issue 14)."""
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="pt", file=sys.stderr, disable=None, desc="explore",
+                dynamic_ncols=True)  # disable=None: terminals only
+
+
+def _drain_dask(futures: list[DaskFuture[Any]], store: ResultsFile, bar: tqdm[Any] | _NoBar) -> None:
     from distributed import as_completed
 
     for fut in as_completed(futures):
