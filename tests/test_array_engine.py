@@ -379,3 +379,36 @@ def test_array_built_generators_give_the_listed_rows_columns(seed: int) -> None:
         assert np.array_equal(built.columns.task, listed.columns.task)
         assert np.array_equal(built.columns.iteration, listed.columns.iteration)
         assert built.microbatches == listed.microbatches and built.synchronous
+
+
+def _runs_fields(runs: Runs) -> tuple[object, ...]:
+    return tuple(getattr(runs, f.name).tolist() if isinstance(getattr(runs, f.name), np.ndarray)
+                 else getattr(runs, f.name) for f in dataclasses.fields(runs))
+
+
+@pytest.mark.parametrize("kind", ["shared", "links"])
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_of_small_schedules_are_the_shared_ones(kind: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below `SHARE_MIN` values the runs' lists come from `tolist()` and numpy lookups instead of the shared-int
+    path: the same runs, field for field (stage-level and layer-level expansions, periodic unrolls, both input
+    kinds: op inputs only, and transfers)."""
+    import layerpipe.schedule._runs as runs_module
+    from layerpipe.sim import policy_ops
+
+    rng = random.Random(seed)
+    network = load_network(rng.choice(["mlp:16-12-8-4", "lenet5", "resnet18"]))
+    model = make_cost_model("pe", lanes=rng.choice([4, 16]))
+    graph = build_training_graph(network, GraphOptions(intra=True, inter=True))
+    procs, m = rng.choice([(2, 4), (3, 6)])
+    stage = GENERATORS["1f1b"](procs, m)
+    count = 1 + max(op.unit for op in stage.ops())
+    info = StageInfo.of_network(graph, contiguous_stages(network, graph, model, count, m))
+    policy = rng.choice(["layerpipe", "pipedream", "ooo"])
+    periodic = make_schedule(policy, network, procs, model, policy_options(policy, {}))
+    for schedule, workload in ((expand_stages(stage, graph, info), Workload.of_graph(graph, model)),
+                               policy_ops(periodic, network, model, rng.choice([8, 24]))):
+        compiled = compile_schedule(schedule, workload)
+        small = _runs_fields(_runs(compiled, kind))
+        monkeypatch.setattr(runs_module, "SHARE_MIN", 0)  # every list through the shared path
+        assert _runs_fields(_runs(compiled, kind)) == small
+        monkeypatch.undo()

@@ -110,7 +110,9 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     multi = np.flatnonzero(count > 1).tolist()
     with gc_paused():
         head_list = heads.tolist()
-        if all_ops:
+        if all_ops and len(first_key) < SHARE_MIN:  # small: numpy's lookup and `tolist` (see `SHARE_MIN`)
+            first_keys = np.append(heads, none)[first_key].tolist()
+        elif all_ops:
             head_list.append(none)
             first_keys = list(map(head_list.__getitem__, _ints(first_key)))
             head_list.pop()
@@ -119,7 +121,12 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
         del first_key
         rest: list[tuple[tuple[int, int], ...] | None] | None = None
         if multi:
-            keys = list(map(head_list.__getitem__, _ints(head_number[kept_src]))) if all_ops else key.tolist()
+            if not all_ops:
+                keys = key.tolist()
+            elif len(kept_src) < SHARE_MIN:
+                keys = heads[head_number[kept_src]].tolist()
+            else:
+                keys = list(map(head_list.__getitem__, _ints(head_number[kept_src])))
             adds, at = add.tolist(), in_ptr.tolist()
             rest = [None] * len(heads)
             for k in multi:
@@ -159,8 +166,17 @@ def run_offsets(head: np.ndarray, dur: list[int] | np.ndarray) -> tuple[np.ndarr
     return run_of, off
 
 
+#: Arrays shorter than this become lists by `tolist()` — an int object per element, 5–8x faster than sharing
+#: them (`_shared`) — rather than shared ones: below it the extra int objects are at most ~2 MiB and die with
+#: the run, while sharing is for the runs of 10⁵–10⁶ ops whose lists were the simulator's memory (issue 14).
+#: The same values either way.
+SHARE_MIN = 1 << 16
+
+
 def shared_ints(values: np.ndarray) -> list[int]:
-    """`values.tolist()` with one int object per distinct value (see `_shared`)."""
+    """`values.tolist()`, with one int object per distinct value from `SHARE_MIN` values on (see `_shared`)."""
+    if len(values) < SHARE_MIN:
+        return values.tolist()
     return list(_shared(values))
 
 
