@@ -186,10 +186,8 @@ class OpColumns:
         order): what `compile_schedule` numbers them by, so it can share this column instead of renumbering."""
         import numpy as np
 
-        from layerpipe.schedule._int_lists import stable_argsort
-
         first = self.first_positions()
-        order = stable_argsort(first)
+        order = np.argsort(first, kind="stable")
         if (order == np.arange(len(order))).all():
             return self
         renumber = np.empty(len(order), dtype=np.int64)
