@@ -10,8 +10,9 @@
             not a draw. The dev profile keeps exploring at random (and stores what it finds in .hypothesis/);
   `quick` — 10 examples per property, for a fast local loop (`HYPOTHESIS_PROFILE=quick pytest -m "not slow"`).
   A test that sets `max_examples` itself keeps it in every profile.
-- Verilator builds (cocotb's and the harness's) run at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the caller
-  set it), but for the harness's hot code, at -O1 (same build time, ~6x the speed of a long run).
+- Verilator models (cocotb's and the harness's) are built at -O0 (`LAYERPIPE_VERILATOR_OPT_FAST`, set unless the
+  caller set it), but for the harness's hot code, at -O1 (same build time, ~6x the speed of a long run). Verilator's
+  runtime files keep their default level: the build that setup.sh --dev ran compiled them into ccache once.
 - CPU time per test, opt-in: `LAYERPIPE_TEST_CPU=PATH pytest ...` appends one JSON line per test to PATH
   (nodeid, slow mark, CPU seconds of setup+call+teardown in this process *and* its waited-for children —
   so a CLI test's subprocess counts —, wall seconds, xdist worker). `tools/test_times.py PATH` sums it
@@ -32,8 +33,8 @@
   occurs together in a kept point (or in one of `covered`, points another test runs; `keep`: points always
   kept) — and the rest marked
   `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
-  the suite runs every class of case (each value of each parameter, each pair of them) — 380 s of pytest
-  (730 CPU-s) on 2 cores in a clean-clone CI run on 2026-12-06, against issue 13's target of 300 s — and the
+  the suite runs every class of case (each value of each parameter, each pair of them) — 285-305 s of pytest
+  (540-590 CPU-s) on 2 cores in clean-clone CI runs on 2026-12-06, against issue 13's target of 300 s — and the
   full grids (every combination, ~3 minutes more) are one flag away.
 """
 
@@ -69,7 +70,7 @@ settings.register_profile("ci", deadline=None, print_blob=True, suppress_health_
 settings.register_profile("quick", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 # Verilator models built at -O0 (cocotb's and the C++ harness's): a test's run is seconds, and -O0 halves the
-# cocotb build the default -Os takes (hdl/_cocotb.py) and cuts the harness's -O2 build by ~40 % (hdl/_harness.py).
+# model's build at the default -Os (hdl/_cocotb.py) and cuts the harness's -O2 build by ~40 % (hdl/_harness.py).
 os.environ.setdefault("LAYERPIPE_VERILATOR_OPT_FAST", "-O0")
 
 
