@@ -346,6 +346,7 @@ def test_explore_jobs_2_survives_sigkill(tmp_path: Path) -> None:
             "--jobs", "2", "--no-progress"]
     clean = tmp_path / "clean" / "r.csv"
     _warm(lambda: main([*args, "--jobs", "1", "--out", str(tmp_path / "warm" / "r.csv")]))  # the last --jobs wins
+    import concurrent.futures.process  # noqa: F401  (what --jobs 2 imports and a one-job run does not: _warm's aim)
     length = _complete(lambda: main([*args, "--out", str(clean)]), tmp_path)
     reference = {r["point_index"]: r for r in ResultsFile(clean).read_rows()}
     rng = random.Random(4)
