@@ -12,7 +12,8 @@ Each run is a forked child of this process running the real command (`layerpipe.
 start per kill, so 20 kills cost seconds, not minutes (the report's schedules are memoized in this process
 first, see its test; `simulate` and `explore` run once in this process first, `_warm`, so no child imports
 matplotlib again). The child makes itself a process group, so its workers
-can be found after it dies. Kill times are drawn from a seeded generator over the length of a complete run.
+can be found after it dies. Kill times are drawn from a seeded generator over the CPU seconds of a complete run
+(`_Clock`: the kills land over the command's work however loaded the machine is).
 
 A forked child shares tqdm's lock with this process in two ways, and both hung CI until pytest-timeout (900 s):
 - Forking a process that runs other threads copies their locks as they were: a lock another thread held at the
@@ -29,6 +30,7 @@ Each wait on a child has a deadline that fails the test in CHILD_SECONDS with wh
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import random
 import signal
@@ -69,20 +71,49 @@ def _own_tqdm_locks() -> None:
     tqdm.set_lock(TqdmDefaultWriteLock())
 
 
-def _wait(pid: int) -> int:
-    """waitpid with a deadline: a hung child is killed (its group too) and the test fails naming it."""
+def _watch(pid: int, until: float = math.inf) -> tuple[int | None, float]:
+    """Wait for a forked child, reading the CPU seconds its run has used (`_tree_cpu`): (its wait status, the CPU
+    of its whole run) when it ends first, (None, the CPU so far) when that reaches `until` first (it still runs).
+    With a deadline: a hung child is killed (its group too) and the test fails naming it."""
     deadline = time.monotonic() + CHILD_SECONDS
     while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.01)
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # ended, not yet reaped:
+        cpu = _tree_cpu(pid)  # a zombie's /proc entry still holds its whole run's CPU
+        if ended is not None:
+            return os.waitpid(pid, 0)[1], cpu
+        if cpu >= until:
+            return None, cpu
+        time.sleep(0.005)
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:  # hung before it made its group
         os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail(f"forked run {pid} did not finish in {CHILD_SECONDS:g} s (hung, not slow: a run takes seconds)")
+
+
+def _wait(pid: int) -> int:
+    """The child's wait status, once it has ended (`_watch`'s deadline)."""
+    status, _ = _watch(pid)
+    assert status is not None
+    return status
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds a child has used so far: its own, its ended-and-waited-for children's, and its live
+    descendants' (`explore --jobs 2`'s workers), from /proc, to the kernel's tick; 0 once it is reaped."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # every thread's children: a process pool may start its workers from a thread of its own
+        kids = [kid for task in Path(f"/proc/{pid}/task").iterdir() for kid in (task / "children").read_text().split()]
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 after the command name
+    own = sum(int(x) for x in fields[11:15]) / _TICK
+    return own + sum(_tree_cpu(int(kid)) for kid in kids)
 
 
 def _spawn(work: Callable[[], int], cwd: Path) -> int:
@@ -142,17 +173,19 @@ def _wait_group_gone(pgid: int) -> list[int]:
 
 
 def _complete(work: Callable[[], int], cwd: Path) -> float:
-    t0 = time.monotonic()
+    """Run `work` to its end in a child; the CPU seconds its run took (its workers' too), as `_tree_cpu` reads."""
     pid = _spawn(work, cwd)
-    status = _wait(pid)
-    assert os.waitstatus_to_exitcode(status) == 0
+    status, cpu = _watch(pid)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 0
     assert not _wait_group_gone(pid)
-    return time.monotonic() - t0
+    return cpu
 
 
 class _Clock:
-    """The length of a complete run, kept as the shortest seen: on a shared machine a run measured while it was
-    busy is long, and kill times drawn from it would mostly land after the run finished."""
+    """Kill times in CPU seconds of the run, not wall seconds: the kills land over the command's work however busy
+    the machine is (a wall-clock delay drawn from a run measured while the machine was busy is long, so the kills
+    would land later in the run and each killed run would cost more). `length` is the CPU of a complete run, kept
+    as the least seen."""
 
     def __init__(self, length: float) -> None:
         self.length = length
@@ -160,16 +193,13 @@ class _Clock:
     def kill_at(self, work: Callable[[], int], cwd: Path, rng: random.Random) -> bool:
         """Run `work`, SIGKILL it at a random point of a run; True when it was killed (not finished first)."""
         delay = rng.uniform(0.0, 1.1 * self.length)
-        t0 = time.monotonic()
         pid = _spawn(work, cwd)
-        while time.monotonic() - t0 < delay:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:  # finished before its kill time: a complete run, and a shorter length
-                assert os.waitstatus_to_exitcode(status) == 0
-                self.length = min(self.length, time.monotonic() - t0)
-                assert not _wait_group_gone(pid)
-                return False
-            time.sleep(0.005)
+        status, cpu = _watch(pid, delay)
+        if status is not None:  # finished before its kill time: a complete run, and maybe a shorter length
+            assert os.waitstatus_to_exitcode(status) == 0
+            self.length = min(self.length, cpu)
+            assert not _wait_group_gone(pid)
+            return False
         os.kill(pid, signal.SIGKILL)
         status = _wait(pid)
         survivors = _wait_group_gone(pid)
