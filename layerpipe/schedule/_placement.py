@@ -382,7 +382,7 @@ def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interco
 #: Moves from which `best_move` scores a given list on arrays rather than one at a time.
 BATCH_MOVES = 48
 #: Estimated moves from which `_improve` finds and scores a round on arrays (`_State.array_round`).
-ARRAY_ROUND_MOVES = 200
+ARRAY_ROUND_MOVES = 150
 
 Key = tuple[int, int, int]
 

@@ -69,6 +69,11 @@ class PairSums:
         self.entry_item = np.array(entry_item, dtype=np.int64)
         self.entry_task = np.array(entry_task, dtype=np.int64)
         self.entry_figures = np.array(entry_figures, dtype=np.int64).reshape(len(entry_item), 4).T.copy()
+        #: Per item, its holds out and in summed over all its neighbours: what a move can add to one channel.
+        self.out_total = np.zeros(count, dtype=np.int64)
+        self.in_total = np.zeros(count, dtype=np.int64)
+        np.add.at(self.out_total, self.entry_item, self.entry_figures[_OUT])
+        np.add.at(self.in_total, self.entry_item, self.entry_figures[_IN])
 
 
 class Dense:
@@ -133,49 +138,31 @@ def scored_arrays(state: _State, dense: Dense, items: np.ndarray, dsts: np.ndarr
     """`best_move` on arrays: the index of the first move of least key below `current` (words past
     `max_words` and above `current`'s skipped), or -1.
 
-    Every move's key is bounded from below first, from what its (s, d) pair leaves alone and what only grows
-    (the load of d, the holds of d's other channels); the exact keys, which read a row of i per channel block,
-    are computed only for the moves whose bound does not exceed the best exact period found — first among the
-    moves of least bound, which usually hold the best move, then, if that best is above their bound, among
-    all moves up to it. A move left out has a period above the best's, so the pick is the one over all moves."""
+    Every move's period is bounded from below first, from what its (s, d) pair leaves alone and what only grows
+    (the loads of s and d after the move, the holds of d's other channels); exact keys are computed only for the
+    moves whose bound does not exceed the best exact period found — first among the moves of least bound, which
+    usually hold the best move, then, if that best is above their bound, among all moves up to it. A move left
+    out has a period above the best's, so the pick is the one over all moves."""
     count = len(items)
     if not count:
         return -1
-    n = state.n
     load = dense.load
     src = dense.item_place[items]
     cost = dense.cost[items]
     new_src, new_dst = load[src] - cost, load[dsts] + cost
-    # Per distinct (s, d): the highest load or hold the move leaves alone and how many hold it, and a floor
-    # under what it changes (d's other channels only gain).
-    pair_codes, pair_of = np.unique(src * n + dsts, return_inverse=True)
-    ps, pd = pair_codes // n, pair_codes % n
-    pairs = len(pair_codes)
-    hit = np.zeros((pairs, n), dtype=bool)
-    ar = np.arange(pairs)
-    hit[ar, ps] = True
-    hit[ar, pd] = True
-    left = np.where(hit, -1, load[None, :])
-    floor = np.zeros(pairs, dtype=np.int64)
-    if not state.shared and not state.bus:  # links: the channels outside rows and columns s and d
-        chan = dense.chan.reshape(n, n)
-        left_chan = np.where(hit[:, :, None] | hit[:, None, :], -1, chan[None, :, :]).reshape(pairs, -1)
-        left = np.concatenate((left, left_chan), axis=1)
-        floor = np.where(hit, -1, np.maximum(chan[pd], chan[:, pd].T)).max(axis=1)
-    left_top = left.max(axis=1)
-    left_count = (left == left_top[:, None]).sum(axis=1)
-    bound = np.maximum(np.maximum(new_src, new_dst), np.maximum(left_top, floor)[pair_of])
+    fig = _Figures(state, dense, items, src, dsts)
+    base = np.maximum(np.maximum(new_src, new_dst), fig.left_top)
+    bound = base if fig.floor is None else np.maximum(base, fig.floor)
     top0, at0, words0 = current
     open_ = np.flatnonzero(bound <= top0)  # a move bounded above the current period cannot go below it
     if not len(open_):
         return -1
-    move_top, move_count = left_top[pair_of], left_count[pair_of]
 
     def least_of(sel: np.ndarray) -> tuple[int, int]:
         """The first move of least key below `current` among `sel` (index into the round's moves) and its period;
         (-1, 0) for none."""
-        top, at_top, words = _keys(state, dense, items[sel], dsts[sel], src[sel], new_src[sel], new_dst[sel],
-                                   move_top[sel], move_count[sel])
+        top, at_top, words = _keys(state, dense, fig, sel, items[sel], dsts[sel], src[sel], new_src[sel],
+                                   new_dst[sel], base[sel])
         below = (top < top0) | ((top == top0) & ((at_top < at0) | ((at_top == at0) & (words < words0))))
         if max_words is not None:
             below &= ~((words > max_words) & (words > words0))
@@ -194,40 +181,85 @@ def scored_arrays(state: _State, dense: Dense, items: np.ndarray, dsts: np.ndarr
     return least_of(open_ if best < 0 else open_[bound[open_] <= period])[0]
 
 
-def _keys(state: _State, dense: Dense, items: np.ndarray, dsts: np.ndarray, src: np.ndarray, new_src: np.ndarray,
-          new_dst: np.ndarray, left_top: np.ndarray, left_count: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The moves' keys (period, resources at the period, words): the highest of what each leaves alone
-    (`left_top`, held `left_count` times) and what it changes, after the move."""
-    n, count, sums = state.n, len(items), dense.sums
+class _Figures:
+    """Per move, what its (s, d) pair decides, computed once per distinct pair: the highest load or hold the move
+    leaves alone (`left_top`) and how many resources hold it (`left_count`); on links also a floor under the
+    channels it changes (`floor`: d's other channels only gain) and a cap over them (`cap`: s's channels only
+    lose, but for the two between s and d; d's gain at most the item's total holds out, or in)."""
+
+    def __init__(self, state: _State, dense: Dense, items: np.ndarray, src: np.ndarray, dsts: np.ndarray) -> None:
+        n = state.n
+        load = dense.load
+        # The distinct pairs, by a table over all N² codes (cheaper than sorting for np.unique)
+        codes = src * n + dsts
+        present = np.zeros(n * n, dtype=bool)
+        present[codes] = True
+        pair_codes = np.flatnonzero(present)
+        pairs = len(pair_codes)
+        position = np.empty(n * n, dtype=np.int64)
+        position[pair_codes] = np.arange(pairs)
+        pair_of = position[codes]
+        ps, pd = pair_codes // n, pair_codes % n
+        hit = np.zeros((pairs, n), dtype=bool)
+        ar = np.arange(pairs)
+        hit[ar, ps] = True
+        hit[ar, pd] = True
+        left = np.where(hit, -1, load[None, :])
+        self.floor: np.ndarray | None = None
+        self.cap: np.ndarray | None = None
+        if not state.shared and not state.bus:  # links: the channels outside rows and columns s and d
+            chan = dense.chan.reshape(n, n)
+            left_chan = np.where(hit[:, :, None] | hit[:, None, :], -1, chan[None, :, :]).reshape(pairs, -1)
+            left = np.concatenate((left, left_chan), axis=1)
+            self.floor = np.where(hit, -1, np.maximum(chan[pd], chan[:, pd].T)).max(axis=1)[pair_of]
+            # Whole rows and columns (the diagonal holds 0): a looser cap, but per processor, not per pair.
+            out_max, in_max = chan.max(axis=1), chan.max(axis=0)
+            self.cap = np.maximum(np.maximum(out_max, in_max)[src],
+                                  np.maximum(out_max[dsts] + dense.pairs.out_total[items],
+                                             in_max[dsts] + dense.pairs.in_total[items]))
+        left_top = left.max(axis=1)
+        self.left_count = (left == left_top[:, None]).sum(axis=1)[pair_of]
+        self.left_top = left_top[pair_of]
+
+
+def _keys(state: _State, dense: Dense, fig: _Figures, sel: np.ndarray, items: np.ndarray, dsts: np.ndarray,
+          src: np.ndarray, new_src: np.ndarray, new_dst: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The keys (period, resources at the period, words) of the moves `sel` (their items, destinations, ...
+    given): the highest of what each leaves alone and what it changes, after the move, and how many hold it."""
+    n, sums = state.n, dense.sums
+    left_top, left_count = fig.left_top[sel], fig.left_count[sel]
     words = state.words + sums[_WORDS][items, src] - sums[_WORDS][items, dsts]
-    top = np.maximum(np.maximum(new_src, new_dst), left_top)
-    changed: list[np.ndarray] = [new_src, new_dst]
-    grid: np.ndarray | None = None
+    top = base.copy()  # the period when no changed channel reaches it
     if state.bus:
         both = sums[_OUT] + sums[_IN]
-        changed.append(dense.chan[0] + both[items, src] - both[items, dsts])
-    elif not state.shared:
-        chan = dense.chan.reshape(n, n)
-        out, into = sums[_OUT][items], sums[_IN][items]
-        k = np.arange(count)
-        grid = np.empty((count, 4, n), dtype=np.int64)
-        np.subtract(chan[src], out, out=grid[:, 0])  # (s, r) loses i's holds out to r
-        np.add(chan[dsts], out, out=grid[:, 1])  # (d, r) gains them
-        np.subtract(chan[:, src].T, into, out=grid[:, 2])  # (r, s) loses i's holds in from r
-        np.add(chan[:, dsts].T, into, out=grid[:, 3])  # (r, d) gains them
-        grid[k, :, src] = -1  # r ∈ {s, d}: the two channels between s and d, taken below with both terms
-        grid[k, :, dsts] = -1
-        changed.append(chan[src, dsts] - out[k, dsts] + into[k, src])
-        changed.append(chan[dsts, src] + out[k, src] - into[k, dsts])
-        grid = grid.reshape(count, -1)
-        top = np.maximum(top, grid.max(axis=1))
-    for values in changed[2:]:
-        top = np.maximum(top, values)
-    at_top = np.where(left_top == top, left_count, 0)
-    for values in changed:
-        at_top += values == top
-    if grid is not None:
-        at_top += (grid == top[:, None]).sum(axis=1)
+        bus = dense.chan[0] + both[items, src] - both[items, dsts]
+        top = np.maximum(top, bus)
+    at_top = np.where(left_top == top, left_count, 0) + (new_src == top) + (new_dst == top)
+    if state.bus:
+        at_top += bus == top
+    elif fig.cap is not None:
+        # Links: only moves whose changed channels may reach the period read them (one row of i per block).
+        k = np.flatnonzero(fig.cap[sel] >= top)
+        if len(k):
+            i, s, d = items[k], src[k], dsts[k]
+            chan = dense.chan.reshape(n, n)
+            out, into = sums[_OUT][i], sums[_IN][i]
+            m = np.arange(len(k))
+            grid = np.empty((len(k), 4, n), dtype=np.int64)
+            np.subtract(chan[s], out, out=grid[:, 0])  # (s, r) loses i's holds out to r
+            np.add(chan[d], out, out=grid[:, 1])  # (d, r) gains them
+            np.subtract(chan[:, s].T, into, out=grid[:, 2])  # (r, s) loses i's holds in from r
+            np.add(chan[:, d].T, into, out=grid[:, 3])  # (r, d) gains them
+            grid[m, :, s] = -1  # r ∈ {s, d}: the two channels between s and d, taken below with both terms
+            grid[m, :, d] = -1
+            flat = grid.reshape(len(k), -1)
+            s_d = chan[s, d] - out[m, d] + into[m, s]
+            d_s = chan[d, s] + out[m, s] - into[m, d]
+            sub_top = np.maximum.reduce([top[k], flat.max(axis=1), s_d, d_s])
+            sub_at = (np.where(left_top[k] == sub_top, left_count[k], 0) + (new_src[k] == sub_top)
+                      + (new_dst[k] == sub_top) + (flat == sub_top[:, None]).sum(axis=1) + (s_d == sub_top)
+                      + (d_s == sub_top))
+            top[k], at_top[k] = sub_top, sub_at
     # Nothing loaded at all: every resource holds 0, counted as before the move (`key_after`).
     at_top = np.where(top == 0, state.hist.get(0, 0), at_top)
     return top, at_top, words
