@@ -1,7 +1,8 @@
 """`_placement_arrays`: `improve`'s rounds on dense arrays give what the straightforward rounds give — the same
 candidate moves in the same order (`_State.candidate_moves`), the same pick (`one_at_a_time`, trial by trial with
 `_State.key_after`), and arrays that stay equal to those rebuilt from the placement after every move — on
-generated networks, processor counts, interconnects and start placements, with and without a words bound."""
+generated networks, processor counts, interconnects and start placements, with and without a words bound; and
+the histogram of loads and holds `_State.move` keeps equal to the one recounted."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def _reference_improve(table, state: _State, max_words: float | None, check_arra
             fresh = Dense(state, _items(table, state.ic, state.members).pairs)
             for name in ("load", "cost", "item_place", "chan", "sums"):
                 assert np.array_equal(getattr(state.arrays(), name), getattr(fresh, name)), (name, rounds)
+            hist, levels = dict(state.hist), list(state.levels)  # kept under moves: as recounted
+            state._histogram()
+            assert (state.hist, state.levels) == (hist, levels), rounds
         if expected is None:
             return rounds
         state.move(*expected)

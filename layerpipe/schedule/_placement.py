@@ -16,8 +16,10 @@ together on arrays (`best_move`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import neg
 
 import numpy as np
 
@@ -268,15 +270,24 @@ class _State:
     def move(self, item: int, dst: int) -> None:
         src = self.item_place[item]
         changes, dw = self.delta(item, dst)
+        # The histogram follows each resource the move changes: old level out, new level in (a channel at 0
+        # holds nothing and is not counted, as in `_histogram`).
         for ch, d in changes:
-            value = self.chan.get(ch, 0) + d
+            old = self.chan.get(ch, 0)
+            value = old + d
+            if old:
+                self._level_out(old)
             if value:
                 self.chan[ch] = value
+                self._level_in(value)
             else:
                 self.chan.pop(ch, None)
         self.words += dw
-        self.load[src] -= self.item_cost[item]
-        self.load[dst] += self.item_cost[item]
+        cost = self.item_cost[item]
+        for p, change in ((src, -cost), (dst, cost)):
+            self._level_out(self.load[p])
+            self.load[p] += change
+            self._level_in(self.load[p])
         self.items_on[src] -= 1
         self.items_on[dst] += 1
         for v in self.members[item]:
@@ -287,7 +298,21 @@ class _State:
             self.memo[j].clear()
         if self.dense is not None:
             self.dense.move(item, src, dst, changes)
-        self._histogram()
+
+    def _level_out(self, x: int) -> None:
+        left = self.hist[x] - 1
+        if left:
+            self.hist[x] = left
+        else:
+            del self.hist[x]
+            del self.levels[bisect_left(self.levels, -x, key=neg)]
+
+    def _level_in(self, x: int) -> None:
+        if x in self.hist:
+            self.hist[x] += 1
+        else:
+            self.hist[x] = 1
+            insort(self.levels, x, key=neg)
 
     def candidate_moves(self) -> list[tuple[int, int]]:
         """(item, destination) pairs that touch a bottleneck resource, in order — less those that would load
@@ -382,7 +407,7 @@ def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interco
 #: Moves from which `best_move` scores a given list on arrays rather than one at a time.
 BATCH_MOVES = 48
 #: Estimated moves from which `_improve` finds and scores a round on arrays (`_State.array_round`).
-ARRAY_ROUND_MOVES = 150
+ARRAY_ROUND_MOVES = 100
 
 Key = tuple[int, int, int]
 
