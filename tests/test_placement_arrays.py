@@ -77,3 +77,23 @@ def test_array_rounds_on_zoo_networks() -> None:
             state = _State(table, placement, n, ic, members)
             assert _reference_improve(table, state, None, check_arrays=seed == 0) > 0
             assert _improve(table, placement, n, ic, members, None) == state.place
+
+
+def test_figures_past_the_array_bound_run_on_python_ints() -> None:
+    """Costs and words scaled past `INT64_SAFE`: no arrays are kept and the search is the reference's, scaled."""
+    from dataclasses import replace
+
+    from layerpipe.schedule._placement_arrays import INT64_SAFE
+    from tests.schedule_reference import reference_improve
+
+    table = task_table(load_network("lenet5"), 2)
+    huge = replace(table, cost=tuple(c * INT64_SAFE for c in table.cost),
+                   pred_words=tuple(tuple(w * INT64_SAFE for w in ws) for ws in table.pred_words),
+                   weight_reads=tuple((u, x, w * INT64_SAFE) for u, x, w in table.weight_reads))
+    ic = parse_interconnect("links:2:1", lanes=4)
+    _, members = group_items(huge, range(len(huge)))
+    placement = [v % 6 for v in range(len(huge))]
+    assert not _items(huge, ic, members).fits_int64
+    found = _improve(huge, placement, 6, ic, members, None)
+    assert found == reference_improve(huge, placement, 6, ic, members, None)
+    assert found != placement

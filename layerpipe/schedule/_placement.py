@@ -10,8 +10,8 @@ any latency), so a placement's *period on the interconnect* is
 F, E, G, U under `keep_weights_together`) off the bottleneck resource — the busiest processor, or one end
 of a transfer on the busiest channel — while that lowers (period, resources at the period, words), under
 an optional bound on words per iteration. Loads and channel holds are updated incrementally, so a move
-costs the degree of the item, not the size of the graph; a round with many candidate moves scores them
-together on arrays (`best_move`).
+costs the degree of the item, not the size of the graph; a round with many candidate moves finds and scores
+them together on arrays (`_placement_arrays`, per-item sums per processor kept under moves as well).
 """
 
 from __future__ import annotations

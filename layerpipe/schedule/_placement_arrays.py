@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 Key = tuple[int, int, int]
 
-#: Largest magnitude of a summed load, hold or word count kept on int64 arrays (far beyond any table; above
-#: it `_State` keeps no arrays and the rounds run on Python ints).
-INT64_SAFE = 1 << 60
+#: Bound on the summed loads, holds and words of a table scored on int64 arrays: every figure a round computes
+#: stays below twice it, and words below it compare with a float words bound exactly (numpy compares int64 with
+#: a float in float64, exact up to 2**53). Far beyond any table; above it the rounds run on Python ints.
+INT64_SAFE = 1 << 53
 
 #: The figure planes of `Dense.sums`: words, holds out, holds in, neighbour tasks.
 _WORDS, _OUT, _IN, _NEAR = range(4)
