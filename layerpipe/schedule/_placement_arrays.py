@@ -170,10 +170,9 @@ def scored_arrays(state: _State, dense: Dense, items: np.ndarray, dsts: np.ndarr
         pick = np.flatnonzero(below)
         if not len(pick):
             return -1, 0
-        for figure in (top, at_top, words):  # least key, lexicographically; the first move among equals
-            values = figure[pick]
-            pick = pick[values == values.min()]
-        return int(sel[pick[0]]), int(top[pick[0]])
+        # least key, lexicographically; the first move among equals (lexsort is stable)
+        first = pick[np.lexsort((words[pick], at_top[pick], top[pick]))[0]]
+        return int(sel[first]), int(top[first])
 
     least = bound[open_].min()
     best, period = least_of(open_[bound[open_] == least])
