@@ -4,7 +4,8 @@ move, `periodic_versions` sweeping all 4D periods of reads, `_pack_channels` sor
 function. Copied from commit 92d1fb8 (layerpipe/schedule/_placement.py, _validate.py, _comm.py) with only the
 names changed; not used by the package. Also, from commit 6b4e035 (before the scheduler's second speed pass):
 `modulo_list_schedule` scanning every processor's free list, and `comm_timing`'s rounds re-planning every
-channel and solving the lags with the retiming package's solver every round.
+channel and solving the lags with the retiming package's solver every round. And from commit 8e92819:
+`balance` sorting every processor's weights afresh each round (`reference_balance`).
 
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
@@ -12,6 +13,8 @@ Also the inputs those tests share: the interconnects they draw from (`SPECS`), t
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import random
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -30,8 +33,8 @@ from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
 
-__all__ = ["reference_comm_timing", "reference_improve", "reference_modulo_list_schedule", "reference_pack_channels",
-           "reference_periodic_versions"]
+__all__ = ["reference_balance", "reference_comm_timing", "reference_improve", "reference_modulo_list_schedule",
+           "reference_pack_channels", "reference_periodic_versions"]
 
 
 class _State:
@@ -402,3 +405,77 @@ def random_placement(num_tasks: int, members: Sequence[Sequence[int]], num_procs
         for v in tasks:
             placement[v] = proc
     return placement
+
+
+def reference_balance(weights: Sequence[int], num_procs: int, initial: Sequence[int] | None = None,
+                      rounds: int = 2000) -> list[int]:
+    """`_balance.balance` before its sorted weights were kept across rounds (commit 8e92819)."""
+    proc = [0] * len(weights)
+    members: list[list[int]] = [[] for _ in range(num_procs)]
+    load = [0] * num_procs
+    if initial is not None:
+        for i, p in enumerate(initial):
+            proc[i] = p
+            members[p].append(i)
+            load[p] += weights[i]
+    else:
+        heap = [(0, p) for p in range(num_procs)]
+        for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+            lo, p = heapq.heappop(heap)
+            proc[i] = p
+            members[p].append(i)
+            load[p] = lo + weights[i]
+            heapq.heappush(heap, (load[p], p))
+    for _ in range(rounds):
+        if not _reference_improve_busiest(weights, proc, members, load):
+            break
+    return proc
+
+
+def _reference_improve_busiest(weights: Sequence[int], proc: list[int], members: list[list[int]],
+                               load: list[int]) -> bool:
+    """One move or swap that lowers the busiest processor without raising any other to its load.
+
+    For item i (weight w) on the busiest processor and a processor q, a swap with j changes both loads by
+    d = w − w_j; the best d is the one closest to (peak − load_q)/2, found by bisection in q's sorted weights.
+    """
+    top = max(range(len(load)), key=lambda p: (load[p], -p))
+    peak = load[top]
+    best: tuple[int, int, int, int] | None = None  # (new pair max, item, to-proc, swapped item or -1)
+    by_weight = [sorted((weights[j], j) for j in members[q]) for q in range(len(load))]
+    for i in members[top]:
+        w = weights[i]
+        for q in range(len(load)):
+            room = peak - load[q]
+            if q == top or room <= 0:
+                continue
+            if w < room:
+                key = max(peak - w, load[q] + w)
+                if best is None or key < best[0]:
+                    best = (key, i, q, -1)
+            ws = by_weight[q]
+            # want w_j = w − d with 0 < d < room, d near room/2: w_j near w − room/2
+            k = bisect.bisect_left(ws, (w - room // 2, -1))
+            for cand in (k - 1, k):
+                if 0 <= cand < len(ws):
+                    d = w - ws[cand][0]
+                    if 0 < d < room:
+                        key = max(peak - d, load[q] + d)
+                        if best is None or key < best[0]:
+                            best = (key, i, q, ws[cand][1])
+    if best is None:
+        return False
+    _, i, q, j = best
+    _reference_move(i, top, q, weights, proc, members, load)
+    if j >= 0:
+        _reference_move(j, q, top, weights, proc, members, load)
+    return True
+
+
+def _reference_move(i: int, src: int, dst: int, weights: Sequence[int], proc: list[int], members: list[list[int]],
+          load: list[int]) -> None:
+    members[src].remove(i)
+    members[dst].append(i)
+    load[src] -= weights[i]
+    load[dst] += weights[i]
+    proc[i] = dst

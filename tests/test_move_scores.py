@@ -54,9 +54,7 @@ def test_array_scores_pick_the_loops_move(network: str, num_procs: int, spec: st
 
 def test_improve_unchanged_through_the_array_path() -> None:
     """A large search (resnet18 on 8 processors offers rounds of more than `BATCH_MOVES` moves) ends where the
-    loop alone ends."""
-    import layerpipe.schedule._placement as scores
-
+    loop alone ends (`_improve` finds and scores its rounds on arrays)."""
     model = PEModel()
     table = table_of(load_network("resnet18"), GraphOptions(), model)
     ic = parse_interconnect("links:2:1", lanes=model.lanes)
@@ -66,10 +64,7 @@ def test_improve_unchanged_through_the_array_path() -> None:
 
     clear_memos()
     batched = improve(table, start, 8, ic, members)
-    clear_memos()
-    kept, scores.BATCH_MOVES = scores.BATCH_MOVES, 10**9
-    try:
-        alone = improve(table, start, 8, ic, members)
-    finally:
-        scores.BATCH_MOVES = kept
-    assert batched == alone
+    state = _State(table, start, 8, ic, members)
+    while (best := one_at_a_time(state, state.candidate_moves(), state.key(), None)) is not None:
+        state.move(*best)
+    assert batched == state.place

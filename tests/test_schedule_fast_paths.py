@@ -23,6 +23,7 @@ from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import make_schedule
+from layerpipe.schedule._balance import balance
 from layerpipe.schedule._comm import Comm, _pack_channels, transfers
 from layerpipe.schedule._comm_timing import _comm_timing, comm_timing
 from layerpipe.schedule._layerpipe import group_items, weight_groups
@@ -34,6 +35,7 @@ from tests.schedule_reference import (
     FAST,
     SPECS,
     random_placement,
+    reference_balance,
     reference_improve,
     reference_pack_channels,
     reference_periodic_versions,
@@ -61,6 +63,17 @@ def test_improve_equals_the_reference(net, n, spec, overhead, together, seed, bo
     assert again == expected
     again.append(-1)
     assert improve(table, placement, n, ic, members, max_words) == expected
+
+
+@FAST
+@given(weights=st.lists(st.integers(0, 40), max_size=40), n=st.integers(1, 9), seeded=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_balance_equals_the_reference(weights, n, seeded, seed) -> None:
+    """LPT or a random start, then moves and swaps off the busiest processor: the sorted weights kept across
+    rounds give the rounds that sort them afresh."""
+    rng = random.Random(seed)
+    initial = [rng.randrange(n) for _ in weights] if seeded else None
+    assert balance(weights, n, initial) == reference_balance(weights, n, initial)
 
 
 def test_improve_refuses_an_item_split_over_processors() -> None:

@@ -10,20 +10,22 @@ any latency), so a placement's *period on the interconnect* is
 F, E, G, U under `keep_weights_together`) off the bottleneck resource — the busiest processor, or one end
 of a transfer on the busiest channel — while that lowers (period, resources at the period, words), under
 an optional bound on words per iteration. Loads and channel holds are updated incrementally, so a move
-costs the degree of the item, not the size of the graph; a round with many candidate moves scores them
-together on arrays (`best_move`).
+costs the degree of the item, not the size of the graph; a round with many candidate moves finds and scores
+them together on arrays (`_placement_arrays`, per-item sums per processor kept under moves as well).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from operator import neg
 
 import numpy as np
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, queues
+from layerpipe.schedule._placement_arrays import INT64_SAFE, Dense, PairSums, candidate_arrays, scored_arrays
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable, memo
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
@@ -103,6 +105,17 @@ class _Items:
         self.nbr_items = [sorted({self.item_of[x] for x in row}) for row in rows]
         #: The edges that hold a channel, for the moves off the busiest channel: (producer, consumer).
         self.held = [(u, v) for u, v, _, h in self.edges if h and not shared]
+        #: Whether every sum of loads, holds and words fits int64 with room (`Dense`, else Python ints only).
+        self.fits_int64 = (sum(self.item_cost) < INT64_SAFE
+                           and sum(w + h for _, _, w, h in self.edges) < INT64_SAFE)
+        self._pairs: PairSums | None = None
+
+    @property
+    def pairs(self) -> PairSums:
+        """`PairSums` of these items, built on first use (then shared like the rest)."""
+        if self._pairs is None:
+            self._pairs = PairSums(self, len(self.members))
+        return self._pairs
 
 
 #: `_Items` by (table token, interconnect, items): the few last, for the start placements of one search.
@@ -148,9 +161,27 @@ class _State:
                     c = self.channel(self.place[u], self.place[v])
                     self.chan[c] = self.chan.get(c, 0) + h
         self.memo: list[dict[int, tuple[list[tuple[int, int]], int]]] = [{} for _ in members]
-        #: `delta` flattened for the array scoring (`_scored`): (channels, changes, words), same lifetime.
-        self.flat: list[dict[int, tuple[tuple[int, ...], tuple[int, ...], int]]] = [{} for _ in members]
         self._histogram()
+        #: Items per processor: how many moves a round off the busiest processors offers (`array_round`).
+        self.items_on = [0] * num_procs
+        for p in self.item_place:
+            self.items_on[p] += 1
+        self._items = items
+        #: The same figures on arrays, built at the first round large enough (`arrays`), then kept by `move`.
+        self.dense: Dense | None = None
+
+    def array_round(self) -> bool:
+        """Whether this round's moves are found and scored on arrays: when the items on the busiest processors
+        times the targets each may have reach `ARRAY_ROUND_MOVES` (numpy's fixed cost per round is about what
+        the Python rounds spend on that many moves), and every figure fits int64."""
+        top, n = self.levels[0], self.n
+        on_busiest = sum(k for k, x in zip(self.items_on, self.load, strict=True) if x == top)
+        return on_busiest * min(n - 1, LIGHT_TARGETS + 1) >= ARRAY_ROUND_MOVES and self._items.fits_int64
+
+    def arrays(self) -> Dense:
+        if self.dense is None:
+            self.dense = Dense(self, self._items.pairs)
+        return self.dense
 
     def _histogram(self) -> None:
         """How many resources (processors and channels) carry each load, and those loads, largest first:
@@ -239,24 +270,49 @@ class _State:
     def move(self, item: int, dst: int) -> None:
         src = self.item_place[item]
         changes, dw = self.delta(item, dst)
+        # The histogram follows each resource the move changes: old level out, new level in (a channel at 0
+        # holds nothing and is not counted, as in `_histogram`).
         for ch, d in changes:
-            value = self.chan.get(ch, 0) + d
+            old = self.chan.get(ch, 0)
+            value = old + d
+            if old:
+                self._level_out(old)
             if value:
                 self.chan[ch] = value
+                self._level_in(value)
             else:
                 self.chan.pop(ch, None)
         self.words += dw
-        self.load[src] -= self.item_cost[item]
-        self.load[dst] += self.item_cost[item]
+        cost = self.item_cost[item]
+        for p, change in ((src, -cost), (dst, cost)):
+            self._level_out(self.load[p])
+            self.load[p] += change
+            self._level_in(self.load[p])
+        self.items_on[src] -= 1
+        self.items_on[dst] += 1
         for v in self.members[item]:
             self.place[v] = dst
         self.item_place[item] = dst
         self.memo[item].clear()
-        self.flat[item].clear()
         for j in self.nbr_items[item]:
             self.memo[j].clear()
-            self.flat[j].clear()
-        self._histogram()
+        if self.dense is not None:
+            self.dense.move(item, src, dst, changes)
+
+    def _level_out(self, x: int) -> None:
+        left = self.hist[x] - 1
+        if left:
+            self.hist[x] = left
+        else:
+            del self.hist[x]
+            del self.levels[bisect_left(self.levels, -x, key=neg)]
+
+    def _level_in(self, x: int) -> None:
+        if x in self.hist:
+            self.hist[x] += 1
+        else:
+            self.hist[x] = 1
+            insort(self.levels, x, key=neg)
 
     def candidate_moves(self) -> list[tuple[int, int]]:
         """(item, destination) pairs that touch a bottleneck resource, in order — less those that would load
@@ -275,8 +331,16 @@ class _State:
                     targets = {*light, *map(place.__getitem__, nbr_tasks[i])}
                     targets.discard(p)
                     moves.update([(i, q) for q in targets if load[q] <= room])
+        moves.update(self.channel_moves(top))
+        return sorted(moves)
+
+    def channel_moves(self, top: int) -> set[tuple[int, int]]:
+        """The candidate moves off the channels holding `top`: either end of a transfer on one, to the other
+        end's processor (unless that loads it past `top`)."""
+        moves: set[tuple[int, int]] = set()
         hot = {ch for ch, x in self.chan.items() if x == top}
         if hot:
+            load, cost = self.load, self.item_cost
             place, item_of, bus, n = self.place, self.item_of, self.bus, self.n
             for u, v in self.held:
                 pu, pv = place[u], place[v]
@@ -286,7 +350,7 @@ class _State:
                         moves.add((iu, pv))
                     if load[pu] + cost[iv] <= top:
                         moves.add((iv, pu))
-        return sorted(moves)
+        return moves
 
 
 def improve(table: TaskTable, placement: Sequence[int], num_procs: int, interconnect: Interconnect,
@@ -316,7 +380,13 @@ def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interco
     state = _State(table, placement, num_procs, interconnect, members)
     for _ in range(MAX_MOVES):
         # the first candidate move of least key below the placement's own (`best_move`)
-        best = best_move(state, state.candidate_moves(), state.key(), max_words)
+        if state.array_round():
+            dense = state.arrays()
+            items, dsts = candidate_arrays(state, dense, LIGHT_TARGETS)
+            k = scored_arrays(state, dense, items, dsts, state.key(), max_words)
+            best = None if k < 0 else (int(items[k]), int(dsts[k]))
+        else:
+            best = best_move(state, state.candidate_moves(), state.key(), max_words)
         if best is None:
             break
         state.move(*best)
@@ -327,20 +397,17 @@ def _improve(table: TaskTable, placement: Sequence[int], num_procs: int, interco
 # `improve` tries every candidate move of a round (an item off a bottleneck to another processor) and keeps the
 # first one of least key (period, resources at the period, words), if below the placement's own key. One at a
 # time (`_State.key_after`) each trial costs a few microseconds of Python; resnet50 at N = 16 offers hundreds
-# of moves a round over thousands of rounds (~45 % of the CPU of `layerpipe` on resnet50, N = 2..16,
-# `links:2:1`). Here a round's moves are scored together: the channel changes of each move (`_State.delta`,
-# memoised) are flattened once and the keys computed with numpy, which pays from a few dozen moves on
-# (`BATCH_MOVES`); below that the one-at-a-time loop runs. Both pick the same move (tests/test_move_scores.py):
-# a trial the loop cuts short (a resource above the best period so far) has a key above that best, so it is
-# never the least.
+# of moves a round over thousands of rounds. So `_improve` finds a round's moves and scores them on arrays
+# (`_placement_arrays`: per-item sums per processor kept under moves, keys bounded first and computed exactly
+# only where the bound allows the best); `one_at_a_time` is the reference it is tested against
+# (tests/test_move_scores.py, tests/test_placement_arrays.py), and what runs on figures past int64. Both pick
+# the same move: a trial the loop cuts short (a resource above the best period so far) has a key above that
+# best, so it is never the least.
 
-#: Moves in a round from which they are scored on arrays (numpy's fixed cost per round, ~20 array calls, is
-#: about what the one-at-a-time loop spends on this many moves).
+#: Moves from which `best_move` scores a given list on arrays rather than one at a time.
 BATCH_MOVES = 48
-
-#: Largest magnitude of a load, hold or word count scored on int64 arrays (far beyond any table; above it the
-#: one-at-a-time loop, on Python ints, scores the round).
-_INT64_SAFE = 1 << 60
+#: Estimated moves from which `_improve` finds and scores a round on arrays (`_State.array_round`).
+ARRAY_ROUND_MOVES = 100
 
 Key = tuple[int, int, int]
 
@@ -349,11 +416,8 @@ def best_move(state: _State, moves: Sequence[tuple[int, int]], current: Key,
               max_words: float | None) -> tuple[int, int] | None:
     """The first of `moves` (in order) of least key below `current`, skipping moves that take the words past
     `max_words` and above `current`'s; None when none is below."""
-    if len(moves) >= BATCH_MOVES:
-        try:
-            return _scored(state, moves, current, max_words)
-        except OverflowError:  # a figure past int64's safe range: Python ints, one at a time
-            pass
+    if len(moves) >= BATCH_MOVES and state.dense is not None:  # arrays already kept: score on them
+        return _scored(state, moves, current, max_words)
     return one_at_a_time(state, moves, current, max_words)
 
 
@@ -374,84 +438,9 @@ def one_at_a_time(state: _State, moves: Sequence[tuple[int, int]], current: Key,
 
 def _scored(state: _State, moves: Sequence[tuple[int, int]], current: Key,
             max_words: float | None) -> tuple[int, int] | None:
-    """`best_move` on arrays; OverflowError when a figure is too large for int64 (`best_move` then scores one
-    at a time)."""
-    if not moves:
-        return None
-    flat, memo, delta = state.flat, state.memo, state.delta
-    count = len(moves)
-    dws = [0] * count
-    # Every move's channel changes, flattened: per entry its channel and change; `sizes` entries per move
-    entry_chan: list[int] = []
-    entry_change: list[int] = []
-    sizes = [0] * count
-    for k, (item, dst) in enumerate(moves):
-        found = flat[item].get(dst)
-        if found is None:
-            known = memo[item].get(dst)
-            changes, dw = known if known is not None else delta(item, dst)
-            found = flat[item][dst] = (tuple(ch for ch, _ in changes), tuple(d for _, d in changes), dw)
-        channels, change, dws[k] = found
-        entry_chan += channels
-        entry_change += change
-        sizes[k] = len(channels)
-    levels, hist = state.levels, state.hist
-    if levels and (levels[0] >= _INT64_SAFE or abs(state.words) >= _INT64_SAFE
-                   or max(dws) >= _INT64_SAFE or min(dws) <= -_INT64_SAFE):
+    """`best_move` on arrays (`scored_arrays`); OverflowError when a figure is past int64."""
+    if not state._items.fits_int64:
         raise OverflowError("move figures beyond int64")
-    pairs = np.fromiter(chain.from_iterable(moves), dtype=np.int64, count=2 * count).reshape(count, 2)
-    moved, target = pairs[:, 0], pairs[:, 1]
-    load = np.array(state.load, dtype=np.int64)
-    cost = np.array(state.item_cost, dtype=np.int64)[moved]
-    old_src = load[np.array(state.item_place, dtype=np.int64)[moved]]
-    old_dst = load[target]
-    new_src, new_dst = old_src - cost, old_dst + cost
-    holds = np.zeros(1 if state.bus else state.n * state.n, dtype=np.int64)  # channel → its hold now
-    for ch, x in state.chan.items():
-        holds[ch] = x
-    em = np.repeat(np.arange(count, dtype=np.int64), sizes)
-    eo = holds[np.array(entry_chan, dtype=np.int64)]
-    en = eo + np.array(entry_change, dtype=np.int64)
-    # The highest resource the move touches, after it.
-    high = np.maximum(new_src, new_dst)
-    if len(em):
-        np.maximum.at(high, em, en)
-
-    def touched_at(values_src: np.ndarray, values_dst: np.ndarray, values_chan: np.ndarray,
-                   level: np.ndarray | int) -> np.ndarray:
-        """Per move, how many of its touched resources hold `level` (one per move, or one for all)."""
-        out = (values_src == level).astype(np.int64) + (values_dst == level)
-        if len(em):
-            at = level[em] if isinstance(level, np.ndarray) else level
-            out += np.bincount(em, weights=(values_chan == at), minlength=count).astype(np.int64)
-        return out
-
-    # `key_after`'s top: the first level above `high` that some untouched resource still holds, else `high`.
-    top = high.copy()
-    open_ = np.ones(count, dtype=bool)
-    for level in levels:
-        open_ &= high < level
-        if not open_.any():
-            break
-        held = open_ & (hist[level] > touched_at(old_src, old_dst, eo, level))
-        top[held] = level
-        open_ &= ~held
-    ascending = np.array(levels[::-1], dtype=np.int64)
-    counts = np.array([hist[x] for x in levels[::-1]], dtype=np.int64)
-    where = np.minimum(np.searchsorted(ascending, top), len(ascending) - 1)
-    hist_top = np.where(ascending[where] == top, counts[where], 0)
-    at_top = hist_top - touched_at(old_src, old_dst, eo, top) + touched_at(new_src, new_dst, en, top)
-    # Nothing loaded at all: every resource holds 0, counted as before the move (`key_after`).
-    at_top = np.where(top == 0, hist.get(0, 0), at_top)
-    words = state.words + np.array(dws, dtype=np.int64)
-    top0, at0, words0 = current
-    below = (top < top0) | ((top == top0) & ((at_top < at0) | ((at_top == at0) & (words < words0))))
-    if max_words is not None:
-        below &= ~((words > max_words) & (words > words0))
-    pick = np.flatnonzero(below)
-    if not len(pick):
-        return None
-    for figure in (top, at_top, words):  # least key, lexicographically; the first move among equals
-        values = figure[pick]
-        pick = pick[values == values.min()]
-    return moves[int(pick[0])]
+    pairs = np.array(moves, dtype=np.int64).reshape(len(moves), 2)
+    k = scored_arrays(state, state.arrays(), pairs[:, 0], pairs[:, 1], current, max_words)
+    return None if k < 0 else moves[k]
