@@ -6,6 +6,9 @@ names changed; not used by the package. Also, from commit 6b4e035 (before the sc
 `modulo_list_schedule` scanning every processor's free list, and `comm_timing`'s rounds re-planning every
 channel and solving the lags with the retiming package's solver every round.
 
+And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as it was before it built each
+op's tuple at once and asked for first forwards by key (tests/test_validate_fast_paths.py).
+
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hypothesis import HealthCheck, settings
 
@@ -24,14 +27,22 @@ from layerpipe.interconnect import Interconnect, compiled_bus_key
 from layerpipe.schedule._bodies import _earliest_fit, _occupy  # unchanged by the fast paths: shared
 from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
 from layerpipe.schedule._comm_timing import COMM_ROUNDS
-from layerpipe.schedule._ir import tie_rank
+from layerpipe.schedule._deps import (
+    ROLE_STEP,
+    STAGE_GRADIENT_KINDS,
+    Dependency,
+    StageInfo,
+    _lookup,
+    _microbatches,
+)
+from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._lags import _solve
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
 
 __all__ = ["reference_comm_timing", "reference_improve", "reference_modulo_list_schedule", "reference_pack_channels",
-           "reference_periodic_versions"]
+           "reference_periodic_versions", "reference_stage_dependencies"]
 
 
 class _State:
@@ -402,3 +413,44 @@ def random_placement(num_tasks: int, members: Sequence[Sequence[int]], num_procs
         for v in tasks:
             placement[v] = proc
     return placement
+
+
+def reference_stage_dependencies(
+    schedule: OpSchedule, by_key: Mapping[OpKey, Op], stages: StageInfo | None
+) -> dict[Op, tuple[Dependency, ...]]:
+    num_stages = stages.num_stages if stages else 1 + max((op.unit for op in schedule.ops()), default=-1)
+    info = stages or StageInfo(num_stages)
+    m = _microbatches(schedule) if schedule.synchronous else 0
+    # The gradient ops of each (stage, step): what the next step's forwards of that stage wait for. Only the
+    # first forward of a (stage, step) on each processor gets these edges; the processor's later forwards of
+    # that step follow it in program order anyway, so m edges per stage and step say what m² would.
+    gradient_ops: dict[tuple[int, int], list[Op]] = {}
+    first_forwards: set[Op] = set()
+    if m:
+        seen: set[tuple[int, int, int]] = set()
+        for op in schedule.ops():
+            if op.kind in STAGE_GRADIENT_KINDS:
+                gradient_ops.setdefault((op.unit, op.iteration // m), []).append(op)
+            elif op.kind == "F" and (op.unit, op.iteration // m, op.proc) not in seen:
+                seen.add((op.unit, op.iteration // m, op.proc))
+                first_forwards.add(op)
+    out: dict[Op, tuple[Dependency, ...]] = {}
+    for op in schedule.ops():
+        s, t = op.unit, op.iteration
+        deps: list[Dependency] = []
+        if op.kind == "F":
+            if s > 0:
+                deps.append(Dependency(_lookup(by_key, ("F", s - 1, t), op), info.words_into_forward(s), "activation"))
+            if op in first_forwards and t >= m:
+                deps += [Dependency(g, 0, ROLE_STEP) for g in gradient_ops.get((s, t // m - 1), ())]
+        elif op.kind in ("B", "I"):
+            if s < num_stages - 1:
+                later = "B" if ("B", s + 1, t) in by_key else "I"
+                deps.append(Dependency(_lookup(by_key, (later, s + 1, t), op), info.words_into_backward(s), "error"))
+            deps.append(Dependency(_lookup(by_key, ("F", s, t), op), 0, "kept"))
+        elif op.kind == "W":
+            deps.append(Dependency(_lookup(by_key, ("I", s, t), op), 0, "kept"))
+        else:
+            raise ScheduleError(f"op {op} on p{op.proc}: kind '{op.kind}' is not a stage-level kind (F, B, I, W)")
+        out[op] = tuple(deps)
+    return out

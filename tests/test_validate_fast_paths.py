@@ -1,7 +1,14 @@
-"""`_partial_timing` (the dry run on op numbers) gives what `_partial_timing_by_op` (keyed by op, the
-straightforward form) gives: the same times in the same order, the same blocked heads, on generated
-schedules — real ones from the policies with rows shuffled (so some deadlock), and random op lists with
-dependencies on ops outside the schedule, repeated producers and repeated ops."""
+"""The validator's fast paths give what the straightforward forms give, on generated schedules.
+
+- `_partial_timing` (the dry run on op numbers) against `_partial_timing_by_op` (keyed by op): the same times
+  in the same order, the same blocked heads — on real schedules from the policies with a row shuffled (so
+  some deadlock), and random op lists with dependencies on ops outside the schedule, repeated producers and
+  repeated ops;
+- `_stage_dependencies` (tuples built at once, first forwards asked by key) against
+  `reference_stage_dependencies` (tests/schedule_reference.py): the same map in the same order, or the same
+  error — on the stage programs and on random stage-level op lists (missing producers, repeated ops, wrong
+  kinds).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
+from layerpipe.errors import InputError
 from layerpipe.schedule import dependencies, make_schedule
-from layerpipe.schedule._deps import Dependency
+from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, _stage_dependencies
 from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._stage_programs import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
 from layerpipe.schedule._validate import _partial_timing, _partial_timing_by_op
-from tests.schedule_reference import FAST
+from tests.schedule_reference import FAST, reference_stage_dependencies
 from tests.strategies import networks
 
 MODEL = make_cost_model("pe")
@@ -65,3 +74,44 @@ def test_dry_run_on_numbers_equals_by_op_on_random_ops(data, n, size) -> None:
             for op in universe if data.draw(st.booleans())}
     cost = {op: data.draw(st.integers(0, 3)) for op in universe}
     _same(OpSchedule("layer", tuple(tuple(row) for row in rows)), deps, cost)
+
+
+def _same_stage_dependencies(schedule: OpSchedule, stages: StageInfo | None) -> None:
+    by_key: dict[tuple[str, int, int], Op] = {}
+    for op in schedule.ops():
+        by_key.setdefault(op.key, op)
+    try:
+        expected = reference_stage_dependencies(schedule, by_key, stages)
+    except (InputError, IndexError) as exc:  # ScheduleError, MissingProducer; IndexError: stages too few
+        with pytest.raises(type(exc)) as caught:
+            _stage_dependencies(schedule, by_key, stages)
+        assert str(caught.value) == str(exc)
+        if isinstance(exc, MissingProducer):
+            assert (caught.value.consumer, caught.value.key) == (exc.consumer, exc.key)
+        return
+    assert list(_stage_dependencies(schedule, by_key, stages).items()) == list(expected.items())
+
+
+@FAST
+@given(program=st.sampled_from((gpipe, one_f_one_b, zb_h1, interleaved_1f1b, dualpipev)), procs=st.integers(1, 4),
+       microbatches=st.integers(1, 4), steps=st.integers(1, 3), words=st.booleans())
+def test_stage_dependencies_equal_the_reference_on_stage_programs(program, procs, microbatches, steps,
+                                                                  words) -> None:
+    try:
+        schedule = program(procs, microbatches, steps=steps)
+    except InputError:  # a program that does not take these sizes
+        return
+    num_stages = 1 + max(op.unit for op in schedule.ops())
+    stages = StageInfo(num_stages, tuple(range(num_stages)), tuple(range(5, 5 + num_stages))) if words else None
+    _same_stage_dependencies(schedule, stages)
+
+
+@FAST
+@given(data=st.data(), n=st.integers(1, 3), size=st.integers(0, 14), synchronous=st.booleans(),
+       microbatches=st.integers(1, 3), num_stages=st.integers(0, 4))
+def test_stage_dependencies_equal_the_reference_on_random_ops(data, n, size, synchronous, microbatches,
+                                                              num_stages) -> None:
+    ops = st.builds(Op, st.integers(0, n - 1), st.sampled_from("FBIWX"), st.integers(0, 3), st.integers(0, 5))
+    rows = [data.draw(st.lists(ops, max_size=size)) for _ in range(n)]  # may repeat an op, or miss producers
+    schedule = OpSchedule("stage", tuple(tuple(row) for row in rows), synchronous, microbatches if synchronous else 0)
+    _same_stage_dependencies(schedule, StageInfo(num_stages, tuple(range(num_stages))) if num_stages else None)
