@@ -7,7 +7,8 @@ names changed; not used by the package. Also, from commit 6b4e035 (before the sc
 channel and solving the lags with the retiming package's solver every round.
 
 And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as it was before it built each
-op's tuple at once and asked for first forwards by key (tests/test_validate_fast_paths.py).
+op's tuple at once and asked for first forwards by key, and (layerpipe/schedule/_validate.py) `validate_periodic`
+as it was before it read the unfolded edges as tuples (tests/test_validate_fast_paths.py).
 
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hypothesis import HealthCheck, settings
 
@@ -40,9 +41,11 @@ from layerpipe.schedule._lags import _solve
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._unfold import copies, unfolded_edges
+from layerpipe.schedule._validate import _disjoint_arcs, _label, _periodic_grid, periodic_staleness
 
 __all__ = ["reference_comm_timing", "reference_improve", "reference_modulo_list_schedule", "reference_pack_channels",
-           "reference_periodic_versions", "reference_stage_dependencies"]
+           "reference_periodic_versions", "reference_stage_dependencies", "reference_validate_periodic"]
 
 
 class _State:
@@ -454,3 +457,81 @@ def reference_stage_dependencies(
             raise ScheduleError(f"op {op} on p{op.proc}: kind '{op.kind}' is not a stage-level kind (F, B, I, W)")
         out[op] = tuple(deps)
     return out
+
+
+def reference_validate_periodic(
+    schedule: PeriodicSchedule,
+    graph: TrainingGraph,
+    *,
+    costs: Mapping[tuple[str, int], int] | None = None,
+    comm: Callable[[int], int] | None = None,
+    max_staleness: int | None = None,
+) -> None:
+    """Validate a periodic schedule of `graph`'s tasks in modulo form (see the module docstring)."""
+    cost = dict(costs if costs is not None else schedule.costs)
+    period, unfold, groups = schedule.period, schedule.unfold, dict(schedule.groups)
+
+    def fail(summary: str, p: int | None, start: int | None) -> None:
+        mark = (start, p) if p is not None and start is not None else None
+        raise ScheduleError(summary, _periodic_grid(schedule, mark), step=start, proc=p)
+
+    where: dict[tuple[str, int, int], tuple[int, int, int]] = {}  # task copy → (proc, lag, start)
+    for p, body in enumerate(schedule.bodies):
+        for slot in body:
+            task = (slot.kind, slot.layer, slot.phase)
+            if slot.lag < 0 or slot.start < 0:
+                fail(f"lag: slot {slot} on p{p} has a negative lag or start", p, slot.start)
+            if task in where:
+                other = where[task][0]
+                fail(f"duplicate: task {_label(task)} is in the bodies of p{other} and p{p}", p, slot.start)
+            if (slot.kind, slot.layer) not in cost:
+                fail(f"slot {slot} on p{p}: no cost known for task {slot.kind}{slot.layer}", p, slot.start)
+            where[task] = (p, slot.lag, slot.start)
+    graph_tasks = {(t.kind, t.layer, k) for t in graph.tasks for k in range(copies(t.kind, t.layer, unfold, groups))}
+    for task in sorted(graph_tasks - where.keys()):
+        fail(f"missing op: task {_label(task)} is in no processor's body", None, None)
+    for task in sorted(where.keys() - graph_tasks):
+        fail(f"extra op: task {_label(task)} is not in the training graph"
+             + (f" unfolded by {unfold}" if unfold > 1 else ""), where[task][0], where[task][2])
+
+    for p, body in enumerate(schedule.bodies):
+        busy = [s for s in body if cost[(s.kind, s.layer)] > 0]
+        if sum(cost[(s.kind, s.layer)] for s in busy) > period:
+            fail(f"overlap: p{p} has more work than the period {period}", p, busy[0].start)
+        for i, a in enumerate(busy if not _disjoint_arcs(busy, cost, period) else ()):  # the first overlap
+            for b in busy[i + 1 :]:
+                ca, cb = cost[(a.kind, a.layer)], cost[(b.kind, b.layer)]
+                if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
+                    fail(f"overlap: on p{p}, {b} overlaps {a} modulo the period {period}", p, b.start)
+        # A zero-cycle op occupies no cycles but keeps its place in the program: one that starts inside another
+        # op's cycles waits for it (the unrolled program runs in start order), so the plan would not hold.
+        for z in body:
+            if cost[(z.kind, z.layer)] == 0:
+                for a in busy:
+                    if 0 < (z.start - a.start) % period < cost[(a.kind, a.layer)]:
+                        fail(f"overlap: on p{p}, {z} (0 cycles) starts inside {a}'s cycles modulo the period "
+                             f"{period}; it would wait for {a} to end", p, z.start)
+
+    for e in unfolded_edges(graph, unfold, groups):
+        (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
+        c_u = cost[e.src[:2]]
+        ready = st_u + c_u + (comm(e.words) if comm is not None and pu != pv else 0)
+        at = (lag_v - lag_u + e.delay) * period + st_v
+        src, dst = _label(e.src), _label(e.dst)
+        if at < ready:
+            fail(
+                f"precedence: {dst} (p{pv}, lag {lag_v}, start {st_v}) starts before {src} "
+                f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({e.role}, delay {e.delay})",
+                pv,
+                st_v,
+            )
+        if pu == pv and at == st_u and tie_rank(*e.dst[:2]) <= tie_rank(*e.src[:2]):
+            # Same cycle on one processor behind a zero-cycle producer: the unroll orders them by tie_rank.
+            fail(f"precedence: {dst} starts in the cycle {src} (0 cycles) does, on p{pv}, but the tie order "
+                 f"(one iteration's dataflow order) runs {dst} first", pv, st_v)
+
+    if max_staleness is not None:
+        for layer, stale in periodic_staleness(schedule, graph, cost).items():
+            if stale > max_staleness:
+                p, _, start = where[("F", layer, 0)]
+                fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)

@@ -7,25 +7,32 @@
 - `_stage_dependencies` (tuples built at once, first forwards asked by key) against
   `reference_stage_dependencies` (tests/schedule_reference.py): the same map in the same order, or the same
   error — on the stage programs and on random stage-level op lists (missing producers, repeated ops, wrong
-  kinds).
+  kinds);
+- `validate_periodic` (the unfolded edges as tuples, labels made only for a failure) against
+  `reference_validate_periodic`: the same verdict and the same error (summary, grid, step, processor) on the
+  policies' periodic schedules with a slot moved (so some break a rule), with and without a transfer cost and
+  a staleness bound.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
 from layerpipe.schedule import dependencies, make_schedule
 from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, _stage_dependencies
-from layerpipe.schedule._ir import Op, OpSchedule
+from layerpipe.schedule._ir import Op, OpSchedule, ScheduleError
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._periodic import make_slot
 from layerpipe.schedule._stage_programs import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
-from layerpipe.schedule._validate import _partial_timing, _partial_timing_by_op
-from tests.schedule_reference import FAST, reference_stage_dependencies
+from layerpipe.schedule._validate import _partial_timing, _partial_timing_by_op, validate_periodic
+from tests.schedule_reference import FAST, reference_stage_dependencies, reference_validate_periodic
 from tests.strategies import networks
 
 MODEL = make_cost_model("pe")
@@ -115,3 +122,37 @@ def test_stage_dependencies_equal_the_reference_on_random_ops(data, n, size, syn
     rows = [data.draw(st.lists(ops, max_size=size)) for _ in range(n)]  # may repeat an op, or miss producers
     schedule = OpSchedule("stage", tuple(tuple(row) for row in rows), synchronous, microbatches if synchronous else 0)
     _same_stage_dependencies(schedule, StageInfo(num_stages, tuple(range(num_stages))) if num_stages else None)
+
+
+@FAST
+@given(net=networks(max_layers=5, dag=True, max_width=8), n=st.integers(1, 4),
+       policy=st.sampled_from(("layerpipe", "layerpipe-unfold", "pipedream", "ooo")), seed=st.integers(0, 2**16),
+       move=st.sampled_from(("none", "start", "lag")), comm=st.booleans(),
+       max_staleness=st.none() | st.integers(0, 3))
+def test_validate_periodic_equals_the_reference(net, n, policy, seed, move, comm, max_staleness) -> None:
+    if policy == "layerpipe-unfold":
+        result = make_schedule("layerpipe", net, n, MODEL, LayerPipeOptions(unfold=2))
+    else:
+        result = make_schedule(policy, net, n, MODEL)
+    schedule = result.periodic
+    assume(schedule is not None)  # some policies give an explicit schedule on one processor
+    rng = random.Random(seed)
+    bodies = [list(body) for body in schedule.bodies]
+    p = rng.choice([p for p, body in enumerate(bodies) if body])
+    k = rng.randrange(len(bodies[p]))
+    s = bodies[p][k]
+    if move == "start":
+        bodies[p][k] = make_slot(max(0, s.start + rng.randint(-3, 3)), s.kind, s.layer, s.lag, s.phase)
+    elif move == "lag":
+        bodies[p][k] = make_slot(s.start, s.kind, s.layer, s.lag + rng.randint(-2, 1), s.phase)
+    schedule = replace(schedule, bodies=tuple(tuple(body) for body in bodies))
+    cost = (lambda words: 1 + words // 4) if comm else None
+    try:
+        reference_validate_periodic(schedule, result.graph, comm=cost, max_staleness=max_staleness)
+    except ScheduleError as exc:
+        with pytest.raises(ScheduleError) as caught:
+            validate_periodic(schedule, result.graph, comm=cost, max_staleness=max_staleness)
+        got = caught.value
+        assert (got.summary, got.grid, got.step, got.proc) == (exc.summary, exc.grid, exc.step, exc.proc)
+        return
+    validate_periodic(schedule, result.graph, comm=cost, max_staleness=max_staleness)

@@ -35,7 +35,7 @@ from layerpipe.errors import InputError
 from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dependencies
 from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._periodic import PeriodicSchedule, Slot, latest_update, read_offset, slot_order
-from layerpipe.schedule._unfold import copies, unfolded_edges
+from layerpipe.schedule._unfold import copies, unfolded_edge_tuples
 
 #: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
 Durations = Mapping[tuple[str, int], int] | Callable[[Op], int] | None
@@ -482,23 +482,22 @@ def validate_periodic(
                         fail(f"overlap: on p{p}, {z} (0 cycles) starts inside {a}'s cycles modulo the period "
                              f"{period}; it would wait for {a} to end", p, z.start)
 
-    for e in unfolded_edges(graph, unfold, groups):
-        (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
-        c_u = cost[e.src[:2]]
-        ready = st_u + c_u + (comm(e.words) if comm is not None and pu != pv else 0)
-        at = (lag_v - lag_u + e.delay) * period + st_v
-        src, dst = _label(e.src), _label(e.dst)
+    # Every edge of every schedule validated: plain tuples, and the labels made only for a failure.
+    for src, dst, delay, words, role in unfolded_edge_tuples(graph, unfold, groups):
+        (pu, lag_u, st_u), (pv, lag_v, st_v) = where[src], where[dst]
+        ready = st_u + cost[src[:2]] + (comm(words) if comm is not None and pu != pv else 0)
+        at = (lag_v - lag_u + delay) * period + st_v
         if at < ready:
             fail(
-                f"precedence: {dst} (p{pv}, lag {lag_v}, start {st_v}) starts before {src} "
-                f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({e.role}, delay {e.delay})",
+                f"precedence: {_label(dst)} (p{pv}, lag {lag_v}, start {st_v}) starts before {_label(src)} "
+                f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({role}, delay {delay})",
                 pv,
                 st_v,
             )
-        if pu == pv and at == st_u and tie_rank(*e.dst[:2]) <= tie_rank(*e.src[:2]):
+        if pu == pv and at == st_u and tie_rank(*dst[:2]) <= tie_rank(*src[:2]):
             # Same cycle on one processor behind a zero-cycle producer: the unroll orders them by tie_rank.
-            fail(f"precedence: {dst} starts in the cycle {src} (0 cycles) does, on p{pv}, but the tie order "
-                 f"(one iteration's dataflow order) runs {dst} first", pv, st_v)
+            fail(f"precedence: {_label(dst)} starts in the cycle {_label(src)} (0 cycles) does, on p{pv}, but the "
+                 f"tie order (one iteration's dataflow order) runs {_label(dst)} first", pv, st_v)
 
     if max_staleness is not None:
         for layer, stale in periodic_staleness(schedule, graph, cost).items():
