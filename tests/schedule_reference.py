@@ -8,7 +8,8 @@ channel and solving the lags with the retiming package's solver every round.
 
 And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as it was before it built each
 op's tuple at once and asked for first forwards by key, and (layerpipe/schedule/_validate.py) `validate_periodic`
-as it was before it read the unfolded edges as tuples (tests/test_validate_fast_paths.py).
+as it was before it read the unfolded edges as tuples, and `_check_duplicates` and `_check_counts` before their
+checks on sets (tests/test_validate_fast_paths.py).
 
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
@@ -42,10 +43,27 @@ from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import copies, unfolded_edges
-from layerpipe.schedule._validate import _disjoint_arcs, _label, _periodic_grid, periodic_staleness
+from layerpipe.schedule._validate import (
+    _disjoint_arcs,
+    _expected_keys,
+    _fail,
+    _label,
+    _periodic_grid,
+    _sibling,
+    periodic_staleness,
+)
 
-__all__ = ["reference_comm_timing", "reference_improve", "reference_modulo_list_schedule", "reference_pack_channels",
-           "reference_periodic_versions", "reference_stage_dependencies", "reference_validate_periodic"]
+__all__ = [
+    "reference_check_counts",
+    "reference_check_duplicates",
+    "reference_comm_timing",
+    "reference_improve",
+    "reference_modulo_list_schedule",
+    "reference_pack_channels",
+    "reference_periodic_versions",
+    "reference_stage_dependencies",
+    "reference_validate_periodic",
+]
 
 
 class _State:
@@ -535,3 +553,42 @@ def reference_validate_periodic(
             if stale > max_staleness:
                 p, _, start = where[("F", layer, 0)]
                 fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)
+
+
+def reference_check_duplicates(schedule: OpSchedule) -> None:
+    seen: dict[OpKey, Op] = {}
+    for op in schedule.ops():
+        if op.key in seen:
+            first = seen[op.key]
+            _fail(schedule, f"duplicate: {op} runs twice (on p{first.proc} and on p{op.proc})", op)
+        seen[op.key] = op
+
+
+def reference_check_counts(schedule: OpSchedule, graph: TrainingGraph | None, stages: StageInfo | None,
+                           iterations: int) -> None:
+    """Every expected op is present (after duplicates and producers were checked: what is left is ops
+    nothing consumes, such as a last W or U), and none lies outside the iterations."""
+    seen = {op.key: op for op in schedule.ops()}
+    expected = _expected_keys(schedule, graph, stages, iterations)
+    if expected is None:
+        return
+    if schedule.level == "stage":
+        for s, t in sorted({(k[1], k[2]) for k in expected}):
+            has = {kind for kind in "BIW" if (kind, s, t) in seen}
+            if "B" in has and len(has) > 1:
+                _fail(schedule, f"duplicate: stage {s} micro-batch {t} has both B and I/W", seen[("B", s, t)])
+            if has in ({"I"}, {"W"}):
+                present, absent = ("I", "W") if has == {"I"} else ("W", "I")
+                summary = f"missing op: {absent}{s}.{t} (stage {s} splits micro-batch {t} into I and W)"
+                _fail(schedule, summary, seen[(present, s, t)])
+            if not has:
+                summary = f"missing op: B{s}.{t} (or I{s}.{t} and W{s}.{t}): no processor runs it"
+                _fail(schedule, summary, _sibling(schedule, s, t))
+        extra = [op for op in schedule.ops() if op.iteration >= iterations]
+    else:
+        extra = [op for op in schedule.ops() if op.key not in expected]
+    for key in sorted(expected - seen.keys()):
+        kind, unit, it = key
+        _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", _sibling(schedule, unit, it))
+    if extra:
+        _fail(schedule, f"extra op: {extra[0]} on p{extra[0].proc} is outside iterations 0..{iterations - 1}", extra[0])

@@ -2,8 +2,8 @@
 
 - `_partial_timing` (the dry run on op numbers) against `_partial_timing_by_op` (keyed by op): the same times
   in the same order, the same blocked heads — on real schedules from the policies with a row shuffled (so
-  some deadlock), and random op lists with dependencies on ops outside the schedule, repeated producers and
-  repeated ops;
+  some deadlock), and random op lists with dependencies on ops outside the schedule, repeated producers, producers
+  equal to an op but not the same object, and repeated ops;
 - `_stage_dependencies` (tuples built at once, first forwards asked by key) against
   `reference_stage_dependencies` (tests/schedule_reference.py): the same map in the same order, or the same
   error — on the stage programs and on random stage-level op lists (missing producers, repeated ops, wrong
@@ -11,7 +11,10 @@
 - `validate_periodic` (the unfolded edges as tuples, labels made only for a failure) against
   `reference_validate_periodic`: the same verdict and the same error (summary, grid, step, processor) on the
   policies' periodic schedules with a slot moved (so some break a rule), with and without a transfer cost and
-  a staleness bound.
+  a staleness bound;
+- `_check_duplicates` and `_check_counts` (checks on sets of keys, the op-by-op walk only to name a fault)
+  against `reference_check_duplicates` and `reference_check_counts`: the same verdict and error on the
+  policies' explicit schedules, layer- and stage-level, with an op dropped, repeated, renamed or moved.
 """
 
 from __future__ import annotations
@@ -31,8 +34,20 @@ from layerpipe.schedule._ir import Op, OpSchedule, ScheduleError
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._periodic import make_slot
 from layerpipe.schedule._stage_programs import dualpipev, gpipe, interleaved_1f1b, one_f_one_b, zb_h1
-from layerpipe.schedule._validate import _partial_timing, _partial_timing_by_op, validate_periodic
-from tests.schedule_reference import FAST, reference_stage_dependencies, reference_validate_periodic
+from layerpipe.schedule._validate import (
+    _check_counts,
+    _check_duplicates,
+    _partial_timing,
+    _partial_timing_by_op,
+    validate_periodic,
+)
+from tests.schedule_reference import (
+    FAST,
+    reference_check_counts,
+    reference_check_duplicates,
+    reference_stage_dependencies,
+    reference_validate_periodic,
+)
 from tests.strategies import networks
 
 MODEL = make_cost_model("pe")
@@ -76,9 +91,12 @@ def test_dry_run_on_numbers_equals_by_op_on_random_ops(data, n, size) -> None:
     rows: list[list[Op]] = [[] for _ in range(n)]
     for k in picks:
         rows[data.draw(st.integers(0, n - 1))].append(universe[k])
-    deps = {op: tuple(Dependency(universe[k], 0, "activation")
+    # Producers are the schedule's own objects or equal copies; the map's keys in the rows' order or not.
+    deps = {op: tuple(Dependency(replace(universe[k]) if data.draw(st.booleans()) else universe[k], 0, "activation")
                       for k in data.draw(st.lists(st.integers(0, len(universe) - 1), max_size=3)))
             for op in universe if data.draw(st.booleans())}
+    if data.draw(st.booleans()):
+        deps = {op: deps.get(op, ()) for row in rows for op in row}
     cost = {op: data.draw(st.integers(0, 3)) for op in universe}
     _same(OpSchedule("layer", tuple(tuple(row) for row in rows)), deps, cost)
 
@@ -156,3 +174,49 @@ def test_validate_periodic_equals_the_reference(net, n, policy, seed, move, comm
         assert (got.summary, got.grid, got.step, got.proc) == (exc.summary, exc.grid, exc.step, exc.proc)
         return
     validate_periodic(schedule, result.graph, comm=cost, max_staleness=max_staleness)
+
+
+def _same_verdict(check, reference, *args) -> None:  # type: ignore[no-untyped-def]
+    try:
+        reference(*args)
+    except ScheduleError as exc:
+        with pytest.raises(ScheduleError) as caught:
+            check(*args)
+        got = caught.value
+        assert (got.summary, got.grid, got.proc) == (exc.summary, exc.grid, exc.proc)
+        return
+    check(*args)
+
+
+@FAST
+@given(net=networks(max_layers=5, dag=True, max_width=8), n=st.integers(1, 4),
+       policy=st.sampled_from(("gpipe", "1f1b", "zb-h1", "layerpipe", "pipedream")),
+       seed=st.integers(0, 2**16), change=st.sampled_from(("none", "drop", "repeat", "kind", "iteration", "move")))
+def test_explicit_checks_equal_the_reference(net, n, policy, seed, change) -> None:
+    result = make_schedule(policy, net, n, MODEL)
+    # Stage-level programs (synchronous policies) and unrolled layer-level schedules.
+    schedule = result.explicit if result.explicit is not None else result.periodic.unroll(3)
+    graph = result.graph
+    rng = random.Random(seed)
+    rows = [list(row) for row in schedule.procs]
+    p = rng.choice([p for p, row in enumerate(rows) if row])
+    k = rng.randrange(len(rows[p]))
+    op = rows[p][k]
+    if change == "drop":
+        del rows[p][k]
+    elif change == "repeat":
+        rows[p].insert(rng.randrange(len(rows[p]) + 1), replace(op))
+    elif change == "kind":
+        kinds = ("F", "B", "I", "W") if schedule.level == "stage" else ("F", "E", "G", "U", "AEG")
+        rows[p][k] = replace(op, kind=rng.choice(kinds))
+    elif change == "iteration":
+        rows[p][k] = replace(op, iteration=op.iteration + rng.choice((-1, 1, 5)))
+    elif change == "move":
+        q = rng.randrange(len(rows))
+        del rows[p][k]
+        rows[q].insert(rng.randrange(len(rows[q]) + 1), replace(op, proc=q))
+    changed = replace(schedule, procs=tuple(tuple(row) for row in rows))
+    stages = result.stages if schedule.level == "stage" else None
+    _same_verdict(_check_duplicates, reference_check_duplicates, changed)
+    _same_verdict(_check_counts, reference_check_counts, changed, graph, stages, changed.num_iterations)
+    _same_verdict(_check_counts, reference_check_counts, changed, graph, stages, schedule.num_iterations)
