@@ -12,6 +12,8 @@
   `reference_validate_periodic`: the same verdict and the same error (summary, grid, step, processor) on the
   policies' periodic schedules with a slot moved (so some break a rule), with and without a transfer cost and
   a staleness bound;
+- `dependencies` (each `Dependency` made by `_dependency`, without the frozen dataclass's `__init__`) against
+  the same rules with the dataclass's constructor: equal maps of equal objects, layer- and stage-level;
 - `_check_duplicates` and `_check_counts` (checks on sets of keys, the op-by-op walk only to name a fault)
   against `reference_check_duplicates` and `reference_check_counts`: the same verdict and error on the
   policies' explicit schedules, layer- and stage-level, with an op dropped, repeated, renamed or moved.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 from hypothesis import assume, given
@@ -28,8 +31,8 @@ from hypothesis import strategies as st
 
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
-from layerpipe.schedule import dependencies, make_schedule
-from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, _stage_dependencies
+from layerpipe.schedule import _deps, dependencies, make_schedule
+from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, _stage_dependencies, expand_stages
 from layerpipe.schedule._ir import Op, OpSchedule, ScheduleError
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._periodic import make_slot
@@ -220,3 +223,23 @@ def test_explicit_checks_equal_the_reference(net, n, policy, seed, change) -> No
     _same_verdict(_check_duplicates, reference_check_duplicates, changed)
     _same_verdict(_check_counts, reference_check_counts, changed, graph, stages, changed.num_iterations)
     _same_verdict(_check_counts, reference_check_counts, changed, graph, stages, schedule.num_iterations)
+
+
+@FAST
+@given(net=networks(max_layers=5, dag=True, max_width=8), n=st.integers(1, 4), unfold=st.sampled_from((1, 2)),
+       policy=st.sampled_from(("gpipe", "1f1b", "zb-h1", "layerpipe", "pipedream", "pipedream-2bw")),
+       expand=st.booleans())
+def test_dependencies_equal_those_of_the_dataclass_constructor(net, n, unfold, policy, expand) -> None:
+    options = LayerPipeOptions(unfold=unfold) if policy == "layerpipe" else None
+    result = make_schedule(policy, net, n, MODEL, options)
+    if result.explicit is not None:  # a stage-level program, or its layer-level expansion
+        schedule = expand_stages(result.explicit, result.graph, result.stages) if expand else result.explicit
+    else:
+        schedule = result.periodic.unroll(5)
+    fast = dependencies(schedule, result.graph, result.stages)
+    with mock.patch.object(_deps, "_dependency", Dependency):
+        expected = dependencies(schedule, result.graph, result.stages)
+    assert list(fast.items()) == list(expected.items())
+    for made, plain in zip((d for ds in fast.values() for d in ds), (d for ds in expected.values() for d in ds),
+                           strict=True):
+        assert type(made) is Dependency and vars(made) == vars(plain) and hash(made) == hash(plain)

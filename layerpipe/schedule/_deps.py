@@ -165,7 +165,7 @@ def dependencies(
     """
     by_key: dict[OpKey, Op] = {}
     for op in schedule.ops():
-        by_key.setdefault(op.key, op)
+        by_key.setdefault((op.kind, op.unit, op.iteration), op)  # `op.key`, without a property call per op
     if schedule.level == "stage":
         return _stage_dependencies(schedule, by_key, stages)
     if graph is None:
@@ -201,7 +201,7 @@ def _missing(consumer: Op, key: OpKey) -> NoReturn:
 
 def _dependency(producer: Op, words: int, role: str) -> Dependency:
     """`Dependency(producer, words, role)` without the frozen dataclass's `object.__setattr__` per field (as
-    `_periodic.make_slot` makes slots): the stage rules make one to three per op of every schedule validated."""
+    `_periodic.make_slot` makes slots): the rules make one to three per op of every schedule validated."""
     made = object.__new__(Dependency)
     state = made.__dict__
     state["producer"], state["words"], state["role"] = producer, words, role
@@ -222,7 +222,7 @@ def _async_layer_dependencies(
         for e in incoming.get((op.kind, op.unit), ()):
             t = op.iteration - e.delay
             if t >= 0:
-                deps.append(Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role))
+                deps.append(_dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role))
         out[op] = tuple(deps)
     return out
 
@@ -254,18 +254,18 @@ def _grouped_layer_dependencies(
         for e in incoming.get((op.kind, op.unit), ()):
             if e.role == ROLE_ORDER:
                 if op.iteration > 0:
-                    deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - 1), op), 0, e.role))
+                    deps.append(_dependency(_lookup(by_key, (*e.src, op.iteration - 1), op), 0, e.role))
             elif e.role == "gradient":
                 first = op.iteration * g
-                deps += [Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role)
+                deps += [_dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role)
                          for t in range(first, min(first + g, total))]
             elif op.iteration - e.delay >= 0:
-                deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - e.delay), op), e.words, e.role))
+                deps.append(_dependency(_lookup(by_key, (*e.src, op.iteration - e.delay), op), e.words, e.role))
         for edge in weight_in.get((op.kind, op.unit), ()):
             stale = pins.get((op.kind, op.unit, op.iteration % unfold))
             if stale is not None and op.iteration // g - stale - 1 >= 0:
                 key = (edge.src.kind, edge.src.layer, op.iteration // g - stale - 1)
-                deps.append(Dependency(_lookup(by_key, key, op), edge.words, edge.role))
+                deps.append(_dependency(_lookup(by_key, key, op), edge.words, edge.role))
         out[op] = tuple(deps)
     return out
 
@@ -290,22 +290,22 @@ def _sync_layer_dependencies(
             for e in incoming.get((op.kind, op.unit), ()):
                 if e.role == "gradient":
                     src = (e.src.kind, e.src.layer)
-                    deps += [Dependency(_lookup(by_key, (*src, t), op), e.words, e.role) for t in step_mbs]
+                    deps += [_dependency(_lookup(by_key, (*src, t), op), e.words, e.role) for t in step_mbs]
             for e in readers.get((op.kind, op.unit), ()):
                 reader = (e.dst.kind, e.dst.layer)
-                deps += [Dependency(_lookup(by_key, (*reader, t), op), 0, ROLE_VERSION) for t in step_mbs]
+                deps += [_dependency(_lookup(by_key, (*reader, t), op), 0, ROLE_VERSION) for t in step_mbs]
             if j > 0:
-                deps.append(Dependency(_lookup(by_key, (op.kind, op.unit, j - 1), op), 0, ROLE_ORDER))
+                deps.append(_dependency(_lookup(by_key, (op.kind, op.unit, j - 1), op), 0, ROLE_ORDER))
         else:
             step = op.iteration // m
             for e in incoming.get((op.kind, op.unit), ()):
                 if e.role == "weights":
                     if step > 0:
                         key = (e.src.kind, e.src.layer, step - 1)
-                        deps.append(Dependency(_lookup(by_key, key, op), e.words, e.role))
+                        deps.append(_dependency(_lookup(by_key, key, op), e.words, e.role))
                 elif op.iteration - e.delay >= 0:
                     key = (e.src.kind, e.src.layer, op.iteration - e.delay)
-                    deps.append(Dependency(_lookup(by_key, key, op), e.words, e.role))
+                    deps.append(_dependency(_lookup(by_key, key, op), e.words, e.role))
         out[op] = tuple(deps)
     return out
 
