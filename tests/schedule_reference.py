@@ -9,7 +9,9 @@ channel and solving the lags with the retiming package's solver every round.
 And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as it was before it built each
 op's tuple at once and asked for first forwards by key, and (layerpipe/schedule/_validate.py) `validate_periodic`
 as it was before it read the unfolded edges as tuples, and `_check_duplicates` and `_check_counts` before their
-checks on sets (tests/test_validate_fast_paths.py).
+checks on sets (tests/test_validate_fast_paths.py); and (layerpipe/schedule/_engine.py) the event-driven engine
+`_events` before it skipped the steps without transfers and started a processor's next op inline
+(tests/test_schedule_fast_paths.py).
 
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
@@ -17,9 +19,11 @@ Also the inputs those tests share: the interconnects they draw from (`SPECS`), t
 
 from __future__ import annotations
 
+import heapq
 import random
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 
 from hypothesis import HealthCheck, settings
 
@@ -37,8 +41,10 @@ from layerpipe.schedule._deps import (
     _lookup,
     _microbatches,
 )
+from layerpipe.schedule._engine import BusOrder, CompiledSchedule, link_hold_cycles
 from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._lags import _solve
+from layerpipe.schedule._op_sweep import _check_finished
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
@@ -57,6 +63,7 @@ __all__ = [
     "reference_check_counts",
     "reference_check_duplicates",
     "reference_comm_timing",
+    "reference_events",
     "reference_improve",
     "reference_modulo_list_schedule",
     "reference_pack_channels",
@@ -592,3 +599,99 @@ def reference_check_counts(schedule: OpSchedule, graph: TrainingGraph | None, st
         _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", _sibling(schedule, unit, it))
     if extra:
         _fail(schedule, f"extra op: {extra[0]} on p{extra[0].proc} is outside iterations 0..{iterations - 1}", extra[0])
+
+
+def reference_events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction, bus: bool,
+                     order: BusOrder | None, last: list[int] | None = None,
+                     served: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+    """The event-driven engine. `order` compiles the bus (ranks, and floors for planned runs); `last[p]` ends
+    processor p's program early (ops from it on, and what they consume, are left out); `served` collects the
+    transfers (producer, consumer) in the order the channel served them."""
+    n, procs = c.num_ops, c.num_procs
+    dur, proc, consumers = c.dur, c.proc, c.consumers
+    pending = [len(set(row)) for row in c.prods]  # distinct producers: one transfer per pair
+    ready = [0] * n  # latest input arrival seen so far
+    start = [0] * n
+    end = [0] * n
+    done = [False] * n
+    nxt = c.bounds[:-1].copy()
+    last = c.bounds[1:] if last is None else last
+    free = [0] * procs
+    running = [False] * procs
+    link_free: dict[int, int] = {}
+    hold_of: dict[int, int] = {}  # words → link cycles, memoised
+    heap: list[int] = []
+    rank = order.rank if order is not None else {}
+    floor = order.floor if order is not None else None
+    released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
+    head = 0
+
+    def try_start(p: int) -> None:
+        i = nxt[p]
+        if running[p] or i >= last[p] or pending[i]:
+            return
+        s = free[p] if free[p] > ready[i] else ready[i]
+        start[i] = s
+        end[i] = s + dur[i]
+        running[p] = True
+        nxt[p] = i + 1
+        heapq.heappush(heap, end[i] * n + i)
+
+    for p in range(procs):
+        try_start(p)
+    while heap:
+        t = heap[0] // n
+        bound = (t + 1) * n
+        transfers: list[tuple[int, int, int, int]] = []
+        # Every op ending at t, including zero-duration ops that start and end at t on the way, before
+        # any transfer of cycle t is queued: transfers of one cycle go in consumer order.
+        while heap and heap[0] < bound:
+            i = heapq.heappop(heap) - t * n
+            p = proc[i]
+            done[i] = True
+            running[p] = False
+            free[p] = t
+            for j, words in consumers[i]:
+                q = proc[j]
+                if j >= last[q]:
+                    continue  # beyond the programs run
+                if q == p:
+                    if ready[j] < t:
+                        ready[j] = t
+                    pending[j] -= 1
+                    if not pending[j]:
+                        try_start(q)
+                else:
+                    transfers.append((0 if bus else p * procs + q, j, i, words))
+            try_start(p)
+        transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
+        if rank:
+            for _, j, i, words in transfers:
+                released[rank[(i, j)]] = (i, j, words)
+            queue = []
+            while head in released:
+                i, j, words = released.pop(head)
+                queue.append((0, j, i, words, floor[head] if floor is not None else 0))
+                head += 1
+        for link, j, i, words, not_before in queue:
+            depart = link_free.get(link, 0)
+            if depart < t:
+                depart = t
+            if depart < not_before:
+                depart = not_before
+            hold = hold_of.get(words)
+            if hold is None:
+                hold = hold_of[words] = link_hold_cycles(words, words_per_cycle)
+            link_free[link] = depart + hold
+            arrival = depart + hold + latency
+            if served is not None:
+                served.append((i, j))
+            if ready[j] < arrival:
+                ready[j] = arrival
+            pending[j] -= 1
+            if not pending[j]:
+                try_start(proc[j])
+    if any(nxt[p] < last[p] for p in range(procs)):
+        _check_finished(c, nxt, done, c.prods, [])
+    return start, end

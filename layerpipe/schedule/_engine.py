@@ -712,6 +712,7 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
     floor = order.floor if order is not None else None
     released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
     head = 0
+    heappush, heappop = heapq.heappush, heapq.heappop
 
     def try_start(p: int) -> None:
         i = nxt[p]
@@ -719,21 +720,21 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
             return
         s = free[p] if free[p] > ready[i] else ready[i]
         start[i] = s
-        end[i] = s + dur[i]
+        end[i] = e = s + dur[i]
         running[p] = True
         nxt[p] = i + 1
-        heapq.heappush(heap, end[i] * n + i)
+        heappush(heap, e * n + i)
 
     for p in range(procs):
         try_start(p)
     while heap:
         t = heap[0] // n
-        bound = (t + 1) * n
+        base, bound = t * n, (t + 1) * n
         transfers: list[tuple[int, int, int, int]] = []
         # Every op ending at t, including zero-duration ops that start and end at t on the way, before
         # any transfer of cycle t is queued: transfers of one cycle go in consumer order.
         while heap and heap[0] < bound:
-            i = heapq.heappop(heap) - t * n
+            i = heappop(heap) - base
             p = proc[i]
             done[i] = True
             running[p] = False
@@ -746,13 +747,20 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
                     if ready[j] < t:
                         ready[j] = t
                     pending[j] -= 1
-                    if not pending[j]:
-                        try_start(q)
                 else:
                     transfers.append((0 if bus else p * procs + q, j, i, words))
-            try_start(p)
-        transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
-        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
+            # p is idle: its next op starts if its inputs are in — `try_start(p)` inlined, once p's own consumers
+            # are counted (the one of them that can start is its next op; it starts at t or when its input came).
+            k = nxt[p]
+            if k < last[p] and not pending[k]:
+                s = t if t > ready[k] else ready[k]
+                start[k] = s
+                end[k] = e = s + dur[k]
+                running[p] = True
+                nxt[p] = k + 1
+                heappush(heap, e * n + k)
+        if not transfers:
+            continue  # nothing released: a ranked queue was drained when its last transfer came
         if rank:
             for _, j, i, words in transfers:
                 released[rank[(i, j)]] = (i, j, words)
@@ -761,6 +769,9 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
                 i, j, words = released.pop(head)
                 queue.append((0, j, i, words, floor[head] if floor is not None else 0))
                 head += 1
+        else:
+            transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+            queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
         for link, j, i, words, not_before in queue:
             depart = link_free.get(link, 0)
             if depart < t:
