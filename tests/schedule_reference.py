@@ -10,8 +10,8 @@ And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as 
 op's tuple at once and asked for first forwards by key, and (layerpipe/schedule/_validate.py) `validate_periodic`
 as it was before it read the unfolded edges as tuples, and `_check_duplicates` and `_check_counts` before their
 checks on sets (tests/test_validate_fast_paths.py); and (layerpipe/schedule/_engine.py) the event-driven engine
-`_events` before it skipped the steps without transfers and started a processor's next op inline
-(tests/test_schedule_fast_paths.py).
+`_events` before it skipped the steps without transfers and started a processor's next op inline, and
+`_planned_order` before it sorted and floored a planned bus as arrays (tests/test_schedule_fast_paths.py).
 
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
@@ -41,7 +41,7 @@ from layerpipe.schedule._deps import (
     _lookup,
     _microbatches,
 )
-from layerpipe.schedule._engine import BusOrder, CompiledSchedule, link_hold_cycles
+from layerpipe.schedule._engine import BusOrder, CompiledSchedule, _cross_transfers, link_hold_cycles
 from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._lags import _solve
 from layerpipe.schedule._op_sweep import _check_finished
@@ -68,6 +68,7 @@ __all__ = [
     "reference_modulo_list_schedule",
     "reference_pack_channels",
     "reference_periodic_versions",
+    "reference_planned_order",
     "reference_stage_dependencies",
     "reference_validate_periodic",
 ]
@@ -695,3 +696,21 @@ def reference_events(c: CompiledSchedule, latency: int, words_per_cycle: float |
     if any(nxt[p] < last[p] for p in range(procs)):
         _check_finished(c, nxt, done, c.prods, [])
     return start, end
+
+
+def reference_planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
+    plan, dur, proc = c.plan_time, c.dur, c.proc
+    assert plan is not None
+    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
+    task = c.task.tolist()
+    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
+                    j, i, words) for i, j, words in _cross_transfers(c))
+    rank: dict[tuple[int, int], int] = {}
+    floor: list[int] = []
+    free = 0
+    for k, (key, j, i, words) in enumerate(keyed):
+        rank[(i, j)] = k
+        depart = max(key[0], free)
+        floor.append(depart)
+        free = depart + link_hold_cycles(words, words_per_cycle)
+    return BusOrder(rank, floor)

@@ -5,7 +5,8 @@
 - `periodic_versions` (one steady-state period of reads) against `reference_periodic_versions` (all 4D);
 - `_pack_channels` (decorated sort) against `reference_pack_channels` (a key function per queue);
 - `_events` (the event-driven engine: steps without transfers skipped, a processor's next op started inline)
-  against `reference_events`;
+  against `reference_events`, and `_planned_order` (a planned bus's order and floors as arrays) against
+  `reference_planned_order`;
 - the memos (`TaskTable.token`, `transfers`, `comm_timing`, `replicated_timing`): equal content hits, a
   caller's copy can be changed without changing what the next caller gets.
 
@@ -14,11 +15,12 @@ The references are the code from before the speed work (tests/schedule_reference
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from layerpipe.costs import MacsModel, PEModel
@@ -30,7 +32,7 @@ from layerpipe.schedule import make_schedule
 from layerpipe.schedule._comm import Comm, _pack_channels, transfers
 from layerpipe.schedule._comm_timing import _comm_timing, comm_timing
 from layerpipe.schedule._deps import StageInfo, expand_stages
-from layerpipe.schedule._engine import _events, bus_order, compile_schedule
+from layerpipe.schedule._engine import _events, _planned_order, bus_order, compile_schedule
 from layerpipe.schedule._layerpipe import group_items, weight_groups
 from layerpipe.schedule._op_sweep import DeadlockError
 from layerpipe.schedule._placement import _improve, improve
@@ -47,6 +49,7 @@ from tests.schedule_reference import (
     reference_improve,
     reference_pack_channels,
     reference_periodic_versions,
+    reference_planned_order,
     task_table,
 )
 from tests.strategies import networks
@@ -256,3 +259,20 @@ def test_events_equal_the_reference_on_stage_programs(program, procs, microbatch
     served: list[tuple[int, int]] = []
     assert _events(c, ic.latency, wpc, bus, order, None, served) == expected
     assert served == expected_served
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(1, 4),
+       policy=st.sampled_from(("layerpipe", "pipedream", "ooo")), overhead=st.integers(0, 2),
+       spec=st.sampled_from(("bus:2:3", "bus:0:1/2", "bus:1:4")), iterations=st.integers(1, 9),
+       bandwidth=st.sampled_from((None, 2.5, 0.75, math.inf, 1)))
+def test_planned_order_equals_the_reference(net, n, policy, overhead, spec, iterations, bandwidth) -> None:
+    """The planned bus of a periodic schedule's unrolled run: the same ranks and floors."""
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    ic = parse_interconnect(spec, lanes=4)
+    result = make_schedule(policy, net, n, model, None, ic)
+    assume(result.periodic is not None)
+    workload = replace(Workload.of_graph(result.graph, model), plan=result.periodic)
+    c = compile_schedule(result.periodic.unroll(iterations), workload)
+    wpc = ic.words_per_cycle if bandwidth is None else bandwidth
+    assert _planned_order(c, wpc) == reference_planned_order(c, wpc)

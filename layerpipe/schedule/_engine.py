@@ -60,7 +60,6 @@ import numpy as np
 
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
-from layerpipe.interconnect import compiled_bus_key
 from layerpipe.schedule._dep_csr import (
     Csr,
     _array_dependencies,
@@ -627,21 +626,29 @@ def _cross_transfers(c: CompiledSchedule) -> Iterator[tuple[int, int, int]]:
 
 
 def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
-    plan, dur, proc = c.plan_time, c.dur, c.proc
-    assert plan is not None
-    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
-    task = c.task.tolist()
-    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
-                    j, i, words) for i, j, words in _cross_transfers(c))
-    rank: dict[tuple[int, int], int] = {}
-    floor: list[int] = []
-    free = 0
-    for k, (key, j, i, words) in enumerate(keyed):
-        rank[(i, j)] = k
-        depart = max(key[0], free)
-        floor.append(depart)
-        free = depart + link_hold_cycles(words, words_per_cycle)
-    return BusOrder(rank, floor)
+    """`bus_order` of a planned run: the cross-processor pairs sorted by `compiled_bus_key` of their planned
+    times, then consumer, then producer, and each transfer's floor d_k = max(r_k, d_{k−1} + h_{k−1}) — as arrays
+    (one lexsort and a running maximum, not a key tuple per transfer and a loop: this runs for every simulated
+    bus of a periodic schedule)."""
+    assert c.plan_time is not None
+    producer, consumer, words = c.pairs  # the pairs `_cross_transfers` walks, in its order
+    proc = c.proc_array(np.int64)
+    cross = proc[producer] != proc[consumer]
+    i, j, words = producer[cross], consumer[cross], words[cross]
+    plan = np.asarray(c.plan_time, dtype=np.int64)
+    release = plan[i] + c.dur_array()[i]
+    ranks = np.asarray([tie_rank(kind, unit) for kind, unit in c.tasks], dtype=np.int64).reshape(-1, 3)[c.task[j]]
+    # compiled_bus_key(release, producer start, consumer processor, consumer start, consumer tie rank, producer
+    # processor), then consumer j, then producer i; lexsort takes its keys last first.
+    order = np.lexsort((i, j, proc[i], ranks[:, 2], ranks[:, 1], ranks[:, 0], plan[j], proc[j], plan[i], release))
+    i, j, release = i[order], j[order], release[order]
+    hold = _hold_cycles(words[order], words_per_cycle)
+    # With S_k the holds of the transfers before k, d_k = S_k + max(0, max over m ≤ k of (r_m − S_m)): the bus
+    # is free from cycle 0, then each transfer leaves at its release or when the one before it has gone.
+    before = np.concatenate(([0], np.cumsum(hold)[:-1])).astype(np.int64) if len(hold) else hold
+    depart = before + np.maximum(np.maximum.accumulate(release - before), 0) if len(hold) else hold
+    rank = dict(zip(zip(i.tolist(), j.tolist(), strict=True), range(len(i)), strict=True))
+    return BusOrder(rank, depart.tolist())
 
 
 def _step_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
