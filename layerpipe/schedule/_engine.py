@@ -626,10 +626,8 @@ def _cross_transfers(c: CompiledSchedule) -> Iterator[tuple[int, int, int]]:
 
 
 def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
-    """`bus_order` of a planned run: the cross-processor pairs sorted by `compiled_bus_key` of their planned
-    times, then consumer, then producer, and each transfer's floor d_k = max(r_k, d_{k−1} + h_{k−1}) — as arrays
-    (one lexsort and a running maximum, not a key tuple per transfer and a loop: this runs for every simulated
-    bus of a periodic schedule)."""
+    """`bus_order` of a planned run, as arrays (one lexsort and a running maximum: every simulated bus of a
+    periodic schedule): cross-processor pairs by `compiled_bus_key`, floors d_k = max(r_k, d_{k−1} + h_{k−1})."""
     assert c.plan_time is not None
     producer, consumer, words = c.pairs  # the pairs `_cross_transfers` walks, in its order
     proc = c.proc_array(np.int64)
@@ -647,8 +645,7 @@ def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> Bu
     # is free from cycle 0, then each transfer leaves at its release or when the one before it has gone.
     before = np.concatenate(([0], np.cumsum(hold)[:-1])).astype(np.int64) if len(hold) else hold
     depart = before + np.maximum(np.maximum.accumulate(release - before), 0) if len(hold) else hold
-    rank = dict(zip(zip(i.tolist(), j.tolist(), strict=True), range(len(i)), strict=True))
-    return BusOrder(rank, depart.tolist())
+    return BusOrder(dict(zip(zip(i.tolist(), j.tolist(), strict=True), range(len(i)), strict=True)), depart.tolist())
 
 
 def _step_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
