@@ -7,6 +7,13 @@ names changed; not used by the package. Also, from commit 6b4e035 (before the sc
 channel and solving the lags with the retiming package's solver every round. And from commit 8e92819:
 `balance` sorting every processor's weights afresh each round (`reference_balance`).
 
+And from commit e482f42 (layerpipe/schedule/_deps.py): `_stage_dependencies` as it was before it built each
+op's tuple at once and asked for first forwards by key, and (layerpipe/schedule/_validate.py) `validate_periodic`
+as it was before it read the unfolded edges as tuples, and `_check_duplicates` and `_check_counts` before their
+checks on sets (tests/test_validate_fast_paths.py); and (layerpipe/schedule/_engine.py) the event-driven engine
+`_events` before it skipped the steps without transfers and started a processor's next op inline, and
+`_planned_order` before it sorted and floored a planned bus as arrays (tests/test_schedule_fast_paths.py).
+
 Also the inputs those tests share: the interconnects they draw from (`SPECS`), their hypothesis settings
 (`FAST`), a task table of a generated network (`task_table`) and a random placement of items (`random_placement`).
 """
@@ -17,7 +24,8 @@ import bisect
 import heapq
 import random
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 
 from hypothesis import HealthCheck, settings
 
@@ -27,14 +35,46 @@ from layerpipe.interconnect import Interconnect, compiled_bus_key
 from layerpipe.schedule._bodies import _earliest_fit, _occupy  # unchanged by the fast paths: shared
 from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
 from layerpipe.schedule._comm_timing import COMM_ROUNDS
-from layerpipe.schedule._ir import tie_rank
+from layerpipe.schedule._deps import (
+    ROLE_STEP,
+    STAGE_GRADIENT_KINDS,
+    Dependency,
+    StageInfo,
+    _lookup,
+    _microbatches,
+)
+from layerpipe.schedule._engine import BusOrder, CompiledSchedule, _cross_transfers, link_hold_cycles
+from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._lags import _solve
+from layerpipe.schedule._op_sweep import _check_finished
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
 from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._unfold import copies, unfolded_edges
+from layerpipe.schedule._validate import (
+    _disjoint_arcs,
+    _expected_keys,
+    _fail,
+    _label,
+    _periodic_grid,
+    _sibling,
+    periodic_staleness,
+)
 
-__all__ = ["reference_balance", "reference_comm_timing", "reference_improve", "reference_modulo_list_schedule",
-           "reference_pack_channels", "reference_periodic_versions"]
+__all__ = [
+    "reference_balance",
+    "reference_check_counts",
+    "reference_check_duplicates",
+    "reference_comm_timing",
+    "reference_events",
+    "reference_improve",
+    "reference_modulo_list_schedule",
+    "reference_pack_channels",
+    "reference_periodic_versions",
+    "reference_planned_order",
+    "reference_stage_dependencies",
+    "reference_validate_periodic",
+]
 
 
 class _State:
@@ -479,3 +519,273 @@ def _reference_move(i: int, src: int, dst: int, weights: Sequence[int], proc: li
     load[src] -= weights[i]
     load[dst] += weights[i]
     proc[i] = dst
+def reference_stage_dependencies(
+    schedule: OpSchedule, by_key: Mapping[OpKey, Op], stages: StageInfo | None
+) -> dict[Op, tuple[Dependency, ...]]:
+    num_stages = stages.num_stages if stages else 1 + max((op.unit for op in schedule.ops()), default=-1)
+    info = stages or StageInfo(num_stages)
+    m = _microbatches(schedule) if schedule.synchronous else 0
+    # The gradient ops of each (stage, step): what the next step's forwards of that stage wait for. Only the
+    # first forward of a (stage, step) on each processor gets these edges; the processor's later forwards of
+    # that step follow it in program order anyway, so m edges per stage and step say what m² would.
+    gradient_ops: dict[tuple[int, int], list[Op]] = {}
+    first_forwards: set[Op] = set()
+    if m:
+        seen: set[tuple[int, int, int]] = set()
+        for op in schedule.ops():
+            if op.kind in STAGE_GRADIENT_KINDS:
+                gradient_ops.setdefault((op.unit, op.iteration // m), []).append(op)
+            elif op.kind == "F" and (op.unit, op.iteration // m, op.proc) not in seen:
+                seen.add((op.unit, op.iteration // m, op.proc))
+                first_forwards.add(op)
+    out: dict[Op, tuple[Dependency, ...]] = {}
+    for op in schedule.ops():
+        s, t = op.unit, op.iteration
+        deps: list[Dependency] = []
+        if op.kind == "F":
+            if s > 0:
+                deps.append(Dependency(_lookup(by_key, ("F", s - 1, t), op), info.words_into_forward(s), "activation"))
+            if op in first_forwards and t >= m:
+                deps += [Dependency(g, 0, ROLE_STEP) for g in gradient_ops.get((s, t // m - 1), ())]
+        elif op.kind in ("B", "I"):
+            if s < num_stages - 1:
+                later = "B" if ("B", s + 1, t) in by_key else "I"
+                deps.append(Dependency(_lookup(by_key, (later, s + 1, t), op), info.words_into_backward(s), "error"))
+            deps.append(Dependency(_lookup(by_key, ("F", s, t), op), 0, "kept"))
+        elif op.kind == "W":
+            deps.append(Dependency(_lookup(by_key, ("I", s, t), op), 0, "kept"))
+        else:
+            raise ScheduleError(f"op {op} on p{op.proc}: kind '{op.kind}' is not a stage-level kind (F, B, I, W)")
+        out[op] = tuple(deps)
+    return out
+
+
+def reference_validate_periodic(
+    schedule: PeriodicSchedule,
+    graph: TrainingGraph,
+    *,
+    costs: Mapping[tuple[str, int], int] | None = None,
+    comm: Callable[[int], int] | None = None,
+    max_staleness: int | None = None,
+) -> None:
+    """Validate a periodic schedule of `graph`'s tasks in modulo form (see the module docstring)."""
+    cost = dict(costs if costs is not None else schedule.costs)
+    period, unfold, groups = schedule.period, schedule.unfold, dict(schedule.groups)
+
+    def fail(summary: str, p: int | None, start: int | None) -> None:
+        mark = (start, p) if p is not None and start is not None else None
+        raise ScheduleError(summary, _periodic_grid(schedule, mark), step=start, proc=p)
+
+    where: dict[tuple[str, int, int], tuple[int, int, int]] = {}  # task copy → (proc, lag, start)
+    for p, body in enumerate(schedule.bodies):
+        for slot in body:
+            task = (slot.kind, slot.layer, slot.phase)
+            if slot.lag < 0 or slot.start < 0:
+                fail(f"lag: slot {slot} on p{p} has a negative lag or start", p, slot.start)
+            if task in where:
+                other = where[task][0]
+                fail(f"duplicate: task {_label(task)} is in the bodies of p{other} and p{p}", p, slot.start)
+            if (slot.kind, slot.layer) not in cost:
+                fail(f"slot {slot} on p{p}: no cost known for task {slot.kind}{slot.layer}", p, slot.start)
+            where[task] = (p, slot.lag, slot.start)
+    graph_tasks = {(t.kind, t.layer, k) for t in graph.tasks for k in range(copies(t.kind, t.layer, unfold, groups))}
+    for task in sorted(graph_tasks - where.keys()):
+        fail(f"missing op: task {_label(task)} is in no processor's body", None, None)
+    for task in sorted(where.keys() - graph_tasks):
+        fail(f"extra op: task {_label(task)} is not in the training graph"
+             + (f" unfolded by {unfold}" if unfold > 1 else ""), where[task][0], where[task][2])
+
+    for p, body in enumerate(schedule.bodies):
+        busy = [s for s in body if cost[(s.kind, s.layer)] > 0]
+        if sum(cost[(s.kind, s.layer)] for s in busy) > period:
+            fail(f"overlap: p{p} has more work than the period {period}", p, busy[0].start)
+        for i, a in enumerate(busy if not _disjoint_arcs(busy, cost, period) else ()):  # the first overlap
+            for b in busy[i + 1 :]:
+                ca, cb = cost[(a.kind, a.layer)], cost[(b.kind, b.layer)]
+                if (b.start - a.start) % period < ca or (a.start - b.start) % period < cb:
+                    fail(f"overlap: on p{p}, {b} overlaps {a} modulo the period {period}", p, b.start)
+        # A zero-cycle op occupies no cycles but keeps its place in the program: one that starts inside another
+        # op's cycles waits for it (the unrolled program runs in start order), so the plan would not hold.
+        for z in body:
+            if cost[(z.kind, z.layer)] == 0:
+                for a in busy:
+                    if 0 < (z.start - a.start) % period < cost[(a.kind, a.layer)]:
+                        fail(f"overlap: on p{p}, {z} (0 cycles) starts inside {a}'s cycles modulo the period "
+                             f"{period}; it would wait for {a} to end", p, z.start)
+
+    for e in unfolded_edges(graph, unfold, groups):
+        (pu, lag_u, st_u), (pv, lag_v, st_v) = where[e.src], where[e.dst]
+        c_u = cost[e.src[:2]]
+        ready = st_u + c_u + (comm(e.words) if comm is not None and pu != pv else 0)
+        at = (lag_v - lag_u + e.delay) * period + st_v
+        src, dst = _label(e.src), _label(e.dst)
+        if at < ready:
+            fail(
+                f"precedence: {dst} (p{pv}, lag {lag_v}, start {st_v}) starts before {src} "
+                f"(p{pu}, lag {lag_u}, start {st_u}) delivers ({e.role}, delay {e.delay})",
+                pv,
+                st_v,
+            )
+        if pu == pv and at == st_u and tie_rank(*e.dst[:2]) <= tie_rank(*e.src[:2]):
+            # Same cycle on one processor behind a zero-cycle producer: the unroll orders them by tie_rank.
+            fail(f"precedence: {dst} starts in the cycle {src} (0 cycles) does, on p{pv}, but the tie order "
+                 f"(one iteration's dataflow order) runs {dst} first", pv, st_v)
+
+    if max_staleness is not None:
+        for layer, stale in periodic_staleness(schedule, graph, cost).items():
+            if stale > max_staleness:
+                p, _, start = where[("F", layer, 0)]
+                fail(f"staleness: F{layer} reads weights {stale} updates old > bound {max_staleness}", p, start)
+
+
+def reference_check_duplicates(schedule: OpSchedule) -> None:
+    seen: dict[OpKey, Op] = {}
+    for op in schedule.ops():
+        if op.key in seen:
+            first = seen[op.key]
+            _fail(schedule, f"duplicate: {op} runs twice (on p{first.proc} and on p{op.proc})", op)
+        seen[op.key] = op
+
+
+def reference_check_counts(schedule: OpSchedule, graph: TrainingGraph | None, stages: StageInfo | None,
+                           iterations: int) -> None:
+    """Every expected op is present (after duplicates and producers were checked: what is left is ops
+    nothing consumes, such as a last W or U), and none lies outside the iterations."""
+    seen = {op.key: op for op in schedule.ops()}
+    expected = _expected_keys(schedule, graph, stages, iterations)
+    if expected is None:
+        return
+    if schedule.level == "stage":
+        for s, t in sorted({(k[1], k[2]) for k in expected}):
+            has = {kind for kind in "BIW" if (kind, s, t) in seen}
+            if "B" in has and len(has) > 1:
+                _fail(schedule, f"duplicate: stage {s} micro-batch {t} has both B and I/W", seen[("B", s, t)])
+            if has in ({"I"}, {"W"}):
+                present, absent = ("I", "W") if has == {"I"} else ("W", "I")
+                summary = f"missing op: {absent}{s}.{t} (stage {s} splits micro-batch {t} into I and W)"
+                _fail(schedule, summary, seen[(present, s, t)])
+            if not has:
+                summary = f"missing op: B{s}.{t} (or I{s}.{t} and W{s}.{t}): no processor runs it"
+                _fail(schedule, summary, _sibling(schedule, s, t))
+        extra = [op for op in schedule.ops() if op.iteration >= iterations]
+    else:
+        extra = [op for op in schedule.ops() if op.key not in expected]
+    for key in sorted(expected - seen.keys()):
+        kind, unit, it = key
+        _fail(schedule, f"missing op: {kind}{unit}.{it} — no processor runs it", _sibling(schedule, unit, it))
+    if extra:
+        _fail(schedule, f"extra op: {extra[0]} on p{extra[0].proc} is outside iterations 0..{iterations - 1}", extra[0])
+
+
+def reference_events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction, bus: bool,
+                     order: BusOrder | None, last: list[int] | None = None,
+                     served: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+    """The event-driven engine. `order` compiles the bus (ranks, and floors for planned runs); `last[p]` ends
+    processor p's program early (ops from it on, and what they consume, are left out); `served` collects the
+    transfers (producer, consumer) in the order the channel served them."""
+    n, procs = c.num_ops, c.num_procs
+    dur, proc, consumers = c.dur, c.proc, c.consumers
+    pending = [len(set(row)) for row in c.prods]  # distinct producers: one transfer per pair
+    ready = [0] * n  # latest input arrival seen so far
+    start = [0] * n
+    end = [0] * n
+    done = [False] * n
+    nxt = c.bounds[:-1].copy()
+    last = c.bounds[1:] if last is None else last
+    free = [0] * procs
+    running = [False] * procs
+    link_free: dict[int, int] = {}
+    hold_of: dict[int, int] = {}  # words → link cycles, memoised
+    heap: list[int] = []
+    rank = order.rank if order is not None else {}
+    floor = order.floor if order is not None else None
+    released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
+    head = 0
+
+    def try_start(p: int) -> None:
+        i = nxt[p]
+        if running[p] or i >= last[p] or pending[i]:
+            return
+        s = free[p] if free[p] > ready[i] else ready[i]
+        start[i] = s
+        end[i] = s + dur[i]
+        running[p] = True
+        nxt[p] = i + 1
+        heapq.heappush(heap, end[i] * n + i)
+
+    for p in range(procs):
+        try_start(p)
+    while heap:
+        t = heap[0] // n
+        bound = (t + 1) * n
+        transfers: list[tuple[int, int, int, int]] = []
+        # Every op ending at t, including zero-duration ops that start and end at t on the way, before
+        # any transfer of cycle t is queued: transfers of one cycle go in consumer order.
+        while heap and heap[0] < bound:
+            i = heapq.heappop(heap) - t * n
+            p = proc[i]
+            done[i] = True
+            running[p] = False
+            free[p] = t
+            for j, words in consumers[i]:
+                q = proc[j]
+                if j >= last[q]:
+                    continue  # beyond the programs run
+                if q == p:
+                    if ready[j] < t:
+                        ready[j] = t
+                    pending[j] -= 1
+                    if not pending[j]:
+                        try_start(q)
+                else:
+                    transfers.append((0 if bus else p * procs + q, j, i, words))
+            try_start(p)
+        transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
+        if rank:
+            for _, j, i, words in transfers:
+                released[rank[(i, j)]] = (i, j, words)
+            queue = []
+            while head in released:
+                i, j, words = released.pop(head)
+                queue.append((0, j, i, words, floor[head] if floor is not None else 0))
+                head += 1
+        for link, j, i, words, not_before in queue:
+            depart = link_free.get(link, 0)
+            if depart < t:
+                depart = t
+            if depart < not_before:
+                depart = not_before
+            hold = hold_of.get(words)
+            if hold is None:
+                hold = hold_of[words] = link_hold_cycles(words, words_per_cycle)
+            link_free[link] = depart + hold
+            arrival = depart + hold + latency
+            if served is not None:
+                served.append((i, j))
+            if ready[j] < arrival:
+                ready[j] = arrival
+            pending[j] -= 1
+            if not pending[j]:
+                try_start(proc[j])
+    if any(nxt[p] < last[p] for p in range(procs)):
+        _check_finished(c, nxt, done, c.prods, [])
+    return start, end
+
+
+def reference_planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
+    plan, dur, proc = c.plan_time, c.dur, c.proc
+    assert plan is not None
+    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
+    task = c.task.tolist()
+    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
+                    j, i, words) for i, j, words in _cross_transfers(c))
+    rank: dict[tuple[int, int], int] = {}
+    floor: list[int] = []
+    free = 0
+    for k, (key, j, i, words) in enumerate(keyed):
+        rank[(i, j)] = k
+        depart = max(key[0], free)
+        floor.append(depart)
+        free = depart + link_hold_cycles(words, words_per_cycle)
+    return BusOrder(rank, floor)

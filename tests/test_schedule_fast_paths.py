@@ -4,6 +4,9 @@
   call memoised) against `reference_improve`, the search that re-reads every edge per trial move;
 - `periodic_versions` (one steady-state period of reads) against `reference_periodic_versions` (all 4D);
 - `_pack_channels` (decorated sort) against `reference_pack_channels` (a key function per queue);
+- `_events` (the event-driven engine: steps without transfers skipped, a processor's next op started inline)
+  against `reference_events`, and `_planned_order` (a planned bus's order and floors as arrays) against
+  `reference_planned_order`;
 - the memos (`TaskTable.token`, `transfers`, `comm_timing`, `replicated_timing`): equal content hits, a
   caller's copy can be changed without changing what the next caller gets.
 
@@ -12,33 +15,43 @@ The references are the code from before the speed work (tests/schedule_reference
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import make_schedule
 from layerpipe.schedule._balance import balance
 from layerpipe.schedule._comm import Comm, _pack_channels, transfers
 from layerpipe.schedule._comm_timing import _comm_timing, comm_timing
+from layerpipe.schedule._deps import StageInfo, expand_stages
+from layerpipe.schedule._engine import _events, _planned_order, bus_order, compile_schedule
 from layerpipe.schedule._layerpipe import group_items, weight_groups
+from layerpipe.schedule._op_sweep import DeadlockError
 from layerpipe.schedule._placement import _improve, improve
 from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+from layerpipe.schedule._stage_programs import gpipe, one_f_one_b, zb_h1
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._validate import periodic_versions
+from layerpipe.schedule._workload import Workload
 from tests.schedule_reference import (
     FAST,
     SPECS,
     random_placement,
     reference_balance,
+    reference_events,
     reference_improve,
     reference_pack_channels,
     reference_periodic_versions,
+    reference_planned_order,
     task_table,
 )
 from tests.strategies import networks
@@ -194,3 +207,85 @@ def test_memoised_timings_are_the_computed_ones_and_private_to_each_caller() -> 
     laid.timing.lag[0] += 5
     again = replicated_timing(TaskTable.of(build_training_graph(net), model), best, 8, ic)
     assert again.placement == laid.placement[:-1] and again.timing.lag[0] == laid.timing.lag[0] - 5
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(1, 4),
+       policy=st.sampled_from(("gpipe", "1f1b", "zb-h1", "layerpipe", "pipedream")),
+       spec=st.sampled_from(("links:0:1", "links:2:1", "links:1:1/8", "bus:2:3", "bus:0:1/2", "bus:1:4")),
+       overhead=st.integers(0, 2), seed=st.integers(0, 2**16), change=st.sampled_from(("none", "prefix", "shuffle")))
+def test_events_equal_the_reference(net, n, policy, spec, overhead, seed, change) -> None:
+    """`_events` (steps without transfers skipped, a processor's next op started inline) against
+    `reference_events`: the same starts, ends and served transfers, or the same deadlock report — on the bus
+    (dynamic, and step by step for synchronous schedules) and on links, whole runs and program prefixes."""
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    result = make_schedule(policy, net, n, model)
+    if result.explicit is not None:
+        schedule = expand_stages(result.explicit, result.graph, result.stages)
+    else:
+        schedule = result.periodic.unroll(4)
+    rng = random.Random(seed)
+    if change == "shuffle":  # programs in another order: some deadlock
+        rows = [list(row) for row in schedule.procs]
+        rng.shuffle(rows[rng.randrange(len(rows))])
+        schedule = replace(schedule, procs=tuple(tuple(row) for row in rows))
+    c = compile_schedule(schedule, Workload.of_graph(result.graph, model))
+    ic = parse_interconnect(spec, lanes=4)
+    wpc = ic.words_per_cycle if ic.words_per_cycle is not None else 1
+    bus = ic.kind == "bus"
+    last = [rng.randint(c.bounds[p], c.bounds[p + 1]) for p in range(c.num_procs)] if change == "prefix" else None
+    try:
+        order = bus_order(c, ic.latency, wpc) if bus and last is None else None
+        expected_served: list[tuple[int, int]] = []
+        expected = reference_events(c, ic.latency, wpc, bus, order, last, expected_served)
+    except DeadlockError as exc:
+        with pytest.raises(DeadlockError) as caught:
+            order = bus_order(c, ic.latency, wpc) if bus and last is None else None
+            _events(c, ic.latency, wpc, bus, order, last, [])
+        assert str(caught.value) == str(exc)
+        return
+    served: list[tuple[int, int]] = []
+    assert _events(c, ic.latency, wpc, bus, order, last, served) == expected
+    assert served == expected_served
+
+
+@FAST
+@given(program=st.sampled_from((gpipe, one_f_one_b, zb_h1)), procs=st.integers(1, 4), microbatches=st.integers(1, 4),
+       steps=st.integers(1, 3), costs=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+                                               min_size=4, max_size=4),
+       spec=st.sampled_from(("bus:2:3", "bus:0:1/2", "bus:1:4", "links:2:1")), words=st.integers(0, 9))
+def test_events_equal_the_reference_on_stage_programs(program, procs, microbatches, steps, costs, spec,
+                                                      words) -> None:
+    """As above on stage-level programs of several steps, whose bus is served step by step (`_step_order`)."""
+    try:
+        schedule = program(procs, microbatches, steps=steps)
+    except InputError:
+        return
+    stages = StageInfo(procs, (words,) * procs, (words,) * procs)
+    c = compile_schedule(schedule, Workload.of_stages(costs[:procs], stages))
+    ic = parse_interconnect(spec, lanes=4)
+    wpc = ic.words_per_cycle if ic.words_per_cycle is not None else 1
+    bus = ic.kind == "bus"
+    order = bus_order(c, ic.latency, wpc) if bus else None
+    expected_served: list[tuple[int, int]] = []
+    expected = reference_events(c, ic.latency, wpc, bus, order, None, expected_served)
+    served: list[tuple[int, int]] = []
+    assert _events(c, ic.latency, wpc, bus, order, None, served) == expected
+    assert served == expected_served
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(1, 4),
+       policy=st.sampled_from(("layerpipe", "pipedream", "ooo")), overhead=st.integers(0, 2),
+       spec=st.sampled_from(("bus:2:3", "bus:0:1/2", "bus:1:4")), iterations=st.integers(1, 9),
+       bandwidth=st.sampled_from((None, 2.5, 0.75, math.inf, 1)))
+def test_planned_order_equals_the_reference(net, n, policy, overhead, spec, iterations, bandwidth) -> None:
+    """The planned bus of a periodic schedule's unrolled run: the same ranks and floors."""
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    ic = parse_interconnect(spec, lanes=4)
+    result = make_schedule(policy, net, n, model, None, ic)
+    assume(result.periodic is not None)
+    workload = replace(Workload.of_graph(result.graph, model), plan=result.periodic)
+    c = compile_schedule(result.periodic.unroll(iterations), workload)
+    wpc = ic.words_per_cycle if bandwidth is None else bandwidth
+    assert _planned_order(c, wpc) == reference_planned_order(c, wpc)

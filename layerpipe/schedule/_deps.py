@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
@@ -165,7 +165,7 @@ def dependencies(
     """
     by_key: dict[OpKey, Op] = {}
     for op in schedule.ops():
-        by_key.setdefault(op.key, op)
+        by_key.setdefault((op.kind, op.unit, op.iteration), op)  # `op.key`, without a property call per op
     if schedule.level == "stage":
         return _stage_dependencies(schedule, by_key, stages)
     if graph is None:
@@ -195,6 +195,19 @@ def _lookup(by_key: Mapping[OpKey, Op], key: OpKey, consumer: Op) -> Op:
         raise MissingProducer(consumer, key) from None
 
 
+def _missing(consumer: Op, key: OpKey) -> NoReturn:
+    raise MissingProducer(consumer, key)
+
+
+def _dependency(producer: Op, words: int, role: str) -> Dependency:
+    """`Dependency(producer, words, role)` without the frozen dataclass's `object.__setattr__` per field (as
+    `_periodic.make_slot` makes slots): the rules make one to three per op of every schedule validated."""
+    made = object.__new__(Dependency)
+    state = made.__dict__
+    state["producer"], state["words"], state["role"] = producer, words, role
+    return made
+
+
 def _async_layer_dependencies(
     schedule: OpSchedule, by_key: Mapping[OpKey, Op], graph: TrainingGraph
 ) -> dict[Op, tuple[Dependency, ...]]:
@@ -209,7 +222,7 @@ def _async_layer_dependencies(
         for e in incoming.get((op.kind, op.unit), ()):
             t = op.iteration - e.delay
             if t >= 0:
-                deps.append(Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role))
+                deps.append(_dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role))
         out[op] = tuple(deps)
     return out
 
@@ -241,18 +254,18 @@ def _grouped_layer_dependencies(
         for e in incoming.get((op.kind, op.unit), ()):
             if e.role == ROLE_ORDER:
                 if op.iteration > 0:
-                    deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - 1), op), 0, e.role))
+                    deps.append(_dependency(_lookup(by_key, (*e.src, op.iteration - 1), op), 0, e.role))
             elif e.role == "gradient":
                 first = op.iteration * g
-                deps += [Dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role)
+                deps += [_dependency(_lookup(by_key, (*e.src, t), op), e.words, e.role)
                          for t in range(first, min(first + g, total))]
             elif op.iteration - e.delay >= 0:
-                deps.append(Dependency(_lookup(by_key, (*e.src, op.iteration - e.delay), op), e.words, e.role))
+                deps.append(_dependency(_lookup(by_key, (*e.src, op.iteration - e.delay), op), e.words, e.role))
         for edge in weight_in.get((op.kind, op.unit), ()):
             stale = pins.get((op.kind, op.unit, op.iteration % unfold))
             if stale is not None and op.iteration // g - stale - 1 >= 0:
                 key = (edge.src.kind, edge.src.layer, op.iteration // g - stale - 1)
-                deps.append(Dependency(_lookup(by_key, key, op), edge.words, edge.role))
+                deps.append(_dependency(_lookup(by_key, key, op), edge.words, edge.role))
         out[op] = tuple(deps)
     return out
 
@@ -277,22 +290,22 @@ def _sync_layer_dependencies(
             for e in incoming.get((op.kind, op.unit), ()):
                 if e.role == "gradient":
                     src = (e.src.kind, e.src.layer)
-                    deps += [Dependency(_lookup(by_key, (*src, t), op), e.words, e.role) for t in step_mbs]
+                    deps += [_dependency(_lookup(by_key, (*src, t), op), e.words, e.role) for t in step_mbs]
             for e in readers.get((op.kind, op.unit), ()):
                 reader = (e.dst.kind, e.dst.layer)
-                deps += [Dependency(_lookup(by_key, (*reader, t), op), 0, ROLE_VERSION) for t in step_mbs]
+                deps += [_dependency(_lookup(by_key, (*reader, t), op), 0, ROLE_VERSION) for t in step_mbs]
             if j > 0:
-                deps.append(Dependency(_lookup(by_key, (op.kind, op.unit, j - 1), op), 0, ROLE_ORDER))
+                deps.append(_dependency(_lookup(by_key, (op.kind, op.unit, j - 1), op), 0, ROLE_ORDER))
         else:
             step = op.iteration // m
             for e in incoming.get((op.kind, op.unit), ()):
                 if e.role == "weights":
                     if step > 0:
                         key = (e.src.kind, e.src.layer, step - 1)
-                        deps.append(Dependency(_lookup(by_key, key, op), e.words, e.role))
+                        deps.append(_dependency(_lookup(by_key, key, op), e.words, e.role))
                 elif op.iteration - e.delay >= 0:
                     key = (e.src.kind, e.src.layer, op.iteration - e.delay)
-                    deps.append(Dependency(_lookup(by_key, key, op), e.words, e.role))
+                    deps.append(_dependency(_lookup(by_key, key, op), e.words, e.role))
         out[op] = tuple(deps)
     return out
 
@@ -313,34 +326,42 @@ def _stage_dependencies(
     # first forward of a (stage, step) on each processor gets these edges; the processor's later forwards of
     # that step follow it in program order anyway, so m edges per stage and step say what m² would.
     gradient_ops: dict[tuple[int, int], list[Op]] = {}
-    first_forwards: set[Op] = set()
+    # (stage, step, processor) → that first forward; asked by key, as hashing an `Op` (a dataclass whose hash
+    # is rebuilt on every call) costs several times a tuple of ints.
+    first_forward: dict[tuple[int, int, int], Op] = {}
     if m:
-        seen: set[tuple[int, int, int]] = set()
         for op in schedule.ops():
             if op.kind in STAGE_GRADIENT_KINDS:
                 gradient_ops.setdefault((op.unit, op.iteration // m), []).append(op)
-            elif op.kind == "F" and (op.unit, op.iteration // m, op.proc) not in seen:
-                seen.add((op.unit, op.iteration // m, op.proc))
-                first_forwards.add(op)
+            elif op.kind == "F":
+                first_forward.setdefault((op.unit, op.iteration // m, op.proc), op)
+    # Every op has one to three producers of fixed roles: each tuple is built at once, each `Dependency` by
+    # `_dependency` (this runs on every op of every explicit schedule validated).
     out: dict[Op, tuple[Dependency, ...]] = {}
+    dep, find = _dependency, by_key.get
     for op in schedule.ops():
-        s, t = op.unit, op.iteration
-        deps: list[Dependency] = []
-        if op.kind == "F":
+        kind, s, t = op.kind, op.unit, op.iteration
+        if kind == "F":
             if s > 0:
-                deps.append(Dependency(_lookup(by_key, ("F", s - 1, t), op), info.words_into_forward(s), "activation"))
-            if op in first_forwards and t >= m:
-                deps += [Dependency(g, 0, ROLE_STEP) for g in gradient_ops.get((s, t // m - 1), ())]
-        elif op.kind in ("B", "I"):
+                producer = find(("F", s - 1, t)) or _missing(op, ("F", s - 1, t))
+                deps: tuple[Dependency, ...] = (dep(producer, info.words_into_forward(s), "activation"),)
+            else:
+                deps = ()
+            # The first forward of its (stage, step, processor) — or one equal to it: same key, same iteration.
+            if t >= m and m and first_forward[(s, t // m, op.proc)].iteration == t:
+                deps += tuple(dep(g, 0, ROLE_STEP) for g in gradient_ops.get((s, t // m - 1), ()))
+        elif kind == "B" or kind == "I":
             if s < num_stages - 1:
-                later = "B" if ("B", s + 1, t) in by_key else "I"
-                deps.append(Dependency(_lookup(by_key, (later, s + 1, t), op), info.words_into_backward(s), "error"))
-            deps.append(Dependency(_lookup(by_key, ("F", s, t), op), 0, "kept"))
-        elif op.kind == "W":
-            deps.append(Dependency(_lookup(by_key, ("I", s, t), op), 0, "kept"))
+                later = find(("B", s + 1, t)) or find(("I", s + 1, t)) or _missing(op, ("I", s + 1, t))
+                error = dep(later, info.words_into_backward(s), "error")
+                deps = (error, dep(find(("F", s, t)) or _missing(op, ("F", s, t)), 0, "kept"))
+            else:
+                deps = (dep(find(("F", s, t)) or _missing(op, ("F", s, t)), 0, "kept"),)
+        elif kind == "W":
+            deps = (dep(find(("I", s, t)) or _missing(op, ("I", s, t)), 0, "kept"),)
         else:
-            raise ScheduleError(f"op {op} on p{op.proc}: kind '{op.kind}' is not a stage-level kind (F, B, I, W)")
-        out[op] = tuple(deps)
+            raise ScheduleError(f"op {op} on p{op.proc}: kind '{kind}' is not a stage-level kind (F, B, I, W)")
+        out[op] = deps
     return out
 
 

@@ -60,7 +60,6 @@ import numpy as np
 
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
-from layerpipe.interconnect import compiled_bus_key
 from layerpipe.schedule._dep_csr import (
     Csr,
     _array_dependencies,
@@ -627,21 +626,26 @@ def _cross_transfers(c: CompiledSchedule) -> Iterator[tuple[int, int, int]]:
 
 
 def _planned_order(c: CompiledSchedule, words_per_cycle: float | Fraction) -> BusOrder:
-    plan, dur, proc = c.plan_time, c.dur, c.proc
-    assert plan is not None
-    rank_of_task = [tie_rank(kind, unit) for kind, unit in c.tasks]
-    task = c.task.tolist()
-    keyed = sorted((compiled_bus_key(plan[i] + dur[i], plan[i], proc[j], plan[j], rank_of_task[task[j]], proc[i]),
-                    j, i, words) for i, j, words in _cross_transfers(c))
-    rank: dict[tuple[int, int], int] = {}
-    floor: list[int] = []
-    free = 0
-    for k, (key, j, i, words) in enumerate(keyed):
-        rank[(i, j)] = k
-        depart = max(key[0], free)
-        floor.append(depart)
-        free = depart + link_hold_cycles(words, words_per_cycle)
-    return BusOrder(rank, floor)
+    """`bus_order` of a planned run, as arrays (one lexsort and a running maximum: every simulated bus of a
+    periodic schedule): cross-processor pairs by `compiled_bus_key`, floors d_k = max(r_k, d_{k−1} + h_{k−1})."""
+    assert c.plan_time is not None
+    producer, consumer, words = c.pairs  # the pairs `_cross_transfers` walks, in its order
+    proc = c.proc_array(np.int64)
+    cross = proc[producer] != proc[consumer]
+    i, j, words = producer[cross], consumer[cross], words[cross]
+    plan = np.asarray(c.plan_time, dtype=np.int64)
+    release = plan[i] + c.dur_array()[i]
+    ranks = np.asarray([tie_rank(kind, unit) for kind, unit in c.tasks], dtype=np.int64).reshape(-1, 3)[c.task[j]]
+    # compiled_bus_key(release, producer start, consumer processor, consumer start, consumer tie rank, producer
+    # processor), then consumer j, then producer i; lexsort takes its keys last first.
+    order = np.lexsort((i, j, proc[i], ranks[:, 2], ranks[:, 1], ranks[:, 0], plan[j], proc[j], plan[i], release))
+    i, j, release = i[order], j[order], release[order]
+    hold = _hold_cycles(words[order], words_per_cycle)
+    # With S_k the holds of the transfers before k, d_k = S_k + max(0, max over m ≤ k of (r_m − S_m)): the bus
+    # is free from cycle 0, then each transfer leaves at its release or when the one before it has gone.
+    before = np.concatenate(([0], np.cumsum(hold)[:-1])).astype(np.int64) if len(hold) else hold
+    depart = before + np.maximum(np.maximum.accumulate(release - before), 0) if len(hold) else hold
+    return BusOrder(dict(zip(zip(i.tolist(), j.tolist(), strict=True), range(len(i)), strict=True)), depart.tolist())
 
 
 def _step_order(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction) -> BusOrder | None:
@@ -712,6 +716,7 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
     floor = order.floor if order is not None else None
     released: dict[int, tuple[int, int, int]] = {}  # rank → (producer, consumer, words)
     head = 0
+    heappush, heappop = heapq.heappush, heapq.heappop
 
     def try_start(p: int) -> None:
         i = nxt[p]
@@ -719,21 +724,21 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
             return
         s = free[p] if free[p] > ready[i] else ready[i]
         start[i] = s
-        end[i] = s + dur[i]
+        end[i] = e = s + dur[i]
         running[p] = True
         nxt[p] = i + 1
-        heapq.heappush(heap, end[i] * n + i)
+        heappush(heap, e * n + i)
 
     for p in range(procs):
         try_start(p)
     while heap:
         t = heap[0] // n
-        bound = (t + 1) * n
+        base, bound = t * n, (t + 1) * n
         transfers: list[tuple[int, int, int, int]] = []
         # Every op ending at t, including zero-duration ops that start and end at t on the way, before
         # any transfer of cycle t is queued: transfers of one cycle go in consumer order.
         while heap and heap[0] < bound:
-            i = heapq.heappop(heap) - t * n
+            i = heappop(heap) - base
             p = proc[i]
             done[i] = True
             running[p] = False
@@ -746,13 +751,20 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
                     if ready[j] < t:
                         ready[j] = t
                     pending[j] -= 1
-                    if not pending[j]:
-                        try_start(q)
                 else:
                     transfers.append((0 if bus else p * procs + q, j, i, words))
-            try_start(p)
-        transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
-        queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
+            # p is idle: its next op starts if its inputs are in — `try_start(p)` inlined, once p's own consumers
+            # are counted (the one of them that can start is its next op; it starts at t or when its input came).
+            k = nxt[p]
+            if k < last[p] and not pending[k]:
+                s = t if t > ready[k] else ready[k]
+                start[k] = s
+                end[k] = e = s + dur[k]
+                running[p] = True
+                nxt[p] = k + 1
+                heappush(heap, e * n + k)
+        if not transfers:
+            continue  # nothing released: a ranked queue was drained when its last transfer came
         if rank:
             for _, j, i, words in transfers:
                 released[rank[(i, j)]] = (i, j, words)
@@ -761,6 +773,9 @@ def _events(c: CompiledSchedule, latency: int, words_per_cycle: float | Fraction
                 i, j, words = released.pop(head)
                 queue.append((0, j, i, words, floor[head] if floor is not None else 0))
                 head += 1
+        else:
+            transfers.sort()  # per link, in consumer order (ops are numbered processor-major)
+            queue = [(link, j, i, words, 0) for link, j, i, words in transfers]
         for link, j, i, words, not_before in queue:
             depart = link_free.get(link, 0)
             if depart < t:

@@ -62,21 +62,28 @@ def copies(kind: str, layer: int, unfold: int, groups: Mapping[int, int]) -> int
 
 def unfolded_edges(graph: TrainingGraph, unfold: int, groups: Mapping[int, int] | None = None) -> list[PhaseEdge]:
     """The precedence edges of `graph` unfolded by J with update groups (module docstring)."""
+    return [PhaseEdge(*edge) for edge in unfolded_edge_tuples(graph, unfold, groups)]
+
+
+def unfolded_edge_tuples(graph: TrainingGraph, unfold: int, groups: Mapping[int, int] | None = None
+                         ) -> list[tuple[PhaseTask, PhaseTask, int, int, str]]:
+    """`unfolded_edges` as (src, dst, delay, words, role) tuples: the validator reads every edge of every periodic
+    schedule it checks once, and making a frozen `PhaseEdge` per edge cost as much as the check itself."""
     groups = dict(groups or {})
     check_unfolding(unfold, groups.items())
-    out: list[PhaseEdge] = []
+    out: list[tuple[PhaseTask, PhaseTask, int, int, str]] = []
     for e in layer_task_edges(graph):
         (sk, sl), (dk, dl) = e.src, e.dst
         if e.role == ROLE_ORDER:
             per = copies(sk, sl, unfold, groups)
             words = graph.network.layer(sl).weight_count
             for q in range(per):
-                out.append(PhaseEdge((sk, sl, q), (dk, dl, (q + 1) % per), (q + 1) // per, words, e.role))
+                out.append(((sk, sl, q), (dk, dl, (q + 1) % per), (q + 1) // per, words, e.role))
         elif e.role == "gradient":
             g = groups.get(dl, 1)
-            out += [PhaseEdge((sk, sl, k), (dk, dl, k // g), 0, e.words, e.role) for k in range(unfold)]
+            out += [((sk, sl, k), (dk, dl, k // g), 0, e.words, e.role) for k in range(unfold)]
         else:
-            out += [PhaseEdge((sk, sl, i), (dk, dl, (i + e.delay) % unfold), (i + e.delay) // unfold, e.words, e.role)
+            out += [((sk, sl, i), (dk, dl, (i + e.delay) % unfold), (i + e.delay) // unfold, e.words, e.role)
                     for i in range(unfold)]
     return out
 
