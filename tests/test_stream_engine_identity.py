@@ -1,7 +1,8 @@
 """The stream engine's `run_program` gives the same start and end of every item as the oracle it was trimmed from
 (tests/stream_engine_reference.py), on generated programs: several devices, streams sharing lanes, launch
-overheads, zero-work kernels, transfers with priorities on every kind of interconnect; and `Program.transfers`
-adds what `Program.transfer` adds one at a time."""
+overheads, zero-work kernels, transfers with priorities on every kind of interconnect, and the data-parallel
+policies' programs of generated networks (built as tests/dataparallel_reference.py builds them); and
+`Program.transfers` adds what `Program.transfer` adds one at a time."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import Network
+from layerpipe.schedule._dataparallel import build_program, plan, weight_layers
 from layerpipe.schedule._ir import Op
 from layerpipe.schedule._stream_engine import Program, run_program
+from tests.dataparallel_reference import reference_build_program
+from tests.strategies import networks
 from tests.stream_engine_reference import reference_run_program
 
 INTERCONNECTS = ("shared", "links:2:1", "links:0:3", "links:1:1/4", "bus:1:2", "bus:0:1")
@@ -72,3 +78,23 @@ def test_transfers_refuse_what_transfer_refuses() -> None:
     with pytest.raises(InputError, match=r"^2 transfers need 2 dependency lists, got 1$"):
         prog.transfers([(0, 1), (1, 0)], 4, [()])
     assert prog.num_items == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(net=networks(max_layers=6, max_width=12), num_procs=st.integers(1, 5), spec=st.sampled_from(INTERCONNECTS),
+       k=st.integers(0, 6), bucket=st.sampled_from((0, 40, 400)), comm_priority=st.booleans(),
+       steps=st.integers(1, 3))
+def test_data_parallel_programs_run_as_on_the_reference(net: Network, num_procs: int, spec: str, k: int,
+                                                        bucket: int, comm_priority: bool, steps: int) -> None:
+    """The programs the data-parallel policies time (devices of one stream and one lane, ring transfers: the
+    engine's fast paths for lone streams and channels) are the reference builder's, item for item, and give the
+    reference engine's starts and ends."""
+    if not weight_layers(net):
+        return
+    p = plan(net, num_procs, make_cost_model("pe"), min(k, len(weight_layers(net))), bucket, comm_priority)
+    program = build_program(p, steps)
+    assert program == reference_build_program(p, steps)  # the trimmed builder adds the same items
+    interconnect = parse_interconnect(spec)
+    expected = reference_run_program(program, interconnect)
+    got = run_program(program, interconnect)
+    assert (got.start, got.end) == (expected.start, expected.end)
