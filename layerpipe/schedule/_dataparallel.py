@@ -56,6 +56,8 @@ from layerpipe.network import Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN, Program, cycles_per_iteration, run_program
+from layerpipe.schedule._sync_policies import NetworkKey
+from layerpipe.schedule._task_table import BoundedMemo
 from layerpipe.schedule.metrics import ScheduleMetrics
 
 POLICY_NAMES = ("dp", "dp-ooo")
@@ -280,6 +282,31 @@ def step_cycles(p: DPPlan, interconnect: Interconnect) -> float:
                                 p.num_procs) * p.num_procs
 
 
+#: `step_cycles` by (network, N, cost model, K, bucket words, priority, interconnect), the values its plan and
+#: run are made of: `dp` and `dp-ooo` of one point both time K = 0 (the OOO report and `compare` ask for both),
+#: and a repeated query times nothing. The oldest dropped past the cap.
+_STEPS: BoundedMemo[tuple[object, ...], float] = BoundedMemo(256)
+
+
+def memo_step_cycles(network: Network, num_procs: int, model: CostModel, k: int, bucket_words: int,
+                     comm_priority: bool, interconnect: Interconnect, p: DPPlan | None = None) -> float:
+    """`step_cycles` of `plan(network, num_procs, model, k, bucket_words, comm_priority)` (`p`, when the caller
+    has it), remembered in `_STEPS` (not for a cost model that is not hashable)."""
+    key = (NetworkKey(network), num_procs, model, k, bucket_words, comm_priority, interconnect)
+    remember = True
+    try:
+        known = _STEPS.get(key)
+    except TypeError:  # a model that is not hashable
+        known, remember = None, False
+    if known is None:
+        if p is None:
+            p = plan(network, num_procs, model, k, bucket_words, comm_priority)
+        known = step_cycles(p, interconnect)
+        if remember:
+            _STEPS.add(key, known)
+    return known
+
+
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
              interconnect: Interconnect, comm_priority: bool = False) -> tuple[int, float]:
     """`auto`: the K with the fastest simulated step, the smallest on ties, found coarse to fine: every
@@ -294,7 +321,7 @@ def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: i
     def best(ks: list[int]) -> int:
         for k in ks:
             if k not in times:
-                times[k] = step_cycles(plan(network, num_procs, model, k, bucket_words, comm_priority), interconnect)
+                times[k] = memo_step_cycles(network, num_procs, model, k, bucket_words, comm_priority, interconnect)
         return min(sorted(times), key=lambda k: (times[k], k))
 
     coarse = best(sorted(set(range(0, weights + 1, grid)) | {weights}))
@@ -329,7 +356,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
         raise InputError(f"{policy}: network {network.name} has no weight layers to all-reduce")
     p = plan(network, num_procs, model, k, bucket_words, comm_priority)
     if step is None:
-        step = step_cycles(p, interconnect)
+        step = memo_step_cycles(network, num_procs, model, k, bucket_words, comm_priority, interconnect, p)
     work = sum(p.costs.values())
     samples = num_procs * network.batch
     chunk_words = sum(-(-sum(network.layer(layer).weight_count for layer in group) // num_procs)
