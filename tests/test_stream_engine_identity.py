@@ -1,7 +1,7 @@
 """The stream engine's `run_program` gives the same start and end of every item as the oracle it was trimmed from
 (tests/stream_engine_reference.py), on generated programs: several devices, streams sharing lanes, launch
 overheads, zero-work kernels, transfers with priorities on every kind of interconnect, and the data-parallel
-policies' programs of generated networks (built as tests/dataparallel_reference.py builds them); and
+policies' programs of generated networks (built as tests/stream_engine_reference.py builds them); and
 `Program.transfers` adds what `Program.transfer` adds one at a time."""
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._dataparallel import build_program, plan, weight_layers
 from layerpipe.schedule._ir import Op
-from layerpipe.schedule._stream_engine import Program, run_program
-from tests.dataparallel_reference import reference_build_program
+from layerpipe.schedule._stream_engine import Program, cycles_per_iteration, run_program
 from tests.strategies import networks
-from tests.stream_engine_reference import reference_run_program
+from tests.stream_engine_reference import reference_build_program, reference_cycles_per_iteration, reference_run_program
 
 INTERCONNECTS = ("shared", "links:2:1", "links:0:3", "links:1:1/4", "bus:1:2", "bus:0:1")
 
@@ -43,12 +42,16 @@ def programs(draw: st.DrawFn) -> Program:
 
 
 @settings(max_examples=200, deadline=None)
-@given(program=programs(), spec=st.sampled_from(INTERCONNECTS))
-def test_run_program_equals_the_reference(program: Program, spec: str) -> None:
+@given(program=programs(), spec=st.sampled_from(INTERCONNECTS), microbatches=st.integers(1, 4))
+def test_run_program_equals_the_reference(program: Program, spec: str, microbatches: int) -> None:
     interconnect = parse_interconnect(spec)
     expected = reference_run_program(program, interconnect)
     got = run_program(program, interconnect)
     assert (got.start, got.end) == (expected.start, expected.end)
+    for rows in (list(program.device), list(program.stream)):  # rows as dp (replicas) and stream (streams) place them
+        num_rows = max(len(program.lanes), *program.streams)
+        assert (cycles_per_iteration(program, got, rows, num_rows, microbatches)
+                == reference_cycles_per_iteration(program, got, rows, num_rows, microbatches))
 
 
 @settings(max_examples=100, deadline=None)
@@ -88,7 +91,7 @@ def test_data_parallel_programs_run_as_on_the_reference(net: Network, num_procs:
                                                         bucket: int, comm_priority: bool, steps: int) -> None:
     """The programs the data-parallel policies time (devices of one stream and one lane, ring transfers: the
     engine's fast paths for lone streams and channels) are the reference builder's, item for item, and give the
-    reference engine's starts and ends."""
+    reference engine's starts and ends, and the reference's steady cycles per micro-batch."""
     if not weight_layers(net):
         return
     p = plan(net, num_procs, make_cost_model("pe"), min(k, len(weight_layers(net))), bucket, comm_priority)
@@ -98,3 +101,5 @@ def test_data_parallel_programs_run_as_on_the_reference(net: Network, num_procs:
     expected = reference_run_program(program, interconnect)
     got = run_program(program, interconnect)
     assert (got.start, got.end) == (expected.start, expected.end)
+    assert (cycles_per_iteration(program, got, list(program.device), num_procs, num_procs)
+            == reference_cycles_per_iteration(program, got, list(program.device), num_procs, num_procs))

@@ -165,7 +165,8 @@ def build_program(p: DPPlan, steps: int) -> Program:
     kernels is worked out once: per (kind, layer), its task's cost and the (kind, layer) keys of its
     same-iteration dependencies; a micro-batch's items are looked up by those short keys. Items go straight
     onto the program's lists (`Program.append_kernel`, `append_transfers`): they are valid by construction.
-    The program is the one tests/dataparallel_reference.py builds, item for item (tests/test_stream_engine_identity.py).
+    The program is the one tests/stream_engine_reference.py builds, item for item
+    (tests/test_stream_engine_identity.py).
     """
     n, net, graph = p.num_procs, p.network, p.graph
     prog = Program([1] * n, [1] * n)

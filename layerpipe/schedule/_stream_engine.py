@@ -451,8 +451,15 @@ def _run(program: Program, interconnect: Interconnect) -> Timing:
                 else:  # `ready(j, t)` for a transfer, written out
                     c = chan[j]
                     waiting = waiting_on[c]
-                    if channel_free[c] <= t and not waiting:
-                        depart(j, c, t)
+                    if channel_free[c] <= t and not waiting:  # `depart(j, c, t)` written out
+                        h = hold[j]
+                        channel_free[c] = t + h
+                        start[j] = t
+                        payload[order] = j << 2
+                        heappush(heap, (t + h + latency) << shift | order)
+                        payload[order + 1] = c << 2 | 3
+                        heappush(heap, (t + h) << shift | (order + 1))
+                        order += 2
                     else:
                         heappush(waiting, (priority[j], t, j))
             if q >= 0:
@@ -497,17 +504,29 @@ def cycles_per_iteration(program: Program, timing: Timing, row: list[int], num_r
                          microbatches: int) -> float:
     """The steady-state cycles per micro-batch of the run: `SimResult.cycles_per_iteration` of what
     `layerpipe.sim._streams.sim_result` makes of it (the same rows, completion times and slope rule,
-    `layerpipe.schedule._engine`), without building the result — what the policies' figures are."""
-    schedule, items = placed_rows(program, timing, row, num_rows, microbatches)
-    ops = [op for r in schedule.procs for op in r]
-    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
-    is_update = np.fromiter((op.kind == "U" for op in ops), bool, len(ops))
-    sizes = schedule.groups_map()
-    group = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in ops), np.int64, len(ops))
+    `layerpipe.schedule._engine`), without building the result — what the policies' figures are.
+
+    The rows' op order does not enter these figures (completions are maxima, a row's busy cycles a sum), so no
+    ops are placed (`placed_rows` makes an Op per kernel and sorts the rows, a third of a dp run's CPU outside
+    the engine): the kernels' columns are read from the program, and only the busy sums take the rows' order
+    (row, then start), so that their float additions are those of the placed rows. The figures are
+    tests/stream_engine_reference.py's, from placed rows (tests/test_stream_engine_identity.py)."""
+    names = program.names
+    items = [i for i, op in enumerate(names) if op is not None]
+    ops = [op for op in names if op is not None]
+    count = len(items)
+    iteration = np.fromiter((op.iteration for op in ops), np.int64, count)
+    is_update = np.fromiter((op.kind == "U" for op in ops), bool, count)
     start = np.asarray([timing.start[i] for i in items], dtype=np.int64)
     end = np.asarray([timing.end[i] for i in items], dtype=np.int64)
-    proc = np.fromiter((op.proc for op in ops), np.int64, len(ops))
-    busy = np.bincount(proc, weights=end - start, minlength=schedule.num_procs).astype(np.int64)
-    total = int(end.max()) if len(end) else 0
-    return steady_cycles_per_iteration(schedule, completion_times(schedule, iteration, is_update, group, end),
-                                       total, int(busy.max()) if len(busy) else 0)
+    proc = np.fromiter((row[i] for i in items), np.int64, count)
+    placed = np.lexsort((np.asarray(items, dtype=np.int64), start, proc))  # placed_rows' order
+    busy = np.bincount(proc[placed], weights=(end - start)[placed], minlength=num_rows).astype(np.int64)
+    total = int(end.max()) if count else 0
+    counted = iteration[~is_update]  # a synchronous schedule's iterations leave its updates (steps) out
+    iterations = 1 + (int(counted.max()) if len(counted) else -1)
+    # The flags the rules read (synchronous, micro-batches a step, no groups, no unfolding), without the ops.
+    flags = OpSchedule("layer", (), True, microbatches)
+    group = np.ones(count, dtype=np.int64)
+    return steady_cycles_per_iteration(flags, completion_times(flags, iteration, is_update, group, end),
+                                       total, int(busy.max()) if len(busy) else 0, iterations)
