@@ -1,7 +1,7 @@
 """The stream engine's `run_program` as it stood before its per-event work was trimmed (issue 14's speed work): the
 oracle tests/test_stream_engine_identity.py compares the fast one with on generated programs; and
 `cycles_per_iteration` as it stood when it placed the rows first, and the data-parallel policies' `build_program`
-before its per-kernel work was trimmed. Not used by the package."""
+before its per-kernel work was trimmed, and the stream policies' one. Not used by the package."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import heapq
 
 import numpy as np
 
+from layerpipe.costs import atomic_work
 from layerpipe.dfg import Task
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._dataparallel import _NOT_LOCAL, DPPlan
 from layerpipe.schedule._engine import completion_times, steady_cycles_per_iteration
 from layerpipe.schedule._ir import Op
 from layerpipe.schedule._stream_engine import Program, Timing, _deadlock, placed_rows, share_lanes
+from layerpipe.schedule._streams import _NOT_LOCAL as _STREAM_NOT_LOCAL
+from layerpipe.schedule._streams import StreamPlan, kernel_width
 
 
 def reference_run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing:
@@ -256,4 +259,54 @@ def reference_build_program(p: DPPlan, steps: int) -> Program:
             if step == steps - 1:
                 for layer in p.first:
                     update(rep, layer, step)  # the last step's gated updates: no next forward to wait for
+    return prog
+
+
+def reference_stream_build_program(p: StreamPlan, iterations: int) -> Program:
+    """`layerpipe.schedule._streams.build_program` before it kept each kernel's work and width."""
+    net, graph, dev = p.network, p.graph, p.device
+    prog = Program([dev.lanes], [p.streams])
+    local: dict[Task, list[Task]] = {t: [] for t in graph.tasks}
+    for e in graph.edges:
+        if e.role not in _STREAM_NOT_LOCAL and e.delay == 0:
+            local[e.dst].append(e.src)
+    item: dict[tuple[str, int, int], int] = {}
+    weights = [layer.index for layer in net.layers if layer.has_weights]
+    lane_of_g = {layer: 1 + k % (p.streams - 1) for k, layer in enumerate(reversed(weights))} if p.streams > 1 else {}
+
+    def add(kind: str, layer: int, t: int, stream: int) -> None:
+        task = graph.task_of(layer, kind)
+        if task is None:
+            return
+        deps = [item[(s.kind, s.layer, t)] for s in local[task]]
+        if kind == "U":
+            deps += [item[(k, layer, t)] for k in "FEG" if (k, layer, t) in item]
+            if t > 0:
+                deps.append(item[("U", layer, t - 1)])
+        elif kind in "FE" and t > 0 and ("U", layer, t - 1) in item:
+            deps.append(item[("U", layer, t - 1)])
+        lay = net.layer(layer)
+        prog.kernel(Op(stream, kind, layer, t), 0, stream, atomic_work(lay, kind, net.batch),
+                    kernel_width(lay, kind, net.batch), dev.overhead, deps)
+        item[(kind, layer, t)] = prog.num_items - 1
+
+    layers = [layer.index for layer in net.layers]
+    for t in range(iterations):
+        for layer in layers:
+            if p.ooo and t > 0 and layer in weights:
+                add("U", layer, t - 1, 0)  # gated: the update lands just before F_l reads it
+            add("F", layer, t, 0)
+        for layer in reversed(layers):
+            add("A", layer, t, 0)
+            add("E", layer, t, 0)
+            if layer in weights and layer not in p.deferred:
+                add("G", layer, t, lane_of_g.get(layer, 0) if p.ooo else 0)
+        for layer in reversed(p.deferred):
+            add("G", layer, t, 1 if p.streams > 1 else 0)
+        if not p.ooo:
+            for layer in reversed(weights):
+                add("U", layer, t, 0)
+        elif t == iterations - 1:
+            for layer in weights:
+                add("U", layer, t, 0)  # the last iteration's gated updates: no next forward
     return prog

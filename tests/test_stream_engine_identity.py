@@ -10,15 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerpipe.costs import make_cost_model
+from layerpipe.costs import PEModel, make_cost_model
 from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Network
 from layerpipe.schedule._dataparallel import build_program, plan, weight_layers
 from layerpipe.schedule._ir import Op
 from layerpipe.schedule._stream_engine import Program, cycles_per_iteration, run_program
+from layerpipe.schedule._streams import build_program as stream_build_program
+from layerpipe.schedule._streams import plan as stream_plan
 from tests.strategies import networks
-from tests.stream_engine_reference import reference_build_program, reference_cycles_per_iteration, reference_run_program
+from tests.stream_engine_reference import (
+    reference_build_program,
+    reference_cycles_per_iteration,
+    reference_run_program,
+    reference_stream_build_program,
+)
 
 INTERCONNECTS = ("shared", "links:2:1", "links:0:3", "links:1:1/4", "bus:1:2", "bus:0:1")
 
@@ -103,3 +110,19 @@ def test_data_parallel_programs_run_as_on_the_reference(net: Network, num_procs:
     assert (got.start, got.end) == (expected.start, expected.end)
     assert (cycles_per_iteration(program, got, list(program.device), num_procs, num_procs)
             == reference_cycles_per_iteration(program, got, list(program.device), num_procs, num_procs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(net=networks(max_layers=6, max_width=12), ooo=st.booleans(), streams=st.integers(1, 3), defer=st.integers(0, 4),
+       lanes=st.sampled_from((1, 4, 64)), overhead=st.integers(0, 9), iterations=st.integers(1, 4))
+def test_stream_programs_are_the_reference_builders(net: Network, ooo: bool, streams: int, defer: int, lanes: int,
+                                                   overhead: int, iterations: int) -> None:
+    """The stream policies' builder, which works out a (kind, layer)'s work and width once, adds the reference
+    builder's items, and the run gives the reference's figure."""
+    defer = min(defer, len(weight_layers(net)))
+    p = stream_plan(net, PEModel(lanes, overhead), ooo, streams, defer)
+    program = stream_build_program(p, iterations)
+    assert program == reference_stream_build_program(p, iterations)
+    got = run_program(program)
+    expected = reference_run_program(program)
+    assert (got.start, got.end) == (expected.start, expected.end)
