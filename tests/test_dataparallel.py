@@ -20,11 +20,20 @@ from test_functional import assert_weights_close, residual_mlp
 from layerpipe.cli import main
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
-from layerpipe.interconnect import SHARED, Interconnect
+from layerpipe.interconnect import SHARED, Interconnect, parse_interconnect
 from layerpipe.network import Network, mlp
 from layerpipe.numerics import init_weights, make_data
 from layerpipe.reference import train_reference
-from layerpipe.schedule._dataparallel import DPOOOOptions, DPOptions, ring_allreduce_cycles, weight_layers
+from layerpipe.schedule._dataparallel import (
+    DPOOOOptions,
+    DPOptions,
+    memo_step_cycles,
+    plan,
+    ring_allreduce_cycles,
+    step_cycles,
+    weight_layers,
+)
+from layerpipe.schedule._task_table import clear_memos
 from layerpipe.schedule.policies import make_schedule, policy_options
 from layerpipe.sim import SimConfig, simulate_policy_result
 from layerpipe.sim._streams import functional_order
@@ -287,3 +296,25 @@ def test_generated_networks_train_as_sequential_minibatch_sgd(net: Network, n: i
     got = run_functional(net, functional_order(sim), sim.version_map, init, batches, cfg)
     want = run_functional(net, sequential_ops(net, steps * n, GraphOptions(), True, n), plain, init, batches, cfg)
     assert_weights_close(got.weights, want.weights)
+
+
+@settings(max_examples=25, deadline=None)
+@given(net=networks(max_layers=5, max_width=10), num_procs=st.integers(1, 4),
+       spec=st.sampled_from(("shared", "links:2:1", "bus:1:1/2")), k=st.integers(0, 5))
+def test_remembered_step_cycles_are_the_simulated_ones(net: Network, num_procs: int, spec: str, k: int) -> None:
+    """`memo_step_cycles` (which `dp` and `dp-ooo`'s choice of K share) gives `step_cycles` of the plan, on a first
+    query and a repeated one, and `dp` gives the same metrics with the memo empty or filled by `dp-ooo`."""
+    if not weight_layers(net):
+        return
+    k = min(k, len(weight_layers(net)))
+    model, ic = make_cost_model("pe"), parse_interconnect(spec)
+    fresh = step_cycles(plan(net, num_procs, model, k, 0), ic)
+    clear_memos()
+    assert memo_step_cycles(net, num_procs, model, k, 0, False, ic) == fresh
+    assert memo_step_cycles(net, num_procs, model, k, 0, False, ic) == fresh
+    clear_memos()
+    alone = make_schedule("dp", net, num_procs, model, None, ic).metrics
+    make_schedule("dp-ooo", net, num_procs, model, None, ic)
+    clear_memos()
+    make_schedule("dp-ooo", net, num_procs, model, None, ic)
+    assert make_schedule("dp", net, num_procs, model, None, ic).metrics == alone

@@ -56,6 +56,8 @@ from layerpipe.network import Network
 from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN, Program, cycles_per_iteration, run_program
+from layerpipe.schedule._sync_policies import NetworkKey
+from layerpipe.schedule._task_table import BoundedMemo
 from layerpipe.schedule.metrics import ScheduleMetrics
 
 POLICY_NAMES = ("dp", "dp-ooo")
@@ -157,7 +159,15 @@ def plan(network: Network, num_procs: int, model: CostModel, k: int, bucket_word
 
 def build_program(p: DPPlan, steps: int) -> Program:
     """The kernels and ring transfers of `steps` steps (see the module docstring), as a stream-engine
-    `Program` with one device of one lane per replica: a kernel of c cycles is c units of work."""
+    `Program` with one device of one lane per replica: a kernel of c cycles is c units of work.
+
+    dp-ooo's choice of K builds a program per K tried (~4·10^4 items each), so what does not change between
+    kernels is worked out once: per (kind, layer), its task's cost and the (kind, layer) keys of its
+    same-iteration dependencies; a micro-batch's items are looked up by those short keys. Items go straight
+    onto the program's lists (`Program.append_kernel`, `append_transfers`): they are valid by construction.
+    The program is the one tests/stream_engine_reference.py builds, item for item
+    (tests/test_stream_engine_identity.py).
+    """
     n, net, graph = p.num_procs, p.network, p.graph
     prog = Program([1] * n, [1] * n)
     local: dict[Task, list[Task]] = {t: [] for t in graph.tasks}
@@ -165,67 +175,83 @@ def build_program(p: DPPlan, steps: int) -> Program:
         if e.role not in _NOT_LOCAL and e.delay == 0:
             local[e.dst].append(e.src)
     first = set(p.first)
-    item: dict[tuple[int, str, int, int], int] = {}  # (replica, kind, layer, t or step) → item
-    done_at: dict[tuple[int, int, int], int] = {}  # (replica, layer, step) → item when its gradient is reduced
+    layers = [layer.index for layer in net.layers]
+    # (kind, layer) → (cost, dependency keys), for the tasks that exist.
+    kernel_of: dict[tuple[str, int], tuple[int, list[tuple[str, int]]]] = {}
+    for layer in layers:
+        for kind in "FAEGU":
+            task = graph.task_of(layer, kind)
+            if task is not None:
+                kernel_of[(kind, layer)] = (p.costs[task], [(s.kind, s.layer) for s in local[task]])
+    if any(cost < 0 for cost, _ in kernel_of.values()):
+        raise InputError("a data-parallel kernel needs a cost >= 0")
+    # Per micro-batch t: (kind, layer) → item. Updates by (replica, layer, step); reduced gradients likewise.
+    batch: dict[int, dict[tuple[str, int], int]] = {}
+    u_item: dict[tuple[int, int, int], int] = {}
+    done_at: dict[tuple[int, int, int], int] = {}
+    kernel = prog.append_kernel
 
     def add(rep: int, kind: str, layer: int, t: int, step: int) -> None:
-        task = graph.task_of(layer, kind)
-        if task is None:
+        known = kernel_of.get((kind, layer))
+        if known is None:
             return
-        deps = [item[(rep, s.kind, s.layer, t)] for s in local[task]]
-        if kind in "FE" and step > 0 and (rep, "U", layer, step - 1) in item:
-            deps.append(item[(rep, "U", layer, step - 1)])
-        prog.kernel(Op(rep, kind, layer, t), rep, 0, p.costs[task], 1, 0, deps)
-        item[(rep, kind, layer, t)] = prog.num_items - 1
+        cost, keys = known
+        items = batch[t]
+        deps = [items[key] for key in keys]
+        if step > 0 and kind in "FE":
+            u = u_item.get((rep, layer, step - 1))
+            if u is not None:
+                deps.append(u)
+        items[(kind, layer)] = kernel(Op(rep, kind, layer, t), rep, cost, tuple(deps))
 
     def update(rep: int, layer: int, step: int) -> None:
-        t = step * n + rep
+        items = batch[step * n + rep]
         deps = [done_at[(rep, layer, step)]]
-        deps += [item[(rep, k, layer, t)] for k in "FE" if (rep, k, layer, t) in item]  # write after read
+        deps += [items[(k, layer)] for k in "FE" if (k, layer) in items]  # write after read
         if step > 0:
-            deps.append(item[(rep, "U", layer, step - 1)])
-        task = graph.task_of(layer, "U")
-        assert task is not None
-        prog.kernel(Op(rep, "U", layer, step), rep, 0, p.costs[task], 1, 0, deps)
-        item[(rep, "U", layer, step)] = prog.num_items - 1
+            deps.append(u_item[(rep, layer, step - 1)])
+        u_item[(rep, layer, step)] = kernel(Op(rep, "U", layer, step), rep, kernel_of[("U", layer)][0], tuple(deps))
 
-    layers = [layer.index for layer in net.layers]
+    ring = [(rep, (rep + 1) % n) for rep in range(n)]  # replica rep sends to rep + 1 ...
+    behind = [(rep - 1) % n for rep in range(n)]  # ... and receives from rep - 1
+    backward = list(reversed(layers))
+    updated = [layer for layer in backward if net.layer(layer).has_weights and layer not in first]
     for step in range(steps):
         for rep in range(n):
             t = step * n + rep
+            batch[t] = {}
             for layer in layers:
                 if layer in first and step > 0:
                     update(rep, layer, step - 1)  # gated: the update lands just before F_i
                 add(rep, "F", layer, t, step)
-            for layer in reversed(layers):
-                for kind in "AE":
-                    add(rep, kind, layer, t, step)
+            for layer in backward:
+                add(rep, "A", layer, t, step)
+                add(rep, "E", layer, t, step)
                 if layer not in first:
                     add(rep, "G", layer, t, step)
             for layer in p.first:
                 add(rep, "G", layer, t, step)
         for group in p.all_reduces:
-            grads = {rep: [item[(rep, "G", layer, step * n + rep)] for layer in group] for rep in range(n)}
+            grads = [[batch[step * n + rep][("G", layer)] for layer in group] for rep in range(n)]
             if n == 1:
                 for layer, g in zip(group, grads[0], strict=True):
                     done_at[(0, layer, step)] = g  # one replica: nothing to reduce
                 continue
             words = -(-sum(net.layer(layer).weight_count for layer in group) // n)
-            ring = [(rep, (rep + 1) % n) for rep in range(n)]
             priority = min(group) if p.comm_priority else 0
             # Round s: every replica sends to the next one, after its gradients and (from the second round on)
             # what it received in round s − 1, from replica rep − 1: item sent + (rep − 1) mod n of that round.
-            sent = prog.transfers(ring, words, [tuple(grads[rep]) for rep in range(n)], priority)
+            own = [tuple(g) for g in grads]
+            sent = prog.append_transfers(ring, words, own, priority)
             for _ in range(2 * (n - 1) - 1):
-                sent = prog.transfers(ring, words, [(*grads[rep], sent + (rep - 1) % n) for rep in range(n)],
-                                      priority)
+                deps = [(*g, sent + back) for g, back in zip(own, behind, strict=True)]
+                sent = prog.append_transfers(ring, words, deps, priority)
             for rep in range(n):
                 for layer in group:
                     done_at[(rep, layer, step)] = sent + (rep - 1) % n
         for rep in range(n):
-            for layer in reversed(layers):
-                if net.layer(layer).has_weights and layer not in first:
-                    update(rep, layer, step)
+            for layer in updated:
+                update(rep, layer, step)
             if step == steps - 1:
                 for layer in p.first:
                     update(rep, layer, step)  # the last step's gated updates: no next forward to wait for
@@ -257,6 +283,31 @@ def step_cycles(p: DPPlan, interconnect: Interconnect) -> float:
                                 p.num_procs) * p.num_procs
 
 
+#: `step_cycles` by (network, N, cost model, K, bucket words, priority, interconnect), the values its plan and
+#: run are made of: `dp` and `dp-ooo` of one point both time K = 0 (the OOO report and `compare` ask for both),
+#: and a repeated query times nothing. The oldest dropped past the cap.
+_STEPS: BoundedMemo[tuple[object, ...], float] = BoundedMemo(256)
+
+
+def memo_step_cycles(network: Network, num_procs: int, model: CostModel, k: int, bucket_words: int,
+                     comm_priority: bool, interconnect: Interconnect, p: DPPlan | None = None) -> float:
+    """`step_cycles` of `plan(network, num_procs, model, k, bucket_words, comm_priority)` (`p`, when the caller
+    has it), remembered in `_STEPS` (not for a cost model that is not hashable)."""
+    key = (NetworkKey(network), num_procs, model, k, bucket_words, comm_priority, interconnect)
+    remember = True
+    try:
+        known = _STEPS.get(key)
+    except TypeError:  # a model that is not hashable
+        known, remember = None, False
+    if known is None:
+        if p is None:
+            p = plan(network, num_procs, model, k, bucket_words, comm_priority)
+        known = step_cycles(p, interconnect)
+        if remember:
+            _STEPS.add(key, known)
+    return known
+
+
 def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: int,
              interconnect: Interconnect, comm_priority: bool = False) -> tuple[int, float]:
     """`auto`: the K with the fastest simulated step, the smallest on ties, found coarse to fine: every
@@ -271,7 +322,7 @@ def choose_k(network: Network, num_procs: int, model: CostModel, bucket_words: i
     def best(ks: list[int]) -> int:
         for k in ks:
             if k not in times:
-                times[k] = step_cycles(plan(network, num_procs, model, k, bucket_words, comm_priority), interconnect)
+                times[k] = memo_step_cycles(network, num_procs, model, k, bucket_words, comm_priority, interconnect)
         return min(sorted(times), key=lambda k: (times[k], k))
 
     coarse = best(sorted(set(range(0, weights + 1, grid)) | {weights}))
@@ -306,7 +357,7 @@ def _schedule(policy: str, network: Network, num_procs: int, model: CostModel, o
         raise InputError(f"{policy}: network {network.name} has no weight layers to all-reduce")
     p = plan(network, num_procs, model, k, bucket_words, comm_priority)
     if step is None:
-        step = step_cycles(p, interconnect)
+        step = memo_step_cycles(network, num_procs, model, k, bucket_words, comm_priority, interconnect, p)
     work = sum(p.costs.values())
     samples = num_procs * network.batch
     chunk_words = sum(-(-sum(network.layer(layer).weight_count for layer in group) // num_procs)

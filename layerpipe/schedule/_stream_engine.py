@@ -43,12 +43,12 @@ event engine on the same ops with those durations (tested).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._engine import completion_times, steady_cycles_per_iteration
@@ -127,6 +127,14 @@ class Program:
             if src == dst:
                 raise InputError(f"a transfer needs two devices, got {src} -> {dst}")
         _check_earlier(n, [d for ds in deps for d in ds])
+        return self.append_transfers(pairs, words, deps, priority)
+
+    def append_transfers(self, pairs: list[tuple[int, int]], words: int, deps: list[tuple[int, ...]],
+                         priority: int = 0) -> int:
+        """`transfers` without its checks, for a builder whose transfers are valid by construction (one
+        dependency tuple per pair, two devices each, earlier items): a ring all-reduce's rounds."""
+        n = len(self.names)
+        count = len(pairs)
         self.names.extend([None] * count)
         self.device.extend([src for src, _ in pairs])
         self.stream.extend([dst for _, dst in pairs])
@@ -135,6 +143,20 @@ class Program:
         self.overhead.extend([0] * count)
         self.priority.extend([priority] * count)
         self.deps.extend(deps)
+        return n
+
+    def append_kernel(self, op: Op, device: int, work: int, deps: tuple[int, ...]) -> int:
+        """`kernel(op, device, 0, work, 1, 0, deps)` without its checks, for a builder whose kernels are valid by
+        construction (stream 0, work >= 0, `deps` earlier items): the data-parallel programs add ~10^5 a run."""
+        n = len(self.names)
+        self.names.append(op)
+        self.device.append(device)
+        self.stream.append(0)
+        self.work.append(work)
+        self.width.append(1)
+        self.overhead.append(0)
+        self.priority.append(0)
+        self.deps.append(deps)
         return n
 
     def _add(self, name: Op | None, device: int, stream: int, work: int, width: int, overhead: int,
@@ -192,10 +214,21 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
     """Start and end cycle of every item (see the module docstring for the rules).
 
     The data-parallel policies time ~10^5 items per run and dozens of runs per schedule (dp-ooo's choice of K),
-    so the per-event work is kept small: each kernel's stream queue is found by a number (`qof`), not a
-    (device, stream) key; a transfer's channel is worked out once; events carry a running count from
-    `itertools.count`. The rules, and so every start and end, are those of tests/stream_engine_reference.py
-    (tests/test_stream_engine_identity.py)."""
+    so the per-event work is kept small. An event is one int in the heap, its time above its running number
+    (`order`, which breaks ties in the order events were made, as the reference's (time, order, ...) tuples
+    do); what it is sits in `payload[order]` (item << 2 | kind) and, for a projected completion, `valid[order]`
+    (its device's stamp). A kernel on a device of one stream computes alone, at min(width, lanes) lanes, so
+    when its launch overhead is over its end is known: it gets a finish event at once, made where the shared
+    rule's projected completion would be (the same time and running number), without the sharing books. The
+    hot path (an item finishes, which readies its consumers, which launch or depart) is written out in the
+    event loop rather than as calls. The rules, and so every start and end, are those of
+    tests/stream_engine_reference.py (tests/test_stream_engine_identity.py)."""
+    with gc_paused():  # the run builds a few lists per item and no cycles: collections would only walk them
+        return _run(program, interconnect)
+
+
+def _run(program: Program, interconnect: Interconnect) -> Timing:
+    """`run_program`'s body."""
     n = program.num_items
     names, device, stream, work = program.names, program.device, program.stream, program.work
     overhead, width, lanes, priority = program.overhead, program.width, program.lanes, program.priority
@@ -207,6 +240,7 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
             for d in deps:
                 consumers[d].append(i)
     is_kernel = [name is not None for name in names]
+    alone = [s == 1 for s in program.streams]  # a device of one stream: its kernels never share lanes
     # Each stream's kernels in order; `qof[i]` numbers kernel i's stream (its queue), -1 for a transfer.
     queue_of: dict[tuple[int, int], int] = {}
     queues: list[list[int]] = []
@@ -224,22 +258,41 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
     busy = [False] * len(queues)
     start = [-1] * n
     end = [-1] * n
-    # Computing kernels per device: item → remaining MACs; shares as of `since[d]`.
+    # Computing kernels per device of several streams: item → remaining MACs; shares as of `since[d]`.
     computing: list[dict[int, int]] = [{} for _ in lanes]
     share: list[dict[int, int]] = [{} for _ in lanes]
     since = [0] * len(lanes)
     stamp = [0] * len(lanes)
-    channel_free: dict[int, int] = {}
     num_devices = len(lanes)
     bus = interconnect.kind == "bus"
     shared = interconnect.is_shared
     latency = interconnect.latency
+    # A transfer's channel (`Interconnect.channel`, numbered) and hold; -1 and 0 for a kernel.
+    chan = [-1] * n
+    hold = [0] * n
     holds: dict[int, int] = {}  # words → channel cycles
-    waiting_on: dict[int, list[tuple[int, int, int]]] = {}  # channel → (priority, ready time, item) heap
-    # Events: (time, order, kind, item, stamp); kind 0 = an item finished, 1 = launch overhead over,
-    # 2 = a device's projected completion (valid while its stamp is current), 3 = a channel is free.
-    heap: list[tuple[int, int, int, int, int]] = []
-    order = itertools.count()
+    if not shared:
+        for i in range(n):
+            if not is_kernel[i]:
+                chan[i] = 0 if bus else device[i] * num_devices + stream[i]
+                words = work[i]
+                h = holds.get(words)
+                if h is None:
+                    h = holds[words] = interconnect.hold(words)
+                hold[i] = h
+    channel_free = [0] * (num_devices * num_devices)  # by channel: when it is free again
+    # By channel: the transfers waiting for it, a (priority, ready time, item) heap.
+    waiting_on: list[list[tuple[int, int, int]]] = [[] for _ in channel_free]
+    # Events: kind 0 = an item finished, 1 = launch overhead over, 2 = a device's projected completion (valid
+    # while its stamp is `valid[order]`), 3 = a channel is free. A kernel makes at most three events (its launch
+    # and two projections: after its launch and after a completion, each of which ends a kernel), a transfer two.
+    bound = 3 * n + 1
+    shift = bound.bit_length()
+    low = (1 << shift) - 1
+    payload = [0] * bound
+    valid = [0] * bound
+    heap: list[int] = []
+    order = 0
     heappush, heappop = heapq.heappush, heapq.heappop
 
     def settle(d: int, t: int) -> None:
@@ -252,12 +305,13 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
         since[d] = t
 
     def reshare(d: int, t: int) -> None:
+        nonlocal order
         running = computing[d]
         stamp[d] += 1
         if not running:
             share[d] = {}
             return
-        if len(running) == 1:  # the common case, and what share_lanes gives for one kernel
+        if len(running) == 1:  # what share_lanes gives for one kernel
             (k,) = running
             a = min(width[k], lanes[d])
             share[d] = {k: a}
@@ -267,9 +321,14 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
             got = share_lanes(lanes[d], [width[k] for k in kernels], [stream[k] for k in kernels])
             share[d] = dict(zip(kernels, got, strict=True))
             nxt = min(t + max(0, -(-running[k] // a)) for k, a in share[d].items() if a > 0)
-        heappush(heap, (nxt, next(order), 2, d, stamp[d]))
+        payload[order] = d << 2 | 2
+        valid[order] = stamp[d]
+        heappush(heap, nxt << shift | order)
+        order += 1
 
-    def try_launch(q: int, t: int) -> None:
+    def launch(q: int, t: int) -> None:
+        """Start stream q's next kernel if the stream is idle and the kernel's dependencies have finished."""
+        nonlocal order
         if busy[q]:
             return
         items = queues[q]
@@ -282,82 +341,130 @@ def run_program(program: Program, interconnect: Interconnect = SHARED) -> Timing
         busy[q] = True
         head[q] = at + 1
         start[i] = t
-        heappush(heap, (t + overhead[i], next(order), 1, i, 0))
+        payload[order] = i << 2 | 1
+        heappush(heap, (t + overhead[i]) << shift | order)
+        order += 1
+
+    def depart(i: int, c: int, t: int) -> None:
+        """Transfer i leaves on its free channel c at t: it arrives, and the channel frees, later."""
+        nonlocal order
+        h = hold[i]
+        channel_free[c] = t + h
+        start[i] = t
+        payload[order] = i << 2
+        heappush(heap, (t + h + latency) << shift | order)
+        payload[order + 1] = c << 2 | 3
+        heappush(heap, (t + h) << shift | (order + 1))
+        order += 2
 
     def ready(i: int, t: int) -> None:
         """Item i's dependencies have all finished (at t)."""
-        if is_kernel[i]:
-            try_launch(qof[i], t)
-            return
-        if shared:
-            start[i] = t
-            heappush(heap, (t, next(order), 0, i, 0))
-            return
-        c = 0 if bus else device[i] * num_devices + stream[i]  # `Interconnect.channel`
-        waiting = waiting_on.get(c)
-        if waiting is None:
-            waiting = waiting_on[c] = []
-        if channel_free.get(c, 0) <= t and not waiting:
-            depart(i, c, t)
-        else:  # the channel is busy: its free event takes the best waiting transfer
-            heappush(waiting, (priority[i], t, i))
-
-    def depart(i: int, c: int, t: int) -> None:
-        words = work[i]
-        hold = holds.get(words)
-        if hold is None:
-            hold = holds[words] = interconnect.hold(words)
-        channel_free[c] = t + hold
-        start[i] = t
-        heappush(heap, (t + hold + latency, next(order), 0, i, 0))
-        heappush(heap, (t + hold, next(order), 3, c, 0))
-
-    def finish(i: int, t: int) -> None:
-        end[i] = t
+        nonlocal order
         q = qof[i]
         if q >= 0:
-            busy[q] = False
-        for j in consumers[i]:
-            left = pending[j] - 1
-            pending[j] = left
-            if not left:
-                ready(j, t)
-        if q >= 0:
-            try_launch(q, t)
+            launch(q, t)
+        elif shared:
+            start[i] = t
+            payload[order] = i << 2
+            heappush(heap, t << shift | order)
+            order += 1
+        else:
+            c = chan[i]
+            waiting = waiting_on[c]
+            if channel_free[c] <= t and not waiting:
+                depart(i, c, t)
+            else:  # the channel is busy: its free event takes the best waiting transfer
+                heappush(waiting, (priority[i], t, i))
 
     for i in range(n):
         if not pending[i] and not is_kernel[i]:
             ready(i, 0)
     for q in range(len(queues)):
-        try_launch(q, 0)
+        launch(q, 0)
     while heap:
-        t, _, kind, item, st = heappop(heap)
+        event = heappop(heap)
+        t = event >> shift
+        what = payload[event & low]
+        kind = what & 3
+        item = what >> 2
         if kind == 0:
-            finish(item, t)
+            finished: tuple[int, ...] | list[int] = (item,)
         elif kind == 1:
             if work[item] == 0:
-                finish(item, t)
+                finished = (item,)
+            elif alone[device[item]]:  # the projection the shared rule makes, as a finish event
+                payload[order] = item << 2
+                heappush(heap, (t - (-work[item] // min(width[item], lanes[device[item]]))) << shift | order)
+                order += 1
+                continue
             else:
                 d = device[item]
                 settle(d, t)
                 computing[d][item] = work[item]
                 reshare(d, t)
+                continue
         elif kind == 3:
             waiting = waiting_on[item]
             if waiting and channel_free[item] <= t:
-                _, _, i = heappop(waiting)
-                depart(i, item, t)
-        elif st == stamp[item]:
+                depart(heappop(waiting)[2], item, t)
+            continue
+        elif valid[event & low] == stamp[item]:
             d = item
             settle(d, t)
             running = computing[d]
-            done = sorted(k for k, rem in running.items() if rem <= 0)
-            for k in done:
+            finished = sorted(k for k, rem in running.items() if rem <= 0)
+            for k in finished:
                 del running[k]
             reshare(d, t)
-            for k in done:
-                finish(k, t)
-    if any(e < 0 for e in end):
+        else:
+            continue
+        for i in finished:  # each ends at t: its consumers may be ready, its stream may launch the next
+            end[i] = t
+            q = qof[i]
+            if q >= 0:
+                busy[q] = False
+            for j in consumers[i]:
+                left = pending[j] - 1
+                pending[j] = left
+                if left:
+                    continue
+                qj = qof[j]
+                if qj >= 0:  # `launch(qj, t)` written out: j is not necessarily its stream's next kernel
+                    if busy[qj]:
+                        continue
+                    items = queues[qj]
+                    at = head[qj]
+                    k = items[at]  # j is in this queue, not launched yet, so `at` is in range
+                    if pending[k]:
+                        continue
+                    busy[qj] = True
+                    head[qj] = at + 1
+                    start[k] = t
+                    payload[order] = k << 2 | 1
+                    heappush(heap, (t + overhead[k]) << shift | order)
+                    order += 1
+                elif shared:
+                    start[j] = t
+                    payload[order] = j << 2
+                    heappush(heap, t << shift | order)
+                    order += 1
+                else:  # `ready(j, t)` for a transfer, written out
+                    c = chan[j]
+                    waiting = waiting_on[c]
+                    if channel_free[c] <= t and not waiting:  # `depart(j, c, t)` written out
+                        h = hold[j]
+                        channel_free[c] = t + h
+                        start[j] = t
+                        payload[order] = j << 2
+                        heappush(heap, (t + h + latency) << shift | order)
+                        payload[order + 1] = c << 2 | 3
+                        heappush(heap, (t + h) << shift | (order + 1))
+                        order += 2
+                    else:
+                        heappush(waiting, (priority[j], t, j))
+            if q >= 0:
+                launch(q, t)
+    if min(end, default=0) < 0:
         _deadlock(program, end, {key: queues[q] for key, q in queue_of.items()},
                   {key: head[q] for key, q in queue_of.items()})
     return Timing(start, end)
@@ -397,17 +504,29 @@ def cycles_per_iteration(program: Program, timing: Timing, row: list[int], num_r
                          microbatches: int) -> float:
     """The steady-state cycles per micro-batch of the run: `SimResult.cycles_per_iteration` of what
     `layerpipe.sim._streams.sim_result` makes of it (the same rows, completion times and slope rule,
-    `layerpipe.schedule._engine`), without building the result — what the policies' figures are."""
-    schedule, items = placed_rows(program, timing, row, num_rows, microbatches)
-    ops = [op for r in schedule.procs for op in r]
-    iteration = np.fromiter((op.iteration for op in ops), np.int64, len(ops))
-    is_update = np.fromiter((op.kind == "U" for op in ops), bool, len(ops))
-    sizes = schedule.groups_map()
-    group = np.fromiter((sizes.get(op.unit, 1) if op.kind == "U" else 1 for op in ops), np.int64, len(ops))
+    `layerpipe.schedule._engine`), without building the result — what the policies' figures are.
+
+    The rows' op order does not enter these figures (completions are maxima, a row's busy cycles a sum), so no
+    ops are placed (`placed_rows` makes an Op per kernel and sorts the rows, a third of a dp run's CPU outside
+    the engine): the kernels' columns are read from the program, and only the busy sums take the rows' order
+    (row, then start), so that their float additions are those of the placed rows. The figures are
+    tests/stream_engine_reference.py's, from placed rows (tests/test_stream_engine_identity.py)."""
+    names = program.names
+    items = [i for i, op in enumerate(names) if op is not None]
+    ops = [op for op in names if op is not None]
+    count = len(items)
+    iteration = np.fromiter((op.iteration for op in ops), np.int64, count)
+    is_update = np.fromiter((op.kind == "U" for op in ops), bool, count)
     start = np.asarray([timing.start[i] for i in items], dtype=np.int64)
     end = np.asarray([timing.end[i] for i in items], dtype=np.int64)
-    proc = np.fromiter((op.proc for op in ops), np.int64, len(ops))
-    busy = np.bincount(proc, weights=end - start, minlength=schedule.num_procs).astype(np.int64)
-    total = int(end.max()) if len(end) else 0
-    return steady_cycles_per_iteration(schedule, completion_times(schedule, iteration, is_update, group, end),
-                                       total, int(busy.max()) if len(busy) else 0)
+    proc = np.fromiter((row[i] for i in items), np.int64, count)
+    placed = np.lexsort((np.asarray(items, dtype=np.int64), start, proc))  # placed_rows' order
+    busy = np.bincount(proc[placed], weights=(end - start)[placed], minlength=num_rows).astype(np.int64)
+    total = int(end.max()) if count else 0
+    counted = iteration[~is_update]  # a synchronous schedule's iterations leave its updates (steps) out
+    iterations = 1 + (int(counted.max()) if len(counted) else -1)
+    # The flags the rules read (synchronous, micro-batches a step, no groups, no unfolding), without the ops.
+    flags = OpSchedule("layer", (), True, microbatches)
+    group = np.ones(count, dtype=np.int64)
+    return steady_cycles_per_iteration(flags, completion_times(flags, iteration, is_update, group, end),
+                                       total, int(busy.max()) if len(busy) else 0, iterations)

@@ -122,6 +122,8 @@ def build_program(p: StreamPlan, iterations: int) -> Program:
     weights = [layer.index for layer in net.layers if layer.has_weights]
     lane_of_g = {layer: 1 + k % (p.streams - 1) for k, layer in enumerate(reversed(weights))} if p.streams > 1 else {}
 
+    sizes: dict[tuple[str, int], tuple[int, int]] = {}
+
     def add(kind: str, layer: int, t: int, stream: int) -> None:
         task = graph.task_of(layer, kind)
         if task is None:
@@ -133,9 +135,11 @@ def build_program(p: StreamPlan, iterations: int) -> Program:
                 deps.append(item[("U", layer, t - 1)])
         elif kind in "FE" and t > 0 and ("U", layer, t - 1) in item:
             deps.append(item[("U", layer, t - 1)])
-        lay = net.layer(layer)
-        prog.kernel(Op(stream, kind, layer, t), 0, stream, atomic_work(lay, kind, net.batch),
-                    kernel_width(lay, kind, net.batch), dev.overhead, deps)
+        size = sizes.get((kind, layer))
+        if size is None:  # a (kind, layer)'s work and width, worked out once rather than every iteration
+            lay = net.layer(layer)
+            size = sizes[(kind, layer)] = (atomic_work(lay, kind, net.batch), kernel_width(lay, kind, net.batch))
+        prog.kernel(Op(stream, kind, layer, t), 0, stream, size[0], size[1], dev.overhead, deps)
         item[(kind, layer, t)] = prog.num_items - 1
 
     layers = [layer.index for layer in net.layers]

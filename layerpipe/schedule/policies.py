@@ -123,8 +123,9 @@ STREAM_ENGINE_POLICIES: tuple[str, ...] = ("dp", "dp-ooo", "stream", "stream-ooo
 #: Policies whose searches run with the cyclic garbage collector paused (`gc_paused`): they build hundreds of
 #: thousands of small acyclic lists, tuples and dicts (timings, packings, pins), and each allocation burst would
 #: trigger a collection that walks every live object again, the memos included (8-12 % of their scheduling CPU
-#: on issue 14's sweep). `optimal` is left out: its solver's objects are not ours to vouch for.
-GC_PAUSED_POLICIES: frozenset[str] = frozenset({"layerpipe", "pipedream", "pipedream-2bw"})
+#: on issue 14's sweep; the stream engine's policies build their programs' Ops and dependency tuples, 15-20 % of the
+#: OOO report's CPU). `optimal` is left out: its solver's objects are not ours to vouch for.
+GC_PAUSED_POLICIES: frozenset[str] = frozenset({"layerpipe", "pipedream", "pipedream-2bw", *STREAM_ENGINE_POLICIES})
 
 
 #: `_has_work` by (cost model, network value): a sweep asks it of every point; the oldest dropped past the cap.
