@@ -1,5 +1,5 @@
 """The planner's passes as they were before the planner speed work (branch perf-planner), kept as the slow
-references its fast paths are tested against (tests/test_planner_fast_paths.py); a second reference module
+references its fast paths are tested against (tests/test_schedule_fast_paths.py); a second reference module
 because tests/schedule_reference.py is near its size limit. Copied from commit ca552ff
 (layerpipe/schedule/_planner.py) with only the names changed (and the layout made afresh, not memoised); not
 used by the package:
