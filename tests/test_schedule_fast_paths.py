@@ -10,7 +10,13 @@
 - the memos (`TaskTable.token`, `transfers`, `comm_timing`, `replicated_timing`): equal content hits, a
   caller's copy can be changed without changing what the next caller gets.
 
-The references are the code from before the speed work (tests/schedule_reference.py).
+- the planner's (branch perf-planner): `_search_plan` (stage terms inlined) against `reference_search_plan`;
+  `_replicated_timing` (staleness off the forward pins, `_ForwardPins`, versions only among several trials of the
+  least staleness) against `reference_replicated_timing`; `_ForwardPins` against the schedule's own pins; and
+  `pinned_weight_sources` on arrays (`_pinned_on_arrays`) against its read-by-read path.
+
+The references are the code from before the speed work (tests/schedule_reference.py, and
+tests/schedule_reference_planner.py for the planner's).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import parse_interconnect
-from layerpipe.network import load_network
-from layerpipe.schedule import make_schedule
+from layerpipe.network import Network, load_network
+from layerpipe.schedule import _unfold, make_schedule
 from layerpipe.schedule._balance import balance
 from layerpipe.schedule._comm import Comm, _pack_channels, transfers
 from layerpipe.schedule._comm_timing import _comm_timing, comm_timing
@@ -37,10 +43,20 @@ from layerpipe.schedule._engine import _events, _planned_order, bus_order, compi
 from layerpipe.schedule._layerpipe import group_items, weight_groups
 from layerpipe.schedule._op_sweep import DeadlockError
 from layerpipe.schedule._placement import _improve, improve
-from layerpipe.schedule._planner import PlanCosts, plan, replicated_timing
+from layerpipe.schedule._planner import (
+    Plan,
+    PlanCosts,
+    _ForwardPins,
+    _replicated_timing,
+    _search_plan,
+    plan,
+    replicated_layout,
+    replicated_timing,
+)
 from layerpipe.schedule._stage_programs import gpipe, one_f_one_b, zb_h1
 from layerpipe.schedule._task_table import TaskTable
-from layerpipe.schedule._validate import periodic_versions
+from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 from layerpipe.schedule._workload import Workload
 from tests.schedule_reference import (
     FAST,
@@ -54,6 +70,7 @@ from tests.schedule_reference import (
     reference_planned_order,
     task_table,
 )
+from tests.schedule_reference_planner import reference_replicated_timing, reference_search_plan
 from tests.strategies import networks
 
 
@@ -289,3 +306,93 @@ def test_planned_order_equals_the_reference(net, n, policy, overhead, spec, iter
     c = compile_schedule(result.periodic.unroll(iterations), workload)
     wpc = ic.words_per_cycle if bandwidth is None else bandwidth
     assert _planned_order(c, wpc) == reference_planned_order(c, wpc)
+
+
+def _table(net: Network, overhead: int) -> TaskTable:
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    return TaskTable.of(build_training_graph(net, GraphOptions.pipedream()), model)
+
+
+@FAST
+@given(net=networks(max_layers=8, dag=True, max_width=16), n=st.integers(1, 12), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), replication=st.booleans())
+def test_search_plan_matches_reference(net: Network, n: int, spec: str, overhead: int, replication: bool) -> None:
+    costs = PlanCosts(_table(net, overhead), parse_interconnect(spec, 4))
+    assert _search_plan(costs, n, replication) == reference_search_plan(costs, n, replication)
+
+
+def _plan_of(table: TaskTable, n: int, spec: str, coalesce: int | None) -> tuple[Plan, object]:
+    ic = parse_interconnect(spec, 4)
+    return plan(PlanCosts(table, ic), n, replication=coalesce is None), ic
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, None, 2, 3)))
+def test_replicated_timing_matches_reference(net: Network, n: int, spec: str, overhead: int,
+                                             coalesce: int | None) -> None:
+    table = _table(net, overhead)
+    best, ic = _plan_of(table, n, spec, coalesce)
+    got = _replicated_timing(table, best, n, ic, coalesce)  # type: ignore[arg-type]
+    want = reference_replicated_timing(table, best, n, ic, coalesce)  # type: ignore[arg-type]
+    assert got.table == want.table and got.placement == want.placement and got.period == want.period
+    assert got.timing == want.timing
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, 2, 3)), seed=st.integers(0, 2**16))
+def test_forward_pins_match_the_schedule(net: Network, n: int, spec: str, overhead: int, coalesce: int | None,
+                                         seed: int) -> None:
+    """Any starts, lags and arrivals (not only timings that hold): the pins are a formula of them. With
+    zero-cycle copies and readers on few processors and starts (so that `read_offset`'s extra cycle counts)."""
+    table = _table(net, overhead)
+    best, ic = _plan_of(table, n, spec, coalesce)
+    laid = replicated_layout(table, best, n, ic, coalesce)  # type: ignore[arg-type]
+    unfolded, period = laid.table, laid.period
+    if period <= 0:
+        return
+    rng = random.Random(seed)
+    if rng.random() < 0.5:
+        unfolded = replace(unfolded, cost=tuple(0 if rng.random() < 0.6 else c for c in unfolded.cost))
+    placement = list(laid.placement) if rng.random() < 0.5 else [rng.randrange(2) for _ in range(len(unfolded))]
+    start = [rng.choice((0, period // 2, rng.randrange(period))) for _ in range(len(unfolded))]
+    lag = [rng.randrange(4) for _ in range(len(unfolded))]
+    arrival = {(u, x): start[u] + unfolded.cost[u] + rng.randrange(2 * period)
+               for u, x, _ in unfolded.weight_reads if rng.random() < 0.5}
+    schedule = periodic_of(unfolded, placement, start, lag, period, n, arrival)
+    want = schedule.forward_pins()
+    forward = _ForwardPins(unfolded, placement, period, table.graph)
+    pins = forward.pins(start, lag, arrival)
+    assert list(pins.items()) == list(want.items())
+    assert forward.staleness(pins) == periodic_staleness(schedule, table.graph, pins=want)
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, 2, 3, 4)), seed=st.integers(0, 2**16))
+def test_pins_on_arrays_match_read_by_read(net: Network, n: int, spec: str, overhead: int, coalesce: int | None,
+                                           seed: int) -> None:
+    """`pinned_weight_sources` on arrays (large tables) against its read-by-read path, capped or not, on any
+    starts, lags and delays, with zero-cycle copies and readers."""
+    table = _table(net, overhead)
+    best, ic = _plan_of(table, n, spec, coalesce)
+    laid = replicated_layout(table, best, n, ic, coalesce)  # type: ignore[arg-type]
+    unfolded, period = laid.table, max(1, laid.period)
+    if not unfolded.weight_reads:
+        return
+    rng = random.Random(seed)
+    # zero-cycle copies and readers (`read_offset`'s extra cycle on one processor) at random
+    unfolded = replace(unfolded, cost=tuple(0 if rng.random() < 0.6 else c for c in unfolded.cost))
+    # few processors and starts, so that a reader often starts where a copy on its processor does (the extra
+    # cycle then counts)
+    placement = [rng.randrange(2) for _ in range(len(unfolded))]
+    start = [rng.choice((0, period // 2, rng.randrange(period))) for _ in range(len(unfolded))]
+    lag = [rng.randrange(4) for _ in range(len(unfolded))]
+    delay = {x: rng.randrange(2 * period) for _, x, _ in unfolded.weight_reads if rng.random() < 0.3}
+    newest = {(u, x): rng.choice(unfolded.update_copies[unfolded.tasks[x].layer])
+              for u, x, _ in unfolded.weight_reads}
+    for cap in (None, newest):
+        want = _unfold.pinned_weight_sources(unfolded, placement, start, lag, period, delay, cap)
+        arrays = _unfold._pinned_on_arrays(unfolded, unfolded._pin_arrays, placement, start, lag, period, delay, cap)
+        assert arrays is not None and list(arrays.items()) == list(want.items())

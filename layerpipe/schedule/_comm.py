@@ -206,11 +206,17 @@ def _transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], i
 def _weight_transfers(table: TaskTable, comm: Comm, sources: Mapping[tuple[int, int], int] | None) -> list[Transfer]:
     """`_transfers`' weight reads: each from the update copy `sources` names (or the one the table lists)."""
     ic, place, n = comm.interconnect, comm.placement, comm.num_procs
+    bus = ic.kind == "bus"
+    holds: dict[int, int] = {}  # words → hold, as in `_transfers` (re-pinning rounds rebuild these by the hundred)
     out = []
     for u, x, w in table.weight_reads:
         src = sources.get((u, x), u) if sources else u
-        if place[src] != place[x]:
-            out.append(Transfer(src, x, w, ic.channel(place[src], place[x], n), ic.hold(w), weight=True, listed=u))
+        ps, px = place[src], place[x]
+        if ps != px:
+            h = holds.get(w)
+            if h is None:
+                h = holds[w] = ic.hold(w)
+            out.append(Transfer(src, x, w, 0 if bus else ps * n + px, h, True, u))  # `Interconnect.channel`
     return out
 
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
@@ -261,6 +262,10 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
         front[:] = [e for e in front if not (term <= e[0] and bus <= e[1])]
         front.append((term, bus, chain))
 
+    # `scaled_stage_term` and `scaled_stage_bus` inlined below (the search's innermost loop, ~10⁵ stages per
+    # plan): the same integers from the same prefix sums, without two method calls per stage.
+    links, on_bus, hold = costs.interconnect.kind == "links", costs.interconnect.kind == "bus", costs.weight_hold
+
     def extend(cut: int, used: int, r_before: int | None, front: list[tuple[int, int, _Chain]]) -> None:
         for r in options:
             if used + r > num_procs:
@@ -268,15 +273,20 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
             link = costs.scaled_cut_term(cut, r_before, r) if r_before is not None else 0
             cut_bus = costs.scaled_cut_bus(cut) if r_before is not None else 0
             left = num_procs - used - r
+            scale, all_reduce, bus_rounds = MAX_ROUND // r, r > 1 and links, 2 * (r - 1)
             for last in range(cut, n):
-                term = costs.scaled_stage_term(cut, last, r)
+                compute = work[last + 1] - work[cut]
+                if all_reduce:
+                    compute = max(compute, hold[last + 1] - hold[cut])
+                term = compute * scale  # `scaled_stage_term(cut, last, r)`
                 if term > bound:
                     break  # longer stages on r replicas only cost more
                 rest = work[n] - work[last + 1]
                 if rest and (not left or rest * MAX_ROUND > bound * left):
                     continue  # the layers after this stage cannot finish within the bound on what is left
                 extra = max(term, link)
-                bus = costs.scaled_stage_bus(cut, last, r) + cut_bus
+                # `scaled_stage_bus(cut, last, r)`
+                bus = (bus_rounds * (hold[last + 1] - hold[cut]) * scale if on_bus else 0) + cut_bus
                 for t, b, chain in front:
                     if max(t, extra) <= bound and b + bus <= bound:
                         offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
@@ -443,10 +453,13 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
                             comm))
     # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
-    # The versions are counted only for the trials of the least staleness: no other trial can win.
+    # The staleness is read off the forward pins (`_ForwardPins`, without building each trial's schedule); the
+    # versions and the schedule they need only for the trials of the least staleness, when there are several:
+    # no other trial can win, and a sole one wins whatever it holds.
     # A trial equal to an earlier one (body orders that coincide) settles and scores the same and comes later: it
     # cannot win, so it is not scored again.
-    staled: list[tuple[int, Timing, PeriodicSchedule, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    forward = _ForwardPins(unfolded, placement, period, table.graph) if period > 0 else None
+    staled: list[tuple[int, Timing, dict[tuple[str, int, int], int], dict[int, int]]] = []
     tried: set[tuple[object, ...]] = set()
     for found in trials:
         seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
@@ -457,20 +470,95 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         if settled is not None:
             lags, arrival = settled
             timing = timing_of(unfolded, found.start, lags, period, arrival)
-            schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
-            pins = schedule.forward_pins()  # all that staleness and versions read
-            stale = periodic_staleness(schedule, table.graph, pins=pins)
-            staled.append((max(stale.values(), default=0), timing, schedule, pins, stale))
+            if forward is not None:
+                pins = forward.pins(timing.start, timing.lag, timing.arrival)
+                stale = forward.staleness(pins)
+            else:  # no period to pin by: the schedule's own pins
+                pins = _schedule_of(unfolded, placement, timing, period, num_procs).forward_pins()
+                stale = periodic_staleness(_schedule_of(unfolded, placement, timing, period, num_procs), table.graph,
+                                           pins=pins)
+            staled.append((max(stale.values(), default=0), timing, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert staled, "no body order keeps the update copies in order"
     least = min(most for most, *_ in staled)
     candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
-    for k, (most, timing, schedule, pins, stale) in enumerate(staled):
+    alone = sum(most == least for most, *_ in staled) == 1
+    for k, (most, timing, pins, stale) in enumerate(staled):
         if most == least:
-            versions = periodic_versions(schedule, table.graph, pins)
+            if alone:
+                return Replicated(unfolded, placement, period, timing)
+            versions = periodic_versions(_schedule_of(unfolded, placement, timing, period, num_procs), table.graph,
+                                         pins)
             score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
             candidates.append((score, k, timing))
     return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Timing, period: int,
+                 num_procs: int) -> PeriodicSchedule:
+    return periodic_of(table, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
+
+
+class _ForwardPins:
+    """`PeriodicSchedule.forward_pins` and `periodic_staleness` of the timings of one layout, straight from the
+    starts, lags and arrivals: what `periodic_of` would put in each trial's schedule (its slots, costs and read
+    delays) and `_validate.schedule_pins` would read back, with the trial-independent part — each layer's update
+    copies and readers, their costs, groups and phases — found once. The schedule itself is built only for the
+    trials whose versions are counted."""
+
+    def __init__(self, table: UnfoldedTable, placement: Sequence[int], period: int, graph: TrainingGraph) -> None:
+        self.table, self.placement, self.period = table, placement, period
+        tasks, phase = table.tasks, table.phase
+        costs = {(t.kind, t.layer): c for t, c in zip(tasks, table.cost, strict=True)}  # `periodic_of`'s
+        groups = dict(table.groups)
+        updates: dict[int, list[int]] = {}
+        readers: dict[int, list[int]] = {}
+        for v, t in enumerate(tasks):
+            if t.kind == "U":
+                updates.setdefault(t.layer, []).append(v)
+            elif t.kind == "F":
+                readers.setdefault(t.layer, []).append(v)
+        #: Per layer with readers and updates, by layer: (F copies by phase, U copies, J/g, g, c_U, c_F).
+        self.layers = []
+        for layer in sorted(readers):
+            if layer in updates and ("U", layer) in costs:
+                g = groups.get(layer, 1)
+                self.layers.append((layer, sorted(readers[layer], key=phase.__getitem__), updates[layer],
+                                    table.unfold // g, g, costs[("U", layer)], costs.get(("F", layer), 1)))
+        # `periodic_of`'s read delays: keyed by the reader's (kind, layer, phase), the last read of a key winning
+        self.reads = [(u, x, (tasks[x].kind, tasks[x].layer, phase[x]) if phase[x] else (tasks[x].kind, tasks[x].layer))
+                      for u, x, _ in table.weight_reads]
+        self.weighted = {t.layer for t in graph.tasks if t.kind == "U"}
+
+    def pins(self, start: Sequence[int], lag: Sequence[int],
+             arrival: dict[tuple[int, int], int]) -> dict[tuple[str, int, int], int]:
+        """The forward pins, keyed and ordered as `forward_pins` (`latest_updates`' formula, reader by reader)."""
+        place, cost, phase = self.placement, self.table.cost, self.table.phase
+        delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
+        if arrival:
+            for u, x, key in self.reads:
+                if (u, x) in arrival:
+                    delays[key] = arrival[(u, x)] - start[u] - cost[u]
+        period = self.period
+        out: dict[tuple[str, int, int], int] = {}
+        for layer, xs, us, per, g, c_u, c_x in self.layers:
+            copies = [(start[q], lag[q], phase[q], place[q]) for q in us]
+            zero = c_u == 0 and c_x == 0
+            for x in xs:
+                k = phase[x]
+                at, reader_lag, px = start[x] - delays.get(("F", layer, k) if k else ("F", layer), 0), lag[x], place[x]
+                best = max(per * ((at - s - (c_u + (zero and pu == px))) // period - q_lag + reader_lag) + q
+                           for s, q_lag, q, pu in copies)
+                out[("F", layer, k)] = k // g - 1 - best
+        return out
+
+    def staleness(self, pins: dict[tuple[str, int, int], int]) -> dict[int, int]:
+        """`periodic_staleness` of these pins: per weighted layer, its stalest forward read, by layer."""
+        out: dict[int, int] = {}
+        for (_, layer, _), stale in pins.items():
+            if layer in self.weighted:
+                out[layer] = max(out.get(layer, stale), stale)
+        return dict(sorted(out.items()))
 
 
 #: Rounds of re-planning a replicated timing's transfers on its raised update lags.

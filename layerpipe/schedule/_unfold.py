@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, NamedTuple
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
@@ -118,6 +119,11 @@ class UnfoldedTable(TaskTable):
     groups: tuple[tuple[int, int], ...] = ()
 
     @cached_property
+    def _pin_arrays(self) -> Any:
+        """`pinned_weight_sources`' arrays of this table (`_pin_arrays`)."""
+        return _pin_arrays(self)
+
+    @cached_property
     def update_copies(self) -> dict[int, list[int]]:
         """Layer → its update copies, in index order (read, never changed, by every pinning pass)."""
         return _update_copies_by_layer(self)
@@ -194,7 +200,14 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
 
     `newest[(u, x)]`, when given, is a copy the read may not be newer than: the newest update the reader sees
     among those no newer than that copy's (`channel_timing` moves pins only to older copies, so that its
-    re-planning converges). Ties go to the first copy, as in `latest_update`."""
+    re-planning converges). Ties go to the first copy, as in `latest_update`.
+
+    Large tables are pinned on arrays (`_pinned_on_arrays`, the same formula), small ones read by read."""
+    arrays = table._pin_arrays
+    if arrays is not None and arrays.size >= LARGE_PINS and period < _EXACT:
+        found = _pinned_on_arrays(table, arrays, placement, start, lag, period, delay, newest)
+        if found is not None:
+            return found
     by_layer, groups = table.update_copies, dict(table.groups)
     cost, phase, tasks, unfold = table.cost, table.phase, table.tasks, table.unfold
     out = {}
@@ -223,6 +236,75 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
             best = max(v for v in seen if v <= cap)
         out[(u, x)] = us[seen.index(best)]
     return out
+
+
+#: Weight reads × update copies from which `pinned_weight_sources` works on arrays: the channel re-planning pins
+#: every read of a large unfolded table several times per timing, and numpy's per-call cost outweighs a few
+#: hundred integer formulas only below this.
+LARGE_PINS = 1024
+
+#: Periods and starts below which the arrays' int64 formulas are exact (lags and phases are small).
+_EXACT = 1 << 40
+
+
+def _pin_arrays(table: UnfoldedTable) -> Any:
+    """Per weight read of `table`: its reader, its layer's update copies (a row padded with the first copy, and
+    the padding's mask) and J/g, as arrays; None without weight reads."""
+    import numpy as np
+
+    if not table.weight_reads:
+        return None
+    by_layer, groups = table.update_copies, dict(table.groups)
+    rows = [by_layer[table.tasks[x].layer] for _, x, _ in table.weight_reads]
+    width = max(len(us) for us in rows)
+    copies = np.array([us + [us[0]] * (width - len(us)) for us in rows], dtype=np.int64)
+    pad = np.array([[False] * len(us) + [True] * (width - len(us)) for us in rows])
+    reader = np.array([x for _, x, _ in table.weight_reads], dtype=np.int64)
+    per = np.array([table.unfold // groups.get(table.tasks[x].layer, 1) for _, x, _ in table.weight_reads],
+                   dtype=np.int64)
+    return _PinArrays(copies.size, reader, copies, pad, per, np.array(table.cost, dtype=np.int64),
+                      np.array(table.phase, dtype=np.int64), [(u, x) for u, x, _ in table.weight_reads])
+
+
+class _PinArrays(NamedTuple):
+    size: int
+    reader: Any
+    copies: Any
+    pad: Any
+    per: Any
+    cost: Any
+    phase: Any
+    pairs: list[tuple[int, int]]
+
+
+def _pinned_on_arrays(table: UnfoldedTable, arrays: _PinArrays, placement: Sequence[int], start: Sequence[int],
+                      lag: Sequence[int], period: int, delay: Mapping[int, int],
+                      newest: Mapping[tuple[int, int], int] | None) -> dict[tuple[int, int], int] | None:
+    """`pinned_weight_sources` on arrays: seen = (J/g)·(⌊(at − start_q − c_q − z)/P⌋ − lag_q + lag_x) + phase_q per
+    read and copy (z = 1 for a zero-cycle copy on a zero-cycle reader's processor, `read_offset`), the first
+    largest (under the newest copy's, when capped) picked by `argmax`. None when a start is too large for the
+    int64 formulas to be exact."""
+    import numpy as np
+
+    x, q, cost = arrays.reader, arrays.copies, arrays.cost
+    try:
+        s, lags, place = (np.array(a, dtype=np.int64) for a in (start, lag, placement))
+    except OverflowError:
+        return None
+    if len(s) and max(-s.min(), s.max()) >= _EXACT:
+        return None
+    at = s[x] - np.array([delay.get(v, 0) for v in x.tolist()], dtype=np.int64)
+    zero = (cost[q] == 0) & (cost[x] == 0)[:, None] & (place[q] == place[x][:, None])
+    seen = (arrays.per[:, None] * ((at[:, None] - s[q] - cost[q] - zero) // period - lags[q] + lags[x][:, None])
+            + arrays.phase[q])
+    low = np.iinfo(np.int64).min
+    seen[arrays.pad] = low
+    if newest is not None:
+        cap_copy = np.array([newest[(u, v)] for u, v, _ in table.weight_reads], dtype=np.int64)
+        cap = seen[np.arange(len(x)), ((q == cap_copy[:, None]) & ~arrays.pad).argmax(axis=1)]
+        seen[seen > cap[:, None]] = low
+    picked = q[np.arange(len(x)), seen.argmax(axis=1)].tolist()
+    return dict(zip(arrays.pairs, picked, strict=True))
 
 
 def pinning_delay(table: UnfoldedTable, placement: Sequence[int], start: Sequence[int], lag: Sequence[int],

@@ -1,0 +1,179 @@
+"""The planner's passes as they were before the planner speed work (branch perf-planner), kept as the slow
+references its fast paths are tested against (tests/test_schedule_fast_paths.py); a second reference module
+because tests/schedule_reference.py is near its size limit. Copied from commit ca552ff
+(layerpipe/schedule/_planner.py) with only the names changed (and the layout made afresh, not memoised); not
+used by the package:
+
+- `reference_search_plan` — `_search_plan` calling `PlanCosts.scaled_stage_term` / `scaled_stage_bus` per stage;
+- `reference_replicated_timing` — `_replicated_timing` building every settled trial's schedule and counting the
+  versions of every trial of the least staleness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+
+from layerpipe.interconnect import Interconnect
+from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
+from layerpipe.schedule._comm import Comm
+from layerpipe.schedule._comm_timing import Timing, timed, timing_of
+from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._periodic import PeriodicSchedule
+from layerpipe.schedule._planner import (
+    MAX_ROUND,
+    REPLICAS,
+    Plan,
+    PlanCosts,
+    Replicated,
+    Stage,
+    _by_target,
+    _Chain,
+    _coalesced_starts,
+    _flatten,
+    _layout,
+    _preference,
+    _round_robin_starts,
+    _round_robin_targets,
+    _settled_lags,
+    _topological_by,
+)
+from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+
+__all__ = ["reference_replicated_timing", "reference_search_plan"]
+
+
+def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
+    """The best plan on at most `num_procs` processors (module docstring); `replication=False` allows one
+    replica per stage only (PipeDream's straight pipeline).
+
+    States are (cut, processors used, replicas of the last stage) with a Pareto front of (largest term, bus
+    load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed)
+    bounds the search — a stage over it is not extended (its compute only grows with more layers), nor a
+    prefix whose remaining work over the remaining processors exceeds it.
+    """
+    n = len(costs)
+    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    widest = max(options)
+    # All values below are scaled by MAX_ROUND (PlanCosts.scaled_*): integers, compared exactly.
+    bound = max(costs.scaled_stage_term(0, n - 1, widest), costs.scaled_stage_bus(0, n - 1, widest))
+    fronts: dict[tuple[int, int, int], list[tuple[int, int, _Chain]]] = {}
+    work = costs.work
+
+    def offer(key: tuple[int, int, int], term: int, bus: int, chain: _Chain) -> None:
+        nonlocal bound
+        if key[0] == n:
+            bound = min(bound, max(term, bus))
+        front = fronts.setdefault(key, [])
+        for k, (t, b, c) in enumerate(front):
+            if t <= term and b <= bus:
+                if (t, b) == (term, bus) and _preference(term, _flatten(chain)) < _preference(t, _flatten(c)):
+                    front[k] = (term, bus, chain)
+                return
+        front[:] = [e for e in front if not (term <= e[0] and bus <= e[1])]
+        front.append((term, bus, chain))
+
+    def extend(cut: int, used: int, r_before: int | None, front: list[tuple[int, int, _Chain]]) -> None:
+        for r in options:
+            if used + r > num_procs:
+                continue
+            link = costs.scaled_cut_term(cut, r_before, r) if r_before is not None else 0
+            cut_bus = costs.scaled_cut_bus(cut) if r_before is not None else 0
+            left = num_procs - used - r
+            for last in range(cut, n):
+                term = costs.scaled_stage_term(cut, last, r)
+                if term > bound:
+                    break  # longer stages on r replicas only cost more
+                rest = work[n] - work[last + 1]
+                if rest and (not left or rest * MAX_ROUND > bound * left):
+                    continue  # the layers after this stage cannot finish within the bound on what is left
+                extra = max(term, link)
+                bus = costs.scaled_stage_bus(cut, last, r) + cut_bus
+                for t, b, chain in front:
+                    if max(t, extra) <= bound and b + bus <= bound:
+                        offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
+
+    extend(0, 0, None, [(0, 0, None)])
+    for cut in range(1, n):  # fronts at cut are final once every stage ending at cut − 1 was offered
+        for key in sorted(k for k in fronts if k[0] == cut):
+            extend(cut, key[1], key[2], list(fronts[key]))
+    finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
+    scaled, stages = min(finals, key=lambda e: _preference(*e))
+    return Plan(stages, Fraction(scaled, MAX_ROUND))
+
+
+def reference_replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,
+                       coalesce: int | None) -> Replicated:
+    """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
+    stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
+    period is the busiest processor or channel; the bodies run each micro-batch's forward block and
+    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
+    `best_ordering`), and the lags are the minimal ones on the interconnect.
+
+    `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
+    gradients, ICML'21 §3), for plans without replicas."""
+    laid = _layout(table, plan_, num_procs, interconnect, coalesce)
+    unfolded, period, stage_of, replicas = laid.table, laid.period, laid.stage_of, laid.replicas
+    placement = list(laid.placement)
+
+    def block(v: int) -> tuple[int, int, int, int]:
+        """(micro-batch of the copy within the period, block, order in block); U after its group's last B."""
+        t, k = unfolded.tasks[v], unfolded.phase[v]
+        if t.kind == "F":
+            return (k, 0, t.layer, 0)
+        g = replicas[t.layer]
+        return ((k * g + g - 1) if t.kind == "U" else k, 1, -t.layer, 1 if t.kind == "U" else 0)
+
+    blocks = [block(v) for v in range(len(unfolded))]  # each key reads them, several times per task
+    keys: list[Callable[[int], tuple]] = [
+        blocks.__getitem__,
+        lambda v: (blocks[v][0], 1 - blocks[v][1], *blocks[v][2:]),
+        lambda v: (blocks[v][1], *blocks[v]),
+    ]
+    comm = Comm(placement, interconnect, num_procs)
+    trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
+    for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
+        bodies = order_bodies(placement, num_procs, _by_target(target, period))
+        trials.append(pack_bodies(unfolded, bodies, period, target, comm))
+    # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
+    priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
+    listed = modulo_list_schedule(unfolded, period, num_procs, priority, fixed=placement)
+    if listed is not None:
+        trials.append(timed(unfolded, [at % period for at in listed[1]], period, comm))
+    if coalesce:
+        trials.append(timed(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                            comm))
+    else:
+        trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                            comm))
+    # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
+    # The versions are counted only for the trials of the least staleness: no other trial can win.
+    # A trial equal to an earlier one (body orders that coincide) settles and scores the same and comes later: it
+    # cannot win, so it is not scored again.
+    staled: list[tuple[int, Timing, PeriodicSchedule, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    tried: set[tuple[object, ...]] = set()
+    for found in trials:
+        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
+        if seen in tried:
+            continue
+        tried.add(seen)
+        settled = _settled_lags(unfolded, found, period, comm)
+        if settled is not None:
+            lags, arrival = settled
+            timing = timing_of(unfolded, found.start, lags, period, arrival)
+            schedule = periodic_of(unfolded, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
+            pins = schedule.forward_pins()  # all that staleness and versions read
+            stale = periodic_staleness(schedule, table.graph, pins=pins)
+            staled.append((max(stale.values(), default=0), timing, schedule, pins, stale))
+    # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
+    assert staled, "no body order keeps the update copies in order"
+    least = min(most for most, *_ in staled)
+    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
+    for k, (most, timing, schedule, pins, stale) in enumerate(staled):
+        if most == least:
+            versions = periodic_versions(schedule, table.graph, pins)
+            score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
+            candidates.append((score, k, timing))
+    return Replicated(unfolded, placement, period, min(candidates)[2])
