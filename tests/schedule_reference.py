@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import TrainingGraph, build_training_graph
-from layerpipe.interconnect import Interconnect, compiled_bus_key
+from layerpipe.interconnect import Interconnect, compiled_bus_key, parse_interconnect
 from layerpipe.schedule._bodies import _earliest_fit, _occupy  # unchanged by the fast paths: shared
 from layerpipe.schedule._comm import Comm, Transfer, _fifo_departures, channel_timing
 from layerpipe.schedule._comm_timing import COMM_ROUNDS
@@ -46,6 +46,7 @@ from layerpipe.schedule._deps import (
 from layerpipe.schedule._engine import BusOrder, CompiledSchedule, _cross_transfers, link_hold_cycles
 from layerpipe.schedule._ir import Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._lags import _solve
+from layerpipe.schedule._layerpipe import group_items, weight_groups
 from layerpipe.schedule._op_sweep import _check_finished
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._placement import LIGHT_TARGETS, MAX_MOVES
@@ -61,20 +62,10 @@ from layerpipe.schedule._validate import (
     periodic_staleness,
 )
 
-__all__ = [
-    "reference_balance",
-    "reference_check_counts",
-    "reference_check_duplicates",
-    "reference_comm_timing",
-    "reference_events",
-    "reference_improve",
-    "reference_modulo_list_schedule",
-    "reference_pack_channels",
-    "reference_periodic_versions",
-    "reference_planned_order",
-    "reference_stage_dependencies",
-    "reference_validate_periodic",
-]
+__all__ = ["improve_case", "reference_balance", "reference_check_counts", "reference_check_duplicates",
+           "reference_comm_timing", "reference_events", "reference_improve", "reference_modulo_list_schedule",
+           "reference_pack_channels", "reference_periodic_versions", "reference_planned_order",
+           "reference_stage_dependencies", "reference_validate_periodic"]
 
 
 class _State:
@@ -445,6 +436,18 @@ def random_placement(num_tasks: int, members: Sequence[Sequence[int]], num_procs
         for v in tasks:
             placement[v] = proc
     return placement
+
+
+def improve_case(net, n: int, spec: str, overhead: int, together: bool, seed: int,
+                 bounded: bool) -> tuple[TaskTable, Interconnect, list, list[int], int | None]:
+    """An `improve` input from drawn values: the network's table, the interconnect, its items (weight groups kept
+    together or not), a random placement of them, and a words bound below the table's total (or None)."""
+    table = task_table(net, overhead)
+    _, members = group_items(table, weight_groups(table, together))
+    rng = random.Random(seed)
+    placement = random_placement(len(table), members, n, rng)
+    words = sum(w for ws in table.pred_words for w in ws) + sum(w for _, _, w in table.weight_reads)
+    return table, parse_interconnect(spec, lanes=4), members, placement, rng.randrange(words + 1) if bounded else None
 
 
 def reference_balance(weights: Sequence[int], num_procs: int, initial: Sequence[int] | None = None,

@@ -20,7 +20,7 @@ from layerpipe.schedule._layerpipe import group_items, weight_groups
 from layerpipe.schedule._placement import LIGHT_TARGETS, _improve, _items, _State, one_at_a_time
 from layerpipe.schedule._placement_arrays import Dense, candidate_arrays, scored_arrays
 from layerpipe.schedule._task_table import table_of
-from tests.schedule_reference import FAST, SPECS, random_placement, task_table
+from tests.schedule_reference import FAST, SPECS, improve_case, random_placement, task_table
 from tests.strategies import networks
 
 
@@ -52,13 +52,7 @@ def _reference_improve(table, state: _State, max_words: float | None, check_arra
        spec=st.sampled_from(SPECS), overhead=st.integers(0, 3), together=st.booleans(), seed=st.integers(0, 2**16),
        bounded=st.booleans())
 def test_array_rounds_equal_the_reference_rounds(net, n, spec, overhead, together, seed, bounded) -> None:
-    table = task_table(net, overhead)
-    ic = parse_interconnect(spec, lanes=4)
-    _, members = group_items(table, weight_groups(table, together))
-    rng = random.Random(seed)
-    placement = random_placement(len(table), members, n, rng)
-    words = sum(w for ws in table.pred_words for w in ws) + sum(w for _, _, w in table.weight_reads)
-    max_words = rng.randrange(words + 1) if bounded else None
+    table, ic, members, placement, max_words = improve_case(net, n, spec, overhead, together, seed, bounded)
     state = _State(table, placement, n, ic, members)
     _reference_improve(table, state, max_words, check_arrays=True)
     assert _improve(table, placement, n, ic, members, max_words) == state.place

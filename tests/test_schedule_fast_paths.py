@@ -61,7 +61,7 @@ from layerpipe.schedule._workload import Workload
 from tests.schedule_reference import (
     FAST,
     SPECS,
-    random_placement,
+    improve_case,
     reference_balance,
     reference_events,
     reference_improve,
@@ -79,13 +79,7 @@ from tests.strategies import networks
        spec=st.sampled_from(SPECS), overhead=st.integers(0, 3), together=st.booleans(), seed=st.integers(0, 2**16),
        bounded=st.booleans())
 def test_improve_equals_the_reference(net, n, spec, overhead, together, seed, bounded) -> None:
-    table = task_table(net, overhead)
-    ic = parse_interconnect(spec, lanes=4)
-    _, members = group_items(table, weight_groups(table, together))
-    rng = random.Random(seed)
-    placement = random_placement(len(table), members, n, rng)
-    words = sum(w for ws in table.pred_words for w in ws) + sum(w for _, _, w in table.weight_reads)
-    max_words = rng.randrange(words + 1) if bounded else None
+    table, ic, members, placement, max_words = improve_case(net, n, spec, overhead, together, seed, bounded)
     expected = reference_improve(table, placement, n, ic, members, max_words)
     assert _improve(table, placement, n, ic, members, max_words) == expected
     assert improve(table, placement, n, ic, members, max_words) == expected
