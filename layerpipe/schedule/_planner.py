@@ -52,7 +52,7 @@ from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_li
 from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
 from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
 from layerpipe.schedule._lags import _longest_lags, asap_times
-from layerpipe.schedule._periodic import PeriodicSchedule
+from layerpipe.schedule._periodic import PeriodicSchedule, seen_updates
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
@@ -474,9 +474,9 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
                 pins = forward.pins(timing.start, timing.lag, timing.arrival)
                 stale = forward.staleness(pins)
             else:  # no period to pin by: the schedule's own pins
-                pins = _schedule_of(unfolded, placement, timing, period, num_procs).forward_pins()
-                stale = periodic_staleness(_schedule_of(unfolded, placement, timing, period, num_procs), table.graph,
-                                           pins=pins)
+                schedule = _schedule_of(unfolded, placement, timing, period, num_procs)
+                pins = schedule.forward_pins()
+                stale = periodic_staleness(schedule, table.graph, pins=pins)
             staled.append((max(stale.values(), default=0), timing, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert staled, "no body order keeps the update copies in order"
@@ -532,7 +532,8 @@ class _ForwardPins:
 
     def pins(self, start: Sequence[int], lag: Sequence[int],
              arrival: dict[tuple[int, int], int]) -> dict[tuple[str, int, int], int]:
-        """The forward pins, keyed and ordered as `forward_pins` (`latest_updates`' formula, reader by reader)."""
+        """The forward pins, keyed and ordered as `forward_pins`: each reader's newest update by `seen_updates`
+        (the one rule of pinned reads), over the copies with their `read_offset` from the reader's processor."""
         place, cost, phase = self.placement, self.table.cost, self.table.phase
         delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
         if arrival:
@@ -542,13 +543,14 @@ class _ForwardPins:
         period = self.period
         out: dict[tuple[str, int, int], int] = {}
         for layer, xs, us, per, g, c_u, c_x in self.layers:
-            copies = [(start[q], lag[q], phase[q], place[q]) for q in us]
+            # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
             zero = c_u == 0 and c_x == 0
+            offsets = {px: [(start[q], lag[q], phase[q], c_u + (zero and place[q] == px)) for q in us]
+                       for px in {place[x] for x in xs}}
             for x in xs:
                 k = phase[x]
-                at, reader_lag, px = start[x] - delays.get(("F", layer, k) if k else ("F", layer), 0), lag[x], place[x]
-                best = max(per * ((at - s - (c_u + (zero and pu == px))) // period - q_lag + reader_lag) + q
-                           for s, q_lag, q, pu in copies)
+                delay = delays.get(("F", layer, k) if k else ("F", layer), 0)
+                best = max(seen_updates(start[x], lag[x], offsets[place[x]], per, period, delay))
                 out[("F", layer, k)] = k // g - 1 - best
         return out
 
