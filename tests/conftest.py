@@ -33,9 +33,9 @@
   occurs together in a kept point (or in one of `covered`, points another test runs; `keep`: points always
   kept) — and the rest marked
   `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
-  the suite runs every class of case (each value of each parameter, each pair of them) — 293.5 s of pytest
-  (569 CPU-s) in the last clean-clone CI run on 2 cores (2026-12-06 21:06; 310 s, 602 CPU-s an hour before on
-  the same code but the margin test's cover, with the machine ~8 % slower by the unchanged Verilator/yosys tests),
+  the suite runs every class of case (each value of each parameter, each pair of them) — 273-295 s of pytest
+  (529-571 CPU-s) in the last three clean-clone CI runs on 2 cores (2026-12-06 21:06-21:29; 310 s, 602 CPU-s an
+  hour before on nearly the same code, with the machine ~8 % slower by the unchanged Verilator/yosys tests),
   against issue 13's target of 300 s — and the
   full grids (every combination, ~3 minutes more) are one flag away.
 """
