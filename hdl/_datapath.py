@@ -29,7 +29,7 @@ Lanes outside the valid mask (the padding of a row's last word) produce 0, so pa
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -79,6 +79,16 @@ def mul_const(value: Value, factor: int) -> Value:
     if not terms:
         return Const(0, 1)
     return _adder_tree(terms)
+
+
+def iteration_sum_shape(iteration_bits: int, low: int, high: int) -> Shape:
+    """A signed shape that holds t + k for every iteration t < 2^iteration_bits and offset k in [low, high]: at
+    least the `signed(iteration_bits + 2)` the sequencer and links always used (their Verilog is unchanged where
+    that was enough), wider where an offset is larger than the iterations. With T = 1 (one iteration bit) a
+    weight copy sent at version t − 5 wrapped to slot 3 in three bits: the copy read zeros (issue 16's
+    generated-placement bench, stash mode, B = 4)."""
+    span = Shape.cast(range(min(0, low), (1 << iteration_bits) + max(0, high)))
+    return signed(max(iteration_bits + 2, span.width + (0 if span.signed else 1)))
 
 
 def round_shift(value: Value, shift: int) -> Value:

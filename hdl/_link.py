@@ -31,11 +31,11 @@ ring and queue depths come from happens-before, not from the timing. Beats carry
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._datapath import mul_const
+from layerpipe.hdl._datapath import iteration_sum_shape, mul_const
 from layerpipe.hdl._program import Buffer, Program, Send
 from layerpipe.interconnect import RTL_LINK_LATENCY
 
@@ -178,9 +178,11 @@ class LinkSender(wiring.Component):
                         for k, snd in enumerate(sends):
                             with m.Case(k):
                                 src_buf = src_pe.buffer(snd.src)
-                                shifted = Signal(signed(ibits + 2), name=f"{tag}_src_index{e}_{k}")
+                                shifted = Signal(iteration_sum_shape(ibits, snd.src_offset, snd.src_offset),
+                                                 name=f"{tag}_src_index{e}_{k}")
                                 m.d.comb += shifted.eq(iteration + snd.src_offset)
-                                clamped = (Mux(shifted < 0, 0, shifted) if snd.src_offset < 0 else shifted)[:ibits + 1]
+                                clamped = (Mux(shifted < 0, 0, shifted) if snd.src_offset < 0
+                                           else shifted)[:len(shifted) - 1]
                                 dst_buf = dst_pe.buffer(snd.dst)
                                 m.d.comb += [
                                     info["src"].eq(slot_address(src_buf, clamped)),

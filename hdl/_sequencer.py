@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from layerpipe.hdl._datapath import Opcode, mul_const
+from layerpipe.hdl._datapath import Opcode, iteration_sum_shape, mul_const
 from layerpipe.hdl._pe import PEConfig, command_layout, op_overhead
 from layerpipe.hdl._program import Buffer, PEProgram, Step
 
@@ -168,7 +168,8 @@ class Sequencer(wiring.Component):
         cmd = Signal(command_layout(self.config))
         # Per arrival counter of the PE: the current row waits on it (need) until it exceeds t − delay (thr).
         need = [Signal(name=f"need{k}") for k in range(len(counts))]
-        thr = [Signal(signed(ibits + 2), name=f"thr{k}") for k in range(len(counts))]
+        deepest = max((delay for row in rows for _, delay in row.waits), default=0)
+        thr = [Signal(iteration_sum_shape(ibits, -deepest, 0), name=f"thr{k}") for k in range(len(counts))]
         # The samples delivered (x, then y): the head of an entry that reads them waits until they exceed t.
         sample_waits = self._sample_waits()
         loaded = [(value, port) for value, port in (("x", self.x_loaded), ("y", self.y_loaded))

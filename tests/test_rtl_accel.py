@@ -156,6 +156,30 @@ def test_generated_placements_icarus(point: tuple[list[int], dict[str, int], int
     assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
 
 
+#: Placements whose offsets reach further back than the run's iterations (T = 1: one iteration bit). The stash
+#: copy of W2 for E2 is sent at version t − 5, which wrapped to slot 3 of its ring in the link's three-bit index
+#: (E2 read zeros, W1 never moved); F3 waits on a weight copy of delay 5, whose threshold t − 5 wrapped to +3 in
+#: the sequencer's three bits (the run never finished). Both found by the generated placements above.
+DEEP_OFFSETS = [
+    ([1, 1, 2, 2], {"F1": 0, "A1": 0, "G1": 0, "U1": 0, "F2": 0, "A2": 3, "E2": 1, "G2": 1, "U2": 0, "F3": 2,
+                    "A3": 3, "E3": 1, "G3": 3, "U3": 0}, 4, "stash", 4),
+    ([3, 4, 1, 4], {"F1": 1, "A1": 1, "G1": 0, "U1": 0, "F2": 0, "A2": 0, "E2": 0, "G2": 0, "U2": 1, "F3": 1,
+                    "A3": 1, "E3": 1, "G3": 1, "U3": 0}, 2, "latest", 1),
+]
+
+
+@pytest.mark.slow  # two Icarus builds and runs: ~8 s of CPU
+@pytest.mark.parametrize(("widths", "where", "n", "mode", "batch"), DEEP_OFFSETS, ids=["stash-copy", "deep-wait"])
+def test_offsets_beyond_the_first_iteration_icarus(widths, where, n, mode, batch) -> None:
+    design = placed_design(widths, where, n, 1, 1, mode, batch)
+    sends = [s.src_offset for pe in design.program.pes for e in pe.entries for s in e.sends]
+    waits = [d for pe in design.program.pes for e in pe.entries for _, d in e.waits]
+    assert min(sends) < -4 or max(waits) > 4  # beyond what signed(ibits + 2) holds at T = 1
+    with tempfile.TemporaryDirectory(prefix="layerpipe-offsets-") as tmp:
+        observed = _run_design(Path(tmp), design, ("run_monitored",))
+    assert observed["bit_exact"] and observed["cycles_rtl"] == design.sim.total_cycles
+
+
 @pytest.mark.slow
 # The report's RTL section measures the policy's own split placement of this network and N against weights
 # together and PipeDream (test_report's test_rtl_results_are_current reruns it): this hand placement runs with it
