@@ -134,6 +134,94 @@ def loads_of(table: TaskTable, placement: Sequence[int], num_procs: int) -> list
 
 def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
                        interconnect: Interconnect = SHARED) -> ScheduleResult:
+    """LayerPipe's schedule of `network` on N processors: the best, by (cycles per sample, words per sample,
+    staleness), of its search on N (`_searched`) and its searches on fewer processors, the rest left idle.
+
+    Any placement on N' < N processors is a placement on N, so more processors never make LayerPipe slower.
+    The searches do not guarantee that alone: the staleness-bounded one spreads tasks over every processor and
+    could miss what fewer processors meet (alexnet on links:2:64, max staleness 2: 7.19e8 cycles per sample
+    on 3 processors, 1.14e9 on 4..10; resnet18 at max staleness 4 fell back to one processor on 6 and 8). The
+    searches on fewer processors stop where Σc / N' per sample, the least any N' processors can do, is above the
+    best found: an unbounded search that balances its N processors rarely looks below N."""
+    best, fresh = _searched(network, num_procs, model, options, interconnect)
+    total = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model).total
+    for fewer in range(num_procs - 1, 0, -1):
+        m = best.result.metrics
+        if total * m.samples_per_period > m.period_cycles * fewer * network.batch:
+            break  # Σc / (N' · batch) > period / samples: nothing on N' (or fewer) processors is as fast
+        found, _ = _searched(network, fewer, model, options, interconnect)
+        if _rank_variant_last(found.result) < _rank_variant_last(best.result):
+            best, fresh = found, False
+    if fresh:  # computed by this call, naming the caller's network: no one else holds it
+        return best.result
+    result = best.on(num_procs, network)  # a memoised search, measured afresh for this caller
+    if best.result.num_procs == num_procs:
+        return result
+    note = (f"uses {best.result.num_procs} of the {num_procs} processors: the search on more found nothing faster "
+            f"(the others stay idle)")
+    return replace(result, notes=(*result.notes, note))
+
+
+#: A search's schedule measured on N processors (its own or more), naming the given network where it is equal to
+#: the one searched (a caller's own object; a split variant keeps its own).
+Measure = Callable[[int, Network], ScheduleResult]
+
+
+class Searched:
+    """A search's result on its own processor count, and the same schedule measured on any count (`on`)."""
+
+    def __init__(self, result: ScheduleResult, on: Measure) -> None:
+        self.result = result
+        self.on = on
+
+    def with_options(self, options: LayerPipeOptions) -> Searched:
+        """The same search reported under the caller's `options` (a split variant is searched under others)."""
+        on = self.on
+        return Searched(replace(self.result, options=options),
+                        lambda n, network: replace(on(n, network), options=options))
+
+    def with_note(self, note: str) -> Searched:
+        """The same search with one more note, on any processor count."""
+        def on(num_procs: int, network: Network) -> ScheduleResult:
+            result = self.on(num_procs, network)
+            return replace(result, notes=(*result.notes, note))
+        return Searched(replace(self.result, notes=(*self.result.notes, note)), on)
+
+
+def _assemble(**arguments: object) -> Searched:
+    """`periodic_result("layerpipe", ..., **arguments)` on the search's N (`arguments["num_procs"]`), and the
+    means to measure the same schedule again on any N."""
+    def on(num_procs: int, network: Network) -> ScheduleResult:
+        table = arguments["table"]
+        assert isinstance(table, TaskTable)
+        if table.graph.network is not network and table.graph.network == network:
+            table = replace(table, graph=table.graph.with_network(network))
+        return periodic_result("layerpipe", **{**arguments, "table": table, "num_procs": num_procs})  # type: ignore[arg-type]
+    table = arguments["table"]
+    assert isinstance(table, TaskTable)
+    return Searched(on(arguments["num_procs"], table.graph.network), on)  # type: ignore[arg-type]
+
+
+def _searched(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
+              interconnect: Interconnect) -> tuple[Searched, bool]:
+    """`_search`, memoised by its inputs (values; a model that cannot be hashed is not remembered), and whether
+    this call computed it: a sweep over N searches each N' once for all the N above it."""
+    try:
+        key = (network, num_procs, model, options, interconnect)
+        found = _SEARCHED.get(key)
+    except TypeError:
+        return _search(network, num_procs, model, options, interconnect), True
+    if found is not None:
+        return found, False
+    return _SEARCHED.add(key, _search(network, num_procs, model, options, interconnect)), True
+
+
+#: `_searched`'s memo.
+_SEARCHED: BoundedMemo[tuple[object, ...], Searched] = BoundedMemo(32)
+
+
+def _search(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
+            interconnect: Interconnect) -> Searched:
     """The best of `network` as given and, under `split_layers`, its split variants (`split_plans`), by (cycles
     per sample, words per sample, staleness). Variants are searched weight-stationary (`keep_weights_together`;
     the result keeps the caller's options). A split result's network and graph are the variant's and its notes
@@ -146,8 +234,8 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     # The family is weight-stationary (issue 9: "with the weights stationary, which moves only activations"):
     # variants keep every layer's F, E, G, U together, so only activations and errors cross processors.
     stationary = replace(options, keep_weights_together=True)
-    chosen: tuple[ScheduleResult, tuple[tuple[str, int], ...], Network] | None = None
-    for plan in split_plans(network, num_procs, model, best.metrics.cycles_per_sample * network.batch):
+    chosen: tuple[Searched, tuple[tuple[str, int], ...], Network] | None = None
+    for plan in split_plans(network, num_procs, model, best.result.metrics.cycles_per_sample * network.batch):
         variant = network
         for layer, parts in plan:
             variant = split_layer(variant, layer, parts)
@@ -155,15 +243,15 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
             build_training_graph(variant).costs(model)
         except InputError:  # a model that cannot time the parts (a profile of the unsplit layers): no split
             break
-        result = replace(_schedule_network(variant, num_procs, model, stationary, interconnect), options=options)
-        if _rank(result) < _rank(chosen[0] if chosen else best):
-            chosen = (result, plan, variant)
+        found = _schedule_network(variant, num_procs, model, stationary, interconnect).with_options(options)
+        if _rank(found.result) < _rank(chosen[0].result if chosen else best.result):
+            chosen = (found, plan, variant)
     if chosen is None:
         return best
-    result, plan, variant = chosen
+    found, plan, variant = chosen
     note = (f"{'; '.join(f'layer {layer} split into {parts} parts' for layer, parts in plan)} by output "
             f"rows/channels, weights stationary (network {variant.name})")
-    return replace(result, notes=(*result.notes, note))
+    return found.with_note(note)
 
 
 #: Target periods a split plan aims at, as multiples of one processor's fair share ⌈Σc / N⌉: the parts carry
@@ -211,8 +299,14 @@ def _rank(result: ScheduleResult) -> tuple[float, float, int]:
     return (m.cycles_per_sample, m.traffic_words_per_sample, m.max_staleness)
 
 
+def _rank_variant_last(result: ScheduleResult) -> tuple[float, float, int, bool]:
+    """`_rank`, then the network as given before a split variant: a variant is kept only when it is better, on
+    any processor count, as within one search (`_search`)."""
+    return (*_rank(result), result.network is not None and result.network.origin is not None)
+
+
 def _schedule_network(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
-                      interconnect: Interconnect = SHARED) -> ScheduleResult:
+                      interconnect: Interconnect = SHARED) -> Searched:
     """LayerPipe's placement search on one network (as given, or a split variant)."""
     table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
@@ -229,10 +323,10 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
                                                                                                Fraction(words)):
             laid = replicated_timing(table, replicated.plan, num_procs, interconnect)
             note = f"PipeDream's replicated placement, on LayerPipe's tasks: {replicated.note}"
-            return periodic_result("layerpipe", options, laid.table, num_procs, laid.placement, laid.timing.start,
-                                   laid.timing.lag, laid.period, laid.table.cost, interconnect=interconnect,
-                                   arrival=laid.timing.arrival, base_item_costs=table.cost,
-                                   notes=(note,))
+            return _assemble(options=options, table=laid.table, num_procs=num_procs, placement=laid.placement,
+                             start=laid.timing.start, lag=laid.timing.lag, period=laid.period,
+                             item_costs=laid.table.cost, interconnect=interconnect, arrival=laid.timing.arrival,
+                             base_item_costs=table.cost, notes=(note,))
         best = min((_time(table, num_procs, placement, asap, interconnect, cost) for placement, cost in ranked[0]),
                    key=lambda t: t.timing.score())
     else:
@@ -258,9 +352,9 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         best = _settle(table, _tightened(table, chosen, k, num_procs, interconnect), k, num_procs, interconnect)
     group = weight_groups(table, options.keep_weights_together)
     item_costs, _ = group_items(table, group)
-    return periodic_result("layerpipe", options, table, num_procs, best.placement, best.timing.start,
-                           best.timing.lag, best.period, item_costs, max_staleness=k, interconnect=interconnect,
-                           arrival=best.timing.arrival)
+    return _assemble(options=options, table=table, num_procs=num_procs, placement=best.placement,
+                     start=best.timing.start, lag=best.timing.lag, period=best.period, item_costs=item_costs,
+                     max_staleness=k, interconnect=interconnect, arrival=best.timing.arrival)
 
 
 def ranked_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
@@ -518,7 +612,7 @@ def _bounded(table: TaskTable, num_procs: int, group: Sequence[int], item_costs:
 
 
 def _schedule_unfolded(network: Network, num_procs: int, model: CostModel, options: LayerPipeOptions,
-                       interconnect: Interconnect) -> ScheduleResult:
+                       interconnect: Interconnect) -> Searched:
     """`--unfold J`: LayerPipe's tasks unfolded by J and balanced copy by copy (`balanced_unfolded`); no layer
     splits, no staleness or traffic bound (refused rather than ignored)."""
     if options.max_staleness is not None or options.max_traffic is not None:
@@ -527,6 +621,6 @@ def _schedule_unfolded(network: Network, num_procs: int, model: CostModel, optio
     table = TaskTable.of(graph, model)
     unfolded, placement, period, timing = balanced_unfolded(table, options.unfold, num_procs, interconnect,
                                                             options.keep_weights_together)
-    return periodic_result("layerpipe", options, unfolded, num_procs, placement, timing.start, timing.lag, period,
-                           unfolded.cost, interconnect=interconnect, arrival=timing.arrival,
-                           base_item_costs=table.cost)
+    return _assemble(options=options, table=unfolded, num_procs=num_procs, placement=placement,
+                     start=timing.start, lag=timing.lag, period=period, item_costs=unfolded.cost,
+                     interconnect=interconnect, arrival=timing.arrival, base_item_costs=table.cost)

@@ -1,0 +1,92 @@
+"""More processors never make LayerPipe slower: a placement on N' < N processors is a placement on N (the rest
+idle), so `schedule_layerpipe` on N is at least as good — by (cycles per sample, words per sample, staleness) —
+as on any fewer, under every option and interconnect.
+
+The searches alone did not guarantee it: the staleness-bounded search spreads tasks over every processor and
+fell back to one processor where fewer met the bound (lenet5 on `rtl`, max staleness 1, 3 processors: 19,437
+cycles per sample on one processor where two give 9,719; alexnet on links:2:64, max staleness 2: 7.19e8 on
+3 processors, 1.14e9 on 4..10). Ladder: the property over generated networks, processor counts, options and
+interconnects; the schedule that leaves processors idle is valid and the simulator runs it at its period.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import PEModel
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import load_network
+from layerpipe.schedule import make_schedule, validate
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from tests.strategies import networks
+from tests.test_comm_schedule import simulated_period
+
+SPECS = ("shared", "links:2:16", "links:1:1/4", "bus:2:16", "rtl")
+
+
+def rank(result) -> tuple[float, float, int]:
+    m = result.metrics
+    return (m.cycles_per_sample, m.traffic_words_per_sample, m.max_staleness)
+
+
+options = st.builds(
+    LayerPipeOptions,
+    max_staleness=st.none() | st.integers(0, 3),
+    keep_weights_together=st.booleans(),
+    max_traffic=st.none() | st.sampled_from([0.0, 8.0, 64.0]),
+    replication=st.booleans(),
+) | st.builds(LayerPipeOptions, unfold=st.integers(2, 3), keep_weights_together=st.booleans())  # `--unfold J`
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(network=networks(max_layers=6, max_width=12), n=st.integers(2, 6), spec=st.sampled_from(SPECS),
+       opts=options)
+def test_more_processors_are_never_slower(network, n, spec, opts) -> None:
+    model = PEModel(lanes=4, overhead=2)
+    ic = parse_interconnect(spec, lanes=model.lanes)
+    more = make_schedule("layerpipe", network, n, model, opts, ic)
+    fewer = make_schedule("layerpipe", network, n - 1, model, opts, ic)
+    assert rank(more) <= rank(fewer), (n, spec, opts)
+    assert more.num_procs == n and len(more.periodic.bodies) == n
+    if opts.max_staleness is not None:
+        assert more.metrics.max_staleness <= opts.max_staleness
+    if opts.max_traffic is not None:
+        assert more.metrics.traffic_words_per_sample <= opts.max_traffic * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("network", "spec", "k", "n", "fewer", "cycles"), [
+    # The bounded search fell back to one processor (19,437 cycles per sample, 33 % busy).
+    ("lenet5", "rtl", 1, 3, 2, 9719.0),
+])
+def test_idle_processors_beat_the_bounded_search(network, spec, k, n, fewer, cycles) -> None:
+    net, model = load_network(network), PEModel(lanes=64)
+    ic = parse_interconnect(spec, lanes=model.lanes)
+    result = make_schedule("layerpipe", net, n, model, LayerPipeOptions(max_staleness=k), ic)
+    assert result.metrics.cycles_per_sample == cycles
+    assert result.metrics.max_staleness <= k
+    busy = [p for p, body in enumerate(result.periodic.bodies) if body]
+    assert len(busy) == fewer and result.num_procs == n
+    assert result.notes[-1] == (f"uses {fewer} of the {n} processors: the search on more found nothing faster "
+                                f"(the others stay idle)")
+    # Utilization counts every processor, the idle ones too.
+    alone = make_schedule("layerpipe", net, fewer, model, LayerPipeOptions(max_staleness=k), ic)
+    assert result.metrics.utilization_pct == pytest.approx(alone.metrics.utilization_pct * fewer / n, rel=1e-3)
+    validate(result.periodic, result.graph, max_staleness=k)
+    per_iteration = result.metrics.period_cycles / result.periodic.unfold
+    assert simulated_period(result, net, model, ic) == pytest.approx(per_iteration)
+
+
+@pytest.mark.slow  # zoo networks at N = 2..8: ~10 s of CPU
+@pytest.mark.parametrize("network", ["lenet5", "alexnet", "resnet18"])
+@pytest.mark.parametrize("k", [None, 2, 4])
+def test_zoo_more_processors_are_never_slower(network, k) -> None:
+    net, model = load_network(network), PEModel()
+    ic = parse_interconnect("links:2:64", lanes=model.lanes)
+    previous = None
+    for n in range(1, 9):
+        result = make_schedule("layerpipe", net, n, model, LayerPipeOptions(max_staleness=k), ic)
+        if previous is not None:
+            assert rank(result) <= previous, (network, k, n)
+        previous = rank(result)
