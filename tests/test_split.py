@@ -297,7 +297,9 @@ def test_simulated_period_of_a_split_result_equals_the_scheduled_one(spec: str) 
     from layerpipe.sim import SimConfig, simulate_policy_result
 
     net, model = load_network(HEAVY), PEModel()
-    for options in ({"keep_weights_together": True}, {"max_staleness": 2}):
+    # Under the bound, one iteration per period: PipeDream's replicated plan (tried under a bound too) wins there
+    # on some interconnects, and it is not a split.
+    for options in ({"keep_weights_together": True}, {"max_staleness": 2, "replication": False}):
         result, ic = _layerpipe(net, 8, model, spec, **options)
         assert result.network is not None and result.network.origin is not None, options
         periodic = result.periodic
