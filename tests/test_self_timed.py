@@ -94,10 +94,12 @@ def _mlp() -> Network:
 
 @pytest.mark.parametrize(("ic", "period"), [("shared", 89), ("links:2:16", 140)])
 def test_bounded_schedule_settles_at_its_ratio(ic: str, period: int) -> None:
-    """The example that found the class: scheduled 90 (143) with slack, simulated 89 (140)."""
+    """The example that found the class: scheduled 90 (143) with slack, simulated 89 (140). One iteration per
+    period, as the hardware runs it: PipeDream's replicated plan, also tried under a bound, is faster here."""
     model = PEModel(64)
     interconnect = parse_interconnect(ic, lanes=64)
-    result = make_schedule("layerpipe", _mlp(), 3, model, LayerPipeOptions(max_staleness=1), interconnect)
+    result = make_schedule("layerpipe", _mlp(), 3, model, LayerPipeOptions(max_staleness=1, replication=False),
+                           interconnect)
     assert result.periodic.period == period
     assert schedule_ratio(result, model, interconnect) == period
     assert result.metrics.max_staleness <= 1
