@@ -581,56 +581,73 @@ def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
     in [0, P) at a lag ≥ 0 and every update and backward lasts at most P (a valid schedule's tasks fit the
     period); otherwise the whole window is swept.
     """
-    stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
     pins = schedule.read_pins() if pins is None else pins
     slots = schedule.slot_by_key
     period, unfold = schedule.period, schedule.unfold
     depth = max((s.lag for s in slots.values()), default=0) + 2
     steady = period > 0 and all(s.lag >= 0 and 0 <= s.start < period for s in slots.values())
+    out: dict[int, int] = {}
+    for layer, back in version_readers(graph):
+        if back is None or ("U", layer) not in schedule.costs:
+            out[layer] = 1
+            continue
+        per = schedule.phases("U", layer)
+        reads = [((f.start, f.lag), (e.start, e.lag), pins.get(("F", layer, k)))
+                 for k in range(unfold) for f, e in ((slots[("F", layer, k)], slots[(back, layer, k)]),)]
+        updates = [(u.start, u.lag, u.phase) for q in range(per) for u in (slots[("U", layer, q)],)]
+        out[layer] = layer_versions(reads, updates, schedule.group(layer), per, schedule.costs[("U", layer)],
+                                    schedule.costs[(back, layer)], period, depth, steady)
+    return out
+
+
+def version_readers(graph: TrainingGraph) -> list[tuple[int, str | None]]:
+    """Per layer with weights, in network order, the kind of the task whose end releases the version a forward
+    read (`periodic_versions`): the first task holding its E under `stash`, else F (2BW's floor makes it older);
+    None when the layer has no such task (it holds one version)."""
+    stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
     backward: dict[int, str] = {}  # the first task of each layer that holds its E
     for task in graph.tasks:
         if "E" in task.kind:
             backward.setdefault(task.layer, task.kind)
-    out: dict[int, int] = {}
+    out: list[tuple[int, str | None]] = []
     for layer in graph.network.layers:
-        if not layer.has_weights:
-            continue
-        back: str | None = backward.get(layer.index)
-        if layer.index not in stashing:
-            back = "F"  # no stash: a forward holds its version only while it runs (2BW's floor makes it older)
-        if back is None or ("U", layer.index) not in schedule.costs:
-            out[layer.index] = 1
-            continue
-        g, per = schedule.group(layer.index), schedule.phases("U", layer.index)
-        c_u, c_e = schedule.costs[("U", layer.index)], schedule.costs[(back, layer.index)]
-        periods = 4 * depth
-        updates = [slots[("U", layer.index, q)] for q in range(per)]
-        lo, hi = 2 * depth * period, 3 * depth * period
-        reads: list[range] = [range(periods)] * unfold
-        last_end = periods
-        if steady and c_u <= period and c_e <= period:
-            reads = [_steady_period(slots[("F", layer.index, k)].lag - slots[(back, layer.index, k)].lag, depth)
-                     for k in range(unfold)]
-            hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
-        # Update ends of periods j < last_end that apply an update ≥ 0: per·(j − lag) + phase ≥ 0, i.e.
-        # j ≥ lag − ⌊phase / per⌋ (each copy's ends as one range, not every period filtered)
-        ends = sorted(j * period + end for u in updates for end in (u.start + c_u,)
-                      for j in range(max(0, u.lag - u.phase // per), last_end))
-        events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
-        for k in range(unfold):
-            f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
-            if ("F", layer.index, k) not in pins:
-                continue
-            pin = pins[("F", layer.index, k)]
-            for j in reads[k]:
-                t = unfold * (j - f.lag) + k
-                if t < 0:
-                    continue
-                begin = j * period + f.start
-                finish = (t // unfold + e.lag) * period + e.start + c_e
-                events.append((begin, t // g - pin, finish))
-        out[layer.index] = _most_versions_held(events, ends, lo, hi)
+        if layer.has_weights:
+            # no stash: a forward holds its version only while it runs
+            out.append((layer.index, backward.get(layer.index) if layer.index in stashing else "F"))
     return out
+
+
+def layer_versions(reads: Sequence[tuple[tuple[int, int], tuple[int, int], int | None]],
+                   updates: Sequence[tuple[int, int, int]], g: int, per: int, c_u: int, c_e: int, period: int,
+                   depth: int, steady: bool) -> int:
+    """`periodic_versions` of one layer: `reads[k]` = ((start, lag) of F phase k, (start, lag) of the task that
+    releases its version, its pin or None), `updates[q]` = (start, lag, phase) of U phase q, the group g, J/g,
+    the costs of U and of the releasing task; `depth` and `steady` are the schedule's (D, and whether every slot
+    starts in [0, P) at a lag ≥ 0)."""
+    unfold = len(reads)
+    periods = 4 * depth
+    lo, hi = 2 * depth * period, 3 * depth * period
+    whole = range(periods)
+    last_end = periods
+    fast = steady and c_u <= period and c_e <= period
+    if fast:
+        hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
+    # Update ends of periods j < last_end that apply an update ≥ 0: per·(j − lag) + phase ≥ 0, i.e.
+    # j ≥ lag − ⌊phase / per⌋ (each copy's ends as one range, not every period filtered)
+    ends = sorted(j * period + end for u_start, u_lag, u_phase in updates for end in (u_start + c_u,)
+                  for j in range(max(0, u_lag - u_phase // per), last_end))
+    events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
+    for k, ((f_start, f_lag), (e_start, e_lag), pin) in enumerate(reads):
+        if pin is None:
+            continue
+        for j in (_steady_period(f_lag - e_lag, depth) if fast else whole):
+            t = unfold * (j - f_lag) + k
+            if t < 0:
+                continue
+            begin = j * period + f_start
+            finish = (t // unfold + e_lag) * period + e_start + c_e
+            events.append((begin, t // g - pin, finish))
+    return _most_versions_held(events, ends, lo, hi)
 
 
 def _steady_period(lag_gap: int, depth: int) -> range:

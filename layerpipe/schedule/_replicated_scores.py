@@ -1,0 +1,228 @@
+"""Which trial timing of a replicated layout wins (`_planner._replicated_timing`): its trials — body orders and
+packings of one unfolded table on one placement and period — are settled (`_settled_lags`: update lags raised
+until the update order holds, the transfers re-planned on them) and scored by (most stale read, most versions
+held, total staleness, deepest lag), the first trial among equals (`best_trial`).
+
+The scores come straight from each trial's starts, lags and arrivals (`_ForwardPins`): the forward pins,
+staleness and versions that `periodic_of`'s schedule of the trial would give (`PeriodicSchedule.forward_pins`,
+`_validate.periodic_staleness`, `_validate.periodic_versions`), with what does not change between trials — each
+layer's update copies, readers and the tasks that release a version, their costs, groups and phases — found once
+per layout, so no trial's schedule is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from layerpipe.dfg import TrainingGraph
+from layerpipe.schedule._comm import Comm, channel_timing
+from layerpipe.schedule._comm_timing import Timing, replanned_alike, timing_of
+from layerpipe.schedule._lags import _longest_lags
+from layerpipe.schedule._periodic import PeriodicSchedule, seen_updates
+from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, update_chain_lags
+from layerpipe.schedule._validate import layer_versions, periodic_staleness, periodic_versions, version_readers
+
+#: Per layer with weights: (layer, None) when it holds one version, else (layer, its F copies by phase, the
+#: copies releasing each phase's version, its U copies by phase, g, J/g, c_U, c_release) — `periodic_versions`'
+#: slots, as task indices.
+_Versioned = tuple[int, tuple[list[int], list[int], list[int], int, int, int, int] | None]
+
+
+class _ForwardPins:
+    """`PeriodicSchedule.forward_pins` and `periodic_staleness` of the timings of one layout, straight from the
+    starts, lags and arrivals: what `periodic_of` would put in each trial's schedule (its slots, costs and read
+    delays) and `_validate.schedule_pins` would read back, with the trial-independent part — each layer's update
+    copies and readers, their costs, groups and phases — found once; and `versions`, `periodic_versions` of such
+    a schedule under those pins."""
+
+    def __init__(self, table: UnfoldedTable, placement: Sequence[int], period: int, graph: TrainingGraph) -> None:
+        self.table, self.placement, self.period, self.graph = table, placement, period, graph
+        tasks, phase = table.tasks, table.phase
+        self.costs = costs = {(t.kind, t.layer): c for t, c in zip(tasks, table.cost, strict=True)}  # `periodic_of`'s
+        groups = dict(table.groups)
+        updates: dict[int, list[int]] = {}
+        readers: dict[int, list[int]] = {}
+        for v, t in enumerate(tasks):
+            if t.kind == "U":
+                updates.setdefault(t.layer, []).append(v)
+            elif t.kind == "F":
+                readers.setdefault(t.layer, []).append(v)
+        #: Per layer with readers and updates, by layer: (F copies by phase, U copies, J/g, g, c_U, c_F).
+        self.layers = []
+        for layer in sorted(readers):
+            if layer in updates and ("U", layer) in costs:
+                g = groups.get(layer, 1)
+                self.layers.append((layer, sorted(readers[layer], key=phase.__getitem__), updates[layer],
+                                    table.unfold // g, g, costs[("U", layer)], costs.get(("F", layer), 1)))
+        # `periodic_of`'s read delays: keyed by the reader's (kind, layer, phase), the last read of a key winning
+        self.reads = [(u, x, (tasks[x].kind, tasks[x].layer, phase[x]) if phase[x] else (tasks[x].kind, tasks[x].layer))
+                      for u, x, _ in table.weight_reads]
+        self.weighted = {t.layer for t in graph.tasks if t.kind == "U"}
+        self._versioned: list[_Versioned] | None = None  # made on the first `versions` (most layouts need none)
+        #: `layer_versions` by its inputs: trials that time a layer alike count it once.
+        self._counted: dict[tuple[object, ...], int] = {}
+
+    def pins(self, start: Sequence[int], lag: Sequence[int],
+             arrival: dict[tuple[int, int], int]) -> dict[tuple[str, int, int], int]:
+        """The forward pins, keyed and ordered as `forward_pins`: each reader's newest update by `seen_updates`
+        (the one rule of pinned reads), over the copies with their `read_offset` from the reader's processor."""
+        place, cost, phase = self.placement, self.table.cost, self.table.phase
+        delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
+        if arrival:
+            for u, x, key in self.reads:
+                if (u, x) in arrival:
+                    delays[key] = arrival[(u, x)] - start[u] - cost[u]
+        period = self.period
+        out: dict[tuple[str, int, int], int] = {}
+        for layer, xs, us, per, g, c_u, c_x in self.layers:
+            # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
+            zero = c_u == 0 and c_x == 0
+            offsets = {px: [(start[q], lag[q], phase[q], c_u + (zero and place[q] == px)) for q in us]
+                       for px in {place[x] for x in xs}}
+            for x in xs:
+                k = phase[x]
+                delay = delays.get(("F", layer, k) if k else ("F", layer), 0)
+                best = max(seen_updates(start[x], lag[x], offsets[place[x]], per, period, delay))
+                out[("F", layer, k)] = k // g - 1 - best
+        return out
+
+    def staleness(self, pins: dict[tuple[str, int, int], int]) -> dict[int, int]:
+        """`periodic_staleness` of these pins: per weighted layer, its stalest forward read, by layer."""
+        out: dict[int, int] = {}
+        for (_, layer, _), stale in pins.items():
+            if layer in self.weighted:
+                out[layer] = max(out.get(layer, stale), stale)
+        return dict(sorted(out.items()))
+
+    def versions(self, start: Sequence[int], lag: Sequence[int], pins: dict[tuple[str, int, int], int],
+                 above: int | None = None) -> int | None:
+        """max(`periodic_versions(schedule, graph, pins).values()`, default 1) of the trial's schedule (a period
+        > 0); None as soon as some layer holds more than `above` (the caller needs no count above it)."""
+        if self._versioned is None:
+            self._versioned = self._versioned_layers()
+        period = self.period
+        depth = max(lag, default=0) + 2
+        steady = min(lag, default=0) >= 0 and min(start, default=0) >= 0 and max(start, default=0) < period
+        counted = self._counted
+        most = 1
+        for layer, found in self._versioned:
+            if found is None:
+                continue  # one version (most starts at 1)
+            fs, es, us, g, per, c_u, c_e = found
+            reads = tuple(((start[f], lag[f]), (start[e], lag[e]), pins.get(("F", layer, k)))
+                          for k, (f, e) in enumerate(zip(fs, es, strict=True)))
+            updates = tuple((start[u], lag[u], k) for k, u in enumerate(us))
+            key = (layer, reads, updates, depth, steady)
+            held = counted.get(key)
+            if held is None:
+                held = counted[key] = layer_versions(reads, updates, g, per, c_u, c_e, period, depth, steady)
+            if held > most:
+                most = held
+                if above is not None and most > above:
+                    return None
+        return None if above is not None and most > above else most
+
+    def _versioned_layers(self) -> list[_Versioned]:
+        """`periodic_versions`' slots of every layer with weights, as task indices (`_Versioned`)."""
+        table, costs = self.table, self.costs
+        index = {(t.kind, t.layer, k): v for v, (t, k) in enumerate(zip(table.tasks, table.phase, strict=True))}
+        groups = dict(table.groups)
+        out: list[_Versioned] = []
+        for layer, back in version_readers(self.graph):
+            if back is None or ("U", layer) not in costs:
+                out.append((layer, None))
+                continue
+            g = groups.get(layer, 1)
+            per = table.unfold // g
+            out.append((layer, ([index[("F", layer, k)] for k in range(table.unfold)],
+                                [index[(back, layer, k)] for k in range(table.unfold)],
+                                [index[("U", layer, q)] for q in range(per)], g, per, costs[("U", layer)],
+                                costs[(back, layer)])))
+        return out
+
+
+def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_procs: int, comm: Comm,
+               graph: TrainingGraph, trials: Sequence[Timing]) -> Timing:
+    """The winner of `trials`, settled (`_settled_lags`): by (most stale read, most versions held, total
+    staleness, deepest lag), the first trial among equals.
+
+    The staleness is read off the forward pins (`_ForwardPins`); the versions only for the trials of the least
+    staleness, when there are several: no other trial can win, and a sole one wins whatever it holds. A trial
+    holding more versions than one counted before it cannot win either, so its count stops there. A trial equal
+    to an earlier one (body orders that coincide) settles and scores the same and comes later: it cannot win, so
+    it is not scored again."""
+    forward = _ForwardPins(unfolded, placement, period, graph) if period > 0 else None
+    staled: list[tuple[int, Timing, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    tried: set[tuple[object, ...]] = set()
+    for found in trials:
+        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
+        if seen in tried:
+            continue
+        tried.add(seen)
+        settled = _settled_lags(unfolded, found, period, comm)
+        if settled is not None:
+            lags, arrival = settled
+            timing = timing_of(unfolded, found.start, lags, period, arrival)
+            if forward is not None:
+                pins = forward.pins(timing.start, timing.lag, timing.arrival)
+                stale = forward.staleness(pins)
+            else:  # no period to pin by: the schedule's own pins
+                schedule = _schedule_of(unfolded, placement, timing, period, num_procs)
+                pins = schedule.forward_pins()
+                stale = periodic_staleness(schedule, graph, pins=pins)
+            staled.append((max(stale.values(), default=0), timing, pins, stale))
+    # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
+    assert staled, "no body order keeps the update copies in order"
+    least = min(most for most, *_ in staled)
+    if sum(most == least for most, *_ in staled) == 1:
+        return next(timing for most, timing, *_ in staled if most == least)
+    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
+    fewest: int | None = None  # the fewest versions a trial counted so far holds
+    for k, (most, timing, pins, stale) in enumerate(staled):
+        if most == least:
+            if forward is not None:
+                held = forward.versions(timing.start, timing.lag, pins, fewest)
+                if held is None:
+                    continue  # more versions than a trial before it: it cannot win
+            else:
+                versions = periodic_versions(_schedule_of(unfolded, placement, timing, period, num_procs), graph, pins)
+                held = max(versions.values(), default=1)
+            fewest = held if fewest is None else min(fewest, held)
+            candidates.append(((most, held, sum(stale.values()), max(timing.lag, default=0)), k, timing))
+    return min(candidates)[2]
+
+
+def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Timing, period: int,
+                 num_procs: int) -> PeriodicSchedule:
+    return periodic_of(table, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
+
+
+#: Rounds of re-planning a replicated timing's transfers on its raised update lags.
+SETTLE_ROUNDS = 8
+
+
+def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
+                  comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]] | None:
+    """`found`'s lags raised until the update order holds (`update_chain_lags`), with the transfers planned on
+    those lags: the raised update lags move the updates' plan times, so the weight copies readers pin and the
+    bus's order change with them, and the arrivals `found` was timed with would not be the plan's. Re-planned
+    (`channel_timing` on the new plan times, then the least lags those arrivals allow, raised again) until the
+    lags stop changing; None when the update order admits no lags or the rounds run out."""
+    lags = update_chain_lags(table, found.start, found.lag, period)
+    if lags is None or not found.arrival:
+        return None if lags is None else (lags, found.arrival)
+    if lags == found.lag and replanned_alike(table, found.start, period, comm, found.lag, found.arrival):
+        # The first round would re-plan `found`'s own plan times: the same arrivals and lags, and the update order
+        # already holds on them, so it would return them (almost every trial).
+        return lags, dict(found.arrival)
+    for _ in range(SETTLE_ROUNDS):
+        arrival = channel_timing(table, comm, found.start, period,
+                                 [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
+        need = _longest_lags(table, found.start, period, arrival)
+        again = update_chain_lags(table, found.start, [max(a, b) for a, b in zip(lags, need, strict=True)], period)
+        if again is None:
+            return None
+        if again == lags:
+            return lags, arrival
+        lags = again
+    return None

@@ -1,0 +1,93 @@
+"""The replicated layout's trial scores counted straight from the timings (`_replicated_scores`, issue 14's explore
+sweep) give what the schedules give, on generated inputs:
+
+- `_ForwardPins.versions` (each layer's `layer_versions` from the trial's starts and lags, counted once per equal
+  input, stopped above a bound) against `periodic_versions` of the trial's schedule (`periodic_of`) under the
+  same pins, on any starts, lags and arrivals (in and out of the steady state's range), on PipeDream's graph
+  and LayerPipe's;
+- `best_trial` (versions only for the trials of the least staleness, a count stopped once it exceeds a count
+  before it) against `reference_replicated_timing`'s choice, which counts every such trial on its schedule.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from layerpipe.costs import MacsModel, PEModel
+from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import Network
+from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, replicated_layout
+from layerpipe.schedule._replicated_scores import _ForwardPins
+from layerpipe.schedule._task_table import TaskTable
+from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._validate import periodic_versions, version_readers
+from tests.schedule_reference import FAST, SPECS
+from tests.schedule_reference_planner import reference_replicated_timing
+from tests.strategies import networks
+
+
+def _table(net: Network, overhead: int, pipedream: bool) -> TaskTable:
+    model = PEModel(lanes=4, overhead=overhead) if overhead else MacsModel()
+    return TaskTable.of(build_training_graph(net, GraphOptions.pipedream() if pipedream else GraphOptions()), model)
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, 2, 3)), pipedream=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_versions_match_the_schedule(net: Network, n: int, spec: str, overhead: int, coalesce: int | None,
+                                     pipedream: bool, seed: int) -> None:
+    table = _table(net, overhead, pipedream)
+    ic = parse_interconnect(spec, 4)
+    best = plan(PlanCosts(_table(net, overhead, True), ic), n, replication=coalesce is None)
+    laid = replicated_layout(table, best, n, ic, coalesce)
+    unfolded, period = laid.table, laid.period
+    if period <= 0:
+        return
+    rng = random.Random(seed)
+    if rng.random() < 0.3:
+        unfolded = replace(unfolded, cost=tuple(0 if rng.random() < 0.6 else c for c in unfolded.cost))
+    placement = list(laid.placement) if rng.random() < 0.5 else [rng.randrange(2) for _ in range(len(unfolded))]
+    steady = rng.random() < 0.7  # else starts past the period and negative lags: every period of the window swept
+    start = [rng.choice((0, period // 2, rng.randrange(period))) if steady else rng.randrange(-period, 2 * period)
+             for _ in range(len(unfolded))]
+    lag = [rng.randrange(4) if steady else rng.randrange(-1, 4) for _ in range(len(unfolded))]
+    # A read's version is released after it begins (`_most_versions_held` needs that of any timing): each
+    # phase's releasing task after its forward.
+    index = {(t.kind, t.layer, k): v for v, (t, k) in enumerate(zip(unfolded.tasks, unfolded.phase, strict=True))}
+    for layer, back in version_readers(table.graph):
+        for k in range(unfolded.unfold):
+            f, e = index.get(("F", layer, k)), index.get((back, layer, k))
+            if f is not None and e is not None and e != f:
+                while lag[e] * period + start[e] < lag[f] * period + start[f] + unfolded.cost[f]:
+                    lag[e] += 1
+    arrival = {(u, x): start[u] + unfolded.cost[u] + rng.randrange(2 * period)
+               for u, x, _ in unfolded.weight_reads if rng.random() < 0.5}
+    forward = _ForwardPins(unfolded, placement, period, table.graph)
+    pins = forward.pins(start, lag, arrival)
+    schedule = periodic_of(unfolded, placement, start, lag, period, n, arrival)
+    want = max(periodic_versions(schedule, table.graph, pins).values(), default=1)
+    assert forward.versions(start, lag, pins) == want
+    assert forward.versions(start, lag, pins) == want  # again, from the counts kept per layer
+    for above in (want - 1, want, want + 1):
+        assert forward.versions(start, lag, pins, above) == (None if want > above else want)
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, None, 2, 3)), pipedream=st.booleans())
+def test_replicated_timing_on_both_graphs_matches_reference(net: Network, n: int, spec: str, overhead: int,
+                                                             coalesce: int | None, pipedream: bool) -> None:
+    """LayerPipe lays PipeDream's plan out on its own tasks (its replicated candidate): both graphs."""
+    table = _table(net, overhead, pipedream)
+    ic = parse_interconnect(spec, 4)
+    best = plan(PlanCosts(_table(net, overhead, True), ic), n, replication=coalesce is None)
+    got = _replicated_timing(table, best, n, ic, coalesce)
+    want = reference_replicated_timing(table, best, n, ic, coalesce)
+    assert got.table == want.table and got.placement == want.placement and got.period == want.period
+    assert got.timing == want.timing
