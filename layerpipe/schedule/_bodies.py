@@ -109,15 +109,13 @@ def modulo_list_schedule(
         offset = ready % period
         base = ready - offset
         best_at, best_p, best_k = -1, -1, -1
-        for p in candidates:
-            if need is not None and room[p] < need:
-                continue
-            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
-            # interval it falls in (`_occupy` then splits that one instead of searching for it)
-            at = k = -1
-            if c > widest[p]:
-                continue
-            if c:
+        if c:
+            for p in candidates:
+                if c > widest[p] or (need is not None and room[p] < need):
+                    continue
+                # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
+                # interval it falls in (the split below then needs no search for it)
+                at = -1
                 for k, (a, b) in enumerate(free[p]):  # noqa: B007 (k is read after the loop)
                     if b - c >= (a if a > offset else offset):
                         at = base + (a if a > offset else offset)
@@ -132,23 +130,36 @@ def modulo_list_schedule(
                             longest = b - a
                     else:
                         widest[p] = longest
-            else:
+                if at >= 0 and (best_p < 0 or at < best_at):
+                    best_at, best_p, best_k = at, p, k
+                    if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
+                        break
+        else:
+            for p in candidates:
+                if need is not None and room[p] < need:
+                    continue
                 found = _earliest_fit(free[p], ready, c, period)
-                at = -1 if found is None else found
-            if at >= 0 and (best_p < 0 or at < best_at):
-                best_at, best_p, best_k = at, p, k
-                if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
-                    break
+                if found is not None and (best_p < 0 or found < best_at):
+                    best_at, best_p = found, p
+                    if found == ready:
+                        break
         if best_p < 0:
             return None
         at, p = best_at, best_p
-        if c:
-            a, b = free[p][best_k]
+        if c:  # the interval split around the task: what is left before it and after it, if anything
+            here = free[p]
+            a, b = here[best_k]
             begin = at % period
-            free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
-        if g is None:
-            room[p] -= c
-        elif g not in group_proc:
+            end = begin + c
+            if begin > a:
+                here[best_k] = (a, begin)
+                if end < b:
+                    here.insert(best_k + 1, (end, b))
+            elif end < b:
+                here[best_k] = (end, b)
+            else:
+                del here[best_k]
+        if g is not None and g not in group_proc:  # (`room` is read only for groups: one is given whole)
             group_proc[g] = p
             room[p] -= group_cost[g]
         proc[v], sigma[v], ends[v] = p, at, at + c
