@@ -7,18 +7,24 @@ used by the package:
 - `reference_search_plan` — `_search_plan` calling `PlanCosts.scaled_stage_term` / `scaled_stage_bus` per stage;
 - `reference_replicated_timing` — `_replicated_timing` building every settled trial's schedule and counting the
   versions of every trial of the least staleness.
+
+And from commit 36075c7 (layerpipe/schedule/_lags.py), for the scheduler passes' work on issue 14's explore sweep:
+
+- `reference_layer_floor` — `StalenessFloor.layer_floor` relaxing every edge with its head between the loop's F
+  and U (not only those on a path from F to U).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed, timing_of
-from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._lags import _UNREACHED, StalenessFloor, asap_times, staleness_from_span
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._planner import (
     MAX_ROUND,
@@ -42,7 +48,7 @@ from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
-__all__ = ["reference_replicated_timing", "reference_search_plan"]
+__all__ = ["reference_layer_floor", "reference_replicated_timing", "reference_search_plan"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -177,3 +183,27 @@ def reference_replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, i
             score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
             candidates.append((score, k, timing))
     return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+def reference_layer_floor(floor: StalenessFloor, loop: tuple[int, int, int], placement: Sequence[int],
+                          start: Sequence[int], period: int) -> int:
+    """The least staleness layer `loop` = (layer, F task, U task) can have under any lags these starts and
+    the placement's transfers allow."""
+    _, f, u = loop
+    src, dst, cost, transfer = floor.src, floor.dst, floor.cost, floor.transfer
+    reach = [_UNREACHED] * len(cost)
+    reach[f] = 0
+    # A path from f holds tasks above f (edges run forward); only edges into f+1..u can end on one to u
+    for e in range(bisect_right(dst, f), bisect_right(dst, u)):
+        a = src[e]
+        lag_a = reach[a]
+        if lag_a == _UNREACHED:
+            continue
+        b = dst[e]
+        ready = start[a] + cost[a] + (transfer[e] if placement[a] != placement[b] else 0)
+        need = lag_a - ((start[b] - ready) // period)
+        if need > reach[b]:
+            reach[b] = need
+    if reach[u] == _UNREACHED:
+        return 0
+    return staleness_from_span(reach[u] * period + start[u] + cost[u] - start[f], period)

@@ -1,12 +1,14 @@
-"""The replicated layout's trial scores counted straight from the timings (`_replicated_scores`, issue 14's explore
-sweep) give what the schedules give, on generated inputs:
+"""The scheduler passes' fast paths for issue 14's explore sweep (small networks, many points) give what the code
+before them gave, on generated inputs:
 
-- `_ForwardPins.versions` (each layer's `layer_versions` from the trial's starts and lags, counted once per equal
-  input, stopped above a bound) against `periodic_versions` of the trial's schedule (`periodic_of`) under the
-  same pins, on any starts, lags and arrivals (in and out of the steady state's range), on PipeDream's graph
-  and LayerPipe's;
+- `_ForwardPins.versions` (the replicated layout's trial scores, `_replicated_scores`: each layer's
+  `layer_versions` from the trial's starts and lags, counted once per equal input, stopped above a bound)
+  against `periodic_versions` of the trial's schedule (`periodic_of`) under the same pins, on any starts, lags
+  and arrivals (in and out of the steady state's range), on PipeDream's graph and LayerPipe's;
 - `best_trial` (versions only for the trials of the least staleness, a count stopped once it exceeds a count
-  before it) against `reference_replicated_timing`'s choice, which counts every such trial on its schedule.
+  before it) against `reference_replicated_timing`'s choice, which counts every such trial on its schedule;
+- `StalenessFloor.layer_floor` (only the edges on a path from F to U, found once per loop) against
+  `reference_layer_floor` (every edge with its head between them), on any placement, starts and period.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._lags import StalenessFloor
 from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, replicated_layout
 from layerpipe.schedule._replicated_scores import _ForwardPins
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._validate import periodic_versions, version_readers
 from tests.schedule_reference import FAST, SPECS
-from tests.schedule_reference_planner import reference_replicated_timing
+from tests.schedule_reference_planner import reference_layer_floor, reference_replicated_timing
 from tests.strategies import networks
 
 
@@ -91,3 +94,21 @@ def test_replicated_timing_on_both_graphs_matches_reference(net: Network, n: int
     want = reference_replicated_timing(table, best, n, ic, coalesce)
     assert got.table == want.table and got.placement == want.placement and got.period == want.period
     assert got.timing == want.timing
+
+
+@FAST
+@given(net=networks(max_layers=8, dag=True, max_width=12), n=st.integers(1, 6), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), pipedream=st.booleans(), seed=st.integers(0, 2**16))
+def test_layer_floor_equals_the_reference(net: Network, n: int, spec: str, overhead: int, pipedream: bool,
+                                          seed: int) -> None:
+    table = _table(net, overhead, pipedream)
+    floor = StalenessFloor(table, parse_interconnect(spec, 4))
+    rng = random.Random(seed)
+    for _ in range(3):
+        period = rng.randrange(1, 2 * max(1, table.total))
+        placement = [rng.randrange(n) for _ in range(len(table))]
+        start = [rng.randrange(period) if rng.random() < 0.8 else rng.randrange(-period, 3 * period)
+                 for _ in range(len(table))]
+        for loop in table.weight_loops():
+            assert floor.layer_floor(loop, placement, start, period) == \
+                reference_layer_floor(floor, loop, placement, start, period)
