@@ -221,7 +221,7 @@ def ordering_starts(table: TaskTable, placement: Sequence[int], num_procs: int, 
     caller that can rule a placement out from its starts alone skips the timing: `_lags.StalenessFloor`)."""
     out = [contiguous_starts(order_bodies(placement, num_procs, key), table.cost) for key in keys]
     for target in targets:
-        out.append(_packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,
+        out.append(packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,
                                   target))
     return out
 
@@ -231,7 +231,7 @@ def _by_offset(target: Sequence[int], period: int) -> Callable[[int], tuple[int,
     return lambda v: (target[v] % period, target[v], v)
 
 
-def _packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
+def packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
     start = [0] * len(table)
     for body in bodies:
         for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
@@ -251,7 +251,7 @@ def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, 
                 comm: Comm | None = None) -> Timing:
     """Bodies in the given orders packed around the period, each task at or after its target offset
     (`pack_circular`), with the minimal lags for those starts."""
-    return timed(table, _packed_starts(table, bodies, period, target), period, comm)
+    return timed(table, packed_starts(table, bodies, period, target), period, comm)
 
 
 def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:

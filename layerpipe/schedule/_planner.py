@@ -47,13 +47,21 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
+from layerpipe.schedule._bodies import (
+    contiguous_starts,
+    default_targets,
+    modulo_list_schedule,
+    order_bodies,
+    packed_starts,
+)
 from layerpipe.schedule._comm import Comm, busiest_channel
-from layerpipe.schedule._comm_timing import Timing, timed
+from layerpipe.schedule._comm_timing import Timing
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._replicated_scores import _ForwardPins, _settled_lags, best_trial  # noqa: F401 (tests)
+from layerpipe.schedule._replicated_scores import _ForwardPins, _settled_lags, best_trial, timed_trial  # noqa: F401
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
+
+# (`_ForwardPins` and `_settled_lags` are imported above for the tests and their reference, which read them here.)
 
 #: Rounds of all stages fit in a period of this many micro-batches; replica counts divide it.
 MAX_ROUND = 12
@@ -435,21 +443,24 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         lambda v: (blocks[v][1], *blocks[v]),
     ]
     comm = Comm(placement, interconnect, num_procs)
-    trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
+    # Each trial's starts with their minimal lags and arrivals (`comm_timing`): the staleness `timed` would add is
+    # the winner's alone (`best_trial` scores the trials by their forward pins)
+    trials = [timed_trial(unfolded, contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost), period,
+                          comm) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
         bodies = order_bodies(placement, num_procs, _by_target(target, period))
-        trials.append(pack_bodies(unfolded, bodies, period, target, comm))
+        trials.append(timed_trial(unfolded, packed_starts(unfolded, bodies, period, target), period, comm))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
     listed = modulo_list_schedule(unfolded, period, num_procs, priority, fixed=placement)
     if listed is not None:
-        trials.append(timed(unfolded, [at % period for at in listed[1]], period, comm))
+        trials.append(timed_trial(unfolded, [at % period for at in listed[1]], period, comm))
     if coalesce:
-        trials.append(timed(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
-                            comm))
+        trials.append(timed_trial(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                                  comm))
     else:
-        trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
-                            comm))
+        trials.append(timed_trial(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect),
+                                  period, comm))
     return Replicated(unfolded, placement, period, best_trial(unfolded, placement, period, num_procs, comm,
                                                                 table.graph, trials))
 

@@ -13,14 +13,31 @@ per layout, so no trial's schedule is built.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.schedule._comm import Comm, channel_timing
-from layerpipe.schedule._comm_timing import Timing, replanned_alike, timing_of
+from layerpipe.schedule._comm_timing import Timing, comm_timing, replanned_alike, timing_of
 from layerpipe.schedule._lags import _longest_lags
 from layerpipe.schedule._periodic import PeriodicSchedule, seen_updates
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, update_chain_lags
 from layerpipe.schedule._validate import layer_versions, periodic_staleness, periodic_versions, version_readers
+
+
+class Trial(NamedTuple):
+    """A trial timing without its staleness (`Timing`'s other fields): its starts, their minimal lags and the
+    planned arrivals of its transfers (`comm_timing`)."""
+
+    start: list[int]
+    lag: list[int]
+    arrival: dict[tuple[int, int], int]
+
+
+def timed_trial(table: UnfoldedTable, start: list[int], period: int, comm: Comm) -> Trial:
+    """`_comm_timing.timed` without the staleness (`loop_spans`), which `best_trial` does not read."""
+    lag, arrival = comm_timing(table, start, period, comm)
+    return Trial(start, lag, arrival)
+
 
 #: Per layer with weights: (layer, None) when it holds one version, else (layer, its F copies by phase, the
 #: copies releasing each phase's version, its U copies by phase, g, J/g, c_U, c_release) — `periodic_versions`'
@@ -142,9 +159,9 @@ class _ForwardPins:
 
 
 def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_procs: int, comm: Comm,
-               graph: TrainingGraph, trials: Sequence[Timing]) -> Timing:
+               graph: TrainingGraph, trials: Sequence[Trial]) -> Timing:
     """The winner of `trials`, settled (`_settled_lags`): by (most stale read, most versions held, total
-    staleness, deepest lag), the first trial among equals.
+    staleness, deepest lag), the first trial among equals; its `Timing` (with the staleness of its loops).
 
     The staleness is read off the forward pins (`_ForwardPins`); the versions only for the trials of the least
     staleness, when there are several: no other trial can win, and a sole one wins whatever it holds. A trial
@@ -152,7 +169,7 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
     to an earlier one (body orders that coincide) settles and scores the same and comes later: it cannot win, so
     it is not scored again."""
     forward = _ForwardPins(unfolded, placement, period, graph) if period > 0 else None
-    staled: list[tuple[int, Timing, dict[tuple[str, int, int], int], dict[int, int]]] = []
+    staled: list[tuple[int, Trial, dict[tuple[str, int, int], int], dict[int, int]]] = []
     tried: set[tuple[object, ...]] = set()
     for found in trials:
         seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
@@ -162,37 +179,39 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
         settled = _settled_lags(unfolded, found, period, comm)
         if settled is not None:
             lags, arrival = settled
-            timing = timing_of(unfolded, found.start, lags, period, arrival)
+            trial = Trial(found.start, lags, arrival)
             if forward is not None:
-                pins = forward.pins(timing.start, timing.lag, timing.arrival)
+                pins = forward.pins(trial.start, trial.lag, trial.arrival)
                 stale = forward.staleness(pins)
             else:  # no period to pin by: the schedule's own pins
-                schedule = _schedule_of(unfolded, placement, timing, period, num_procs)
+                schedule = _schedule_of(unfolded, placement, trial, period, num_procs)
                 pins = schedule.forward_pins()
                 stale = periodic_staleness(schedule, graph, pins=pins)
-            staled.append((max(stale.values(), default=0), timing, pins, stale))
+            staled.append((max(stale.values(), default=0), trial, pins, stale))
     # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
     assert staled, "no body order keeps the update copies in order"
     least = min(most for most, *_ in staled)
     if sum(most == least for most, *_ in staled) == 1:
-        return next(timing for most, timing, *_ in staled if most == least)
-    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
-    fewest: int | None = None  # the fewest versions a trial counted so far holds
-    for k, (most, timing, pins, stale) in enumerate(staled):
-        if most == least:
-            if forward is not None:
-                held = forward.versions(timing.start, timing.lag, pins, fewest)
-                if held is None:
-                    continue  # more versions than a trial before it: it cannot win
-            else:
-                versions = periodic_versions(_schedule_of(unfolded, placement, timing, period, num_procs), graph, pins)
-                held = max(versions.values(), default=1)
-            fewest = held if fewest is None else min(fewest, held)
-            candidates.append(((most, held, sum(stale.values()), max(timing.lag, default=0)), k, timing))
-    return min(candidates)[2]
+        won = next(trial for most, trial, *_ in staled if most == least)
+    else:
+        candidates: list[tuple[tuple[int, int, int, int], int, Trial]] = []
+        fewest: int | None = None  # the fewest versions a trial counted so far holds
+        for k, (most, trial, pins, stale) in enumerate(staled):
+            if most == least:
+                if forward is not None:
+                    held = forward.versions(trial.start, trial.lag, pins, fewest)
+                    if held is None:
+                        continue  # more versions than a trial before it: it cannot win
+                else:
+                    schedule = _schedule_of(unfolded, placement, trial, period, num_procs)
+                    held = max(periodic_versions(schedule, graph, pins).values(), default=1)
+                fewest = held if fewest is None else min(fewest, held)
+                candidates.append(((most, held, sum(stale.values()), max(trial.lag, default=0)), k, trial))
+        won = min(candidates)[2]
+    return timing_of(unfolded, won.start, won.lag, period, won.arrival)
 
 
-def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Timing, period: int,
+def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Trial, period: int,
                  num_procs: int) -> PeriodicSchedule:
     return periodic_of(table, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
 
@@ -201,7 +220,7 @@ def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Timing, per
 SETTLE_ROUNDS = 8
 
 
-def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
+def _settled_lags(table: UnfoldedTable, found: Timing | Trial, period: int,
                   comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]] | None:
     """`found`'s lags raised until the update order holds (`update_chain_lags`), with the transfers planned on
     those lags: the raised update lags move the updates' plan times, so the weight copies readers pin and the
