@@ -3,8 +3,9 @@ before them gave, on generated inputs:
 
 - `_ForwardPins.versions` (the replicated layout's trial scores, `_replicated_scores`: each layer's
   `layer_versions` from the trial's starts and lags, counted once per equal input, stopped above a bound)
-  against `periodic_versions` of the trial's schedule (`periodic_of`) under the same pins, on any starts, lags
-  and arrivals (in and out of the steady state's range), on PipeDream's graph and LayerPipe's;
+  against `periodic_versions` of the trial's schedule (`periodic_of`) under the same pins and against
+  `reference_periodic_versions` (every period of the window, every update end listed), on any starts, lags and
+  arrivals (in and out of the steady state's range), on PipeDream's graph and LayerPipe's;
 - `best_trial` (versions only for the trials of the least staleness, a count stopped once it exceeds a count
   before it) against `reference_replicated_timing`'s choice, which counts every such trial on its schedule;
 - `StalenessFloor.layer_floor` (only the edges on a path from F to U, found once per loop) against
@@ -28,8 +29,8 @@ from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, rep
 from layerpipe.schedule._replicated_scores import _ForwardPins
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
-from layerpipe.schedule._validate import periodic_versions, version_readers
-from tests.schedule_reference import FAST, SPECS
+from layerpipe.schedule._versions import periodic_versions, version_readers
+from tests.schedule_reference import FAST, SPECS, reference_periodic_versions
 from tests.schedule_reference_planner import reference_layer_floor, reference_replicated_timing
 from tests.strategies import networks
 
@@ -75,6 +76,8 @@ def test_versions_match_the_schedule(net: Network, n: int, spec: str, overhead: 
     pins = forward.pins(start, lag, arrival)
     schedule = periodic_of(unfolded, placement, start, lag, period, n, arrival)
     want = max(periodic_versions(schedule, table.graph, pins).values(), default=1)
+    # and the code before the speed work, on the schedule's own pins (its forward pins are these)
+    assert want == max(reference_periodic_versions(schedule, table.graph).values(), default=1)
     assert forward.versions(start, lag, pins) == want
     assert forward.versions(start, lag, pins) == want  # again, from the counts kept per layer
     for above in (want - 1, want, want + 1):

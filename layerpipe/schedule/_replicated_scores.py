@@ -5,7 +5,7 @@ held, total staleness, deepest lag), the first trial among equals (`best_trial`)
 
 The scores come straight from each trial's starts, lags and arrivals (`_ForwardPins`): the forward pins,
 staleness and versions that `periodic_of`'s schedule of the trial would give (`PeriodicSchedule.forward_pins`,
-`_validate.periodic_staleness`, `_validate.periodic_versions`), with what does not change between trials — each
+`_validate.periodic_staleness`, `_versions.periodic_versions`), with what does not change between trials — each
 layer's update copies, readers and the tasks that release a version, their costs, groups and phases — found once
 per layout, so no trial's schedule is built.
 """
@@ -21,7 +21,8 @@ from layerpipe.schedule._comm_timing import Timing, comm_timing, replanned_alike
 from layerpipe.schedule._lags import _longest_lags
 from layerpipe.schedule._periodic import PeriodicSchedule, seen_updates
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, update_chain_lags
-from layerpipe.schedule._validate import layer_versions, periodic_staleness, periodic_versions, version_readers
+from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule._versions import layer_versions, periodic_versions, version_readers
 
 
 class Trial(NamedTuple):
