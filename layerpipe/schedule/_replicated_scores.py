@@ -79,6 +79,7 @@ class _ForwardPins:
         self._versioned: list[_Versioned] | None = None  # made on the first `versions` (most layouts need none)
         #: `layer_versions` by its inputs: trials that time a layer alike count it once.
         self._counted: dict[tuple[object, ...], int] = {}
+        self._hot = 0  # the index in `_versioned` of the layer that last raised a count (`versions`)
 
     def pins(self, start: Sequence[int], lag: Sequence[int],
              arrival: dict[tuple[int, int], int]) -> dict[tuple[str, int, int], int]:
@@ -121,9 +122,13 @@ class _ForwardPins:
         period = self.period
         depth = max(lag, default=0) + 2
         steady = min(lag, default=0) >= 0 and min(start, default=0) >= 0 and max(start, default=0) < period
-        counted = self._counted
+        counted, versioned = self._counted, self._versioned
         most = 1
-        for layer, found in self._versioned:
+        # The layer that held the most in the last count first: trials of one layout peak on the same layers, so a
+        # count that will exceed `above` most often does so at once
+        hot = self._hot
+        for i in (hot, *range(hot), *range(hot + 1, len(versioned))) if versioned else ():
+            layer, found = versioned[i]
             if found is None:
                 continue  # one version (most starts at 1)
             fs, es, us, g, per, c_u, c_e = found
@@ -136,6 +141,7 @@ class _ForwardPins:
                 held = counted[key] = layer_versions(reads, updates, g, per, c_u, c_e, period, depth, steady)
             if held > most:
                 most = held
+                self._hot = i
                 if above is not None and most > above:
                     return None
         return None if above is not None and most > above else most
@@ -195,20 +201,25 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
     if sum(most == least for most, *_ in staled) == 1:
         won = next(trial for most, trial, *_ in staled if most == least)
     else:
-        candidates: list[tuple[tuple[int, int, int, int], int, Trial]] = []
-        fewest: int | None = None  # the fewest versions a trial counted so far holds
+        # Scored in trial order: a trial beats the best before it only with fewer versions, or as many and a
+        # smaller (total staleness, deepest lag), so its count stops once it reaches the best's, or passes it.
+        best: tuple[tuple[int, int, int, int], int, Trial] | None = None
         for k, (most, trial, pins, stale) in enumerate(staled):
             if most == least:
+                rest = (sum(stale.values()), max(trial.lag, default=0))
+                above = None if best is None else best[0][1] - (rest >= best[0][2:])
                 if forward is not None:
-                    held = forward.versions(trial.start, trial.lag, pins, fewest)
+                    held = forward.versions(trial.start, trial.lag, pins, above)
                     if held is None:
-                        continue  # more versions than a trial before it: it cannot win
+                        continue  # cannot beat the best before it
                 else:
                     schedule = _schedule_of(unfolded, placement, trial, period, num_procs)
                     held = max(periodic_versions(schedule, graph, pins).values(), default=1)
-                fewest = held if fewest is None else min(fewest, held)
-                candidates.append(((most, held, sum(stale.values()), max(trial.lag, default=0)), k, trial))
-        won = min(candidates)[2]
+                scored = ((most, held, *rest), k, trial)
+                if best is None or scored < best:
+                    best = scored
+        assert best is not None
+        won = best[2]
     return timing_of(unfolded, won.start, won.lag, period, won.arrival)
 
 
