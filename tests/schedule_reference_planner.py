@@ -8,10 +8,13 @@ used by the package:
 - `reference_replicated_timing` — `_replicated_timing` building every settled trial's schedule and counting the
   versions of every trial of the least staleness.
 
-And from commit 36075c7 (layerpipe/schedule/_lags.py), for the scheduler passes' work on issue 14's explore sweep:
+And from commit 36075c7 (layerpipe/schedule/_lags.py, _bodies.py), for the scheduler passes' work on issue 14's
+explore sweep:
 
 - `reference_layer_floor` — `StalenessFloor.layer_floor` relaxing every edge with its head between the loop's F
-  and U (not only those on a path from F to U).
+  and U (not only those on a path from F to U);
+- `reference_order_bodies` — `_bodies.order_bodies` sorting each processor's tasks on its own;
+- `reference_pack_circular` — `_bodies.pack_circular` (`max` per task).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
-__all__ = ["reference_layer_floor", "reference_replicated_timing", "reference_search_plan"]
+__all__ = ["reference_layer_floor", "reference_order_bodies", "reference_pack_circular", "reference_replicated_timing",
+           "reference_search_plan"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -207,3 +211,31 @@ def reference_layer_floor(floor: StalenessFloor, loop: tuple[int, int, int], pla
     if reach[u] == _UNREACHED:
         return 0
     return staleness_from_span(reach[u] * period + start[u] + cost[u] - start[f], period)
+
+
+def reference_order_bodies(placement: Sequence[int], num_procs: int, key: Callable[[int], tuple]) -> list[list[int]]:
+    """Each processor's tasks sorted by `key`."""
+    bodies: list[list[int]] = [[] for _ in range(num_procs)]
+    for v, p in enumerate(placement):
+        bodies[p].append(v)
+    return [sorted(body, key=key) for body in bodies]
+
+
+def reference_pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:
+    """Starts (mod P) for tasks in the given order, each at or after its release offset, without overlap
+    around the period (a task may wrap past P). The load must be ≤ P."""
+    if not release:
+        return []
+    if sum(cost) > period:
+        raise ValueError(f"body of {sum(cost)} cycles does not fit the period {period}")
+    carry = -period
+    while True:
+        at, starts = carry, []
+        for r, c in zip(release, cost, strict=True):
+            at = max(r, at)
+            starts.append(at)
+            at += c
+        overflow = at - period
+        if overflow <= starts[0]:
+            return [s % period for s in starts]
+        carry = overflow

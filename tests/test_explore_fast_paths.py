@@ -9,7 +9,10 @@ before them gave, on generated inputs:
 - `best_trial` (versions only for the trials of the least staleness, a count stopped once it exceeds a count
   before it) against `reference_replicated_timing`'s choice, which counts every such trial on its schedule;
 - `StalenessFloor.layer_floor` (only the edges on a path from F to U, found once per loop) against
-  `reference_layer_floor` (every edge with its head between them), on any placement, starts and period.
+  `reference_layer_floor` (every edge with its head between them), on any placement, starts and period;
+- `order_bodies` (one sort of every task, dealt out) and `offset_bodies` (the offset keys sorted themselves)
+  against `reference_order_bodies` (each processor's share sorted by a key function), keys with ties included;
+  `pack_circular` against `reference_pack_circular`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Network
+from layerpipe.schedule._bodies import offset_bodies, order_bodies, pack_circular
 from layerpipe.schedule._lags import StalenessFloor
 from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, replicated_layout
 from layerpipe.schedule._replicated_scores import _ForwardPins
@@ -31,7 +35,12 @@ from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._versions import periodic_versions, version_readers
 from tests.schedule_reference import FAST, SPECS, reference_periodic_versions
-from tests.schedule_reference_planner import reference_layer_floor, reference_replicated_timing
+from tests.schedule_reference_planner import (
+    reference_layer_floor,
+    reference_order_bodies,
+    reference_pack_circular,
+    reference_replicated_timing,
+)
 from tests.strategies import networks
 
 
@@ -115,3 +124,28 @@ def test_layer_floor_equals_the_reference(net: Network, n: int, spec: str, overh
         for loop in table.weight_loops():
             assert floor.layer_floor(loop, placement, start, period) == \
                 reference_layer_floor(floor, loop, placement, start, period)
+
+
+@FAST
+@given(n=st.integers(1, 8), data=st.data())
+def test_bodies_equal_the_reference(n: int, data: st.DataObject) -> None:
+    size = data.draw(st.integers(0, 60))
+    placement = data.draw(st.lists(st.integers(0, n - 1), min_size=size, max_size=size))
+    target = data.draw(st.lists(st.integers(-50, 200), min_size=size, max_size=size))
+    period = data.draw(st.integers(1, 80))
+    coarse = data.draw(st.integers(1, 40))  # keys with ties: equal keys keep task order
+    for key in (lambda v: (target[v] // coarse,), lambda v: (target[v] % period, -target[v], v)):
+        assert order_bodies(placement, n, key) == reference_order_bodies(placement, n, key)
+    assert offset_bodies(placement, n, target, period) == \
+        reference_order_bodies(placement, n, lambda v: (target[v] % period, target[v], v))
+
+
+@FAST
+@given(data=st.data())
+def test_pack_circular_equals_the_reference(data: st.DataObject) -> None:
+    period = data.draw(st.integers(1, 60))
+    cost = data.draw(st.lists(st.integers(0, 12), max_size=12))
+    release = data.draw(st.lists(st.integers(0, period - 1), min_size=len(cost), max_size=len(cost)))
+    if sum(cost) > period:
+        return
+    assert pack_circular(release, cost, period) == reference_pack_circular(release, cost, period)

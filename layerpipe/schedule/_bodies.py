@@ -28,11 +28,21 @@ from layerpipe.schedule._task_table import TaskTable
 
 
 def order_bodies(placement: Sequence[int], num_procs: int, key: Callable[[int], tuple]) -> list[list[int]]:
-    """Each processor's tasks sorted by `key`."""
+    """Each processor's tasks sorted by `key` (equal keys in task order): one sort of every task, dealt out to the
+    processors (a stable sort orders each processor's share as sorting that share alone would)."""
     bodies: list[list[int]] = [[] for _ in range(num_procs)]
-    for v, p in enumerate(placement):
-        bodies[p].append(v)
-    return [sorted(body, key=key) for body in bodies]
+    for v in sorted(range(len(placement)), key=key):
+        bodies[placement[v]].append(v)
+    return bodies
+
+
+def offset_bodies(placement: Sequence[int], num_procs: int, target: Sequence[int], period: int) -> list[list[int]]:
+    """`order_bodies` by target offset modulo the period, then target, then task (`_pack_to`'s order), sorting the
+    keys themselves (they end with the task, so no two are equal) instead of calling a key per task."""
+    bodies: list[list[int]] = [[] for _ in range(num_procs)]
+    for _, _, v in sorted(zip([t % period for t in target], target, range(len(placement)), strict=True)):
+        bodies[placement[v]].append(v)
+    return bodies
 
 
 def contiguous_starts(bodies: Sequence[Sequence[int]], cost: Sequence[int]) -> list[int]:
@@ -221,14 +231,8 @@ def ordering_starts(table: TaskTable, placement: Sequence[int], num_procs: int, 
     caller that can rule a placement out from its starts alone skips the timing: `_lags.StalenessFloor`)."""
     out = [contiguous_starts(order_bodies(placement, num_procs, key), table.cost) for key in keys]
     for target in targets:
-        out.append(packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,
-                                  target))
+        out.append(packed_starts(table, offset_bodies(placement, num_procs, target, period), period, target))
     return out
-
-
-def _by_offset(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
-    """`_pack_to`'s body order: by target offset modulo the period, then target, then task."""
-    return lambda v: (target[v] % period, target[v], v)
 
 
 def packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
@@ -243,8 +247,7 @@ def packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int
 def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
              target: Sequence[int], comm: Comm | None = None) -> Timing:
     """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
-    bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
-    return pack_bodies(table, bodies, period, target, comm)
+    return pack_bodies(table, offset_bodies(placement, num_procs, target, period), period, target, comm)
 
 
 def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int],
@@ -271,7 +274,8 @@ def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> l
     while True:
         at, starts = carry, []
         for r, c in zip(release, cost, strict=True):
-            at = max(r, at)
+            if r > at:
+                at = r
             starts.append(at)
             at += c
         overflow = at - period

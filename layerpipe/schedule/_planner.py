@@ -51,6 +51,7 @@ from layerpipe.schedule._bodies import (
     contiguous_starts,
     default_targets,
     modulo_list_schedule,
+    offset_bodies,
     order_bodies,
     packed_starts,
 )
@@ -448,7 +449,7 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     trials = [timed_trial(unfolded, contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost), period,
                           comm) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
-        bodies = order_bodies(placement, num_procs, _by_target(target, period))
+        bodies = offset_bodies(placement, num_procs, target, period)  # `_by_target`'s order
         trials.append(timed_trial(unfolded, packed_starts(unfolded, bodies, period, target), period, comm))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
