@@ -217,7 +217,11 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     for u, x, _ in table.weight_reads:
         # `seen_updates` over `_reader_copies`, inlined (every weight read, every round of `channel_timing`)
         layer = tasks[x].layer
-        us, per = by_layer[layer], unfold // groups.get(layer, 1)
+        us = by_layer[layer]
+        if len(us) == 1:  # one update copy (a group of the whole period): the read's source, capped or not
+            out[(u, x)] = us[0]
+            continue
+        per = unfold // groups.get(layer, 1)
         at, x_lag, zero, x_proc = start[x] - delay.get(x, 0), lag[x], cost[x] == 0, placement[x]
         known = ends.get(layer)
         if known is None:
