@@ -40,6 +40,10 @@ def timed_trial(table: UnfoldedTable, start: list[int], period: int, comm: Comm)
     return Trial(start, lag, arrival)
 
 
+#: A forward copy as `_ForwardPins.pins` reads it: (task, its key in the read delays, its key in the pins, ⌊k/g⌋ − 1
+#: of its phase k).
+_Reader = tuple[int, tuple[str, int] | tuple[str, int, int], tuple[str, int, int], int]
+
 #: Per layer with weights: (layer, None) when it holds one version, else (layer, its F copies by phase, the
 #: copies releasing each phase's version, its U copies by phase, g, J/g, c_U, c_release) — `periodic_versions`'
 #: slots, as task indices.
@@ -65,13 +69,18 @@ class _ForwardPins:
                 updates.setdefault(t.layer, []).append(v)
             elif t.kind == "F":
                 readers.setdefault(t.layer, []).append(v)
-        #: Per layer with readers and updates, by layer: (F copies by phase, U copies, J/g, g, c_U, c_F).
-        self.layers = []
+        #: Per layer with readers and updates, by layer: (its F copies by phase, each with its key in the read
+        #: delays and in the pins and its phase's ⌊k/g⌋ − 1; its U copies, J/g, c_U, whether a zero-cycle update
+        #: is read by zero-cycle readers — `read_offset`'s extra cycle).
+        self.layers: list[tuple[list[_Reader], list[int], int, int, bool]] = []
         for layer in sorted(readers):
             if layer in updates and ("U", layer) in costs:
                 g = groups.get(layer, 1)
-                self.layers.append((layer, sorted(readers[layer], key=phase.__getitem__), updates[layer],
-                                    table.unfold // g, g, costs[("U", layer)], costs.get(("F", layer), 1)))
+                xs = [(x, ("F", layer, phase[x]) if phase[x] else ("F", layer), ("F", layer, phase[x]),
+                       phase[x] // g - 1) for x in sorted(readers[layer], key=phase.__getitem__)]
+                c_u = costs[("U", layer)]
+                self.layers.append((xs, updates[layer], table.unfold // g, c_u,
+                                    c_u == 0 and costs.get(("F", layer), 1) == 0))
         # `periodic_of`'s read delays: keyed by the reader's (kind, layer, phase), the last read of a key winning
         self.reads = [(u, x, (tasks[x].kind, tasks[x].layer, phase[x]) if phase[x] else (tasks[x].kind, tasks[x].layer))
                       for u, x, _ in table.weight_reads]
@@ -93,16 +102,21 @@ class _ForwardPins:
                     delays[key] = arrival[(u, x)] - start[u] - cost[u]
         period = self.period
         out: dict[tuple[str, int, int], int] = {}
-        for layer, xs, us, per, g, c_u, c_x in self.layers:
+        for xs, us, per, c_u, zero in self.layers:
+            if len(us) == 1 and not zero:
+                # one copy, read `read_offset` = c_U after its start from every processor: `seen_updates` inlined
+                q = us[0]
+                end, q_lag, q_phase = start[q] + c_u, lag[q], phase[q]
+                for x, delay_key, key, newest in xs:
+                    best = per * ((start[x] - end - delays.get(delay_key, 0)) // period - q_lag + lag[x]) + q_phase
+                    out[key] = newest - best
+                continue
             # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
-            zero = c_u == 0 and c_x == 0
             offsets = {px: [(start[q], lag[q], phase[q], c_u + (zero and place[q] == px)) for q in us]
-                       for px in {place[x] for x in xs}}
-            for x in xs:
-                k = phase[x]
-                delay = delays.get(("F", layer, k) if k else ("F", layer), 0)
-                best = max(seen_updates(start[x], lag[x], offsets[place[x]], per, period, delay))
-                out[("F", layer, k)] = k // g - 1 - best
+                       for px in {place[x] for x, *_ in xs}}
+            for x, delay_key, key, newest in xs:
+                best = max(seen_updates(start[x], lag[x], offsets[place[x]], per, period, delays.get(delay_key, 0)))
+                out[key] = newest - best
         return out
 
     def staleness(self, pins: dict[tuple[str, int, int], int]) -> dict[int, int]:
