@@ -14,7 +14,8 @@ explore sweep:
 - `reference_layer_floor` — `StalenessFloor.layer_floor` relaxing every edge with its head between the loop's F
   and U (not only those on a path from F to U);
 - `reference_order_bodies` — `_bodies.order_bodies` sorting each processor's tasks on its own;
-- `reference_pack_circular` — `_bodies.pack_circular` (`max` per task).
+- `reference_pack_circular` — `_bodies.pack_circular` (`max` per task);
+- `reference_list_targets` — `_bodies.list_targets` (a list per task for its `max`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
-__all__ = ["reference_layer_floor", "reference_order_bodies", "reference_pack_circular", "reference_replicated_timing",
-           "reference_search_plan"]
+__all__ = ["reference_layer_floor", "reference_list_targets", "reference_order_bodies", "reference_pack_circular",
+           "reference_replicated_timing", "reference_search_plan"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -239,3 +240,15 @@ def reference_pack_circular(release: Sequence[int], cost: Sequence[int], period:
         if overflow <= starts[0]:
             return [s % period for s in starts]
         carry = overflow
+
+
+def reference_list_targets(table: TaskTable, placement: Sequence[int], num_procs: int,
+                           priority: Sequence[int]) -> list[int]:
+    """Start times of one iteration run alone on the placement (each processor serial, tasks in `priority`)."""
+    free = [0] * num_procs
+    at = [0] * len(table)
+    for v in priority:
+        p = placement[v]
+        at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
+        free[p] = at[v] + table.cost[v]
+    return at

@@ -12,7 +12,8 @@ before them gave, on generated inputs:
   `reference_layer_floor` (every edge with its head between them), on any placement, starts and period;
 - `order_bodies` (one sort of every task, dealt out) and `offset_bodies` (the offset keys sorted themselves)
   against `reference_order_bodies` (each processor's share sorted by a key function), keys with ties included;
-  `pack_circular` against `reference_pack_circular`.
+  `pack_circular` against `reference_pack_circular`; `list_targets` against `reference_list_targets`, in any
+  priority (a topological one, and not).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from layerpipe.costs import MacsModel, PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import Network
-from layerpipe.schedule._bodies import offset_bodies, order_bodies, pack_circular
+from layerpipe.schedule._bodies import list_targets, offset_bodies, order_bodies, pack_circular
 from layerpipe.schedule._lags import StalenessFloor
 from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, replicated_layout
 from layerpipe.schedule._replicated_scores import _ForwardPins
@@ -37,6 +38,7 @@ from layerpipe.schedule._versions import periodic_versions, version_readers
 from tests.schedule_reference import FAST, SPECS, reference_periodic_versions
 from tests.schedule_reference_planner import (
     reference_layer_floor,
+    reference_list_targets,
     reference_order_bodies,
     reference_pack_circular,
     reference_replicated_timing,
@@ -149,3 +151,16 @@ def test_pack_circular_equals_the_reference(data: st.DataObject) -> None:
     if sum(cost) > period:
         return
     assert pack_circular(release, cost, period) == reference_pack_circular(release, cost, period)
+
+
+@FAST
+@given(net=networks(max_layers=8, dag=True, max_width=12), n=st.integers(1, 6), overhead=st.integers(0, 3),
+       pipedream=st.booleans(), seed=st.integers(0, 2**16))
+def test_list_targets_equal_the_reference(net: Network, n: int, overhead: int, pipedream: bool, seed: int) -> None:
+    table = _table(net, overhead, pipedream)
+    rng = random.Random(seed)
+    placement = [rng.randrange(n) for _ in range(len(table))]
+    shuffled = list(range(len(table)))
+    rng.shuffle(shuffled)
+    for priority in (list(table.topo), shuffled):
+        assert list_targets(table, placement, n, priority) == reference_list_targets(table, placement, n, priority)

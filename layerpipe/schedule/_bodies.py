@@ -289,10 +289,16 @@ def list_targets(table: TaskTable, placement: Sequence[int], num_procs: int, pri
     `priority`, a topological order): where each task would like to sit in the period."""
     free = [0] * num_procs
     at = [0] * len(table)
+    cost, preds = table.cost, table.preds
+    end = list(cost)  # at + cost of every task (at 0 until placed): what its consumers wait for
     for v in priority:
         p = placement[v]
-        at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
-        free[p] = at[v] + table.cost[v]
+        ready = free[p]
+        for u in preds[v]:
+            if end[u] > ready:
+                ready = end[u]
+        at[v] = ready
+        free[p] = end[v] = ready + cost[v]
     return at
 
 
