@@ -185,10 +185,11 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
     staleness, deepest lag), the first trial among equals; its `Timing` (with the staleness of its loops).
 
     The staleness is read off the forward pins (`_ForwardPins`); the versions only for the trials of the least
-    staleness, when there are several: no other trial can win, and a sole one wins whatever it holds. A trial
-    holding more versions than one counted before it cannot win either, so its count stops there. A trial equal
-    to an earlier one (body orders that coincide) settles and scores the same and comes later: it cannot win, so
-    it is not scored again."""
+    staleness, when there are several: no other trial can win, and a sole one wins whatever it holds. Those are
+    counted best rest first (total staleness, deepest lag, trial), so each after the first wins only with fewer
+    versions than the best so far, and its count stops at a layer holding as many. A trial equal to an earlier one
+    (body orders that coincide) settles and scores the same and comes later: it cannot win, so it is not scored
+    again."""
     forward = _ForwardPins(unfolded, placement, period, graph) if period > 0 else None
     staled: list[tuple[int, Trial, dict[tuple[str, int, int], int], dict[int, int]]] = []
     tried: set[tuple[object, ...]] = set()
@@ -215,23 +216,24 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
     if sum(most == least for most, *_ in staled) == 1:
         won = next(trial for most, trial, *_ in staled if most == least)
     else:
-        # Scored in trial order: a trial beats the best before it only with fewer versions, or as many and a
-        # smaller (total staleness, deepest lag), so its count stops once it reaches the best's, or passes it.
+        # The winner has the fewest versions, then the least (total staleness, deepest lag, trial index). Scored
+        # in the order of that rest: every trial after the first then beats the best so far only with fewer
+        # versions than it, so its count stops as soon as one layer holds as many (most trials: one layer).
+        tied = sorted(((sum(stale.values()), max(trial.lag, default=0)), k, trial, pins)
+                      for k, (most, trial, pins, stale) in enumerate(staled) if most == least)
         best: tuple[tuple[int, int, int, int], int, Trial] | None = None
-        for k, (most, trial, pins, stale) in enumerate(staled):
-            if most == least:
-                rest = (sum(stale.values()), max(trial.lag, default=0))
-                above = None if best is None else best[0][1] - (rest >= best[0][2:])
-                if forward is not None:
-                    held = forward.versions(trial.start, trial.lag, pins, above)
-                    if held is None:
-                        continue  # cannot beat the best before it
-                else:
-                    schedule = _schedule_of(unfolded, placement, trial, period, num_procs)
-                    held = max(periodic_versions(schedule, graph, pins).values(), default=1)
-                scored = ((most, held, *rest), k, trial)
-                if best is None or scored < best:
-                    best = scored
+        for rest, k, trial, pins in tied:
+            above = None if best is None else best[0][1] - 1
+            if forward is not None:
+                held = forward.versions(trial.start, trial.lag, pins, above)
+                if held is None:
+                    continue  # as many versions as the best or more: it cannot win
+            else:
+                schedule = _schedule_of(unfolded, placement, trial, period, num_procs)
+                held = max(periodic_versions(schedule, graph, pins).values(), default=1)
+            scored = ((least, held, *rest), k, trial)
+            if best is None or scored < best:
+                best = scored
         assert best is not None
         won = best[2]
     return timing_of(unfolded, won.start, won.lag, period, won.arrival)
