@@ -420,8 +420,9 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
     stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
     period is the busiest processor or channel; the bodies run each micro-batch's forward block and
-    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
-    `best_ordering`), and the lags are the minimal ones on the interconnect.
+    backward block (1F1B; the best of forward first, backward first, all forwards first, the target packings,
+    the modulo list schedule and the steady state's own slots, by `_replicated_scores.best_trial`), and the lags
+    are the minimal ones on the interconnect.
 
     `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
     gradients, ICML'21 §3), for plans without replicas."""
@@ -467,7 +468,8 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
 
 
 def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
-    """Body order by target offset modulo the period, then target, then task."""
+    """Body order by target offset modulo the period, then target, then task (`_bodies.offset_bodies` sorts by it
+    without a key function; kept for the tests' reference)."""
     return lambda v: (target[v] % period, target[v], v)
 
 
