@@ -15,7 +15,8 @@ explore sweep:
   and U (not only those on a path from F to U);
 - `reference_order_bodies` — `_bodies.order_bodies` sorting each processor's tasks on its own;
 - `reference_pack_circular` — `_bodies.pack_circular` (`max` per task);
-- `reference_list_targets` — `_bodies.list_targets` (a list per task for its `max`).
+- `reference_list_targets` — `_bodies.list_targets` (a list per task for its `max`);
+- `reference_cut_holds` — `PlanCosts`' per-cut holds, the hold of an edge computed at every cut it crosses.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
-__all__ = ["reference_layer_floor", "reference_list_targets", "reference_order_bodies", "reference_pack_circular",
-           "reference_replicated_timing", "reference_search_plan"]
+__all__ = ["reference_cut_holds", "reference_layer_floor", "reference_list_targets", "reference_order_bodies",
+           "reference_pack_circular", "reference_replicated_timing", "reference_search_plan"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -252,3 +253,19 @@ def reference_list_targets(table: TaskTable, placement: Sequence[int], num_procs
         at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
         free[p] = at[v] + table.cost[v]
     return at
+
+
+def reference_cut_holds(table: TaskTable, interconnect: Interconnect) -> tuple[list[int], list[int]]:
+    """`PlanCosts`' cut_forward and cut_backward: per cut, the holds of the edges crossing it each way."""
+    position = {layer.index: i for i, layer in enumerate(table.graph.network.layers)}
+    n = len(position)
+    cut_forward, cut_backward = [0] * (n + 1), [0] * (n + 1)
+    for v, ps in enumerate(table.preds):
+        for u, w in zip(ps, table.pred_words[v], strict=True):
+            a, b = position[table.tasks[u].layer], position[table.tasks[v].layer]
+            for cut in range(min(a, b) + 1, max(a, b) + 1):
+                if a < b:
+                    cut_forward[cut] += interconnect.hold(w)
+                else:
+                    cut_backward[cut] += interconnect.hold(w)
+    return cut_forward, cut_backward

@@ -13,7 +13,7 @@ before them gave, on generated inputs:
 - `order_bodies` (one sort of every task, dealt out) and `offset_bodies` (the offset keys sorted themselves)
   against `reference_order_bodies` (each processor's share sorted by a key function), keys with ties included;
   `pack_circular` against `reference_pack_circular`; `list_targets` against `reference_list_targets`, in any
-  priority (a topological one, and not).
+  priority (a topological one, and not); `PlanCosts`' cut holds against `reference_cut_holds`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from layerpipe.schedule._unfold import periodic_of
 from layerpipe.schedule._versions import periodic_versions, version_readers
 from tests.schedule_reference import FAST, SPECS, reference_periodic_versions
 from tests.schedule_reference_planner import (
+    reference_cut_holds,
     reference_layer_floor,
     reference_list_targets,
     reference_order_bodies,
@@ -164,3 +165,13 @@ def test_list_targets_equal_the_reference(net: Network, n: int, overhead: int, p
     rng.shuffle(shuffled)
     for priority in (list(table.topo), shuffled):
         assert list_targets(table, placement, n, priority) == reference_list_targets(table, placement, n, priority)
+
+
+@FAST
+@given(net=networks(max_layers=8, dag=True, max_width=12), spec=st.sampled_from(SPECS), overhead=st.integers(0, 3),
+       pipedream=st.booleans())
+def test_cut_holds_equal_the_reference(net: Network, spec: str, overhead: int, pipedream: bool) -> None:
+    table = _table(net, overhead, pipedream)
+    ic = parse_interconnect(spec, 4)
+    costs = PlanCosts(table, ic)
+    assert (costs.cut_forward, costs.cut_backward) == reference_cut_holds(table, ic)

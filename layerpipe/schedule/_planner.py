@@ -129,13 +129,14 @@ class PlanCosts:
         # Cut i (between positions i − 1 and i): holds of the edges crossing it, forward and backward.
         self.cut_forward, self.cut_backward = [0] * (n + 1), [0] * (n + 1)
         for v, ps in enumerate(table.preds):
+            b = position[table.tasks[v].layer]
             for u, w in zip(ps, table.pred_words[v], strict=True):
-                a, b = position[table.tasks[u].layer], position[table.tasks[v].layer]
+                a = position[table.tasks[u].layer]
+                if a == b:
+                    continue  # crosses no cut
+                held, side = ic.hold(w), self.cut_forward if a < b else self.cut_backward
                 for cut in range(min(a, b) + 1, max(a, b) + 1):
-                    if a < b:
-                        self.cut_forward[cut] += ic.hold(w)
-                    else:
-                        self.cut_backward[cut] += ic.hold(w)
+                    side[cut] += held
 
     def __len__(self) -> int:
         return len(self.layers)
