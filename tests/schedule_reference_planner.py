@@ -16,7 +16,8 @@ explore sweep:
 - `reference_order_bodies` — `_bodies.order_bodies` sorting each processor's tasks on its own;
 - `reference_pack_circular` — `_bodies.pack_circular` (`max` per task);
 - `reference_list_targets` — `_bodies.list_targets` (a list per task for its `max`);
-- `reference_cut_holds` — `PlanCosts`' per-cut holds, the hold of an edge computed at every cut it crosses.
+- `reference_cut_holds` — `PlanCosts`' per-cut holds, the hold of an edge computed at every cut it crosses;
+- `reference_update_chain_lags` — `_unfold.update_chain_lags` finding each layer's update copies on every call.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ from layerpipe.schedule._planner import (
     _topological_by,
 )
 from layerpipe.schedule._task_table import TaskTable
-from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
 __all__ = ["reference_cut_holds", "reference_layer_floor", "reference_list_targets", "reference_order_bodies",
-           "reference_pack_circular", "reference_replicated_timing", "reference_search_plan"]
+           "reference_pack_circular", "reference_replicated_timing", "reference_search_plan",
+           "reference_update_chain_lags"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -269,3 +271,28 @@ def reference_cut_holds(table: TaskTable, interconnect: Interconnect) -> tuple[l
                 else:
                     cut_backward[cut] += interconnect.hold(w)
     return cut_forward, cut_backward
+
+
+def reference_update_chain_lags(table: UnfoldedTable, start: Sequence[int], lag: Sequence[int],
+                                period: int) -> list[int] | None:
+    """`lag` raised until the update order holds around the period; None when no lags make it hold."""
+    out = list(lag)
+    chains: dict[int, dict[int, int]] = {}
+    for v, t in enumerate(table.tasks):
+        if t.kind == "U":
+            chains.setdefault(t.layer, {})[table.phase[v]] = v
+    for chain in chains.values():
+        order = [chain[q] for q in range(len(chain))]
+        for _ in range(len(order) + 2):
+            changed = False
+            for k, v in enumerate(order):
+                u = order[k - 1]
+                wrap = 1 if k == 0 else 0
+                need = out[u] - wrap - ((start[v] - start[u] - table.cost[u]) // period)
+                if need > out[v]:
+                    out[v], changed = need, True
+            if not changed:
+                break
+        else:
+            return None
+    return out

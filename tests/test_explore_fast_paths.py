@@ -13,7 +13,8 @@ before them gave, on generated inputs:
 - `order_bodies` (one sort of every task, dealt out) and `offset_bodies` (the offset keys sorted themselves)
   against `reference_order_bodies` (each processor's share sorted by a key function), keys with ties included;
   `pack_circular` against `reference_pack_circular`; `list_targets` against `reference_list_targets`, in any
-  priority (a topological one, and not); `PlanCosts`' cut holds against `reference_cut_holds`.
+  priority (a topological one, and not); `PlanCosts`' cut holds against `reference_cut_holds`;
+  `update_chain_lags` (the chains found once per table) against `reference_update_chain_lags`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from layerpipe.schedule._lags import StalenessFloor
 from layerpipe.schedule._planner import PlanCosts, _replicated_timing, plan, replicated_layout
 from layerpipe.schedule._replicated_scores import _ForwardPins
 from layerpipe.schedule._task_table import TaskTable
-from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._unfold import periodic_of, update_chain_lags
 from layerpipe.schedule._versions import periodic_versions, version_readers
 from tests.schedule_reference import FAST, SPECS, reference_periodic_versions
 from tests.schedule_reference_planner import (
@@ -43,6 +44,7 @@ from tests.schedule_reference_planner import (
     reference_order_bodies,
     reference_pack_circular,
     reference_replicated_timing,
+    reference_update_chain_lags,
 )
 from tests.strategies import networks
 
@@ -175,3 +177,21 @@ def test_cut_holds_equal_the_reference(net: Network, spec: str, overhead: int, p
     ic = parse_interconnect(spec, 4)
     costs = PlanCosts(table, ic)
     assert (costs.cut_forward, costs.cut_backward) == reference_cut_holds(table, ic)
+
+
+@FAST
+@given(net=networks(max_layers=6, dag=True, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       overhead=st.integers(0, 3), coalesce=st.sampled_from((None, 2, 3)), seed=st.integers(0, 2**16))
+def test_update_chain_lags_equal_the_reference(net: Network, n: int, spec: str, overhead: int, coalesce: int | None,
+                                               seed: int) -> None:
+    table = _table(net, overhead, True)
+    ic = parse_interconnect(spec, 4)
+    best = plan(PlanCosts(table, ic), n, replication=coalesce is None)
+    unfolded = replicated_layout(table, best, n, ic, coalesce).table
+    rng = random.Random(seed)
+    for _ in range(4):
+        period = rng.randrange(1, 2 * max(1, max(unfolded.cost)) + 2)  # some too short for a copy: no lags
+        start = [rng.randrange(period) for _ in range(len(unfolded))]
+        lag = [rng.randrange(3) for _ in range(len(unfolded))]
+        assert update_chain_lags(unfolded, start, lag, period) == \
+            reference_update_chain_lags(unfolded, start, lag, period)
