@@ -98,7 +98,8 @@ def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
     """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
     the end of u or the planned arrival of its transfer (the retiming package's solver)."""
     src, _ = table.precedence
-    ready = [start[u] + table.cost[u] for u in src]
+    cost = table.cost
+    ready = [start[u] + cost[u] for u in src]
     if arrival:
         edge = table.edge_index
         for pair, at in arrival.items():
