@@ -7,18 +7,30 @@ used by the package:
 - `reference_search_plan` — `_search_plan` calling `PlanCosts.scaled_stage_term` / `scaled_stage_bus` per stage;
 - `reference_replicated_timing` — `_replicated_timing` building every settled trial's schedule and counting the
   versions of every trial of the least staleness.
+
+And from commit 36075c7 (layerpipe/schedule/_lags.py, _bodies.py), for the scheduler passes' work on issue 14's
+explore sweep:
+
+- `reference_layer_floor` — `StalenessFloor.layer_floor` relaxing every edge with its head between the loop's F
+  and U (not only those on a path from F to U);
+- `reference_order_bodies` — `_bodies.order_bodies` sorting each processor's tasks on its own;
+- `reference_pack_circular` — `_bodies.pack_circular` (`max` per task);
+- `reference_list_targets` — `_bodies.list_targets` (a list per task for its `max`);
+- `reference_cut_holds` — `PlanCosts`' per-cut holds, the hold of an edge computed at every cut it crosses;
+- `reference_update_chain_lags` — `_unfold.update_chain_lags` finding each layer's update copies on every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
 from layerpipe.schedule._comm import Comm
 from layerpipe.schedule._comm_timing import Timing, timed, timing_of
-from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._lags import _UNREACHED, StalenessFloor, asap_times, staleness_from_span
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._planner import (
     MAX_ROUND,
@@ -39,10 +51,12 @@ from layerpipe.schedule._planner import (
     _topological_by,
 )
 from layerpipe.schedule._task_table import TaskTable
-from layerpipe.schedule._unfold import periodic_of
+from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
 from layerpipe.schedule._validate import periodic_staleness, periodic_versions
 
-__all__ = ["reference_replicated_timing", "reference_search_plan"]
+__all__ = ["reference_cut_holds", "reference_layer_floor", "reference_list_targets", "reference_order_bodies",
+           "reference_pack_circular", "reference_replicated_timing", "reference_search_plan",
+           "reference_update_chain_lags"]
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
@@ -177,3 +191,108 @@ def reference_replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, i
             score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
             candidates.append((score, k, timing))
     return Replicated(unfolded, placement, period, min(candidates)[2])
+
+
+def reference_layer_floor(floor: StalenessFloor, loop: tuple[int, int, int], placement: Sequence[int],
+                          start: Sequence[int], period: int) -> int:
+    """The least staleness layer `loop` = (layer, F task, U task) can have under any lags these starts and
+    the placement's transfers allow."""
+    _, f, u = loop
+    src, dst, cost, transfer = floor.src, floor.dst, floor.cost, floor.transfer
+    reach = [_UNREACHED] * len(cost)
+    reach[f] = 0
+    # A path from f holds tasks above f (edges run forward); only edges into f+1..u can end on one to u
+    for e in range(bisect_right(dst, f), bisect_right(dst, u)):
+        a = src[e]
+        lag_a = reach[a]
+        if lag_a == _UNREACHED:
+            continue
+        b = dst[e]
+        ready = start[a] + cost[a] + (transfer[e] if placement[a] != placement[b] else 0)
+        need = lag_a - ((start[b] - ready) // period)
+        if need > reach[b]:
+            reach[b] = need
+    if reach[u] == _UNREACHED:
+        return 0
+    return staleness_from_span(reach[u] * period + start[u] + cost[u] - start[f], period)
+
+
+def reference_order_bodies(placement: Sequence[int], num_procs: int, key: Callable[[int], tuple]) -> list[list[int]]:
+    """Each processor's tasks sorted by `key`."""
+    bodies: list[list[int]] = [[] for _ in range(num_procs)]
+    for v, p in enumerate(placement):
+        bodies[p].append(v)
+    return [sorted(body, key=key) for body in bodies]
+
+
+def reference_pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:
+    """Starts (mod P) for tasks in the given order, each at or after its release offset, without overlap
+    around the period (a task may wrap past P). The load must be ≤ P."""
+    if not release:
+        return []
+    if sum(cost) > period:
+        raise ValueError(f"body of {sum(cost)} cycles does not fit the period {period}")
+    carry = -period
+    while True:
+        at, starts = carry, []
+        for r, c in zip(release, cost, strict=True):
+            at = max(r, at)
+            starts.append(at)
+            at += c
+        overflow = at - period
+        if overflow <= starts[0]:
+            return [s % period for s in starts]
+        carry = overflow
+
+
+def reference_list_targets(table: TaskTable, placement: Sequence[int], num_procs: int,
+                           priority: Sequence[int]) -> list[int]:
+    """Start times of one iteration run alone on the placement (each processor serial, tasks in `priority`)."""
+    free = [0] * num_procs
+    at = [0] * len(table)
+    for v in priority:
+        p = placement[v]
+        at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
+        free[p] = at[v] + table.cost[v]
+    return at
+
+
+def reference_cut_holds(table: TaskTable, interconnect: Interconnect) -> tuple[list[int], list[int]]:
+    """`PlanCosts`' cut_forward and cut_backward: per cut, the holds of the edges crossing it each way."""
+    position = {layer.index: i for i, layer in enumerate(table.graph.network.layers)}
+    n = len(position)
+    cut_forward, cut_backward = [0] * (n + 1), [0] * (n + 1)
+    for v, ps in enumerate(table.preds):
+        for u, w in zip(ps, table.pred_words[v], strict=True):
+            a, b = position[table.tasks[u].layer], position[table.tasks[v].layer]
+            for cut in range(min(a, b) + 1, max(a, b) + 1):
+                if a < b:
+                    cut_forward[cut] += interconnect.hold(w)
+                else:
+                    cut_backward[cut] += interconnect.hold(w)
+    return cut_forward, cut_backward
+
+
+def reference_update_chain_lags(table: UnfoldedTable, start: Sequence[int], lag: Sequence[int],
+                                period: int) -> list[int] | None:
+    """`lag` raised until the update order holds around the period; None when no lags make it hold."""
+    out = list(lag)
+    chains: dict[int, dict[int, int]] = {}
+    for v, t in enumerate(table.tasks):
+        if t.kind == "U":
+            chains.setdefault(t.layer, {})[table.phase[v]] = v
+    for chain in chains.values():
+        order = [chain[q] for q in range(len(chain))]
+        for _ in range(len(order) + 2):
+            changed = False
+            for k, v in enumerate(order):
+                u = order[k - 1]
+                wrap = 1 if k == 0 else 0
+                need = out[u] - wrap - ((start[v] - start[u] - table.cost[u]) // period)
+                if need > out[v]:
+                    out[v], changed = need, True
+            if not changed:
+                break
+        else:
+            return None
+    return out

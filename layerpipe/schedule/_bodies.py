@@ -28,11 +28,21 @@ from layerpipe.schedule._task_table import TaskTable
 
 
 def order_bodies(placement: Sequence[int], num_procs: int, key: Callable[[int], tuple]) -> list[list[int]]:
-    """Each processor's tasks sorted by `key`."""
+    """Each processor's tasks sorted by `key` (equal keys in task order): one sort of every task, dealt out to the
+    processors (a stable sort orders each processor's share as sorting that share alone would)."""
     bodies: list[list[int]] = [[] for _ in range(num_procs)]
-    for v, p in enumerate(placement):
-        bodies[p].append(v)
-    return [sorted(body, key=key) for body in bodies]
+    for v in sorted(range(len(placement)), key=key):
+        bodies[placement[v]].append(v)
+    return bodies
+
+
+def offset_bodies(placement: Sequence[int], num_procs: int, target: Sequence[int], period: int) -> list[list[int]]:
+    """`order_bodies` by target offset modulo the period, then target, then task (`_pack_to`'s order), sorting the
+    keys themselves (they end with the task, so no two are equal) instead of calling a key per task."""
+    bodies: list[list[int]] = [[] for _ in range(num_procs)]
+    for _, _, v in sorted(zip([t % period for t in target], target, range(len(placement)), strict=True)):
+        bodies[placement[v]].append(v)
+    return bodies
 
 
 def contiguous_starts(bodies: Sequence[Sequence[int]], cost: Sequence[int]) -> list[int]:
@@ -109,15 +119,13 @@ def modulo_list_schedule(
         offset = ready % period
         base = ready - offset
         best_at, best_p, best_k = -1, -1, -1
-        for p in candidates:
-            if need is not None and room[p] < need:
-                continue
-            # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
-            # interval it falls in (`_occupy` then splits that one instead of searching for it)
-            at = k = -1
-            if c > widest[p]:
-                continue
-            if c:
+        if c:
+            for p in candidates:
+                if c > widest[p] or (need is not None and room[p] < need):
+                    continue
+                # `_earliest_fit`, inlined for tasks with cycles (the scheduler's innermost loop), keeping the free
+                # interval it falls in (the split below then needs no search for it)
+                at = -1
                 for k, (a, b) in enumerate(free[p]):  # noqa: B007 (k is read after the loop)
                     if b - c >= (a if a > offset else offset):
                         at = base + (a if a > offset else offset)
@@ -132,23 +140,36 @@ def modulo_list_schedule(
                             longest = b - a
                     else:
                         widest[p] = longest
-            else:
+                if at >= 0 and (best_p < 0 or at < best_at):
+                    best_at, best_p, best_k = at, p, k
+                    if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
+                        break
+        else:
+            for p in candidates:
+                if need is not None and room[p] < need:
+                    continue
                 found = _earliest_fit(free[p], ready, c, period)
-                at = -1 if found is None else found
-            if at >= 0 and (best_p < 0 or at < best_at):
-                best_at, best_p, best_k = at, p, k
-                if at == ready:  # no processor can start it earlier, and on a tie the first one found stays
-                    break
+                if found is not None and (best_p < 0 or found < best_at):
+                    best_at, best_p = found, p
+                    if found == ready:
+                        break
         if best_p < 0:
             return None
         at, p = best_at, best_p
-        if c:
-            a, b = free[p][best_k]
+        if c:  # the interval split around the task: what is left before it and after it, if anything
+            here = free[p]
+            a, b = here[best_k]
             begin = at % period
-            free[p][best_k : best_k + 1] = [(x, y) for x, y in ((a, begin), (begin + c, b)) if y > x]
-        if g is None:
-            room[p] -= c
-        elif g not in group_proc:
+            end = begin + c
+            if begin > a:
+                here[best_k] = (a, begin)
+                if end < b:
+                    here.insert(best_k + 1, (end, b))
+            elif end < b:
+                here[best_k] = (end, b)
+            else:
+                del here[best_k]
+        if g is not None and g not in group_proc:  # (`room` is read only for groups: one is given whole)
             group_proc[g] = p
             room[p] -= group_cost[g]
         proc[v], sigma[v], ends[v] = p, at, at + c
@@ -210,17 +231,11 @@ def ordering_starts(table: TaskTable, placement: Sequence[int], num_procs: int, 
     caller that can rule a placement out from its starts alone skips the timing: `_lags.StalenessFloor`)."""
     out = [contiguous_starts(order_bodies(placement, num_procs, key), table.cost) for key in keys]
     for target in targets:
-        out.append(_packed_starts(table, order_bodies(placement, num_procs, _by_offset(target, period)), period,
-                                  target))
+        out.append(packed_starts(table, offset_bodies(placement, num_procs, target, period), period, target))
     return out
 
 
-def _by_offset(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
-    """`_pack_to`'s body order: by target offset modulo the period, then target, then task."""
-    return lambda v: (target[v] % period, target[v], v)
-
-
-def _packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
+def packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int]) -> list[int]:
     start = [0] * len(table)
     for body in bodies:
         for v, at in zip(body, pack_circular([target[v] % period for v in body], [table.cost[v] for v in body],
@@ -232,15 +247,14 @@ def _packed_starts(table: TaskTable, bodies: Sequence[Sequence[int]], period: in
 def _pack_to(table: TaskTable, placement: Sequence[int], num_procs: int, period: int,
              target: Sequence[int], comm: Comm | None = None) -> Timing:
     """Bodies ordered by target offset, packed around the period at or after those offsets, minimal lags."""
-    bodies = order_bodies(placement, num_procs, lambda v: (target[v] % period, target[v], v))
-    return pack_bodies(table, bodies, period, target, comm)
+    return pack_bodies(table, offset_bodies(placement, num_procs, target, period), period, target, comm)
 
 
 def pack_bodies(table: TaskTable, bodies: Sequence[Sequence[int]], period: int, target: Sequence[int],
                 comm: Comm | None = None) -> Timing:
     """Bodies in the given orders packed around the period, each task at or after its target offset
     (`pack_circular`), with the minimal lags for those starts."""
-    return timed(table, _packed_starts(table, bodies, period, target), period, comm)
+    return timed(table, packed_starts(table, bodies, period, target), period, comm)
 
 
 def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> list[int]:
@@ -260,7 +274,8 @@ def pack_circular(release: Sequence[int], cost: Sequence[int], period: int) -> l
     while True:
         at, starts = carry, []
         for r, c in zip(release, cost, strict=True):
-            at = max(r, at)
+            if r > at:
+                at = r
             starts.append(at)
             at += c
         overflow = at - period
@@ -274,10 +289,16 @@ def list_targets(table: TaskTable, placement: Sequence[int], num_procs: int, pri
     `priority`, a topological order): where each task would like to sit in the period."""
     free = [0] * num_procs
     at = [0] * len(table)
+    cost, preds = table.cost, table.preds
+    end = list(cost)  # at + cost of every task (at 0 until placed): what its consumers wait for
     for v in priority:
         p = placement[v]
-        at[v] = max([free[p]] + [at[u] + table.cost[u] for u in table.preds[v]])
-        free[p] = at[v] + table.cost[v]
+        ready = free[p]
+        for u in preds[v]:
+            if end[u] > ready:
+                ready = end[u]
+        at[v] = ready
+        free[p] = end[v] = ready + cost[v]
     return at
 
 

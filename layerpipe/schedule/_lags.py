@@ -98,7 +98,8 @@ def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
     """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
     the end of u or the planned arrival of its transfer (the retiming package's solver)."""
     src, _ = table.precedence
-    ready = [start[u] + table.cost[u] for u in src]
+    cost = table.cost
+    ready = [start[u] + cost[u] for u in src]
     if arrival:
         edge = table.edge_index
         for pair, at in arrival.items():
@@ -187,29 +188,51 @@ class StalenessFloor:
         # The longest loops first: their F runs earliest and reads the stalest weights
         self.loops = sorted(table.weight_loops(), key=lambda loop: (-lengths.get(loop[0], 0), loop[0]))
         self.last: tuple[int, int, int] | None = None
+        self._edges: dict[tuple[int, int, int], list[tuple[int, int, int, int, int, int]]] = {}  # `_loop_edges`
+        self._heads: dict[tuple[int, int, int], list[int]] = {}  # the heads of those edges
 
     def layer_floor(self, loop: tuple[int, int, int], placement: Sequence[int], start: Sequence[int],
                     period: int) -> int:
         """The least staleness layer `loop` = (layer, F task, U task) can have under any lags these starts and
         the placement's transfers allow."""
         _, f, u = loop
-        src, dst, cost, transfer = self.src, self.dst, self.cost, self.transfer
-        reach = [_UNREACHED] * len(cost)
-        reach[f] = 0
-        # A path from f holds tasks above f (edges run forward); only edges into f+1..u can end on one to u
-        for e in range(bisect_right(dst, f), bisect_right(dst, u)):
-            a = src[e]
-            lag_a = reach[a]
-            if lag_a == _UNREACHED:
-                continue
-            b = dst[e]
-            ready = start[a] + cost[a] + (transfer[e] if placement[a] != placement[b] else 0)
-            need = lag_a - ((start[b] - ready) // period)
-            if need > reach[b]:
-                reach[b] = need
-        if reach[u] == _UNREACHED:
-            return 0
-        return staleness_from_span(reach[u] * period + start[u] + cost[u] - start[f], period)
+        edges = self._loop_edges(loop)
+        if not edges:
+            return 0  # no path from F to U
+        # The longest lag path from f over the loop's edges (`_loop_edges`), by head in index order: every edge
+        # into a task is relaxed before any edge out of it is read. Tasks by their place among the loop's heads
+        # (f: −1, the last entry)
+        reach = [_UNREACHED] * len(self._heads[loop]) + [0]
+        for a, b, i, j, c_a, x in edges:
+            need = reach[i] - ((start[b] - (start[a] + c_a + (x if placement[a] != placement[b] else 0))) // period)
+            if need > reach[j]:
+                reach[j] = need
+        return staleness_from_span(reach[-2] * period + start[u] + self.cost[u] - start[f], period)
+
+    def _loop_edges(self, loop: tuple[int, int, int]) -> list[tuple[int, int, int, int, int, int]]:
+        """(tail, head, their places in `layer_floor`'s lags, cost of the tail, transfer when apart) of the edges
+        on some path from the loop's F to its U, by head in index order (the table's edge order): the only edges
+        whose relaxation reaches U. Found once per loop; the probes of a search read them for every placement."""
+        found = self._edges.get(loop)
+        if found is None:
+            _, f, u = loop
+            src, dst, cost, transfer = self.src, self.dst, self.cost, self.transfer
+            span = range(bisect_right(dst, f), bisect_right(dst, u))  # heads f+1..u: a path from f runs forward
+            ahead = {f}
+            for e in span:
+                if src[e] in ahead:
+                    ahead.add(dst[e])
+            behind = {u}  # tasks with a path to u
+            for e in reversed(span):
+                if dst[e] in behind:
+                    behind.add(src[e])
+            kept = [e for e in span if src[e] in ahead and dst[e] in behind]
+            heads = self._heads[loop] = sorted({dst[e] for e in kept})  # u last: every kept path ends there
+            place = {v: i for i, v in enumerate(heads)}
+            place[f] = -1
+            found = self._edges[loop] = [(src[e], dst[e], place[src[e]], place[dst[e]], cost[src[e]], transfer[e])
+                                         for e in kept]
+        return found
 
     def above(self, placement: Sequence[int], start: Sequence[int], period: int, bound: int) -> bool:
         """Whether some layer's floor (of the few tried) is above `bound`: every timing of these starts on this

@@ -46,16 +46,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
-from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import SHARED, Interconnect
-from layerpipe.schedule._bodies import best_ordering, default_targets, modulo_list_schedule, order_bodies, pack_bodies
-from layerpipe.schedule._comm import Comm, busiest_channel, channel_timing
-from layerpipe.schedule._comm_timing import Timing, replanned_alike, timed, timing_of
-from layerpipe.schedule._lags import _longest_lags, asap_times
-from layerpipe.schedule._periodic import PeriodicSchedule, seen_updates
+from layerpipe.schedule._bodies import (
+    contiguous_starts,
+    default_targets,
+    modulo_list_schedule,
+    offset_bodies,
+    order_bodies,
+    packed_starts,
+)
+from layerpipe.schedule._comm import Comm, busiest_channel
+from layerpipe.schedule._comm_timing import Timing
+from layerpipe.schedule._lags import asap_times
+from layerpipe.schedule._replicated_scores import _ForwardPins, _settled_lags, best_trial, timed_trial  # noqa: F401
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
-from layerpipe.schedule._unfold import UnfoldedTable, periodic_of, unfold_table, update_chain_lags
-from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
+
+# (`_ForwardPins` and `_settled_lags` are imported above for the tests and their reference, which read them here.)
 
 #: Rounds of all stages fit in a period of this many micro-batches; replica counts divide it.
 MAX_ROUND = 12
@@ -122,13 +129,14 @@ class PlanCosts:
         # Cut i (between positions i − 1 and i): holds of the edges crossing it, forward and backward.
         self.cut_forward, self.cut_backward = [0] * (n + 1), [0] * (n + 1)
         for v, ps in enumerate(table.preds):
+            b = position[table.tasks[v].layer]
             for u, w in zip(ps, table.pred_words[v], strict=True):
-                a, b = position[table.tasks[u].layer], position[table.tasks[v].layer]
+                a = position[table.tasks[u].layer]
+                if a == b:
+                    continue  # crosses no cut
+                held, side = ic.hold(w), self.cut_forward if a < b else self.cut_backward
                 for cut in range(min(a, b) + 1, max(a, b) + 1):
-                    if a < b:
-                        self.cut_forward[cut] += ic.hold(w)
-                    else:
-                        self.cut_backward[cut] += ic.hold(w)
+                    side[cut] += held
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -413,8 +421,9 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     """The plan's stages on their replicas: `table` unfolded by J = lcm(replicas) with update groups of r per
     stage, micro-batch t of a stage on its replica t mod r (round-robin), the updates on the root. The
     period is the busiest processor or channel; the bodies run each micro-batch's forward block and
-    backward block (1F1B; the best of forward first, backward first, or all forwards first, by
-    `best_ordering`), and the lags are the minimal ones on the interconnect.
+    backward block (1F1B; the best of forward first, backward first, all forwards first, the target packings,
+    the modulo list schedule and the steady state's own slots, by `_replicated_scores.best_trial`), and the lags
+    are the minimal ones on the interconnect.
 
     `coalesce` = m instead unfolds by m with one update group of m per layer (PipeDream-2BW's coalesced
     gradients, ICML'21 §3), for plans without replicas."""
@@ -437,165 +446,31 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         lambda v: (blocks[v][1], *blocks[v]),
     ]
     comm = Comm(placement, interconnect, num_procs)
-    trials = [best_ordering(unfolded, placement, num_procs, period, [key], interconnect=interconnect) for key in keys]
+    # Each trial's starts with their minimal lags and arrivals (`comm_timing`): the staleness `timed` would add is
+    # the winner's alone (`best_trial` scores the trials by their forward pins)
+    trials = [timed_trial(unfolded, contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost), period,
+                          comm) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
-        bodies = order_bodies(placement, num_procs, _by_target(target, period))
-        trials.append(pack_bodies(unfolded, bodies, period, target, comm))
+        bodies = offset_bodies(placement, num_procs, target, period)  # `_by_target`'s order
+        trials.append(timed_trial(unfolded, packed_starts(unfolded, bodies, period, target), period, comm))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
     listed = modulo_list_schedule(unfolded, period, num_procs, priority, fixed=placement)
     if listed is not None:
-        trials.append(timed(unfolded, [at % period for at in listed[1]], period, comm))
+        trials.append(timed_trial(unfolded, [at % period for at in listed[1]], period, comm))
     if coalesce:
-        trials.append(timed(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
-                            comm))
+        trials.append(timed_trial(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
+                                  comm))
     else:
-        trials.append(timed(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect), period,
-                            comm))
-    # Scored by (most stale read, most versions held, total staleness, deepest lag), first trial among equals.
-    # The staleness is read off the forward pins (`_ForwardPins`, without building each trial's schedule); the
-    # versions and the schedule they need only for the trials of the least staleness, when there are several:
-    # no other trial can win, and a sole one wins whatever it holds.
-    # A trial equal to an earlier one (body orders that coincide) settles and scores the same and comes later: it
-    # cannot win, so it is not scored again.
-    forward = _ForwardPins(unfolded, placement, period, table.graph) if period > 0 else None
-    staled: list[tuple[int, Timing, dict[tuple[str, int, int], int], dict[int, int]]] = []
-    tried: set[tuple[object, ...]] = set()
-    for found in trials:
-        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
-        if seen in tried:
-            continue
-        tried.add(seen)
-        settled = _settled_lags(unfolded, found, period, comm)
-        if settled is not None:
-            lags, arrival = settled
-            timing = timing_of(unfolded, found.start, lags, period, arrival)
-            if forward is not None:
-                pins = forward.pins(timing.start, timing.lag, timing.arrival)
-                stale = forward.staleness(pins)
-            else:  # no period to pin by: the schedule's own pins
-                schedule = _schedule_of(unfolded, placement, timing, period, num_procs)
-                pins = schedule.forward_pins()
-                stale = periodic_staleness(schedule, table.graph, pins=pins)
-            staled.append((max(stale.values(), default=0), timing, pins, stale))
-    # The micro-batch-major orders keep every layer's update copies in cyclic order, so one always fits.
-    assert staled, "no body order keeps the update copies in order"
-    least = min(most for most, *_ in staled)
-    candidates: list[tuple[tuple[int, int, int, int], int, Timing]] = []
-    alone = sum(most == least for most, *_ in staled) == 1
-    for k, (most, timing, pins, stale) in enumerate(staled):
-        if most == least:
-            if alone:
-                return Replicated(unfolded, placement, period, timing)
-            versions = periodic_versions(_schedule_of(unfolded, placement, timing, period, num_procs), table.graph,
-                                         pins)
-            score = (most, max(versions.values(), default=1), sum(stale.values()), max(timing.lag, default=0))
-            candidates.append((score, k, timing))
-    return Replicated(unfolded, placement, period, min(candidates)[2])
-
-
-def _schedule_of(table: UnfoldedTable, placement: list[int], timing: Timing, period: int,
-                 num_procs: int) -> PeriodicSchedule:
-    return periodic_of(table, placement, timing.start, timing.lag, period, num_procs, timing.arrival)
-
-
-class _ForwardPins:
-    """`PeriodicSchedule.forward_pins` and `periodic_staleness` of the timings of one layout, straight from the
-    starts, lags and arrivals: what `periodic_of` would put in each trial's schedule (its slots, costs and read
-    delays) and `_validate.schedule_pins` would read back, with the trial-independent part — each layer's update
-    copies and readers, their costs, groups and phases — found once. The schedule itself is built only for the
-    trials whose versions are counted."""
-
-    def __init__(self, table: UnfoldedTable, placement: Sequence[int], period: int, graph: TrainingGraph) -> None:
-        self.table, self.placement, self.period = table, placement, period
-        tasks, phase = table.tasks, table.phase
-        costs = {(t.kind, t.layer): c for t, c in zip(tasks, table.cost, strict=True)}  # `periodic_of`'s
-        groups = dict(table.groups)
-        updates: dict[int, list[int]] = {}
-        readers: dict[int, list[int]] = {}
-        for v, t in enumerate(tasks):
-            if t.kind == "U":
-                updates.setdefault(t.layer, []).append(v)
-            elif t.kind == "F":
-                readers.setdefault(t.layer, []).append(v)
-        #: Per layer with readers and updates, by layer: (F copies by phase, U copies, J/g, g, c_U, c_F).
-        self.layers = []
-        for layer in sorted(readers):
-            if layer in updates and ("U", layer) in costs:
-                g = groups.get(layer, 1)
-                self.layers.append((layer, sorted(readers[layer], key=phase.__getitem__), updates[layer],
-                                    table.unfold // g, g, costs[("U", layer)], costs.get(("F", layer), 1)))
-        # `periodic_of`'s read delays: keyed by the reader's (kind, layer, phase), the last read of a key winning
-        self.reads = [(u, x, (tasks[x].kind, tasks[x].layer, phase[x]) if phase[x] else (tasks[x].kind, tasks[x].layer))
-                      for u, x, _ in table.weight_reads]
-        self.weighted = {t.layer for t in graph.tasks if t.kind == "U"}
-
-    def pins(self, start: Sequence[int], lag: Sequence[int],
-             arrival: dict[tuple[int, int], int]) -> dict[tuple[str, int, int], int]:
-        """The forward pins, keyed and ordered as `forward_pins`: each reader's newest update by `seen_updates`
-        (the one rule of pinned reads), over the copies with their `read_offset` from the reader's processor."""
-        place, cost, phase = self.placement, self.table.cost, self.table.phase
-        delays: dict[tuple[str, int] | tuple[str, int, int], int] = {}
-        if arrival:
-            for u, x, key in self.reads:
-                if (u, x) in arrival:
-                    delays[key] = arrival[(u, x)] - start[u] - cost[u]
-        period = self.period
-        out: dict[tuple[str, int, int], int] = {}
-        for layer, xs, us, per, g, c_u, c_x in self.layers:
-            # `read_offset`: the update's cost, one more for a zero-cycle update on a zero-cycle reader's processor
-            zero = c_u == 0 and c_x == 0
-            offsets = {px: [(start[q], lag[q], phase[q], c_u + (zero and place[q] == px)) for q in us]
-                       for px in {place[x] for x in xs}}
-            for x in xs:
-                k = phase[x]
-                delay = delays.get(("F", layer, k) if k else ("F", layer), 0)
-                best = max(seen_updates(start[x], lag[x], offsets[place[x]], per, period, delay))
-                out[("F", layer, k)] = k // g - 1 - best
-        return out
-
-    def staleness(self, pins: dict[tuple[str, int, int], int]) -> dict[int, int]:
-        """`periodic_staleness` of these pins: per weighted layer, its stalest forward read, by layer."""
-        out: dict[int, int] = {}
-        for (_, layer, _), stale in pins.items():
-            if layer in self.weighted:
-                out[layer] = max(out.get(layer, stale), stale)
-        return dict(sorted(out.items()))
-
-
-#: Rounds of re-planning a replicated timing's transfers on its raised update lags.
-SETTLE_ROUNDS = 8
-
-
-def _settled_lags(table: UnfoldedTable, found: Timing, period: int,
-                  comm: Comm) -> tuple[list[int], dict[tuple[int, int], int]] | None:
-    """`found`'s lags raised until the update order holds (`update_chain_lags`), with the transfers planned on
-    those lags: the raised update lags move the updates' plan times, so the weight copies readers pin and the
-    bus's order change with them, and the arrivals `found` was timed with would not be the plan's. Re-planned
-    (`channel_timing` on the new plan times, then the least lags those arrivals allow, raised again) until the
-    lags stop changing; None when the update order admits no lags or the rounds run out."""
-    lags = update_chain_lags(table, found.start, found.lag, period)
-    if lags is None or not found.arrival:
-        return None if lags is None else (lags, found.arrival)
-    if lags == found.lag and replanned_alike(table, found.start, period, comm, found.lag, found.arrival):
-        # The first round would re-plan `found`'s own plan times: the same arrivals and lags, and the update order
-        # already holds on them, so it would return them (almost every trial).
-        return lags, dict(found.arrival)
-    for _ in range(SETTLE_ROUNDS):
-        arrival = channel_timing(table, comm, found.start, period,
-                                 [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
-        need = _longest_lags(table, found.start, period, arrival)
-        again = update_chain_lags(table, found.start, [max(a, b) for a, b in zip(lags, need, strict=True)], period)
-        if again is None:
-            return None
-        if again == lags:
-            return lags, arrival
-        lags = again
-    return None
+        trials.append(timed_trial(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect),
+                                  period, comm))
+    return Replicated(unfolded, placement, period, best_trial(unfolded, placement, period, num_procs, comm,
+                                                                table.graph, trials))
 
 
 def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
-    """Body order by target offset modulo the period, then target, then task."""
+    """Body order by target offset modulo the period, then target, then task (`_bodies.offset_bodies` sorts by it
+    without a key function; kept for the tests' reference)."""
     return lambda v: (target[v] % period, target[v], v)
 
 

@@ -129,6 +129,16 @@ class UnfoldedTable(TaskTable):
         return _update_copies_by_layer(self)
 
     @cached_property
+    def update_chains(self) -> tuple[tuple[int, ...], ...]:
+        """Each layer's update copies in phase order, the layers by their first copy (the cycles
+        `update_chain_lags` raises the lags of, on every trial timing of a layout)."""
+        chains: dict[int, dict[int, int]] = {}
+        for v, t in enumerate(self.tasks):
+            if t.kind == "U":
+                chains.setdefault(t.layer, {})[self.phase[v]] = v
+        return tuple(tuple(chain[q] for q in range(len(chain))) for chain in chains.values())
+
+    @cached_property
     def _weight_loops(self) -> tuple[tuple[int, int, int], ...]:
         """(layer, F copy, U copy applying its group) per F phase. Callers keyed by layer keep the last phase's
         loop: the staleness scores of `_comm_timing` are then a heuristic of one phase, which is all they steer."""
@@ -217,7 +227,11 @@ def pinned_weight_sources(table: UnfoldedTable, placement: Sequence[int], start:
     for u, x, _ in table.weight_reads:
         # `seen_updates` over `_reader_copies`, inlined (every weight read, every round of `channel_timing`)
         layer = tasks[x].layer
-        us, per = by_layer[layer], unfold // groups.get(layer, 1)
+        us = by_layer[layer]
+        if len(us) == 1:  # one update copy (a group of the whole period): the read's source, capped or not
+            out[(u, x)] = us[0]
+            continue
+        per = unfold // groups.get(layer, 1)
         at, x_lag, zero, x_proc = start[x] - delay.get(x, 0), lag[x], cost[x] == 0, placement[x]
         known = ends.get(layer)
         if known is None:
@@ -396,18 +410,14 @@ def update_chain_lags(table: TaskTable, start: Sequence[int], lag: Sequence[int]
     if not isinstance(table, UnfoldedTable):
         return list(lag)
     out = list(lag)
-    chains: dict[int, dict[int, int]] = {}
-    for v, t in enumerate(table.tasks):
-        if t.kind == "U":
-            chains.setdefault(t.layer, {})[table.phase[v]] = v
-    for chain in chains.values():
-        order = [chain[q] for q in range(len(chain))]
+    cost = table.cost
+    for order in table.update_chains:
         for _ in range(len(order) + 2):
             changed = False
             for k, v in enumerate(order):
                 u = order[k - 1]
                 wrap = 1 if k == 0 else 0
-                need = out[u] - wrap - ((start[v] - start[u] - table.cost[u]) // period)
+                need = out[u] - wrap - ((start[v] - start[u] - cost[u]) // period)
                 if need > out[v]:
                     out[v], changed = need, True
             if not changed:

@@ -37,6 +37,7 @@ from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dep
 from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._periodic import PeriodicSchedule, Slot, latest_update, read_offset, slot_order
 from layerpipe.schedule._unfold import copies, unfolded_edge_tuples
+from layerpipe.schedule._versions import periodic_versions as periodic_versions  # its callers' old home
 
 #: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
 Durations = Mapping[tuple[str, int], int] | Callable[[Op], int] | None
@@ -563,109 +564,6 @@ def periodic_staleness(
         if kind == "F" and layer in weighted:
             out[layer] = max(out.get(layer, stale), stale)
     return dict(sorted(out.items()))
-
-
-def periodic_versions(schedule: PeriodicSchedule, graph: TrainingGraph,
-                      pins: Mapping[tuple[str, int, int], int] | None = None) -> dict[int, int]:
-    """Weight versions of each layer held at once in the steady state of the periodic timing: the current
-    version plus every version a forward has read and its backward has not finished with (under `stash`
-    E_l(t) uses the version F_l(t) read; without a stash edge, while the forward runs). Counted the way the
-    simulator's memory sweep counts them (`layerpipe.sim._memory`), on the periodic timing itself: a window
-    of iterations deep in the steady state, versions read from `read_pins` (`pins`, when the caller has
-    them), update ends from the U slots.
-
-    The window is periods 2D..3D (D = deepest lag + 2) of reads from periods 0..4D. Deep in the steady state
-    the timing repeats every period with every version one round (J/g updates) newer, so the count at τ + P
-    is the count at τ: the window's largest count is its first period's (`_steady_period`), which needs only
-    the reads that touch that period — a few periods' worth instead of 4D. That holds when every slot starts
-    in [0, P) at a lag ≥ 0 and every update and backward lasts at most P (a valid schedule's tasks fit the
-    period); otherwise the whole window is swept.
-    """
-    stashing = {e.dst.layer for e in graph.edges if e.role == "stash"}
-    pins = schedule.read_pins() if pins is None else pins
-    slots = schedule.slot_by_key
-    period, unfold = schedule.period, schedule.unfold
-    depth = max((s.lag for s in slots.values()), default=0) + 2
-    steady = period > 0 and all(s.lag >= 0 and 0 <= s.start < period for s in slots.values())
-    backward: dict[int, str] = {}  # the first task of each layer that holds its E
-    for task in graph.tasks:
-        if "E" in task.kind:
-            backward.setdefault(task.layer, task.kind)
-    out: dict[int, int] = {}
-    for layer in graph.network.layers:
-        if not layer.has_weights:
-            continue
-        back: str | None = backward.get(layer.index)
-        if layer.index not in stashing:
-            back = "F"  # no stash: a forward holds its version only while it runs (2BW's floor makes it older)
-        if back is None or ("U", layer.index) not in schedule.costs:
-            out[layer.index] = 1
-            continue
-        g, per = schedule.group(layer.index), schedule.phases("U", layer.index)
-        c_u, c_e = schedule.costs[("U", layer.index)], schedule.costs[(back, layer.index)]
-        periods = 4 * depth
-        updates = [slots[("U", layer.index, q)] for q in range(per)]
-        lo, hi = 2 * depth * period, 3 * depth * period
-        reads: list[range] = [range(periods)] * unfold
-        last_end = periods
-        if steady and c_u <= period and c_e <= period:
-            reads = [_steady_period(slots[("F", layer.index, k)].lag - slots[(back, layer.index, k)].lag, depth)
-                     for k in range(unfold)]
-            hi, last_end = lo + period, 2 * depth + 2  # an update ending by lo + P ran in a period below 2D + 2
-        # Update ends of periods j < last_end that apply an update ≥ 0: per·(j − lag) + phase ≥ 0, i.e.
-        # j ≥ lag − ⌊phase / per⌋ (each copy's ends as one range, not every period filtered)
-        ends = sorted(j * period + end for u in updates for end in (u.start + c_u,)
-                      for j in range(max(0, u.lag - u.phase // per), last_end))
-        events: list[tuple[int, int, int]] = []  # (time, +1/−1, version): a forward's read until its E ends
-        for k in range(unfold):
-            f, e = slots[("F", layer.index, k)], slots[(back, layer.index, k)]
-            if ("F", layer.index, k) not in pins:
-                continue
-            pin = pins[("F", layer.index, k)]
-            for j in reads[k]:
-                t = unfold * (j - f.lag) + k
-                if t < 0:
-                    continue
-                begin = j * period + f.start
-                finish = (t // unfold + e.lag) * period + e.start + c_e
-                events.append((begin, t // g - pin, finish))
-        out[layer.index] = _most_versions_held(events, ends, lo, hi)
-    return out
-
-
-def _steady_period(lag_gap: int, depth: int) -> range:
-    """The periods j of the reads (F of period j, its backward lag_F − lag_E = `lag_gap` periods later or
-    earlier) that begin, finish or are held in [2D·P, (2D + 1)·P): a read begins in period j and its backward
-    (start in [0, P), at most P long) ends in period j − lag_gap or the next, so j lies in
-    2D − 1 + min(0, lag_gap) .. 2D + max(0, lag_gap)."""
-    return range(2 * depth - 1 + min(0, lag_gap), 2 * depth + max(0, lag_gap) + 1)
-
-
-def _most_versions_held(events: list[tuple[int, int, int]], ends: list[int], lo: int, hi: int) -> int:
-    """The most distinct versions held at a time τ in [lo, hi): the versions of the reads (begin, version,
-    finish) with begin ≤ τ < finish, plus the current one (updates ended by τ). A sweep over the event times
-    with a count per active version (readers of one version overlap)."""
-    begins = sorted((b, v) for b, v, _ in events)
-    finishes = sorted((f, v) for _, v, f in events)
-    active: dict[int, int] = {}
-    best, i, k = 1, 0, 0
-    # Only times in the window count; the reads that begin or finish before one are caught up on the way (the
-    # state at τ is every begin and finish ≤ τ, however many times were visited before it).
-    times = {b for b, _ in begins if lo <= b < hi} | {f for f, _ in finishes if lo <= f < hi}
-    times.update(e for e in ends if lo <= e < hi)
-    for tau in sorted(times):
-        while i < len(begins) and begins[i][0] <= tau:
-            active[begins[i][1]] = active.get(begins[i][1], 0) + 1
-            i += 1
-        while k < len(finishes) and finishes[k][0] <= tau:
-            v = finishes[k][1]
-            active[v] -= 1
-            if not active[v]:
-                del active[v]
-            k += 1
-        current = bisect_right(ends, tau)
-        best = max(best, len(active) + (current not in active))
-    return best
 
 
 def validate(
