@@ -1,0 +1,140 @@
+"""A shorter run's compiled schedule cut out of a longer run's (issue 14: `explore` simulates every point twice,
+K and 2K iterations of the same schedule, and compiled the dependencies of both from scratch).
+
+`restricted_compile(longer, schedule, workload)` gives what `compile_schedule(schedule, workload)` gives — the same
+numbering, tasks, costs, producers (same order, words and roles), role names and planned starts — when it can
+prove that from `longer`, compiled from a schedule of the same kind with the same workload; None otherwise (the
+caller compiles as usual). What it checks, and why that is enough:
+
+- `schedule`'s ops are, processor by processor, a subsequence of `longer`'s (same (task, iteration) keys, same
+  order), and the fields that choose the dependency rules (level, synchronous, micro-batches, unfolding, groups,
+  read pins) are equal. Layer-level schedules only: the stage rules' step edges depend on which forward comes
+  first in a step, which cutting a step short can change.
+- The layer-level rules (`_deps`: `layer_task_edges`, `_sync_rules`, `_grouped_rules`, and `dependencies()`, which
+  they equal) give an op's producers from its own (task, iteration) alone, by looking keys up among the ops; the
+  run's length enters only as the bound of a group's or a step's micro-batches (min(g, total − base)) and as
+  lookups that find nothing. Both can only give the longer run *more* producers, never other ones, and any
+  extra one is an op the shorter run does not have. So where every producer `longer` lists for a kept op is kept,
+  the shorter run's producers are exactly those, in the same order; otherwise None.
+- Task ids and role codes are numbered by first appearance, which cutting ops can change: both are renumbered
+  from the kept ops, as compiling them would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layerpipe.schedule._dep_csr import MAX_INDEX_CELLS
+from layerpipe.schedule._engine import (
+    CompiledSchedule,
+    _from_columns,
+    _narrow,
+    _narrow_ptr,
+    _plan_times,
+)
+from layerpipe.schedule._ir import OpSchedule
+from layerpipe.schedule._workload import Workload
+
+#: The schedule fields that choose the dependency rules and their pins: equal in both runs, or no restriction.
+RULE_FIELDS = ("level", "synchronous", "microbatches", "read_staleness", "unfold", "groups", "read_phases",
+               "read_floor")
+
+#: Largest (tasks × iterations) table the key lookup builds, per op of the longer run (beyond it: None).
+MAX_CELLS_PER_OP = 8
+
+
+def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload) -> CompiledSchedule | None:
+    """`compile_schedule(schedule, workload)` cut out of `longer`, compiled with this same `workload` (see the
+    module docstring); None where that cannot be shown (the caller compiles)."""
+    columns = schedule.columns
+    if (columns is None or schedule.level != "layer" or workload.level != "layer"
+            or any(getattr(schedule, name) != getattr(longer.schedule, name) for name in RULE_FIELDS)):
+        return None
+    bounds, tasks, task, iteration = _from_columns(columns)
+    pos = _positions(longer, bounds, tasks, task, iteration)
+    if pos is None:
+        return None
+    cost = [workload.durations.get(t, -1) for t in tasks]
+    if min(cost, default=0) < 0:
+        return None  # a task without a duration: compiling raises the error
+    keep_codes = False
+    if not schedule.synchronous and schedule.simple:  # compiled from `layer_task_edges` (`_task_edge_dependencies`)
+        # Its roles are numbered in the order of the task edges into present tasks: the same as `longer`'s when it
+        # was compiled so (its table fits) with the same tasks present (the same edges).
+        span = int(longer.iteration.max()) + 1 if longer.num_ops else 0
+        if len(tasks) != len(longer.tasks) or len(longer.tasks) * span > MAX_INDEX_CELLS:
+            return None
+        keep_codes = True
+    csr = _restricted_producers(longer, pos, keep_codes)
+    if csr is None:
+        return None
+    ptr, producer, words, role, roles = csr
+    if longer.plan_time is not None:  # a planned start is the plan's function of (task, iteration)
+        plan = longer.plan_time
+        plan_time: list[int] | None = list(map(plan.__getitem__, pos.tolist()))
+    else:
+        plan_time = _plan_times(workload.plan, tasks, task, iteration)
+    return CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr), _narrow(producer),
+                            _narrow(words), role, roles, plan_time=plan_time)
+
+
+def _positions(longer: CompiledSchedule, bounds: list[int], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
+               iteration: np.ndarray) -> np.ndarray | None:
+    """Each op's number in `longer` (the op of the same task and iteration), or None unless every processor's ops
+    are a subsequence of its ops in `longer` (same processor, same order)."""
+    n, total = bounds[-1], longer.num_ops
+    if len(bounds) != len(longer.bounds) or n > total:
+        return None
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    known = {t: k for k, t in enumerate(longer.tasks)}
+    ids = [known.get(t, -1) for t in tasks]
+    if min(ids, default=0) < 0 or int(iteration.min()) < 0:
+        return None
+    span = int(longer.iteration.max()) + 1 if total else 0
+    if int(iteration.max()) >= span or len(longer.tasks) * span > MAX_CELLS_PER_OP * max(total, 1) + 1024:
+        return None
+    # `longer` compiled without duplicate keys: each cell holds at most one op.
+    index = np.full(len(longer.tasks) * span, -1, dtype=np.int64)
+    index[longer.task * span + longer.iteration] = np.arange(total, dtype=np.int64)
+    pos = index[np.asarray(ids, dtype=np.int64)[task] * span + iteration]
+    if int(pos.min()) < 0 or (n > 1 and not bool((pos[1:] > pos[:-1]).all())):
+        return None  # an op `longer` lacks, or out of order (ops are numbered processor-major in both)
+    # Increasing numbers: each processor's ops lie within its own range of `longer`'s numbers.
+    cut = np.asarray(bounds, dtype=np.int64)
+    own = np.asarray(longer.bounds, dtype=np.int64)
+    has = cut[1:] > cut[:-1]
+    first, last = pos[cut[:-1][has]], pos[cut[1:][has] - 1]
+    if bool((first < own[:-1][has]).any()) or bool((last >= own[1:][has]).any()):
+        return None
+    return pos
+
+
+def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, keep_codes: bool
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]] | None:
+    """The kept ops' producers, as `longer` lists them, renumbered; None if one of them is not kept. Role codes
+    stay `longer`'s with `keep_codes`, else are numbered by first appearance among the kept entries."""
+    total, n = longer.num_ops, len(pos)
+    long_ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
+    count = long_ptr[1:] - long_ptr[:-1]
+    kept = np.zeros(total, dtype=bool)
+    kept[pos] = True
+    entries = kept.repeat(count)
+    producer = longer.prod_idx[entries]
+    if len(producer) and not kept.take(producer).all():
+        return None
+    renumber = kept.cumsum() - 1  # old op number → new, for kept ops
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    count.take(pos).cumsum(out=ptr[1:])
+    role = longer.prod_role[entries]
+    if keep_codes or not len(role):  # (no entries: no role appears, unless the edges number them)
+        return ptr, renumber.take(producer), longer.prod_words[entries], role, longer.roles if keep_codes else ()
+    # Roles numbered by first appearance among the kept entries, as compiling the kept ops numbers them.
+    codes, first = np.unique(role, return_index=True)
+    ranked = codes[first.argsort()].tolist()
+    names = tuple(longer.roles[r] for r in ranked)
+    if ranked != list(range(len(ranked))):
+        code = np.zeros(len(longer.roles), dtype=role.dtype)
+        code[ranked] = np.arange(len(ranked))
+        role = code.take(role)
+    return ptr, renumber.take(producer), longer.prod_words[entries], role, names
