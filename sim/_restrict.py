@@ -27,6 +27,7 @@ import numpy as np
 from layerpipe.schedule._dep_csr import MAX_INDEX_CELLS
 from layerpipe.schedule._engine import (
     CompiledSchedule,
+    LinkPlan,
     _from_columns,
     _narrow,
     _narrow_ptr,
@@ -74,8 +75,12 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
         plan_time: list[int] | None = list(map(plan.__getitem__, pos.tolist()))
     else:
         plan_time = _plan_times(workload.plan, tasks, task, iteration)
-    return CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr), _narrow(producer),
-                            _narrow(words), role, roles, plan_time=plan_time)
+    compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
+                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
+    plan = longer.__dict__.get("link_plan")  # `longer`'s transfers, where its run computed them
+    if plan is not None:
+        compiled.__dict__["link_plan"] = restricted_link_plan(plan, pos, compiled.bounds)  # the cached property
+    return compiled
 
 
 def _positions(longer: CompiledSchedule, bounds: list[int], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
@@ -138,3 +143,33 @@ def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, keep_codes:
         code[ranked] = np.arange(len(ranked))
         role = code.take(role)
     return ptr, renumber.take(producer), longer.prod_words[entries], role, names
+
+
+def restricted_link_plan(plan: LinkPlan, pos: np.ndarray, bounds: list[int]) -> LinkPlan:
+    """The `link_plan` of the ops at `pos` (increasing op numbers of `plan`'s schedule, every producer of theirs
+    among them: a `restricted_compile`), cut out of `plan`. Its transfers are the pairs of its dependencies, the
+    kept consumers' pairs: the kept transfers, in the same (producer, consumer) order, numbered from the new op
+    count on; each op's inputs are its same-processor producers, then its transfers, as before."""
+    total, n = len(plan.input_ptr) - 1, len(pos)
+    count = plan.input_ptr[1:] - plan.input_ptr[:-1]
+    kept = np.zeros(total, dtype=bool)
+    kept[pos] = True
+    renumber = kept.cumsum() - 1
+    src = plan.input_src
+    is_transfer = src >= total
+    consumer = np.arange(total, dtype=np.int64).repeat(count)
+    transfer_consumer = np.empty(len(plan.word_array), dtype=np.int64)
+    transfer_consumer[src[is_transfer] - total] = consumer[is_transfer]
+    keep_transfer = kept.take(transfer_consumer)
+    number = keep_transfer.cumsum() + (n - 1)  # old transfer → its new input number, for kept ones
+    entries = kept.repeat(count)
+    src, is_transfer = src[entries], is_transfer[entries]
+    if len(number):
+        new_src = np.where(is_transfer, number.take(np.where(is_transfer, src - total, 0)),
+                           renumber.take(np.where(is_transfer, 0, src)))
+    else:  # no transfer (shared memory, or every producer on its consumer's processor)
+        new_src = renumber.take(src)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    count.take(pos).cumsum(out=ptr[1:])
+    return LinkPlan(ptr, new_src, renumber.take(plan.send_producer[keep_transfer]), number[keep_transfer],
+                    plan.send_link[keep_transfer], plan.word_array[keep_transfer], bounds)

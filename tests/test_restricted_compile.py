@@ -40,6 +40,12 @@ def _same(a: CompiledSchedule, b: CompiledSchedule) -> None:
         assert x.shape == y.shape, name
         assert np.array_equal(x, y), name
     assert a.schedule is b.schedule or a.schedule == b.schedule
+    if "link_plan" in a.__dict__:  # cut out of the longer run's
+        x, y = a.link_plan, b.link_plan
+        assert x.bounds == y.bounds
+        for name in ("input_ptr", "input_src", "send_producer", "send_input", "send_link", "word_array"):
+            assert getattr(x, name).dtype == getattr(y, name).dtype, name
+            assert np.array_equal(getattr(x, name), getattr(y, name)), name
 
 
 def _result(network, policy: str, num_procs: int, interconnect: str, model):
@@ -50,12 +56,15 @@ def _result(network, policy: str, num_procs: int, interconnect: str, model):
 @SETTINGS
 @given(network=networks(max_layers=5), policy=st.sampled_from(POLICIES), num_procs=st.integers(1, 4),
        interconnect=st.sampled_from(INTERCONNECTS), shorter=st.integers(1, 12), extra=st.integers(0, 12),
-       mode=st.sampled_from(("stash", "latest")), pe=st.booleans())
-def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, shorter, extra, mode, pe) -> None:
+       mode=st.sampled_from(("stash", "latest")), pe=st.booleans(), plan=st.booleans())
+def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, shorter, extra, mode, pe,
+                                      plan) -> None:
     model = PEModel(lanes=2) if pe else MacsModel()
     result = _result(network, policy, num_procs, interconnect, model)
     longer_ops, workload = policy_ops(result, network, model, shorter + extra, mode)
     longer = compile_schedule(longer_ops, workload)
+    if plan:
+        assert longer.link_plan is not None  # computed, as a run on links does: the cut cuts it too
     schedule, _ = policy_ops(result, network, model, shorter, mode)
     cut = restricted_compile(longer, schedule, workload)
     note(f"{policy} p={num_procs} {interconnect} {shorter}+{extra}: cut {'made' if cut is not None else 'refused'}")
@@ -82,8 +91,10 @@ def test_explore_pairs_are_cut(policy: str) -> None:
         k = -(-k // m) * m
     longer_ops, workload = policy_ops(result, network, model, 2 * k)
     schedule, _ = policy_ops(result, network, model, k)
-    cut = restricted_compile(compile_schedule(longer_ops, workload), schedule, workload)
-    assert cut is not None
+    longer = compile_schedule(longer_ops, workload)
+    assert longer.link_plan is not None
+    cut = restricted_compile(longer, schedule, workload)
+    assert cut is not None and "link_plan" in cut.__dict__
     _same(cut, compile_schedule(schedule, workload))
 
 
