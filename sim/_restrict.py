@@ -71,15 +71,15 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
         return None
     ptr, producer, words, role, roles = csr
     if longer.plan_time is not None:  # a planned start is the plan's function of (task, iteration)
-        plan = longer.plan_time
-        plan_time: list[int] | None = list(map(plan.__getitem__, pos.tolist()))
+        planned = longer.plan_time
+        plan_time: list[int] | None = list(map(planned.__getitem__, pos.tolist()))
     else:
         plan_time = _plan_times(workload.plan, tasks, task, iteration)
     compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
                                 _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
-    plan = longer.__dict__.get("link_plan")  # `longer`'s transfers, where its run computed them
-    if plan is not None:
-        compiled.__dict__["link_plan"] = restricted_link_plan(plan, pos, compiled.bounds)  # the cached property
+    links: LinkPlan | None = longer.__dict__.get("link_plan")  # `longer`'s transfers, where its run computed them
+    if links is not None:
+        compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, compiled.bounds)  # the cached property
     return compiled
 
 
