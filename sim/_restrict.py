@@ -1,5 +1,8 @@
-"""A shorter run's compiled schedule cut out of a longer run's (issue 14: `explore` simulates every point twice,
-K and 2K iterations of the same schedule, and compiled the dependencies of both from scratch).
+"""A shorter run of a policy's schedule cut out of a longer run of it (issue 14: `explore` simulates every point
+twice, K and 2K iterations of the same schedule, and unrolled and compiled both from scratch).
+
+`shorter_schedule(result, longer, iterations)` gives `policy_ops`' ops of the shorter run from the longer run's
+(its docstring says why the cut is them).
 
 `restricted_compile(longer, schedule, workload)` gives what `compile_schedule(schedule, workload)` gives — the same
 numbering, tasks, costs, producers (same order, words and roles), role names and planned starts — when it can
@@ -33,7 +36,8 @@ from layerpipe.schedule._engine import (
     _narrow_ptr,
     _plan_times,
 )
-from layerpipe.schedule._ir import OpSchedule
+from layerpipe.schedule._ir import OpColumns, OpSchedule
+from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._workload import Workload
 
 #: The schedule fields that choose the dependency rules and their pins: equal in both runs, or no restriction.
@@ -81,6 +85,56 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
     if links is not None:
         compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, compiled.bounds)  # the cached property
     return compiled
+
+
+def shorter_schedule(result: ScheduleResult, longer: OpSchedule, iterations: int) -> OpSchedule | None:
+    """`policy_ops`' ops of `iterations` iterations of `result`, cut out of `longer`, its ops of more (at least as
+    many) iterations; None where the cut is not known to be them (the caller makes them).
+
+    - Periodic (`PeriodicSchedule.unroll`): each processor's ops are its (period, slot) grid's live cells in one
+      stable sort by a key that does not depend on the run's length, and a cell of the shorter run is a cell of
+      the longer one, live in both, exactly when its iteration is below the shorter run's bound (T, or ⌈T/g⌉
+      for the updates of a layer with update group g; such a cell's period is within the shorter grid). A
+      stable sort of a subset keeps the subset's order: the cut is the longer run's ops with iterations below
+      the bounds, tasks renumbered by first appearance.
+    - Synchronous, whole steps (`repeat_steps`, then `expand_stages`): each processor repeats one step's
+      program step after step, and a step expands alike whatever follows it: the first T / m steps are each
+      processor's first ops — micro-batches below T, updates (numbered by step) below T / m — with the same
+      tasks, numbered as before (every task runs in step 0).
+    """
+    columns = longer.columns
+    if columns is None or iterations < 1 or iterations > longer.num_iterations:
+        return None
+    if result.periodic is not None and not longer.synchronous:
+        groups = dict(result.periodic.groups)
+        bound = [-(-iterations // groups[unit]) if kind == "U" and unit in groups else iterations
+                 for kind, unit in columns.tasks]
+        cut = _ops_below(columns, bound)
+        if cut is None:
+            return None
+        return OpSchedule.from_columns("layer", cut.in_first_appearance_order(), read_staleness=longer.read_staleness,
+                                       unfold=longer.unfold, groups=longer.groups, read_phases=longer.read_phases,
+                                       read_floor=longer.read_floor)
+    m = longer.microbatches
+    if (result.explicit is None or not longer.synchronous or m < 1 or iterations % m
+            or longer.level != "layer"):
+        return None
+    cut = _ops_below(columns, [iterations // m if kind == "U" else iterations for kind, _ in columns.tasks])
+    if cut is None:
+        return None
+    return OpSchedule.from_columns("layer", cut, synchronous=True, microbatches=m)
+
+
+def _ops_below(columns: OpColumns, bound: list[int]) -> OpColumns | None:
+    """The ops whose iteration is below their task's `bound`, in order; None if a task is left without ops."""
+    below = columns.iteration < np.asarray(bound, dtype=np.int64).take(columns.task)
+    task = columns.task[below]
+    if int(np.count_nonzero(np.bincount(task, minlength=len(columns.tasks)))) < len(columns.tasks):
+        return None
+    kept = np.zeros(len(below) + 1, dtype=np.int64)
+    below.cumsum(out=kept[1:])
+    bounds = kept.take(np.asarray(columns.bounds, dtype=np.int64)).tolist()
+    return OpColumns(tuple(bounds), columns.tasks, task, columns.iteration[below])
 
 
 def _positions(longer: CompiledSchedule, bounds: list[int], tasks: tuple[tuple[str, int], ...], task: np.ndarray,

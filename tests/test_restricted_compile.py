@@ -8,6 +8,8 @@ periods and steps or not, the shorter first or not), and schedules that are not 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
@@ -16,14 +18,16 @@ from hypothesis import strategies as st
 from layerpipe.costs import MacsModel, PEModel
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.schedule._engine import CompiledSchedule
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._periodic import PeriodicSchedule, Slot
 from layerpipe.schedule._task_table import clear_memos
 from layerpipe.schedule.policies import make_schedule, policy_options
 from layerpipe.sim import SimConfig, compile_schedule, policy_ops, simulate_policy_result
 from layerpipe.sim import _policy as sim_policy
-from layerpipe.sim._restrict import restricted_compile
+from layerpipe.sim._restrict import restricted_compile, shorter_schedule
 from tests.strategies import networks
 
-POLICIES = ("layerpipe", "pipedream", "pipedream-2bw", "gpipe", "1f1b", "zb-h1", "ooo")
+POLICIES = ("layerpipe", "layerpipe-unfold", "pipedream", "pipedream-2bw", "gpipe", "1f1b", "zb-h1", "ooo")
 INTERCONNECTS = ("shared", "links:1:1", "bus:1:2")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -50,7 +54,38 @@ def _same(a: CompiledSchedule, b: CompiledSchedule) -> None:
 
 def _result(network, policy: str, num_procs: int, interconnect: str, model):
     spec = parse_interconnect(interconnect, lanes=getattr(model, "lanes", None) or 1)
+    if policy == "layerpipe-unfold":  # J = 2 iterations per period
+        return make_schedule("layerpipe", network, num_procs, model, LayerPipeOptions(unfold=2), spec)
     return make_schedule(policy, network, num_procs, model, policy_options(policy, {}), spec)
+
+
+@st.composite
+def periodic_schedules(draw: st.DrawFn) -> PeriodicSchedule:
+    """A random periodic schedule (unrolling reads no dependencies): unfolded by J, update groups g | J, slots of
+    distinct (kind, layer, phase) with random starts (ties too) and lags, on 1–3 processors."""
+    unfold = draw(st.sampled_from((1, 2, 3, 4)))
+    layers = draw(st.integers(1, 3))
+    groups = tuple((layer, g) for layer in range(layers)
+                   if (g := draw(st.sampled_from([d for d in (1, 2, 3, 4) if unfold % d == 0]))) > 1)
+    group = dict(groups)
+    procs = draw(st.integers(1, 3))
+    bodies: list[list[Slot]] = [[] for _ in range(procs)]
+    for layer in range(layers):
+        for kind in ("F", "A", "E", "G", "U"):
+            for phase in range(unfold // group.get(layer, 1) if kind == "U" else unfold):
+                slot = Slot(draw(st.integers(0, 7)), kind, layer, draw(st.integers(0, 3)), phase)
+                bodies[draw(st.integers(0, procs - 1))].append(slot)
+    return PeriodicSchedule(8, tuple(tuple(body) for body in bodies), unfold=unfold, groups=groups)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedule=periodic_schedules(), shorter=st.integers(1, 12), extra=st.integers(0, 12))
+def test_cut_unroll_is_the_unroll(schedule: PeriodicSchedule, shorter: int, extra: int) -> None:
+    """`shorter_schedule` of any periodic schedule (unfolded, grouped updates, tied starts) is its `unroll`."""
+    result = SimpleNamespace(periodic=schedule, explicit=None)
+    cut = shorter_schedule(result, schedule.unroll(shorter + extra), shorter)  # type: ignore[arg-type]
+    assert cut is not None  # every task runs in the first period
+    _same_schedule(cut, schedule.unroll(shorter))
 
 
 @SETTINGS
@@ -76,6 +111,34 @@ def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, 
         assert restricted_compile(compile_schedule(schedule, workload), longer_ops, workload) is None
 
 
+def _same_schedule(a, b) -> None:
+    """Two schedules of columns alike: fields, rows, tasks and their numbering, iterations."""
+    assert a == b  # every field, and the ops
+    x, y = a.columns, b.columns
+    assert x.bounds == y.bounds and x.tasks == y.tasks
+    assert np.array_equal(x.task, y.task) and np.array_equal(x.iteration, y.iteration)
+
+
+@SETTINGS
+@given(network=networks(max_layers=5), policy=st.sampled_from(POLICIES), num_procs=st.integers(1, 4),
+       interconnect=st.sampled_from(INTERCONNECTS), shorter=st.integers(1, 12), extra=st.integers(0, 12),
+       whole=st.booleans())
+def test_cut_ops_are_the_policy_ops(network, policy, num_procs, interconnect, shorter, extra, whole) -> None:
+    """`shorter_schedule` is `policy_ops`' schedule of the shorter run, or None."""
+    model = MacsModel()
+    result = _result(network, policy, num_procs, interconnect, model)
+    if whole and result.explicit is not None:  # whole steps, as explore asks
+        m = max(result.explicit.microbatches, 1)
+        shorter, extra = shorter * m, extra * m
+    longer, _ = policy_ops(result, network, model, shorter + extra)
+    cut = shorter_schedule(result, longer, shorter)
+    event(f"{policy}: ops {'cut' if cut is not None else 'refused'}")
+    if cut is not None:
+        _same_schedule(cut, policy_ops(result, network, model, shorter)[0])
+    if extra:
+        assert shorter_schedule(result, policy_ops(result, network, model, shorter)[0], shorter + extra) is None
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_explore_pairs_are_cut(policy: str) -> None:
     """explore's pairs (2K, then K whole periods or steps) are cut, not compiled again: the point of it."""
@@ -91,6 +154,9 @@ def test_explore_pairs_are_cut(policy: str) -> None:
         k = -(-k // m) * m
     longer_ops, workload = policy_ops(result, network, model, 2 * k)
     schedule, _ = policy_ops(result, network, model, k)
+    cut_ops = shorter_schedule(result, longer_ops, k)
+    assert cut_ops is not None
+    _same_schedule(cut_ops, schedule)
     longer = compile_schedule(longer_ops, workload)
     assert longer.link_plan is not None
     cut = restricted_compile(longer, schedule, workload)
