@@ -26,7 +26,7 @@ from layerpipe.schedule._task_table import memo
 from layerpipe.sim._engine import CompiledSchedule, compile_schedule
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
-from layerpipe.sim._restrict import restricted_compile, shorter_schedule
+from layerpipe.sim._restrict import restricted_compile, shorter_ops
 from layerpipe.sim._streams import simulate_result as simulate_stream_result
 from layerpipe.sim._workload import Workload
 
@@ -138,10 +138,10 @@ def compiled_policy_run(result: ScheduleResult, network: Network, model: CostMod
     same schedule (see `_LAST`), else compiled (and remembered, when short enough)."""
     last = _LAST.pop("run", None)
     if last is not None and last[0] is result and last[1] is network and last[2] is model and last[3] == mode:
-        cut = shorter_schedule(result, last[4].schedule, iterations)
-        schedule = cut if cut is not None else _policy_schedule(result, network, iterations, mode)[0]
+        cut = shorter_ops(result, last[4].schedule, iterations)
+        schedule = cut[0] if cut is not None else _policy_schedule(result, network, iterations, mode)[0]
         workload = last[5]
-        compiled = restricted_compile(last[4], schedule, workload)
+        compiled = restricted_compile(last[4], schedule, workload, None if cut is None else cut[1])
         if compiled is not None:
             return compiled, workload
     else:

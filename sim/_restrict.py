@@ -48,15 +48,17 @@ RULE_FIELDS = ("level", "synchronous", "microbatches", "read_staleness", "unfold
 MAX_CELLS_PER_OP = 8
 
 
-def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload) -> CompiledSchedule | None:
+def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload,
+                       positions: np.ndarray | None = None) -> CompiledSchedule | None:
     """`compile_schedule(schedule, workload)` cut out of `longer`, compiled with this same `workload` (see the
-    module docstring); None where that cannot be shown (the caller compiles)."""
+    module docstring); None where that cannot be shown (the caller compiles). `positions`, when given, are each
+    op's number in `longer` (a cut of its ops, `shorter_ops`: not looked up again)."""
     columns = schedule.columns
     if (columns is None or schedule.level != "layer" or workload.level != "layer"
             or any(getattr(schedule, name) != getattr(longer.schedule, name) for name in RULE_FIELDS)):
         return None
     bounds, tasks, task, iteration = _from_columns(columns)
-    pos = _positions(longer, bounds, tasks, task, iteration)
+    pos = _positions(longer, bounds, tasks, task, iteration) if positions is None else positions
     if pos is None:
         return None
     cost = [workload.durations.get(t, -1) for t in tasks]
@@ -70,7 +72,10 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
         if len(tasks) != len(longer.tasks) or len(longer.tasks) * span > MAX_INDEX_CELLS:
             return None
         keep_codes = True
-    csr = _restricted_producers(longer, pos, keep_codes)
+    kept = np.zeros(longer.num_ops, dtype=bool)
+    kept[pos] = True
+    renumber = kept.cumsum() - 1  # old op number → new, for kept ops
+    csr = _restricted_producers(longer, pos, kept, renumber, keep_codes)
     if csr is None:
         return None
     ptr, producer, words, role, roles = csr
@@ -83,13 +88,20 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
                                 _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
     links: LinkPlan | None = longer.__dict__.get("link_plan")  # `longer`'s transfers, where its run computed them
     if links is not None:
-        compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, compiled.bounds)  # the cached property
+        compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, kept, renumber, compiled.bounds)  # cached
     return compiled
 
 
 def shorter_schedule(result: ScheduleResult, longer: OpSchedule, iterations: int) -> OpSchedule | None:
+    """`shorter_ops`' schedule."""
+    cut = shorter_ops(result, longer, iterations)
+    return None if cut is None else cut[0]
+
+
+def shorter_ops(result: ScheduleResult, longer: OpSchedule, iterations: int) -> tuple[OpSchedule, np.ndarray] | None:
     """`policy_ops`' ops of `iterations` iterations of `result`, cut out of `longer`, its ops of more (at least as
-    many) iterations; None where the cut is not known to be them (the caller makes them).
+    many) iterations, and each op's number in `longer`; None where the cut is not known to be them (the caller
+    makes them).
 
     - Periodic (`PeriodicSchedule.unroll`): each processor's ops are its (period, slot) grid's live cells in one
       stable sort by a key that does not depend on the run's length, and a cell of the shorter run is a cell of
@@ -112,9 +124,10 @@ def shorter_schedule(result: ScheduleResult, longer: OpSchedule, iterations: int
         cut = _ops_below(columns, bound)
         if cut is None:
             return None
-        return OpSchedule.from_columns("layer", cut.in_first_appearance_order(), read_staleness=longer.read_staleness,
-                                       unfold=longer.unfold, groups=longer.groups, read_phases=longer.read_phases,
-                                       read_floor=longer.read_floor)
+        return OpSchedule.from_columns("layer", cut[0].in_first_appearance_order(),
+                                       read_staleness=longer.read_staleness, unfold=longer.unfold,
+                                       groups=longer.groups, read_phases=longer.read_phases,
+                                       read_floor=longer.read_floor), cut[1]
     m = longer.microbatches
     if (result.explicit is None or not longer.synchronous or m < 1 or iterations % m
             or longer.level != "layer"):
@@ -122,11 +135,12 @@ def shorter_schedule(result: ScheduleResult, longer: OpSchedule, iterations: int
     cut = _ops_below(columns, [iterations // m if kind == "U" else iterations for kind, _ in columns.tasks])
     if cut is None:
         return None
-    return OpSchedule.from_columns("layer", cut, synchronous=True, microbatches=m)
+    return OpSchedule.from_columns("layer", cut[0], synchronous=True, microbatches=m), cut[1]
 
 
-def _ops_below(columns: OpColumns, bound: list[int]) -> OpColumns | None:
-    """The ops whose iteration is below their task's `bound`, in order; None if a task is left without ops."""
+def _ops_below(columns: OpColumns, bound: list[int]) -> tuple[OpColumns, np.ndarray] | None:
+    """The ops whose iteration is below their task's `bound`, in order, and their positions in `columns`; None if
+    a task is left without ops."""
     below = columns.iteration < np.asarray(bound, dtype=np.int64).take(columns.task)
     task = columns.task[below]
     if int(np.count_nonzero(np.bincount(task, minlength=len(columns.tasks)))) < len(columns.tasks):
@@ -134,7 +148,7 @@ def _ops_below(columns: OpColumns, bound: list[int]) -> OpColumns | None:
     kept = np.zeros(len(below) + 1, dtype=np.int64)
     below.cumsum(out=kept[1:])
     bounds = kept.take(np.asarray(columns.bounds, dtype=np.int64)).tolist()
-    return OpColumns(tuple(bounds), columns.tasks, task, columns.iteration[below])
+    return OpColumns(tuple(bounds), columns.tasks, task, columns.iteration[below]), np.flatnonzero(below)
 
 
 def _positions(longer: CompiledSchedule, bounds: list[int], tasks: tuple[tuple[str, int], ...], task: np.ndarray,
@@ -169,20 +183,22 @@ def _positions(longer: CompiledSchedule, bounds: list[int], tasks: tuple[tuple[s
     return pos
 
 
-def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, keep_codes: bool
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]] | None:
-    """The kept ops' producers, as `longer` lists them, renumbered; None if one of them is not kept. Role codes
-    stay `longer`'s with `keep_codes`, else are numbered by first appearance among the kept entries."""
-    total, n = longer.num_ops, len(pos)
+#: CSR producers: (pointer per consumer, producers, words, role codes, role names).
+Producers = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]
+
+
+def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, kept: np.ndarray, renumber: np.ndarray,
+                          keep_codes: bool) -> Producers | None:
+    """The kept ops' producers (`kept` per op of `longer`, at `pos`; `renumber`: their new numbers), as `longer`
+    lists them, renumbered; None if one of them is not kept. Role codes stay `longer`'s with `keep_codes`, else
+    are numbered by first appearance among the kept entries."""
+    n = len(pos)
     long_ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
     count = long_ptr[1:] - long_ptr[:-1]
-    kept = np.zeros(total, dtype=bool)
-    kept[pos] = True
     entries = kept.repeat(count)
     producer = longer.prod_idx[entries]
     if len(producer) and not kept.take(producer).all():
         return None
-    renumber = kept.cumsum() - 1  # old op number → new, for kept ops
     ptr = np.zeros(n + 1, dtype=np.int64)
     count.take(pos).cumsum(out=ptr[1:])
     role = longer.prod_role[entries]
@@ -199,16 +215,15 @@ def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, keep_codes:
     return ptr, renumber.take(producer), longer.prod_words[entries], role, names
 
 
-def restricted_link_plan(plan: LinkPlan, pos: np.ndarray, bounds: list[int]) -> LinkPlan:
+def restricted_link_plan(plan: LinkPlan, pos: np.ndarray, kept: np.ndarray, renumber: np.ndarray,
+                         bounds: list[int]) -> LinkPlan:
     """The `link_plan` of the ops at `pos` (increasing op numbers of `plan`'s schedule, every producer of theirs
-    among them: a `restricted_compile`), cut out of `plan`. Its transfers are the pairs of its dependencies, the
-    kept consumers' pairs: the kept transfers, in the same (producer, consumer) order, numbered from the new op
-    count on; each op's inputs are its same-processor producers, then its transfers, as before."""
+    among them: a `restricted_compile`; `kept` per op, `renumber` their new numbers), cut out of `plan`. Its
+    transfers are the pairs of its dependencies, the kept consumers' pairs: the kept transfers, in the same
+    (producer, consumer) order, numbered from the new op count on; each op's inputs are its same-processor
+    producers, then its transfers, as before."""
     total, n = len(plan.input_ptr) - 1, len(pos)
     count = plan.input_ptr[1:] - plan.input_ptr[:-1]
-    kept = np.zeros(total, dtype=bool)
-    kept[pos] = True
-    renumber = kept.cumsum() - 1
     src = plan.input_src
     is_transfer = src >= total
     consumer = np.arange(total, dtype=np.int64).repeat(count)

@@ -24,7 +24,7 @@ from layerpipe.schedule._task_table import clear_memos
 from layerpipe.schedule.policies import make_schedule, policy_options
 from layerpipe.sim import SimConfig, compile_schedule, policy_ops, simulate_policy_result
 from layerpipe.sim import _policy as sim_policy
-from layerpipe.sim._restrict import restricted_compile, shorter_schedule
+from layerpipe.sim._restrict import restricted_compile, shorter_ops, shorter_schedule
 from tests.strategies import networks
 
 POLICIES = ("layerpipe", "layerpipe-unfold", "pipedream", "pipedream-2bw", "gpipe", "1f1b", "zb-h1", "ooo")
@@ -102,6 +102,12 @@ def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, 
         assert longer.link_plan is not None  # computed, as a run on links does: the cut cuts it too
     schedule, _ = policy_ops(result, network, model, shorter, mode)
     cut = restricted_compile(longer, schedule, workload)
+    if cut is not None:  # and given the positions of a cut of the longer run's ops, where it is one
+        ops_cut = shorter_ops(result, longer_ops, shorter)
+        if ops_cut is not None:
+            given_positions = restricted_compile(longer, ops_cut[0], workload, ops_cut[1])
+            assert given_positions is not None
+            _same(given_positions, compile_schedule(ops_cut[0], workload))
     note(f"{policy} p={num_procs} {interconnect} {shorter}+{extra}: cut {'made' if cut is not None else 'refused'}")
     event(f"{policy}: cut {'made' if cut is not None else 'refused'}")
     if cut is not None:
@@ -161,6 +167,11 @@ def test_explore_pairs_are_cut(policy: str) -> None:
     assert longer.link_plan is not None
     cut = restricted_compile(longer, schedule, workload)
     assert cut is not None and "link_plan" in cut.__dict__
+    ops_cut = shorter_ops(result, longer_ops, k)  # as simulate_policy_result cuts them: with the positions
+    assert ops_cut is not None
+    given_positions = restricted_compile(longer, ops_cut[0], workload, ops_cut[1])
+    assert given_positions is not None
+    _same(given_positions, compile_schedule(schedule, workload))
     _same(cut, compile_schedule(schedule, workload))
 
 
