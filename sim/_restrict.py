@@ -124,7 +124,10 @@ def shorter_ops(result: ScheduleResult, longer: OpSchedule, iterations: int) -> 
         cut = _ops_below(columns, bound)
         if cut is None:
             return None
-        return OpSchedule.from_columns("layer", cut[0].in_first_appearance_order(),
+        ops = cut[0]  # numbered by first appearance, as `unroll` numbers them (so already, mostly: one pass to see)
+        if not ops.numbered_by_first_appearance():
+            ops = ops.in_first_appearance_order()
+        return OpSchedule.from_columns("layer", ops,
                                        read_staleness=longer.read_staleness, unfold=longer.unfold,
                                        groups=longer.groups, read_phases=longer.read_phases,
                                        read_floor=longer.read_floor), cut[1]
@@ -224,15 +227,12 @@ def restricted_link_plan(plan: LinkPlan, pos: np.ndarray, kept: np.ndarray, renu
     producers, then its transfers, as before."""
     total, n = len(plan.input_ptr) - 1, len(pos)
     count = plan.input_ptr[1:] - plan.input_ptr[:-1]
-    src = plan.input_src
+    src = plan.input_src[kept.repeat(count)]  # the kept ops' inputs
     is_transfer = src >= total
-    consumer = np.arange(total, dtype=np.int64).repeat(count)
-    transfer_consumer = np.empty(len(plan.word_array), dtype=np.int64)
-    transfer_consumer[src[is_transfer] - total] = consumer[is_transfer]
-    keep_transfer = kept.take(transfer_consumer)
+    # Every transfer is one input of its consumer: the kept ones are the kept ops' transfer inputs.
+    keep_transfer = np.zeros(len(plan.word_array), dtype=bool)
+    keep_transfer[src[is_transfer] - total] = True
     number = keep_transfer.cumsum() + (n - 1)  # old transfer → its new input number, for kept ones
-    entries = kept.repeat(count)
-    src, is_transfer = src[entries], is_transfer[entries]
     if len(number):
         new_src = np.where(is_transfer, number.take(np.where(is_transfer, src - total, 0)),
                            renumber.take(np.where(is_transfer, 0, src)))
