@@ -34,7 +34,6 @@ from layerpipe.schedule._engine import (
     _from_columns,
     _narrow,
     _narrow_ptr,
-    _plan_times,
 )
 from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
@@ -79,13 +78,11 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
     if csr is None:
         return None
     ptr, producer, words, role, roles = csr
-    if longer.plan_time is not None:  # a planned start is the plan's function of (task, iteration)
-        planned = longer.plan_time
-        plan_time: list[int] | None = list(map(planned.__getitem__, pos.tolist()))
-    else:
-        plan_time = _plan_times(workload.plan, tasks, task, iteration)
     compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
-                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
+                                _narrow(producer), _narrow(words), role, roles, plan=workload.plan)
+    planned = longer.__dict__.get("plan_time")  # where `longer`'s run read its planned starts (a bus): cut too
+    if planned is not None and longer.plan is workload.plan:  # a planned start is the plan's (task, iteration)'s
+        compiled.__dict__["plan_time"] = list(map(planned.__getitem__, pos.tolist()))  # the cached property
     links: LinkPlan | None = longer.__dict__.get("link_plan")  # `longer`'s transfers, where its run computed them
     if links is not None:
         compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, kept, renumber, compiled.bounds)  # cached

@@ -98,8 +98,9 @@ def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, 
     result = _result(network, policy, num_procs, interconnect, model)
     longer_ops, workload = policy_ops(result, network, model, shorter + extra, mode)
     longer = compile_schedule(longer_ops, workload)
-    if plan:
-        assert longer.link_plan is not None  # computed, as a run on links does: the cut cuts it too
+    if plan:  # computed, as a run on links (its transfers) or a bus (its planned starts) does: the cut cuts them
+        assert longer.link_plan is not None
+        longer.__dict__.setdefault("plan_time", longer.plan_time)
     schedule, _ = policy_ops(result, network, model, shorter, mode)
     cut = restricted_compile(longer, schedule, workload)
     if cut is not None:  # and given the positions of a cut of the longer run's ops, where it is one
@@ -111,6 +112,7 @@ def test_cut_is_the_compiled_schedule(network, policy, num_procs, interconnect, 
     note(f"{policy} p={num_procs} {interconnect} {shorter}+{extra}: cut {'made' if cut is not None else 'refused'}")
     event(f"{policy}: cut {'made' if cut is not None else 'refused'}")
     if cut is not None:
+        event(f"planned starts {'cut' if cut.__dict__.get('plan_time') is not None else 'not cut'}")
         _same(cut, compile_schedule(schedule, workload))
     # And the other way round: a longer schedule is never a cut of a shorter one.
     if extra:

@@ -126,8 +126,14 @@ class CompiledSchedule:
     prod_words: np.ndarray
     prod_role: np.ndarray
     roles: tuple[str, ...]
-    #: Planned start of every op (from `Workload.plan`), or None: the order a compiled bus serves transfers in.
-    plan_time: list[int] | None = None
+    #: The plan the ops were made from (`Workload.plan`), or None: `plan_time` is read from it.
+    plan: RunPlan | None = None
+
+    @cached_property
+    def plan_time(self) -> list[int] | None:
+        """Planned start of every op (from `plan`), or None: the order a compiled bus serves transfers in. Computed
+        when first read (only a bus reads it: a pass over every op that `shared` and `links` runs never need)."""
+        return _plan_times(self.plan, self.tasks, self.task, self.iteration)
 
     @property
     def num_ops(self) -> int:
@@ -422,10 +428,9 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         csr = _array_dependencies(schedule, tasks, task, iteration, workload)
     if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
-    plan_time = _plan_times(workload.plan, tasks, task, iteration)
     ptr, producer, words, role, roles = csr
     compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
-                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
+                                _narrow(producer), _narrow(words), role, roles, plan=workload.plan)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
