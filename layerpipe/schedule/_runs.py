@@ -69,6 +69,7 @@ class Runs:
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
     head_ops: np.ndarray  #: `head` as an array (`op_times` scatters the heads' starts with it)
+    dur: np.ndarray  #: per op, its cycles (int64: the array the runs were built from, for `op_times`)
 
 
 #: Inputs per processor up to which `needed_inputs` takes them all at once (above, a processor at a time: memory).
@@ -96,6 +97,7 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     heads = np.flatnonzero(head)
     if len(heads) > max_head_share * n:
         return None
+    dur = np.asarray(dur, dtype=np.int64)  # kept for `op_times` (the engine's array is int64 already: no copy)
     run_of, off = run_offsets(head, dur)
     last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
     length = off[last]
@@ -159,7 +161,7 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
             np.cumsum(np.bincount(head_number[send_producer], minlength=len(heads)), out=at[1:])
             sends = Sends(at.tolist(), send_input.tolist(), send_link.tolist(), off[send_producer].tolist())
     return Runs(head_list, head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
-                none, sends, _narrow(run_of), _narrow(off), _narrow(heads))
+                none, sends, _narrow(run_of), _narrow(off), _narrow(heads), dur)
 
 
 def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
