@@ -1,7 +1,8 @@
-"""The simulator's version map as it was before issue 14's pass on explore's simulation path (commit 36075c7,
-sim/_versions.py): `version_array` counting each layer's updates with a search per layer, and `_remote_copies`
-looking every task's ops up with a pass over every op. Kept as the references the array forms are tested against
-(tests/test_versions_arrays.py); not used by the package.
+"""The simulation path as it was before issue 14's pass on explore's simulation path (commit 36075c7): the version
+map (sim/_versions.py) — `version_array` counting each layer's updates with a search per layer, `_remote_copies`
+looking every task's ops up with a pass over every op — and (layerpipe/schedule/_periodic.py) `unroll` sorting every
+processor's whole grid. Kept as the references the fast forms are tested against (tests/test_versions_arrays.py,
+tests/test_unroll_period_order.py); not used by the package.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from layerpipe.schedule._int_lists import stable_argsort
+from layerpipe.schedule._ir import OpColumns, OpSchedule, tie_rank
+from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.sim._engine import CompiledSchedule
 from layerpipe.sim._memory import _unit_per_op
 from layerpipe.sim._versions import _apply_floor, _stash_from_forward
@@ -66,3 +69,55 @@ def reference_remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:
             continue
         ops = np.flatnonzero((c.task == reader) & (proc != owner[unit]))
         versions[ops] = np.maximum(0, c.iteration[ops] - stale)
+
+
+def reference_unroll(self: PeriodicSchedule, iterations: int) -> OpSchedule:
+    """`PeriodicSchedule.unroll` as of commit 36075c7: every processor's whole (period, slot) grid in one lexsort.
+
+    Explicit ops for iterations 0..T−1 (and updates 0..⌈T/g⌉−1), each processor's ops in `op_order_key`
+    order of their start times.
+
+    Built as columns (`OpColumns`): per processor, the (period, slot) grid of iterations is sorted by the
+    key's parts with one stable lexsort — the order of sorting the keys as tuples, which is this one rule —
+    and the `Op`s are made only if something reads `procs`."""
+    max_lag = max((s.lag for body in self.bodies for s in body), default=0)
+    periods = -(-iterations // self.unfold) + max_lag + 1
+    limit = {layer: -(-iterations // g) for layer, g in self.groups}
+    task_id: dict[tuple[str, int], int] = {}
+    task_parts: list[np.ndarray] = []
+    iteration_parts: list[np.ndarray] = []
+    bounds = [0]
+    j = np.arange(periods, dtype=np.int64)
+    for body in self.bodies:
+        if not body:
+            bounds.append(bounds[-1])
+            continue
+        # Per slot: its task, start, lag, phase, copies per period, iteration limit, busy, tie rank.
+        ids = np.asarray([task_id.setdefault((s.kind, s.layer), len(task_id)) for s in body], dtype=np.int64)
+        start = np.asarray([s.start for s in body], dtype=np.int64)
+        lag = np.asarray([s.lag for s in body], dtype=np.int64)
+        phase = np.asarray([s.phase for s in body], dtype=np.int64)
+        per = np.asarray([self.phases(s.kind, s.layer) for s in body], dtype=np.int64)
+        cap = np.asarray([limit.get(s.layer, iterations) if s.kind == "U" else iterations for s in body],
+                         dtype=np.int64)
+        # Without costs (a schedule read from text) every task counts as busy.
+        busy = np.asarray([self.costs.get((s.kind, s.layer), 1) > 0 for s in body], dtype=np.int64)
+        rank = np.asarray([tie_rank(s.kind, s.layer) for s in body], dtype=np.int64).reshape(len(body), 3)
+        # The grid in the order the ops were listed before sorting: period by period, the body's slots.
+        t = per[None, :] * (j[:, None] - lag[None, :]) + phase[None, :]
+        live = (t >= 0) & (t < cap[None, :])
+        slot = np.broadcast_to(np.arange(len(body)), t.shape)[live]
+        t = t[live]
+        when = (j[:, None] * self.period + start[None, :])[live]
+        order = np.lexsort((t, rank[slot, 2], rank[slot, 1], rank[slot, 0], busy[slot], when))
+        task_parts.append(ids[slot[order]])
+        iteration_parts.append(t[order])
+        bounds.append(bounds[-1] + len(order))
+    empty = np.zeros(0, dtype=np.int64)
+    columns = OpColumns(tuple(bounds), tuple(task_id), np.concatenate(task_parts) if task_parts else empty,
+                        np.concatenate(iteration_parts) if iteration_parts else empty).in_first_appearance_order()
+    pins = self.read_pins()
+    phase0 = tuple((k, layer, st) for (k, layer, phase), st in pins.items() if phase == 0)
+    phased = tuple((k, layer, phase, st) for (k, layer, phase), st in pins.items() if phase > 0)
+    return OpSchedule.from_columns("layer", columns, read_staleness=phase0, unfold=self.unfold,
+                                   groups=self.groups, read_phases=phased, read_floor=self.read_floor)
