@@ -122,13 +122,15 @@ def _policy_workload(result: ScheduleResult, graph: TrainingGraph, model: CostMo
 
 
 #: Ops up to which `simulate_policy_result` keeps the run it compiled last (`_LAST`), for a shorter run of the same
-#: schedule to be cut out of (a bound on the memory held between calls: issue 14).
-REMEMBERED_OPS = 1 << 17
+#: schedule to be cut out of: a bound on the memory held between calls (issue 14), with what the run cached on it
+#: (its link plan; on a bus, its lists per op). explore's longest runs have ~26k ops (resnet18 on 8 processors).
+REMEMBERED_OPS = 1 << 16
 
 #: The last run `simulate_policy_result` compiled: (result, network, model, mode, compiled, workload), kept by
 #: identity. `explore` simulates each point for 2K iterations, then K (`layerpipe.dse._evaluate.steady_simulation`):
 #: the K run's compiled schedule is cut out of the 2K run's (`restricted_compile`), and its workload, a function
-#: of (result, network, model, mode) alone, is the same. Emptied by `clear_memos`; taken when used.
+#: of (result, network, model, mode) alone, is the same (they are frozen; a cost model is taken to price a task
+#: the same way twice). Emptied by `clear_memos`; taken when used.
 _LAST: dict[str, tuple[ScheduleResult, Network, CostModel, str, CompiledSchedule, Workload]] = memo({})
 
 
