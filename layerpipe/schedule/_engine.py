@@ -131,9 +131,11 @@ class CompiledSchedule:
 
     @cached_property
     def plan_time(self) -> list[int] | None:
-        """Planned start of every op (from `plan`), or None: the order a compiled bus serves transfers in. Computed
-        when first read (only a bus reads it: a pass over every op that `shared` and `links` runs never need)."""
-        return _plan_times(self.plan, self.tasks, self.task, self.iteration)
+        """Planned start of every op (`RunPlan.planned_starts`), or None without a plan or when it misses an op: the
+        order a compiled bus serves transfers in. Computed when first read (only a bus reads it: a pass over every
+        op that `shared` and `links` runs never need)."""
+        plan = self.plan
+        return None if plan is None else plan.planned_starts(self.tasks, self.task, self.iteration)
 
     @property
     def num_ops(self) -> int:
@@ -506,12 +508,6 @@ def _from_ops(schedule: OpSchedule) -> tuple[list[Op], list[int], tuple[tuple[st
     task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
     iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
     return ops, bounds, tuple(task_ids), task, iteration
-
-
-def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                iteration: np.ndarray) -> list[int] | None:
-    """Planned start of every op (`RunPlan.planned_starts`); None without a plan or when it misses an op."""
-    return None if plan is None else plan.planned_starts(tasks, task, iteration)
 
 
 def _raise_duplicate(ops: list[Op]) -> None:
