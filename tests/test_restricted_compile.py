@@ -237,3 +237,22 @@ def test_memo_is_taken_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sim_policy, "REMEMBERED_OPS", 10)
     simulate_policy_result(result, network, model, 8)
     assert "run" not in sim_policy._LAST
+
+
+def test_no_cut_of_a_run_compiling_refuses() -> None:
+    """A J = 2 unfolded schedule unrolled for one iteration lacks a producer (E2.0 reads U2.1): compiling raises,
+    and no cut of the two-iteration run is made for it (its producer is not among the kept ops)."""
+    from layerpipe.network import Add, Linear, NetworkBuilder
+
+    builder = NetworkBuilder("residual", (1,), 1)
+    builder.add("fc0", Linear(2, bias=False, activation="relu"))
+    builder.add("b1.fc0", Linear(1, bias=False, activation="relu"))
+    builder.add("b1.fc1", Linear(2, bias=False, activation="relu"))
+    builder.add("b1.add", Add(activation="relu"), inputs=["b1.fc1", "fc0"])
+    builder.add("fc4", Linear(1, bias=False, activation="relu"))
+    network, model = builder.build(), MacsModel()
+    result = _result(network, "layerpipe-unfold", 2, "shared", model)
+    longer_ops, workload = policy_ops(result, network, model, 2, "latest")
+    schedule, _ = policy_ops(result, network, model, 1, "latest")
+    assert _compiled(schedule, workload) is None
+    assert restricted_compile(compile_schedule(longer_ops, workload), schedule, workload) is None
