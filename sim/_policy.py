@@ -15,16 +15,18 @@ import numpy as np
 
 from layerpipe._gc import gc_paused
 from layerpipe.costs import CostModel
-from layerpipe.dfg import GraphOptions, build_training_graph
+from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._deps import expand_stages
 from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.sim._engine import compile_schedule
+from layerpipe.schedule._task_table import memo
+from layerpipe.sim._engine import CompiledSchedule, compile_schedule
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
+from layerpipe.sim._restrict import restricted_compile, shorter_ops
 from layerpipe.sim._streams import simulate_result as simulate_stream_result
 from layerpipe.sim._workload import Workload
 
@@ -75,6 +77,13 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
     """The explicit layer-level ops of `iterations` iterations (micro-batches) of `result`, and their workload
     (the policy's graph switches, weight mode `mode`, costs from `model`). A result scheduled on a split
     variant of `network` runs the variant (`simulated_network`)."""
+    schedule, graph = _policy_schedule(result, network, iterations, mode)
+    return schedule, _policy_workload(result, graph, model)
+
+
+def _policy_schedule(result: ScheduleResult, network: Network, iterations: int, mode: str
+                     ) -> tuple[OpSchedule, TrainingGraph]:
+    """`policy_ops`' ops, and the graph its workload is made from."""
     if result.graph is None:
         raise InputError(f"policy '{result.policy}' was scheduled without a network; simulate it from a "
                          "stage-level schedule file with --stage-costs")
@@ -97,6 +106,11 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
         schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
     else:
         raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
+    return schedule, graph
+
+
+def _policy_workload(result: ScheduleResult, graph: TrainingGraph, model: CostModel) -> Workload:
+    """`policy_ops`' workload: of the graph and the cost model, and of the policy's plan (not of the iterations)."""
     workload = Workload.of_graph(graph, model)
     if result.periodic is not None:
         workload = replace(workload, plan=result.periodic)  # a bus serves transfers in the planned order
@@ -104,7 +118,41 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
         # The durations the policy scheduled win over the cost model's: PipeDream-2BW's U writes 1/m of the
         # shadow weights per iteration, so its scheduled cost is ⌈c_U/m⌉.
         workload = replace(workload, durations={**workload.durations, **result.periodic.costs})
-    return schedule, workload
+    return workload
+
+
+#: Ops up to which `simulate_policy_result` keeps the run it compiled last (`_LAST`), for a shorter run of the same
+#: schedule to be cut out of: a bound on the memory held between calls (issue 14), with what the run cached on it
+#: (its link plan; on a bus, its lists per op). explore's longest runs have ~26k ops (resnet18 on 8 processors).
+REMEMBERED_OPS = 1 << 16
+
+#: The last run `simulate_policy_result` compiled: (result, network, model, mode, compiled, workload), kept by
+#: identity. `explore` simulates each point for 2K iterations, then K (`layerpipe.dse._evaluate.steady_simulation`):
+#: the K run's compiled schedule is cut out of the 2K run's (`restricted_compile`), and its workload, a function
+#: of (result, network, model, mode) alone, is the same (they are frozen; a cost model is taken to price a task
+#: the same way twice). Emptied by `clear_memos`; taken when used.
+_LAST: dict[str, tuple[ScheduleResult, Network, CostModel, str, CompiledSchedule, Workload]] = memo({})
+
+
+def compiled_policy_run(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
+                        mode: str) -> tuple[CompiledSchedule, Workload]:
+    """`compile_schedule(*policy_ops(...))`: cut out of the last run compiled when that was a longer run of the
+    same schedule (see `_LAST`), else compiled (and remembered, when short enough)."""
+    last = _LAST.pop("run", None)
+    if last is not None and last[0] is result and last[1] is network and last[2] is model and last[3] == mode:
+        cut = shorter_ops(result, last[4].schedule, iterations)
+        schedule = cut[0] if cut is not None else _policy_schedule(result, network, iterations, mode)[0]
+        workload = last[5]
+        compiled = restricted_compile(last[4], schedule, workload, None if cut is None else cut[1])
+        if compiled is not None:
+            return compiled, workload
+    else:
+        schedule, graph = _policy_schedule(result, network, iterations, mode)
+        workload = _policy_workload(result, graph, model)
+    compiled = compile_schedule(schedule, workload)
+    if compiled.num_ops <= REMEMBERED_OPS:
+        _LAST["run"] = (result, network, model, mode, compiled, workload)
+    return compiled, workload
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
@@ -118,5 +166,5 @@ def simulate_policy_result(result: ScheduleResult, network: Network, model: Cost
     if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
         return simulate_stream_result(result, network, model, iterations, config)
     with gc_paused():  # one pause for the whole path (see `layerpipe.sim.simulate`)
-        schedule, workload = policy_ops(result, network, model, iterations, config.mode)
-        return simulate_compiled(compile_schedule(schedule, workload), workload, config)
+        compiled, workload = compiled_policy_run(result, network, model, iterations, config.mode)
+        return simulate_compiled(compiled, workload, config)

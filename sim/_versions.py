@@ -47,12 +47,7 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
     updates = updates[np.lexsort((end[updates], unit[updates]))]  # by layer, then end time
     update_units, update_ends = unit[updates], end[updates]
     readers = np.flatnonzero(reads)
-    readers = readers[stable_argsort(unit[readers])]
-    layers, first = np.unique(unit[readers], return_index=True)
-    for layer, lo, hi in zip(layers.tolist(), first.tolist(), [*first[1:].tolist(), len(readers)], strict=True):
-        members = readers[lo:hi]
-        a, b = np.searchsorted(update_units, [layer, layer + 1])
-        versions[members] = np.searchsorted(update_ends[a:b], start[members], side="right")
+    versions[readers] = _updates_ended(update_units, update_ends, unit[readers], start[readers])
     if remote_copies:
         _remote_copies(c, versions)
     if sched.read_floor:
@@ -60,6 +55,29 @@ def version_array(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, workl
     if mode == "stash":
         _stash_from_forward(c, versions, readers, unit)
     return versions
+
+
+def _updates_ended(update_units: np.ndarray, update_ends: np.ndarray, units: np.ndarray, times: np.ndarray
+                   ) -> np.ndarray:
+    """Per (unit, time) query, how many updates of that unit end at or before the time; the updates are sorted by
+    unit, then end. One search over keys unit · span + time (every time and end in 0 … span − 1) less where
+    the unit's updates begin — not a search per unit (a dozen numpy calls per layer: issue 14)."""
+    if not len(units):
+        return np.zeros(0, dtype=np.int64)
+    low = min(int(units.min()), int(update_units.min()) if len(update_units) else 0)
+    span = max(int(times.max()), int(update_ends.max()) if len(update_ends) else 0) + 1
+    if int(times.min()) < 0 or (max(int(units.max()), int(update_units.max()) if len(update_units) else 0)
+                                - low + 1) * span >= 1 << 62:  # keys out of range: a search per unit
+        out = np.zeros(len(units), dtype=np.int64)
+        for u in np.unique(units).tolist():
+            mine = np.flatnonzero(units == u)
+            a, b = np.searchsorted(update_units, [u, u + 1])
+            out[mine] = np.searchsorted(update_ends[a:b], times[mine], side="right")
+        return out
+    update_keys = (update_units.astype(np.int64) - low) * span + update_ends
+    query_units = units.astype(np.int64) - low
+    ended = np.searchsorted(update_keys, query_units * span + times, side="right")
+    return ended - np.searchsorted(update_keys, query_units * span, side="left")
 
 
 def _apply_floor(c: CompiledSchedule, versions: np.ndarray, unit: np.ndarray) -> None:
@@ -81,19 +99,28 @@ def _remote_copies(c: CompiledSchedule, versions: np.ndarray) -> None:
     pinned = c.schedule.read_staleness_map()
     if not pinned or not getattr(c.schedule, "simple", True):
         return  # unfolded / grouped schedules pin per phase and update group: their own rule
+    num_tasks = len(c.tasks)
     proc = c.proc_array()
+    # Each task's first op (ops are numbered processor-major: its processor's), by one pass over the ops.
+    present, first_op = np.unique(c.task, return_index=True)
+    first_proc = np.full(num_tasks, -1, dtype=np.int64)
+    first_proc[present] = proc[first_op]
+    owner: dict[int, int] = {}
+    for k, (kind, unit) in enumerate(c.tasks):  # a later U task of a unit wins, as before
+        if "U" in kind and first_proc[k] >= 0:
+            owner[unit] = int(first_proc[k])
     task_ids = {t: k for k, t in enumerate(c.tasks)}
-    owner = {}
-    for (kind, unit), k in task_ids.items():
-        ops = np.flatnonzero(c.task == k)
-        if "U" in kind and len(ops):
-            owner[unit] = proc[ops[0]]
-    for (kind, unit), stale in pinned.items():
+    stale = np.zeros(num_tasks, dtype=np.int64)  # per reader task: its pin (any sign), where its unit has an owner
+    held_at = np.full(num_tasks, -1, dtype=np.int64)  # … and that owner's processor (−1: not pinned)
+    for (kind, unit), s in pinned.items():
         reader = task_ids.get((kind, unit))
-        if reader is None or unit not in owner:
-            continue
-        ops = np.flatnonzero((c.task == reader) & (proc != owner[unit]))
-        versions[ops] = np.maximum(0, c.iteration[ops] - stale)
+        if reader is not None and unit in owner:
+            stale[reader], held_at[reader] = s, owner[unit]
+    if not bool((held_at >= 0).any()):
+        return
+    at = held_at.take(c.task)
+    ops = np.flatnonzero((at >= 0) & (proc != at))
+    versions[ops] = np.maximum(0, c.iteration[ops] - stale.take(c.task[ops]))
 
 
 def _stash_from_forward(c: CompiledSchedule, versions: np.ndarray, readers: np.ndarray, unit: np.ndarray) -> None:

@@ -74,8 +74,9 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     if result.explicit is not None:  # whole steps
         m = max(result.explicit.microbatches, 1)
         iterations = -(-iterations // m) * m
-    shorter = simulate_policy_result(result, network, model, iterations, config)
+    # The longer run first: the shorter one's compiled schedule is then cut out of it (`layerpipe.sim._policy`).
     longer = simulate_policy_result(result, network, model, 2 * iterations, config)
+    shorter = simulate_policy_result(result, network, model, iterations, config)
     return longer, longer.steady_cycles_per_iteration(shorter)
 
 

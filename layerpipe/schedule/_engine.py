@@ -126,8 +126,16 @@ class CompiledSchedule:
     prod_words: np.ndarray
     prod_role: np.ndarray
     roles: tuple[str, ...]
-    #: Planned start of every op (from `Workload.plan`), or None: the order a compiled bus serves transfers in.
-    plan_time: list[int] | None = None
+    #: The plan the ops were made from (`Workload.plan`), or None: `plan_time` is read from it.
+    plan: RunPlan | None = None
+
+    @cached_property
+    def plan_time(self) -> list[int] | None:
+        """Planned start of every op (`RunPlan.planned_starts`), or None without a plan or when it misses an op: the
+        order a compiled bus serves transfers in. Computed when first read (only a bus reads it: a pass over every
+        op that `shared` and `links` runs never need)."""
+        plan = self.plan
+        return None if plan is None else plan.planned_starts(self.tasks, self.task, self.iteration)
 
     @property
     def num_ops(self) -> int:
@@ -422,10 +430,9 @@ def _compile(schedule: OpSchedule, workload: Workload) -> CompiledSchedule:
         csr = _array_dependencies(schedule, tasks, task, iteration, workload)
     if csr is None:  # outside what the arrays cover, or an error to report: `dependencies()`, op by op
         csr = _listed_dependencies(schedule, list(itertools.chain.from_iterable(schedule.procs)), workload)
-    plan_time = _plan_times(workload.plan, tasks, task, iteration)
     ptr, producer, words, role, roles = csr
     compiled = CompiledSchedule(schedule, bounds, tuple(cost), tasks, task, iteration, _narrow_ptr(ptr),
-                                _narrow(producer), _narrow(words), role, roles, plan_time=plan_time)
+                                _narrow(producer), _narrow(words), role, roles, plan=workload.plan)
     if ops is not None:
         compiled.__dict__["ops"] = tuple(ops)  # the cached `ops`: the schedule's own objects
     return compiled
@@ -501,12 +508,6 @@ def _from_ops(schedule: OpSchedule) -> tuple[list[Op], list[int], tuple[tuple[st
     task = np.fromiter(map(task_ids.__getitem__, keys), np.int64, n)
     iteration = np.fromiter(map(_ITERATION_OF, ops), np.int64, n)
     return ops, bounds, tuple(task_ids), task, iteration
-
-
-def _plan_times(plan: RunPlan | None, tasks: tuple[tuple[str, int], ...], task: np.ndarray,
-                iteration: np.ndarray) -> list[int] | None:
-    """Planned start of every op (`RunPlan.planned_starts`); None without a plan or when it misses an op."""
-    return None if plan is None else plan.planned_starts(tasks, task, iteration)
 
 
 def _raise_duplicate(ops: list[Op]) -> None:

@@ -209,4 +209,4 @@ def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int]
         at = [runs.head[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
         _check_finished(c, at, done, plan.inputs if plan is not None else c.prods,
                         plan.producer if plan is not None else [])
-    return op_times(runs, known, c.dur_array())
+    return op_times(runs, known, runs.dur)  # the durations the runs were built from (not a second array)

@@ -173,24 +173,33 @@ class PeriodicSchedule:
             if not body:
                 bounds.append(bounds[-1])
                 continue
-            # Per slot: its task, start, lag, phase, copies per period, iteration limit, busy, tie rank.
+            # Per slot: its task, lag, phase, copies per period, iteration limit, busy, tie rank.
             ids = np.asarray([task_id.setdefault((s.kind, s.layer), len(task_id)) for s in body], dtype=np.int64)
-            start = np.asarray([s.start for s in body], dtype=np.int64)
             lag = np.asarray([s.lag for s in body], dtype=np.int64)
             phase = np.asarray([s.phase for s in body], dtype=np.int64)
             per = np.asarray([self.phases(s.kind, s.layer) for s in body], dtype=np.int64)
             cap = np.asarray([limit.get(s.layer, iterations) if s.kind == "U" else iterations for s in body],
                              dtype=np.int64)
             # Without costs (a schedule read from text) every task counts as busy.
-            busy = np.asarray([self.costs.get((s.kind, s.layer), 1) > 0 for s in body], dtype=np.int64)
-            rank = np.asarray([tie_rank(s.kind, s.layer) for s in body], dtype=np.int64).reshape(len(body), 3)
+            busy = [int(self.costs.get((s.kind, s.layer), 1) > 0) for s in body]
+            ranks = [tie_rank(s.kind, s.layer) for s in body]
+            within = _period_order(body, busy, ranks, per.tolist(), self.period)
+            if within is not None:  # every period in the same slot order: the grid in that order, no sort
+                t = per[within][None, :] * (j[:, None] - lag[within][None, :]) + phase[within][None, :]
+                live = (t >= 0) & (t < cap[within][None, :])
+                task_parts.append(ids[np.broadcast_to(within, t.shape)[live]])
+                iteration_parts.append(t[live])
+                bounds.append(bounds[-1] + len(task_parts[-1]))
+                continue
             # The grid in the order the ops were listed before sorting: period by period, the body's slots.
             t = per[None, :] * (j[:, None] - lag[None, :]) + phase[None, :]
             live = (t >= 0) & (t < cap[None, :])
             slot = np.broadcast_to(np.arange(len(body)), t.shape)[live]
             t = t[live]
+            start = np.asarray([s.start for s in body], dtype=np.int64)
             when = (j[:, None] * self.period + start[None, :])[live]
-            order = np.lexsort((t, rank[slot, 2], rank[slot, 1], rank[slot, 0], busy[slot], when))
+            rank = np.asarray(ranks, dtype=np.int64).reshape(len(body), 3)
+            order = np.lexsort((t, rank[slot, 2], rank[slot, 1], rank[slot, 0], np.asarray(busy)[slot], when))
             task_parts.append(ids[slot[order]])
             iteration_parts.append(t[order])
             bounds.append(bounds[-1] + len(order))
@@ -335,3 +344,29 @@ class PeriodicSchedule:
         if period is None or period < 1:
             raise InputError("periodic schedule header: field 'period' must be a positive integer")
         return PeriodicSchedule(period, tuple(bodies), unfold=unfold, groups=groups, read_floor=floor)
+
+
+def _period_order(body: Sequence[Slot], busy: list[int], ranks: list[tuple[int, int, int]], per: list[int],
+                  period: int) -> np.ndarray | None:
+    """The order `PeriodicSchedule.unroll` sorts one period's slots in, when it is every period's: the slots by
+    (start, busy, tie rank, iteration), stably; None where the unroll must sort its whole grid.
+
+    The cells of period j start at j·P + start: with every start in [0, P) they all come before period j + 1's,
+    and within the period the order compares (start, busy, tie rank) — the same in every period — then the
+    iterations t = c·(j − lag) + phase (c copies per period): with one c among the slots tied on the rest, two
+    slots' iterations differ by c·(lag' − lag) + phase − phase', the same in every period. A stable sort of the
+    slots by those keys at j = 0 is then every period's order (the grid's cells were listed period by period,
+    slot by slot, so stable ties keep slot order in both); the unroll keeps the live cells of that order."""
+    import numpy as np
+
+    if not all(0 <= slot.start < period for slot in body):
+        return None
+    keys = []
+    copies: dict[tuple[int, int, tuple[int, int, int]], int] = {}
+    for slot, b, rank, c in zip(body, busy, ranks, per, strict=True):
+        tied = (slot.start, b, rank)
+        if copies.setdefault(tied, c) != c:
+            return None  # tied slots with different copies per period: their order can change with the period
+        keys.append((*tied, c * -slot.lag + slot.phase))
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+

@@ -18,13 +18,30 @@ head, not per op.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from layerpipe._gc import gc_paused
-from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN
+from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN, int64_array
+
+
+@dataclass(frozen=True)
+class Sends:  # compared by value (tests compare runs field by field)
+    """The transfers the ops of each run queue, in program order, as flat lists: head k's are entries
+    at[k] … at[k+1] − 1, each its input number, its link and the `off` of its sending op."""
+
+    at: list[int]
+    input: list[int]
+    link: list[int]
+    off: list[int]
+
+    def of_head(self, k: int) -> list[tuple[int, int, int]]:
+        """Head k's transfers as (input number, link, off) (for tests and reports; the sweep reads the lists)."""
+        lo, hi = self.at[k], self.at[k + 1]
+        return list(zip(self.input[lo:hi], self.link[lo:hi], self.off[lo:hi], strict=True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,8 +54,8 @@ class Runs:
     (an op input) or the transfer's input number n + t (add 0). Its first input is (first_key[k], first_add[k])
     — key `none`, always known at 0, when it has none — and the others are `rest[k]` (None for heads with one or
     none; `rest` None when no head has more): most heads have one input, and a tuple of tuples per head was most of
-    building the runs (issue 14). `sends[k]` are the transfers of the run's ops in program order: (input number,
-    link, off of the sending op).
+    building the runs (issue 14). `sends` are the transfers of the runs' ops in program order (`Sends`; None on
+    `shared`).
     """
 
     head: list[int]
@@ -48,9 +65,11 @@ class Runs:
     first_add: list[int]
     rest: list[tuple[tuple[int, int], ...] | None] | None
     none: int  #: the input number standing for "no input" (one past the last op or transfer)
-    sends: list[Sequence[tuple[int, int, int]]] | None
+    sends: Sends | None
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
+    head_ops: np.ndarray  #: `head` as an array (`op_times` scatters the heads' starts with it)
+    dur: np.ndarray  #: per op, its cycles (int64: the array the runs were built from, for `op_times`)
 
 
 #: Inputs per processor up to which `needed_inputs` takes them all at once (above, a processor at a time: memory).
@@ -78,6 +97,7 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     heads = np.flatnonzero(head)
     if len(heads) > max_head_share * n:
         return None
+    dur = np.asarray(dur, dtype=np.int64)  # kept for `op_times` (the engine's array is int64 already: no copy)
     run_of, off = run_offsets(head, dur)
     last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
     length = off[last]
@@ -133,15 +153,15 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
                 rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
             del keys, adds
         del key, add, kept_src
-        sends: list[Sequence[tuple[int, int, int]]] | None = None
+        sends: Sends | None = None
         if send_producer is not None and send_input is not None and send_link is not None:
-            owner = head_number[send_producer]
-            s_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
-            np.cumsum(np.bincount(owner, minlength=len(heads)), out=s_ptr[1:])
-            flat = list(zip(send_input.tolist(), send_link.tolist(), off[send_producer].tolist(), strict=True))
-            sends = [flat[a:b] if b > a else () for a, b in itertools.pairwise(s_ptr.tolist())]
+            # Flat lists and where each head's begin: no list or tuple per head or per transfer (a slice per
+            # sending head was a fifth of building the runs of an explore point on links).
+            at = np.zeros(len(heads) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(head_number[send_producer], minlength=len(heads)), out=at[1:])
+            sends = Sends(at.tolist(), send_input.tolist(), send_link.tolist(), off[send_producer].tolist())
     return Runs(head_list, head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
-                none, sends, _narrow(run_of), _narrow(off))
+                none, sends, _narrow(run_of), _narrow(off), _narrow(heads), dur)
 
 
 def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
@@ -331,6 +351,8 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
     waiters: list[list[int] | None] = [None] * len(known)
     link_free = [0] * num_links
     heads, length, sends = r.head, r.length, r.sends
+    send_at, send_input, send_link, send_off = ((sends.at, sends.input, sends.link, sends.off) if sends is not None
+                                                else (None, [], [], []))
     first_key, first_add, rest = r.first_key, r.first_add, r.rest
     lo, hi = r.head_bounds[:-1], r.head_bounds[1:]
     nxt = list(lo)
@@ -376,10 +398,12 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
             if woken is not None:
                 work.extend(woken)
                 waiters[h] = None
-            if sends is not None:
-                for x, link, off in sends[k]:
+            if send_at is not None:
+                c, last = send_at[k], send_at[k + 1]
+                while c < last:
+                    x, link = send_input[c], send_link[c]
                     depart = link_free[link]
-                    ready = s + off
+                    ready = s + send_off[c]
                     if depart < ready:
                         depart = ready
                     depart += hold[x]
@@ -389,6 +413,7 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
                     if woken is not None:
                         work.extend(woken)
                         waiters[x] = None
+                    c += 1
             k += 1
         nxt[p], free[p] = k, t
     finished = all(k >= stop for k, stop in zip(nxt, hi, strict=True))
@@ -401,7 +426,12 @@ def op_times(r: Runs, known: list[int], dur: list[int] | np.ndarray) -> tuple[np
     n = len(dur)
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    # The heads' starts read straight from the list (a slice would copy n pointers first: peak memory).
-    end = np.fromiter(itertools.islice(known, n), dtype=np.int64, count=n)[r.run_of]
+    # Only the heads' starts are read (an itemgetter, in C: a fraction of the list, which also holds every other
+    # op's and transfer's slot), scattered to the heads' places and gathered per op by its run's head.
+    head = r.head
+    starts = operator.itemgetter(*head)(known) if len(head) > 1 else (known[head[0]],)
+    at_heads = np.zeros(n, dtype=np.int64)
+    at_heads[r.head_ops] = int64_array(starts)
+    end = at_heads[r.run_of]
     end += r.off
     return end - np.asarray(dur, dtype=np.int64), end
