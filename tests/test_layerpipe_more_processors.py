@@ -19,7 +19,7 @@ from layerpipe.costs import PEModel
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import make_schedule, validate
-from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._layerpipe import LayerPipeOptions, fewer_counts
 from tests.strategies import networks
 from tests.test_comm_schedule import simulated_period
 
@@ -108,3 +108,15 @@ def test_zoo_more_processors_are_never_slower(network, k) -> None:
         if previous is not None:
             assert rank(result) <= previous, (network, k, n)
         previous = rank(result)
+
+
+def test_the_fewer_counts_searched() -> None:
+    """Every count below N up to N = 21 (so the property above holds there exactly); above, N − 1 … N − 4, the
+    halvings of N above 16, and 16 … 1: a bounded number of searches however large N is."""
+    for n in range(1, 22):
+        assert fewer_counts(n) == list(range(n - 1, 0, -1))
+    assert fewer_counts(128) == [127, 126, 125, 124, 64, 32, *range(16, 0, -1)]
+    for n in range(22, 4097):
+        counts = fewer_counts(n)
+        assert counts == sorted(set(counts), reverse=True) and counts[0] == n - 1 and counts[-1] == 1
+        assert len(counts) <= 4 + n.bit_length() + 16

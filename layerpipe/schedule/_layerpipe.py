@@ -142,10 +142,11 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     could miss what fewer processors meet (alexnet on links:2:64, max staleness 2: 7.19e8 cycles per sample
     on 3 processors, 1.14e9 on 4..10; resnet18 at max staleness 4 fell back to one processor on 6 and 8). The
     searches on fewer processors stop where Σc / N' per sample, the least any N' processors can do, is above the
-    best found: an unbounded search that balances its N processors rarely looks below N."""
+    best found: an unbounded search that balances its N processors rarely looks below N. Above N = 21 the fewer
+    counts are a bounded set (`fewer_counts`)."""
     best, fresh = _searched(network, num_procs, model, options, interconnect)
     total = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model).total
-    for fewer in range(num_procs - 1, 0, -1):
+    for fewer in fewer_counts(num_procs):
         m = best.result.metrics
         if total * m.samples_per_period > m.period_cycles * fewer * network.batch:
             break  # Σc / (N' · batch) > period / samples: nothing on N' (or fewer) processors is as fast
@@ -160,6 +161,28 @@ def schedule_layerpipe(network: Network, num_procs: int, model: CostModel, optio
     note = (f"uses {best.result.num_procs} of the {num_procs} processors: the search on more found nothing faster "
             f"(the others stay idle)")
     return replace(result, notes=(*result.notes, note))
+
+
+#: The processor counts just below N that `schedule_layerpipe` searches, and the small ones it searches up to:
+#: every count below N up to N = NEAR + SMALL + 1 (the zoo's and the papers' counts), a bounded number above.
+FEWER_NEAR = 4
+FEWER_SMALL = 16
+
+
+def fewer_counts(num_procs: int) -> list[int]:
+    """The counts below N that LayerPipe's schedule on N is compared with, largest first: N − 1 … N − NEAR, the
+    halvings of N above SMALL, and SMALL … 1. Every count below N while N ≤ NEAR + SMALL + 1, so more processors
+    are never slower there; above, the halvings and the small counts keep what a staleness bound finds on few
+    processors (lenet5 at max staleness 2 uses 12 of 128) in 4 + log2(N) + 16 searches, not N − 1 (each a search
+    on up to N processors: 117 searches, 10 s, for that lenet5 point)."""
+    near = range(num_procs - 1, max(0, num_procs - 1 - FEWER_NEAR), -1)
+    halvings = []
+    half = num_procs // 2
+    while half > FEWER_SMALL:
+        halvings.append(half)
+        half //= 2
+    small = range(min(FEWER_SMALL, num_procs - 1), 0, -1)
+    return sorted({*near, *halvings, *small}, reverse=True)
 
 
 #: A search's schedule measured on N processors (its own or more), naming the given network where it is equal to
