@@ -33,8 +33,8 @@
   occurs together in a kept point (or in one of `covered`, points another test runs; `keep`: points always
   kept) — and the rest marked
   `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
-  the suite runs every class of case (each value of each parameter, each pair of them) — 302-316 s of pytest
-  (585-614 CPU-s) in the last two clean-clone CI runs on 2 cores (2026-12-06 22:41 and 22:53), 273-295 s
+  the suite runs every class of case (each value of each parameter, each pair of them) — 302-322 s of pytest
+  (585-624 CPU-s) in the last three clean-clone CI runs on 2 cores (2026-12-06 22:41-23:10), 273-295 s
   (529-571 CPU-s) an hour and a half before, against issue 13's target of 300 s: ~12 CPU-s of new tests, ~8 of
   LayerPipe's searches on fewer processors inside the property tests, the rest the machine — and the
   full grids (every combination, ~3 minutes more) are one flag away.
