@@ -39,7 +39,6 @@ from layerpipe.schedule._planner import (
     PlanCosts,
     Replicated,
     Stage,
-    _by_target,
     _Chain,
     _coalesced_starts,
     _flatten,
@@ -47,16 +46,22 @@ from layerpipe.schedule._planner import (
     _preference,
     _round_robin_starts,
     _round_robin_targets,
-    _settled_lags,
     _topological_by,
 )
+from layerpipe.schedule._replicated_scores import _settled_lags
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
-from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule._versions import periodic_versions
 
 __all__ = ["reference_cut_holds", "reference_layer_floor", "reference_list_targets", "reference_order_bodies",
            "reference_pack_circular", "reference_replicated_timing", "reference_search_plan",
            "reference_update_chain_lags"]
+
+
+def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
+    """Body order by target offset modulo the period, then target, then task (the key `order_bodies` took)."""
+    return lambda v: (target[v] % period, target[v], v)
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:

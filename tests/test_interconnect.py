@@ -155,7 +155,7 @@ def test_the_replicated_plan_on_a_bus_runs_no_later_than_planned(policy: str) ->
     """Found by a stored hypothesis example: a replicated plan (unfold 6) on a bus held busy every cycle of its
     period. Two faults let its run fall up to 5 (layerpipe) and 11 (pipedream) cycles behind the plan: the
     arrivals were kept from before `update_chain_lags` raised the update lags (the pins and the bus order move
-    with them: `_planner._settled_lags`), and the weight-read pins oscillated between two copies, a newer
+    with them: `_replicated_scores._settled_lags`), and the weight-read pins oscillated between two copies, a newer
     copy's transfer making the bus late enough to pin an older one (`_comm.channel_timing`)."""
     from layerpipe.network import Add, Linear, NetworkBuilder
 

@@ -46,17 +46,18 @@ from layerpipe.schedule._placement import _improve, improve
 from layerpipe.schedule._planner import (
     Plan,
     PlanCosts,
-    _ForwardPins,
     _replicated_timing,
     _search_plan,
     plan,
     replicated_layout,
     replicated_timing,
 )
+from layerpipe.schedule._replicated_scores import _ForwardPins
 from layerpipe.schedule._stage_programs import gpipe, one_f_one_b, zb_h1
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import periodic_of
-from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule._versions import periodic_versions
 from layerpipe.schedule._workload import Workload
 from tests.schedule_reference import (
     FAST,

@@ -63,7 +63,7 @@ def replanned_alike(table: TaskTable, start: Sequence[int], period: int, comm: C
                     arrival: dict[tuple[int, int], int]) -> bool:
     """Whether `comm_timing` gave these lags and arrivals for these starts (still in its memo) at a fixpoint of
     its rounds: `channel_timing` on the plan times of `lag` gives `arrival` again, and `_longest_lags` on
-    those gives `lag`. Then a pass that would re-plan them (`_planner._settled_lags`) knows the answer without
+    those gives `lag`. Then a pass that would re-plan them (`_replicated_scores._settled_lags`) knows the answer without
     packing a channel. False when unknown (not memoised, or the rounds ran out before the lags settled)."""
     if comm.free:
         return False

@@ -58,11 +58,9 @@ from layerpipe.schedule._bodies import (
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._replicated_scores import _ForwardPins, _settled_lags, best_trial, timed_trial  # noqa: F401
+from layerpipe.schedule._replicated_scores import best_trial, timed_trial
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
-
-# (`_ForwardPins` and `_settled_lags` are imported above for the tests and their reference, which read them here.)
 
 #: Rounds of all stages fit in a period of this many micro-batches; replica counts divide it.
 MAX_ROUND = 12
@@ -451,7 +449,7 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
     trials = [timed_trial(unfolded, contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost), period,
                           comm) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
-        bodies = offset_bodies(placement, num_procs, target, period)  # `_by_target`'s order
+        bodies = offset_bodies(placement, num_procs, target, period)  # by target offset mod the period
         trials.append(timed_trial(unfolded, packed_starts(unfolded, bodies, period, target), period, comm))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
@@ -466,12 +464,6 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
                                   period, comm))
     return Replicated(unfolded, placement, period, best_trial(unfolded, placement, period, num_procs, comm,
                                                                 table.graph, trials))
-
-
-def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int, int, int]]:
-    """Body order by target offset modulo the period, then target, then task (`_bodies.offset_bodies` sorts by it
-    without a key function; kept for the tests' reference)."""
-    return lambda v: (target[v] % period, target[v], v)
 
 
 def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,

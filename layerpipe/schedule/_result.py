@@ -16,7 +16,8 @@ from layerpipe.schedule._lags import loop_lengths
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, periodic_of
-from layerpipe.schedule._validate import periodic_staleness, periodic_versions
+from layerpipe.schedule._validate import periodic_staleness
+from layerpipe.schedule._versions import periodic_versions
 from layerpipe.schedule.metrics import (
     ScheduleMetrics,
     period_lower_bound,

@@ -37,7 +37,6 @@ from layerpipe.schedule._deps import Dependency, MissingProducer, StageInfo, dep
 from layerpipe.schedule._ir import KINDS_LAYER, KINDS_STAGE, Op, OpKey, OpSchedule, ScheduleError, tie_rank
 from layerpipe.schedule._periodic import PeriodicSchedule, Slot, latest_update, read_offset, slot_order
 from layerpipe.schedule._unfold import copies, unfolded_edge_tuples
-from layerpipe.schedule._versions import periodic_versions as periodic_versions  # its callers' old home
 
 #: Op durations: per (kind, unit), a function of the op, or None for one cycle each.
 Durations = Mapping[tuple[str, int], int] | Callable[[Op], int] | None
