@@ -52,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pytest
@@ -280,3 +280,18 @@ def shared_verilog(monkeypatch: pytest.MonkeyPatch) -> None:
     import layerpipe.hdl._flow as flow
 
     monkeypatch.setattr(flow, "export_verilog", functools.partial(cached_verilog, export=flow.export_verilog))
+
+
+@pytest.fixture
+def replica_counts_dividing_12(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """PipeDream's planner as it was before a stage could have any replica count up to N: one search over the
+    counts that divide 12. For regression tests pinned on a plan found then (the class they guard is also
+    tested on generated cases in today's space). The scheduling memos are emptied before and after, so no plan
+    of the old space reaches another test."""
+    from layerpipe.schedule import _planner
+    from layerpipe.schedule._task_table import clear_memos
+
+    monkeypatch.setattr(_planner, "rounds", lambda n: ((12, tuple(c for c in (1, 2, 3, 4, 6) if c <= n)),))
+    clear_memos()
+    yield
+    clear_memos()

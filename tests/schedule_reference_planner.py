@@ -4,7 +4,8 @@ because tests/schedule_reference.py is near its size limit. Copied from commit c
 (layerpipe/schedule/_planner.py) with only the names changed (and the layout made afresh, not memoised); not
 used by the package:
 
-- `reference_search_plan` — `_search_plan` calling `PlanCosts.scaled_stage_term` / `scaled_stage_bus` per stage;
+- `reference_search_plan` — `_search_plan` calling `PlanCosts.scaled_stage_term` / `scaled_stage_bus` per stage
+  (since replica counts went up to N, one such search per round of `_planner.rounds`, none bounding another);
 - `reference_replicated_timing` — `_replicated_timing` building every settled trial's schedule and counting the
   versions of every trial of the least staleness.
 
@@ -33,8 +34,6 @@ from layerpipe.schedule._comm_timing import Timing, timed, timing_of
 from layerpipe.schedule._lags import _UNREACHED, StalenessFloor, asap_times, staleness_from_span
 from layerpipe.schedule._periodic import PeriodicSchedule
 from layerpipe.schedule._planner import (
-    MAX_ROUND,
-    REPLICAS,
     Plan,
     PlanCosts,
     Replicated,
@@ -47,6 +46,7 @@ from layerpipe.schedule._planner import (
     _round_robin_starts,
     _round_robin_targets,
     _topological_by,
+    rounds,
 )
 from layerpipe.schedule._replicated_scores import _settled_lags
 from layerpipe.schedule._task_table import TaskTable
@@ -65,8 +65,16 @@ def _by_target(target: Sequence[int], period: int) -> Callable[[int], tuple[int,
 
 
 def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
-    """The best plan on at most `num_procs` processors (module docstring); `replication=False` allows one
-    replica per stage only (PipeDream's straight pipeline).
+    """The best of `_reference_round` over the planner's rounds (`rounds`), each searched on its own (no bound
+    carried from one to the next); `replication=False`: one replica per stage."""
+    searches = rounds(num_procs) if replication else ((1, (1,)),)
+    found = [_reference_round(costs, num_procs, counts, round_) for round_, counts in searches]
+    return min(found, key=lambda p: _preference(p.cycles, p.stages))
+
+
+def _reference_round(costs: PlanCosts, num_procs: int, counts: tuple[int, ...], round_: int) -> Plan:
+    """The best plan on at most `num_procs` processors with replica counts in `counts` (dividing `round_`,
+    by which every value is scaled; the old single search had counts 1, 2, 3, 4, 6 and round 12).
 
     States are (cut, processors used, replicas of the last stage) with a Pareto front of (largest term, bus
     load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed)
@@ -74,10 +82,10 @@ def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -
     prefix whose remaining work over the remaining processors exceeds it.
     """
     n = len(costs)
-    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    options = [r for r in counts if r <= num_procs]
     widest = max(options)
-    # All values below are scaled by MAX_ROUND (PlanCosts.scaled_*): integers, compared exactly.
-    bound = max(costs.scaled_stage_term(0, n - 1, widest), costs.scaled_stage_bus(0, n - 1, widest))
+    # All values below are scaled by round_ (PlanCosts.scaled_*): integers, compared exactly.
+    bound = max(costs.scaled_stage_term(0, n - 1, widest, round_), costs.scaled_stage_bus(0, n - 1, widest, round_))
     fronts: dict[tuple[int, int, int], list[tuple[int, int, _Chain]]] = {}
     work = costs.work
 
@@ -98,18 +106,18 @@ def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -
         for r in options:
             if used + r > num_procs:
                 continue
-            link = costs.scaled_cut_term(cut, r_before, r) if r_before is not None else 0
-            cut_bus = costs.scaled_cut_bus(cut) if r_before is not None else 0
+            link = costs.scaled_cut_term(cut, r_before, r, round_) if r_before is not None else 0
+            cut_bus = costs.scaled_cut_bus(cut, round_) if r_before is not None else 0
             left = num_procs - used - r
             for last in range(cut, n):
-                term = costs.scaled_stage_term(cut, last, r)
+                term = costs.scaled_stage_term(cut, last, r, round_)
                 if term > bound:
                     break  # longer stages on r replicas only cost more
                 rest = work[n] - work[last + 1]
-                if rest and (not left or rest * MAX_ROUND > bound * left):
+                if rest and (not left or rest * round_ > bound * left):
                     continue  # the layers after this stage cannot finish within the bound on what is left
                 extra = max(term, link)
-                bus = costs.scaled_stage_bus(cut, last, r) + cut_bus
+                bus = costs.scaled_stage_bus(cut, last, r, round_) + cut_bus
                 for t, b, chain in front:
                     if max(t, extra) <= bound and b + bus <= bound:
                         offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
@@ -120,7 +128,7 @@ def reference_search_plan(costs: PlanCosts, num_procs: int, replication: bool) -
             extend(cut, key[1], key[2], list(fronts[key]))
     finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
     scaled, stages = min(finals, key=lambda e: _preference(*e))
-    return Plan(stages, Fraction(scaled, MAX_ROUND))
+    return Plan(stages, Fraction(scaled, round_))
 
 
 def reference_replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconnect: Interconnect,

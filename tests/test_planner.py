@@ -27,7 +27,7 @@ from layerpipe.numerics import init_weights, make_data
 from layerpipe.reference import train_reference
 from layerpipe.schedule import validate
 from layerpipe.schedule._pipedream import PipeDreamOptions
-from layerpipe.schedule._planner import REPLICAS, PlanCosts, Stage, brute_force_plan, plan
+from layerpipe.schedule._planner import PlanCosts, Stage, brute_force_plan, plan, round_cap, rounds
 from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule.policies import make_schedule
 from layerpipe.sim import SimConfig, simulate_policy_result
@@ -43,14 +43,15 @@ def _costs(widths: list[int], spec: str, batch: int = 1) -> PlanCosts:
 
 
 @settings(max_examples=60, deadline=None)
-@given(widths=st.lists(st.integers(1, 40), min_size=2, max_size=7), n=st.integers(1, 6),
+@given(widths=st.lists(st.integers(1, 40), min_size=2, max_size=7), n=st.integers(1, 14),
        spec=st.sampled_from(INTERCONNECTS), replication=st.booleans())
 def test_planner_equals_brute_force(widths: list[int], n: int, spec: str, replication: bool) -> None:
     costs = _costs(widths, spec)
     found, best = plan(costs, n, replication), brute_force_plan(costs, n, replication)
     assert found.cycles == best.cycles and found.procs == best.procs
     assert costs.cost(found.stages) == found.cycles  # the plan's value is its configuration's
-    assert found.procs <= n and all(s.replicas in (REPLICAS if replication else (1,)) for s in found.stages)
+    assert found.procs <= n and all(s.replicas <= (n if replication else 1) for s in found.stages)
+    assert math.lcm(*(s.replicas for s in found.stages)) <= round_cap(n)
     layers = [i for s in found.stages for i in range(s.first, s.last + 1)]
     assert layers == list(range(len(widths) - 1))  # contiguous stages covering every layer once
 
@@ -102,16 +103,18 @@ def test_simulated_replicated_period_equals_scheduled(spec: str, n: int, interco
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["float64", "fixed"])
 def test_replicated_pipedream_numerics_equal_the_reference(fixed: bool) -> None:
-    """Stages with different replica counts (5 processors: replica counts divide 12, so 5 = 4 + 1 or 3 + 2):
-    the functional run in the simulated order and versions equals the reference, which sums each round's
+    """Stages with different replica counts (6 processors on slow links: 5 + 1, a count that no longer divides
+    12): the functional run in the simulated order and versions equals the reference, which sums each round's
     gradients into one update per layer of a replicated stage."""
-    net = mlp([12, 16, 4, 3])
+    net = mlp([8, 8, 2])
     model = make_cost_model("macs")
-    result = make_schedule("pipedream", net, 5, model)
+    ic = parse_interconnect("links:1:1/8", 1)
+    result = make_schedule("pipedream", net, 6, model, None, ic)
     periodic = result.periodic
-    assert periodic is not None and periodic.unfold > 1 and len({g for _, g in periodic.groups}) > 1
+    assert periodic is not None and periodic.unfold == 5
+    assert dict(periodic.groups).get(1) == 5 and dict(periodic.groups).get(2, 1) == 1  # layer 2 unreplicated
     iterations = 4 * periodic.unfold
-    sim = simulate_policy_result(result, net, model, iterations)
+    sim = simulate_policy_result(result, net, model, iterations, SimConfig.of(ic))
     fmt = DEFAULT_FORMAT if fixed else None
     data, init = make_data(net, iterations * net.batch, 5), init_weights(net, 5, fmt)
     order = order_by_start(zip(sim.ops, sim.start.tolist(), sim.end.tolist(), strict=True))
@@ -124,4 +127,19 @@ def test_replicated_pipedream_numerics_equal_the_reference(fixed: bool) -> None:
         else:
             np.testing.assert_allclose(got.weights[key], value, rtol=1e-9, atol=1e-12)
     sizes = dict(groups)
-    assert got.updates == {layer: -(-iterations // sizes[layer]) for layer in got.updates}
+    assert got.updates == {layer: -(-iterations // sizes.get(layer, 1)) for layer in got.updates}
+
+
+@pytest.mark.parametrize("n", range(1, 33))
+def test_rounds_cover_every_plan_whose_period_fits(n: int) -> None:
+    """`rounds(N)`'s searches together allow exactly the replica counts ≤ N whose lcm is at most `round_cap(N)`:
+    every such set of counts lies in one search's, and every search's counts divide its round, at most the cap."""
+    cap, searches = round_cap(n), rounds(n)
+    for round_, counts in searches:
+        assert round_ <= cap and all(round_ % c == 0 and c <= n for c in counts)
+        assert math.lcm(*counts) <= cap
+    for count in range(1, n + 1):  # every count alone (data parallelism on all N included), and every pair
+        for other in range(count, n + 1):
+            fits = math.lcm(count, other) <= cap
+            assert fits == any({count, other} <= set(c) for _, c in searches), (count, other)
+    assert all(not set(a) <= set(b) for (ra, a) in searches for (rb, b) in searches if ra != rb)  # none redundant

@@ -260,8 +260,9 @@ def test_the_policy_splits_the_heavy_layer_where_it_pays() -> None:
         assert split.graph is not None and split.graph.network is variant
         assert split.options.keep_weights_together == together  # type: ignore[attr-defined]  # the caller's
         assert any("layer fc1 split into" in note for note in split.notes)
-        # Clearly faster than PipeDream and than the unsplit search (1,629 vs 2,091 cycles/sample here) ...
-        assert split.metrics.cycles_per_sample < 0.8 * min(pipedream.cycles_per_sample,
+        # Faster than PipeDream and than the unsplit search by over 10 % (1,629 vs 1,834 cycles/sample here:
+        # PipeDream's 8 replicas of one stage; 2,091 when its replica counts had to divide 12) ...
+        assert split.metrics.cycles_per_sample < 0.9 * min(pipedream.cycles_per_sample,
                                                            unsplit.metrics.cycles_per_sample)
         # ... weight-stationary: every part's F, E, G, U on one processor, so only activations and errors
         # cross (1,324 vs PipeDream's 369,067 words/sample here).

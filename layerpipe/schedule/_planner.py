@@ -29,10 +29,13 @@ where T(stage, m') = (compute + all-reduce) / m'. We use its recurrence on our c
   contiguous run of layers in topological order; cuts charge every edge that crosses them as if it ran
   between the two adjacent stages (PipeDream's convention; exact on chains, an estimate when a skip edge
   spans more than one stage — the schedule built from the plan then times the real transfers).
-- Replica counts are divisors of `MAX_ROUND` = 12 (1, 2, 3, 4, 6, 12), so the rounds of all stages line
-  up in J = lcm(replicas) ≤ 12 micro-batches per period: the unfolding the schedule needs (a cap; PipeDream
-  allows any count). Micro-batches in flight follow from the 1F1B-RR lags; NOAM (⌈N / replicas of the
-  input stage⌉, SOSP'19 §3.2) is reported with the plan.
+- A stage may have any replica count up to N, as in PipeDream (its A(j, m) tries every m' ≤ m). The periodic
+  schedule needs the rounds of all stages to line up in J = lcm(replicas) micro-batches per period (the
+  unfolding), so a plan's J is capped at `round_cap(N)` = max(12, N): every single count up to N (pure data
+  parallelism on N included) and every mix whose lcm fits, e.g. 2 + 6 or 3 + 4 + 1 at N = 8, but not 3 + 8
+  at N = 11 (J = 24). The search runs once per round R of `rounds(N)` over the counts dividing R; together
+  they cover exactly the capped space. Micro-batches in flight follow from the 1F1B-RR lags; NOAM
+  (⌈N / replicas of the input stage⌉, SOSP'19 §3.2) is reported with the plan.
 
 `brute_force_plan` enumerates every (partition, replicas) with the same objective, for the tests.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -62,9 +65,33 @@ from layerpipe.schedule._replicated_scores import best_trial, timed_trial
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
 
-#: Rounds of all stages fit in a period of this many micro-batches; replica counts divide it.
+#: The least cap on J = lcm(replicas), the micro-batches per period in which the rounds of all stages line up
+#: (`round_cap`); 12 holds the mixes of 1, 2, 3, 4 and 6 replicas.
 MAX_ROUND = 12
-REPLICAS: tuple[int, ...] = tuple(r for r in range(1, MAX_ROUND + 1) if MAX_ROUND % r == 0)
+
+
+def round_cap(num_procs: int) -> int:
+    """The largest J = lcm(replicas) a plan on `num_procs` processors may have: max(12, N), so every replica
+    count up to N is allowed on its own."""
+    return max(MAX_ROUND, num_procs)
+
+
+def rounds(num_procs: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The searches that cover every plan of J ≤ `round_cap(N)`: (R, the replica counts ≤ N that divide R), for
+    each R ≤ the cap whose counts are not all among another R's. A plan of J = L ≤ the cap has every count in
+    L's set, hence in a kept one; a plan in R's set has J dividing R. So their union is the capped space."""
+    cap = round_cap(num_procs)
+    kept: dict[int, tuple[int, ...]] = {}
+    for r in range(cap, 0, -1):
+        counts = tuple(c for c in range(1, min(r, num_procs) + 1) if r % c == 0)
+        if not any(set(counts) <= set(other) for other in kept.values()):
+            kept[r] = counts
+    return tuple(sorted(kept.items()))
+
+
+def replica_counts(num_procs: int) -> tuple[int, ...]:
+    """Every replica count a stage may have on `num_procs` processors (1..N)."""
+    return tuple(sorted({c for _, counts in rounds(num_procs) for c in counts}))
 
 
 @dataclass(frozen=True)
@@ -144,49 +171,51 @@ class PlanCosts:
         return (len(self.layers), tuple(self.work), tuple(self.weight_hold), tuple(self.cut_forward),
                 tuple(self.cut_backward), self.interconnect)
 
-    # Every term is a whole number of cycles over r or lcm(r, r'), divisors of MAX_ROUND: the `scaled_*` forms
-    # are the terms times MAX_ROUND, exact integers (the search compares ~10⁵ of them: `Fraction` was most of
-    # its time); the plain forms are those over MAX_ROUND.
+    # Every term is a whole number of cycles over r or lcm(r, r'), divisors of the search's round R: the
+    # `scaled_*` forms are the terms times R, exact integers (the search compares ~10⁵ of them: `Fraction` was
+    # most of its time); the plain forms are the terms themselves.
 
-    def scaled_stage_term(self, first: int, last: int, r: int) -> int:
-        """MAX_ROUND · max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
+    def scaled_stage_term(self, first: int, last: int, r: int, scale: int) -> int:
+        """scale · max(root compute, all-reduce link) per micro-batch of a stage on r replicas (r divides scale)."""
         compute = self.work[last + 1] - self.work[first]
         if r > 1 and self.interconnect.kind == "links":
             compute = max(compute, self.weight_hold[last + 1] - self.weight_hold[first])
-        return compute * (MAX_ROUND // r)
+        return compute * (scale // r)
 
-    def scaled_stage_bus(self, first: int, last: int, r: int) -> int:
-        """MAX_ROUND · bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per
+    def scaled_stage_bus(self, first: int, last: int, r: int, scale: int) -> int:
+        """scale · bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per
         round."""
         if self.interconnect.kind != "bus":
             return 0
-        return 2 * (r - 1) * (self.weight_hold[last + 1] - self.weight_hold[first]) * (MAX_ROUND // r)
+        return 2 * (r - 1) * (self.weight_hold[last + 1] - self.weight_hold[first]) * (scale // r)
 
-    def scaled_cut_term(self, cut: int, r_before: int, r_after: int) -> int:
-        """MAX_ROUND · the busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm)."""
+    def scaled_cut_term(self, cut: int, r_before: int, r_after: int, scale: int) -> int:
+        """scale · the busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm; the
+        lcm divides scale)."""
         if self.interconnect.kind != "links":
             return 0
-        return max(self.cut_forward[cut], self.cut_backward[cut]) * (MAX_ROUND // math.lcm(r_before, r_after))
+        return max(self.cut_forward[cut], self.cut_backward[cut]) * (scale // math.lcm(r_before, r_after))
 
-    def scaled_cut_bus(self, cut: int) -> int:
+    def scaled_cut_bus(self, cut: int, scale: int) -> int:
         if self.interconnect.kind != "bus":
             return 0
-        return (self.cut_forward[cut] + self.cut_backward[cut]) * MAX_ROUND
+        return (self.cut_forward[cut] + self.cut_backward[cut]) * scale
 
     def stage_term(self, first: int, last: int, r: int) -> Fraction:
         """max(root compute, all-reduce link) per micro-batch of a stage on r replicas."""
-        return Fraction(self.scaled_stage_term(first, last, r), MAX_ROUND)
+        return Fraction(self.scaled_stage_term(first, last, r, r), r)
 
     def stage_bus(self, first: int, last: int, r: int) -> Fraction:
         """Bus cycles per micro-batch of the stage's all-reduce: 2(r − 1) transfers per layer per round."""
-        return Fraction(self.scaled_stage_bus(first, last, r), MAX_ROUND)
+        return Fraction(self.scaled_stage_bus(first, last, r, r), r)
 
     def cut_term(self, cut: int, r_before: int, r_after: int) -> Fraction:
         """The busiest link of a cut per micro-batch (each of its lcm(r, r') links carries 1/lcm of them)."""
-        return Fraction(self.scaled_cut_term(cut, r_before, r_after), MAX_ROUND)
+        scale = math.lcm(r_before, r_after)
+        return Fraction(self.scaled_cut_term(cut, r_before, r_after, scale), scale)
 
     def cut_bus(self, cut: int) -> Fraction:
-        return Fraction(self.scaled_cut_bus(cut), MAX_ROUND)
+        return Fraction(self.scaled_cut_bus(cut, 1))
 
     def cost(self, stages: Sequence[Stage]) -> Fraction:
         """The objective of one whole configuration (what brute force evaluates)."""
@@ -239,19 +268,38 @@ def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
 
 
 def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
-    """The best plan on at most `num_procs` processors (module docstring); `replication=False` allows one
-    replica per stage only (PipeDream's straight pipeline).
+    """The best plan on at most `num_procs` processors (module docstring): the best of one search per round of
+    `rounds(N)`; `replication=False` allows one replica per stage only (PipeDream's straight pipeline). The
+    search with the most replica counts goes first, and each search is bounded by the best plan before it."""
+    searches = rounds(num_procs) if replication else ((1, (1,)),)
+    best: Plan | None = None
+    for round_, counts in sorted(searches, key=lambda e: (-len(e[1]), e[0])):
+        found = _search_round(costs, num_procs, counts, round_, None if best is None else best.cycles)
+        if found is not None and (best is None or _preference(found.cycles, found.stages)
+                                  < _preference(best.cycles, best.stages)):
+            best = found
+    assert best is not None  # the first search has no outer bound, and one stage on one processor is a plan
+    return best
+
+
+def _search_round(costs: PlanCosts, num_procs: int, counts: Sequence[int], round_: int,
+                  beat: Fraction | None) -> Plan | None:
+    """The best plan whose stages have replica counts in `counts` (all dividing `round_`), or None when none
+    is at most `beat` cycles per micro-batch.
 
     States are (cut, processors used, replicas of the last stage) with a Pareto front of (largest term, bus
-    load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed)
-    bounds the search — a stage over it is not extended (its compute only grows with more layers), nor a
-    prefix whose remaining work over the remaining processors exceeds it.
+    load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed, or
+    `beat`) bounds the search — a stage over it is not extended (its compute only grows with more layers), nor a
+    prefix whose remaining work over the remaining processors exceeds it. Values are scaled by `round_` (the
+    `scaled_*` forms): integers, so ⌊beat · round_⌋ bounds exactly — a plan of this search ties `beat` only
+    where beat · round_ is whole.
     """
     n = len(costs)
-    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    options = [r for r in counts if r <= num_procs]
     widest = max(options)
-    # All values below are scaled by MAX_ROUND (PlanCosts.scaled_*): integers, compared exactly.
-    bound = max(costs.scaled_stage_term(0, n - 1, widest), costs.scaled_stage_bus(0, n - 1, widest))
+    bound = max(costs.scaled_stage_term(0, n - 1, widest, round_), costs.scaled_stage_bus(0, n - 1, widest, round_))
+    if beat is not None:
+        bound = min(bound, math.floor(beat * round_))
     fronts: dict[tuple[int, int, int], list[tuple[int, int, _Chain]]] = {}
     work = costs.work
 
@@ -276,10 +324,10 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
         for r in options:
             if used + r > num_procs:
                 continue
-            link = costs.scaled_cut_term(cut, r_before, r) if r_before is not None else 0
-            cut_bus = costs.scaled_cut_bus(cut) if r_before is not None else 0
+            link = costs.scaled_cut_term(cut, r_before, r, round_) if r_before is not None else 0
+            cut_bus = costs.scaled_cut_bus(cut, round_) if r_before is not None else 0
             left = num_procs - used - r
-            scale, all_reduce, bus_rounds = MAX_ROUND // r, r > 1 and links, 2 * (r - 1)
+            scale, all_reduce, bus_rounds = round_ // r, r > 1 and links, 2 * (r - 1)
             for last in range(cut, n):
                 compute = work[last + 1] - work[cut]
                 if all_reduce:
@@ -288,7 +336,7 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
                 if term > bound:
                     break  # longer stages on r replicas only cost more
                 rest = work[n] - work[last + 1]
-                if rest and (not left or rest * MAX_ROUND > bound * left):
+                if rest and (not left or rest * round_ > bound * left):
                     continue  # the layers after this stage cannot finish within the bound on what is left
                 extra = max(term, link)
                 # `scaled_stage_bus(cut, last, r)`
@@ -302,21 +350,25 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
         for key in sorted(k for k in fronts if k[0] == cut):
             extend(cut, key[1], key[2], list(fronts[key]))
     finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
+    if not finals:
+        return None
     scaled, stages = min(finals, key=lambda e: _preference(*e))
-    return Plan(stages, Fraction(scaled, MAX_ROUND))
+    return Plan(stages, Fraction(scaled, round_))
 
 
 def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
-    """Every contiguous partition × every replica vector on at most `num_procs` processors (tests only)."""
+    """Every contiguous partition × every replica vector on at most `num_procs` processors whose J fits
+    `round_cap` (tests only)."""
     n = len(costs)
-    options = [r for r in (REPLICAS if replication else (1,)) if r <= num_procs]
+    options = replica_counts(num_procs) if replication else (1,)
+    cap = round_cap(num_procs)
     best: tuple[tuple, Plan] | None = None
     for cuts_count in range(n):
         for cuts in itertools.combinations(range(1, n), cuts_count):
             bounds = [0, *cuts, n]
             spans = list(itertools.pairwise(bounds))
-            for reps in itertools.product(options, repeat=len(spans)):
-                if sum(reps) > num_procs:
+            for reps in _replica_vectors(options, len(spans), num_procs):
+                if math.lcm(*reps) > cap:
                     continue
                 stages = tuple(Stage(a, b - 1, r) for (a, b), r in zip(spans, reps, strict=True))
                 cycles = costs.cost(stages)
@@ -325,6 +377,18 @@ def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True)
                     best = (key, Plan(stages, cycles))
     assert best is not None
     return best[1]
+
+
+def _replica_vectors(options: Sequence[int], parts: int, budget: int) -> Iterator[tuple[int, ...]]:
+    """Every vector of `parts` counts from `options` summing to at most `budget`, in lexicographic order."""
+    if parts == 0:
+        yield ()
+        return
+    for r in options:
+        if r + parts - 1 > budget:  # the other parts need at least one processor each
+            break
+        for rest in _replica_vectors(options, parts - 1, budget - r):
+            yield (r, *rest)
 
 
 # ------------------------------------------------------------------------------ the replicated schedule
