@@ -73,6 +73,42 @@ def test_a_bound_the_unbounded_schedule_meets_costs_nothing(network, n, spec, k,
         assert rank(bounded) <= rank(free), (n, spec, k)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(network=networks(max_layers=6, max_width=12), n=st.integers(2, 8), spec=st.sampled_from(SPECS),
+       k=st.integers(0, 3), max_traffic=st.none() | st.sampled_from([8.0, 64.0]))
+def test_a_bound_keeps_every_plan_of_fewer_stages_that_meets_it(network, n, spec, k, max_traffic) -> None:
+    """Under a staleness bound, LayerPipe is at least as good as each of PipeDream's best replicated plans of
+    1, 2, … stages laid out on its tasks (data parallelism on N among them) that meets the bound: fewer stages
+    hold fewer micro-batches in flight, so they meet bounds the fastest plan misses."""
+    from layerpipe.dfg import GraphOptions
+    from layerpipe.schedule._layerpipe import _replicated_candidate, _replicated_result, table_of
+
+    model = PEModel(lanes=4, overhead=2)
+    ic = parse_interconnect(spec, lanes=model.lanes)
+    opts = LayerPipeOptions(max_staleness=k, max_traffic=max_traffic)
+    bounded = make_schedule("layerpipe", network, n, model, opts, ic)
+    table = table_of(network, GraphOptions(intra=True, inter=True), model)
+    max_words = None if max_traffic is None else max_traffic * network.batch
+    for limit in range(1, len(network.layers) + 1):
+        candidate = _replicated_candidate(table, n, model, ic, opts, max_words, limit)
+        if candidate is None:
+            continue
+        laid = _replicated_result(table, candidate, n, ic, opts).result
+        if laid.metrics.max_staleness <= k:
+            assert rank(bounded) <= rank(laid), (limit, candidate.note)
+
+
+def test_one_stage_on_every_processor_meets_a_bound_the_fastest_plan_misses() -> None:
+    """resnet18 on links:2:1/16, N = 8, max staleness 2: PipeDream's fastest plan is over the bound, and the
+    single-iteration bounded search found 4.42e7 cycles per sample; one stage on 8 replicas meets it at 2.34e7."""
+    net, model = load_network("resnet18"), PEModel()
+    ic = parse_interconnect("links:2:1/16", lanes=model.lanes)
+    result = make_schedule("layerpipe", net, 8, model, LayerPipeOptions(max_staleness=2), ic)
+    assert result.metrics.max_staleness <= 2 and result.periodic.unfold == 8
+    assert result.notes[0].endswith("stages x replicas 1-32x8") and result.metrics.cycles_per_sample < 2.4e7
+    validate(result.periodic, result.graph, max_staleness=2)
+
+
 @pytest.mark.parametrize(("network", "spec", "k", "n", "fewer", "cycles"), [
     # The bounded search fell back to one processor on 4..10 (485,430 cycles per sample on links:2:64). Found
     # with replication, where four replicas of one stage met the bound and a fifth processor added nothing;

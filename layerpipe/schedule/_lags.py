@@ -33,6 +33,19 @@ def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], o
     return r.tolist()
 
 
+def _raised(table: TaskTable, src: list[int], dst: list[int], bound: list[int], r: list[int]) -> list[int]:
+    """The least solution ≥ r of r[dst] ≥ r[src] + bound: each task's incoming constraints relaxed in a
+    topological order of the (acyclic) delay-0 precedence."""
+    into: list[list[tuple[int, int]]] = [[] for _ in range(len(table))]
+    for u, v, b in zip(src, dst, bound, strict=True):
+        into[v].append((u, b))
+    for v in table.topo:
+        for u, b in into[v]:
+            if r[u] + b > r[v]:
+                r[v] = r[u] + b
+    return r
+
+
 def asap_times(table: TaskTable) -> list[int]:
     """Earliest start of every task of one iteration with unlimited processors: the least start ≥ 0 with
     start_v ≥ start_u + c_u on every delay-0 edge u→v."""
@@ -94,9 +107,10 @@ _TIMELINES: BoundedMemo[tuple[object, ...], tuple[int, ...]] = BoundedMemo(32)
 
 
 def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
-                  arrival: dict[tuple[int, int], int]) -> list[int]:
-    """The least lags ≥ 0 with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every delay-0 edge u→v, ready_uv
-    the end of u or the planned arrival of its transfer (the retiming package's solver)."""
+                  arrival: dict[tuple[int, int], int], floor: Sequence[int] | None = None) -> list[int]:
+    """The least lags ≥ 0 (≥ `floor` when given) with lag_v ≥ lag_u + ⌈(ready_uv − start_v)/P⌉ on every
+    delay-0 edge u→v, ready_uv the end of u or the planned arrival of its transfer (the retiming package's
+    solver)."""
     src, _ = table.precedence
     cost = table.cost
     ready = [start[u] + cost[u] for u in src]
@@ -106,21 +120,28 @@ def _longest_lags(table: TaskTable, start: Sequence[int], period: int,
             e = edge.get(pair)
             if e is not None:
                 ready[e] = at
-    return lags_from_ready(table, start, period, ready)
+    return lags_from_ready(table, start, period, ready, floor)
 
 
-def lags_from_ready(table: TaskTable, start: Sequence[int], period: int, ready: Sequence[int]) -> list[int]:
+def lags_from_ready(table: TaskTable, start: Sequence[int], period: int, ready: Sequence[int],
+                    floor: Sequence[int] | None = None) -> list[int]:
     """`_longest_lags` with ready_uv given per precedence edge (aligned with `table.precedence`).
 
     When the table's edges run forward in index order (`TaskTable.forward`: every table the policies build),
     the least solution is one sweep over the edges in their order, relaxing lag_v ≥ lag_u + bound — what
     `solve_difference_constraints` does given that order, without checking the order on every call (the lag
-    pass runs thousands of times per schedule); otherwise the solver itself."""
+    pass runs thousands of times per schedule); otherwise the solver itself, then relaxed from `floor` in
+    topological order. With a `floor` the sweep starts from it, so a raised lag carries to its successors:
+    the larger of a floor and the least solution from zero is not a solution (a raised producer's consumer
+    would start before its input arrives)."""
     src, dst = table.precedence
     if not table.forward:
-        return _solve(table, src, dst, [-((start[v] - at) // period) for v, at in zip(dst, ready, strict=True)],
-                      table.topo)
-    r = [0] * len(table)
+        bound = [-((start[v] - at) // period) for v, at in zip(dst, ready, strict=True)]
+        least = _solve(table, src, dst, bound, table.topo)
+        if floor is None:
+            return least
+        return _raised(table, src, dst, bound, [max(a, b) for a, b in zip(least, floor, strict=True)])
+    r = [0] * len(table) if floor is None else list(floor)
     for u, v, at in zip(src, dst, ready, strict=True):
         need = r[u] - ((start[v] - at) // period)
         if need > r[v]:

@@ -378,8 +378,39 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         # cycles per sample at staleness 4, where the single-iteration bounded search found 2.47e9).
         laid = _replicated_result(table, replicated, num_procs, interconnect, options)
         if laid.result.metrics.max_staleness <= k and _rank(laid.result) < _rank(searched.result):
-            return laid
+            searched = laid
+    if k is not None:
+        return _fewer_stages(table, num_procs, model, interconnect, options, max_words, searched, best)
     return searched
+
+
+def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
+                  options: LayerPipeOptions, max_words: float | None, searched: Searched,
+                  best: Candidate) -> Searched:
+    """Under a staleness bound, PipeDream's best replicated plans of fewer stages than its fastest, down to one
+    stage (data parallelism on up to N replicas), each laid out on LayerPipe's tasks: in 1F1B-RR the
+    micro-batches in flight, and with them the staleness, grow with the stages, so a plan of fewer stages can
+    meet a bound its fastest plan misses and still beat the single-iteration bounded search (resnet18 on
+    links:2:1/16, N = 8, max staleness 2: one stage on 8 replicas, 2.34e7 cycles per sample at staleness 2,
+    against 4.42e7). The best-ranked of `searched` (the bounded search's result, or PipeDream's fastest plan
+    where that met the bound and ranked better) and the plans that meet the bound is kept; a plan whose layout
+    alone is not faster than `best` (the bounded search's candidate) is not timed."""
+    k = options.max_staleness
+    assert k is not None
+    if options.keep_weights_together or not options.replication:
+        return searched  # no replicated candidate at all (`_replicated_candidate`)
+    pd_table = table_of(table.graph.network, GraphOptions.pipedream(), model)
+    chosen, tried = searched, set()
+    for limit in range(len(plan_stages(PlanCosts(pd_table, interconnect), num_procs).stages) - 1, 0, -1):
+        candidate = _replicated_candidate(table, num_procs, model, interconnect, options, max_words, limit)
+        if (candidate is None or candidate.plan in tried
+                or _per_sample(candidate) >= (Fraction(best.period), Fraction(best.cost.words))):
+            continue  # no replicas (the single-iteration search holds it), too many words, seen, or slower anyway
+        tried.add(candidate.plan)
+        laid = _replicated_result(table, candidate, num_procs, interconnect, options)
+        if laid.result.metrics.max_staleness <= k and _rank(laid.result) < _rank(chosen.result):
+            chosen = laid
+    return chosen
 
 
 def _per_sample(replicated: ReplicatedCandidate) -> tuple[Fraction, Fraction]:
@@ -506,7 +537,8 @@ class ReplicatedCandidate:
 
 
 def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
-                          options: LayerPipeOptions, max_words: float | None) -> ReplicatedCandidate | None:
+                          options: LayerPipeOptions, max_words: float | None,
+                          max_stages: int | None = None) -> ReplicatedCandidate | None:
     """PipeDream's own plan — contiguous stages *and* replicas, 1F1B-RR, on this interconnect (`_planner`) —
     with LayerPipe's finer tasks on the same processors: its loads and channels are PipeDream's, so its
     period is at most PipeDream's. This keeps LayerPipe's search space a superset of the strongest PipeDream's
@@ -515,12 +547,15 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
 
     LayerPipe's own moves are not applied on top of the replicas: moving A/G copies of an unfolded table gave
     plans the self-timed run did not keep (simulated 81.2 vs planned 77 cycles on a generated residual network,
-    links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks."""
+    links:1:1/8), so the replicated candidate is PipeDream's plan exactly, on LayerPipe's tasks.
+
+    `max_stages`: PipeDream's best plan of at most that many stages instead (a staleness bound's candidates:
+    `_fewer_stages`)."""
     if options.keep_weights_together or not options.replication:
         return None
     pd_table = table_of(table.graph.network, GraphOptions.pipedream(), model)
     costs = PlanCosts(pd_table, interconnect)
-    best = plan_stages(costs, num_procs)
+    best = plan_stages(costs, num_procs, max_stages=max_stages)
     if best.unfold == 1:
         return None
     laid = replicated_layout(table, best, num_procs, interconnect)

@@ -258,23 +258,25 @@ def _flatten(chain: _Chain) -> tuple[Stage, ...]:
 _PLANS: BoundedMemo[tuple[object, ...], Plan] = BoundedMemo(256)
 
 
-def plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
-    """The best plan (memoized: `Plan` is frozen, so a shared result cannot be changed by a caller)."""
-    key = (costs.key(), num_procs, replication)
+def plan(costs: PlanCosts, num_procs: int, replication: bool = True, max_stages: int | None = None) -> Plan:
+    """The best plan, of at most `max_stages` stages when given (memoized: `Plan` is frozen, so a shared result
+    cannot be changed by a caller)."""
+    key = (costs.key(), num_procs, replication, max_stages)
     found = _PLANS.get(key)
     if found is None:
-        found = _PLANS.add(key, _search_plan(costs, num_procs, replication))
+        found = _PLANS.add(key, _search_plan(costs, num_procs, replication, max_stages))
     return found
 
 
-def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
+def _search_plan(costs: PlanCosts, num_procs: int, replication: bool, max_stages: int | None = None) -> Plan:
     """The best plan on at most `num_procs` processors (module docstring): the best of one search per round of
-    `rounds(N)`; `replication=False` allows one replica per stage only (PipeDream's straight pipeline). The
-    search with the most replica counts goes first, and each search is bounded by the best plan before it."""
+    `rounds(N)`; `replication=False` allows one replica per stage only (PipeDream's straight pipeline), and
+    `max_stages` at most that many stages. The search with the most replica counts goes first, and each search
+    is bounded by the best plan before it."""
     searches = rounds(num_procs) if replication else ((1, (1,)),)
     best: Plan | None = None
     for round_, counts in sorted(searches, key=lambda e: (-len(e[1]), e[0])):
-        found = _search_round(costs, num_procs, counts, round_, None if best is None else best.cycles)
+        found = _search_round(costs, num_procs, counts, round_, None if best is None else best.cycles, max_stages)
         if found is not None and (best is None or _preference(found.cycles, found.stages)
                                   < _preference(best.cycles, best.stages)):
             best = found
@@ -283,16 +285,16 @@ def _search_plan(costs: PlanCosts, num_procs: int, replication: bool) -> Plan:
 
 
 def _search_round(costs: PlanCosts, num_procs: int, counts: Sequence[int], round_: int,
-                  beat: Fraction | None) -> Plan | None:
-    """The best plan whose stages have replica counts in `counts` (all dividing `round_`), or None when none
-    is at most `beat` cycles per micro-batch.
+                  beat: Fraction | None, max_stages: int | None = None) -> Plan | None:
+    """The best plan whose stages have replica counts in `counts` (all dividing `round_`), of at most
+    `max_stages` stages when given, or None when none is at most `beat` cycles per micro-batch.
 
-    States are (cut, processors used, replicas of the last stage) with a Pareto front of (largest term, bus
-    load). Branch and bound: the best complete plan so far (first: one stage on the most replicas allowed, or
-    `beat`) bounds the search — a stage over it is not extended (its compute only grows with more layers), nor a
-    prefix whose remaining work over the remaining processors exceeds it. Values are scaled by `round_` (the
-    `scaled_*` forms): integers, so ⌊beat · round_⌋ bounds exactly — a plan of this search ties `beat` only
-    where beat · round_ is whole.
+    States are (cut, processors used, replicas of the last stage; and stages so far under `max_stages`) with a
+    Pareto front of (largest term, bus load). Branch and bound: the best complete plan so far (first: one stage
+    on the most replicas allowed, or `beat`) bounds the search — a stage over it is not extended (its compute
+    only grows with more layers), nor a prefix whose remaining work over the remaining processors exceeds it.
+    Values are scaled by `round_` (the `scaled_*` forms): integers, so ⌊beat · round_⌋ bounds exactly — a plan
+    of this search ties `beat` only where beat · round_ is whole.
     """
     n = len(costs)
     options = [r for r in counts if r <= num_procs]
@@ -300,10 +302,10 @@ def _search_round(costs: PlanCosts, num_procs: int, counts: Sequence[int], round
     bound = max(costs.scaled_stage_term(0, n - 1, widest, round_), costs.scaled_stage_bus(0, n - 1, widest, round_))
     if beat is not None:
         bound = min(bound, math.floor(beat * round_))
-    fronts: dict[tuple[int, int, int], list[tuple[int, int, _Chain]]] = {}
+    fronts: dict[tuple[int, int, int, int], list[tuple[int, int, _Chain]]] = {}
     work = costs.work
 
-    def offer(key: tuple[int, int, int], term: int, bus: int, chain: _Chain) -> None:
+    def offer(key: tuple[int, int, int, int], term: int, bus: int, chain: _Chain) -> None:
         nonlocal bound
         if key[0] == n:
             bound = min(bound, max(term, bus))
@@ -320,7 +322,10 @@ def _search_round(costs: PlanCosts, num_procs: int, counts: Sequence[int], round
     # plan): the same integers from the same prefix sums, without two method calls per stage.
     links, on_bus, hold = costs.interconnect.kind == "links", costs.interconnect.kind == "bus", costs.weight_hold
 
-    def extend(cut: int, used: int, r_before: int | None, front: list[tuple[int, int, _Chain]]) -> None:
+    def extend(cut: int, used: int, r_before: int | None, depth: int, front: list[tuple[int, int, _Chain]]) -> None:
+        if max_stages is not None and depth >= max_stages:
+            return  # a prefix of max_stages stages that does not cover every layer: no plan
+        deeper = depth + 1 if max_stages is not None else 0  # stages are counted only under a limit
         for r in options:
             if used + r > num_procs:
                 continue
@@ -343,27 +348,29 @@ def _search_round(costs: PlanCosts, num_procs: int, counts: Sequence[int], round
                 bus = (bus_rounds * (hold[last + 1] - hold[cut]) * scale if on_bus else 0) + cut_bus
                 for t, b, chain in front:
                     if max(t, extra) <= bound and b + bus <= bound:
-                        offer((last + 1, used + r, r), max(t, extra), b + bus, (chain, Stage(cut, last, r)))
+                        offer((last + 1, used + r, r, deeper), max(t, extra), b + bus,
+                              (chain, Stage(cut, last, r)))
 
-    extend(0, 0, None, [(0, 0, None)])
+    extend(0, 0, None, 0, [(0, 0, None)])
     for cut in range(1, n):  # fronts at cut are final once every stage ending at cut − 1 was offered
         for key in sorted(k for k in fronts if k[0] == cut):
-            extend(cut, key[1], key[2], list(fronts[key]))
-    finals = [(max(t, b), _flatten(c)) for (at, _, _), front in fronts.items() if at == n for t, b, c in front]
+            extend(cut, key[1], key[2], key[3], list(fronts[key]))
+    finals = [(max(t, b), _flatten(c)) for (at, *_), front in fronts.items() if at == n for t, b, c in front]
     if not finals:
         return None
     scaled, stages = min(finals, key=lambda e: _preference(*e))
     return Plan(stages, Fraction(scaled, round_))
 
 
-def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True) -> Plan:
-    """Every contiguous partition × every replica vector on at most `num_procs` processors whose J fits
-    `round_cap` (tests only)."""
+def brute_force_plan(costs: PlanCosts, num_procs: int, replication: bool = True,
+                     max_stages: int | None = None) -> Plan:
+    """Every contiguous partition (of at most `max_stages` stages) × every replica vector on at most
+    `num_procs` processors whose J fits `round_cap` (tests only)."""
     n = len(costs)
     options = replica_counts(num_procs) if replication else (1,)
     cap = round_cap(num_procs)
     best: tuple[tuple, Plan] | None = None
-    for cuts_count in range(n):
+    for cuts_count in range(n if max_stages is None else min(n, max_stages)):
         for cuts in itertools.combinations(range(1, n), cuts_count):
             bounds = [0, *cuts, n]
             spans = list(itertools.pairwise(bounds))

@@ -265,8 +265,12 @@ def _settled_lags(table: UnfoldedTable, found: Timing | Trial, period: int,
     for _ in range(SETTLE_ROUNDS):
         arrival = channel_timing(table, comm, found.start, period,
                                  [lag * period + s for lag, s in zip(lags, found.start, strict=True)])
-        need = _longest_lags(table, found.start, period, arrival)
-        again = update_chain_lags(table, found.start, [max(a, b) for a, b in zip(lags, need, strict=True)], period)
+        # The least lags at or above the current ones that these arrivals allow: a lag raised by the update order
+        # carries to the tasks after it (the larger of the current lags and the least ones from zero let a
+        # consumer of a raised task start before its transfer arrived: 174.4 cycles per iteration simulated against
+        # a planned 170, pipedream on 10 processors, bus:1:2, stages 1x5 | 2-4x1 | 5x1 | 6x1 | 7-8x2).
+        need = _longest_lags(table, found.start, period, arrival, floor=lags)
+        again = update_chain_lags(table, found.start, need, period)
         if again is None:
             return None
         if again == lags:
