@@ -8,9 +8,9 @@ iterations, the steady state of `SimResult.steady_cycles_per_iteration`) and app
 side in one run (min of `--rounds` interleaved rounds):
 
 - in process: `run_sweep` alone (points per CPU-second of this process) and where its time goes (the
-  scheduler, `make_schedule`, against the simulator, `simulate_policy_result`), the same sweep with the
-  simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge), the same sweep with
-  one simulation of K iterations per point (what the second run costs), then `save_pareto`
+  scheduler, `make_schedule`, against the simulator, `simulate_policy_runs` / `simulate_policy_result`), the
+  same sweep with the simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge),
+  the same sweep with one simulation of K iterations per point (what the second run costs), then `save_pareto`
   with both plots and with none (what `explore --plots none` saves);
 - the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child), with plots and without;
 - with `--jobs`: `run_sweep` with 1 and 2 local worker processes, wall clock (the figure that scales with
@@ -68,7 +68,7 @@ def verdict(ok: bool) -> str:
 
 @contextlib.contextmanager
 def timing_calls(spent: dict[str, float]) -> Iterator[None]:
-    """CPU seconds inside the scheduler and the simulator, as `evaluate_point` calls them (it imports both
+    """CPU seconds inside the scheduler and the simulator, as `evaluate_point` calls them (it imports the
     names from their modules at each call)."""
     import layerpipe.schedule.policies as policies
     import layerpipe.sim as sim
@@ -82,13 +82,14 @@ def timing_calls(spent: dict[str, float]) -> Iterator[None]:
                 spent[name] = spent.get(name, 0.0) + time.process_time() - t0
         return call
 
-    saved = policies.make_schedule, sim.simulate_policy_result
+    saved = policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs
     policies.make_schedule = timed("schedule", saved[0])  # type: ignore[assignment]
     sim.simulate_policy_result = timed("simulate", saved[1])  # type: ignore[assignment]
+    sim.simulate_policy_runs = timed("simulate", saved[2])  # type: ignore[assignment]
     try:
         yield
     finally:
-        policies.make_schedule, sim.simulate_policy_result = saved
+        policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs = saved
 
 
 @contextlib.contextmanager

@@ -21,7 +21,13 @@ from layerpipe.schedule._ir import OpSchedule
 from layerpipe.sim._engine import CompiledSchedule, DeadlockError, compile_schedule, run  # noqa: F401 - run: as before
 from layerpipe.sim._interconnect import INTERCONNECTS, MODES, SimConfig, link_hold_cycles
 from layerpipe.sim._memory import peak_memory
-from layerpipe.sim._policy import policy_ops, repeat_steps, simulate_policy_result, simulated_network
+from layerpipe.sim._policy import (
+    policy_ops,
+    repeat_steps,
+    simulate_policy_result,
+    simulate_policy_runs,
+    simulated_network,
+)
 from layerpipe.sim._report import PendingReports, SimResult
 from layerpipe.sim._versions import version_array
 from layerpipe.sim._workload import Workload
@@ -41,6 +47,7 @@ __all__ = [
     "simulate",
     "simulate_compiled",
     "simulate_policy_result",
+    "simulate_policy_runs",
     "simulated_network",
 ]
 

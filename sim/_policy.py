@@ -9,6 +9,7 @@ are timed on their own with the cost model — the same ops the functional mode 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -22,7 +23,6 @@ from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._deps import expand_stages
 from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._task_table import memo
 from layerpipe.sim._engine import CompiledSchedule, compile_schedule
 from layerpipe.sim._interconnect import SimConfig
 from layerpipe.sim._report import SimResult
@@ -121,50 +121,47 @@ def _policy_workload(result: ScheduleResult, graph: TrainingGraph, model: CostMo
     return workload
 
 
-#: Ops up to which `simulate_policy_result` keeps the run it compiled last (`_LAST`), for a shorter run of the same
-#: schedule to be cut out of: a bound on the memory held between calls (issue 14), with what the run cached on it
-#: (its link plan; on a bus, its lists per op). explore's longest runs have ~26k ops (resnet18 on 8 processors).
-REMEMBERED_OPS = 1 << 16
+def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
+                         mode: str) -> list[tuple[CompiledSchedule, Workload]]:
+    """`compile_schedule(*policy_ops(...))` for each run length, in the order given: the longest is compiled, and
+    every shorter one cut out of it (`restricted_compile`: the same numbering, producers and costs, where that can
+    be shown; compiled otherwise). The workload is a function of (result, network, model, mode) alone, so one
+    serves every run."""
+    longest = max(iterations)
+    schedule, graph = _policy_schedule(result, network, longest, mode)
+    workload = _policy_workload(result, graph, model)
+    full = compile_schedule(schedule, workload)
+    out = []
+    for k in iterations:
+        compiled = full if k == longest else None
+        if compiled is None:
+            cut = shorter_ops(result, full.schedule, k)
+            shorter = cut[0] if cut is not None else _policy_schedule(result, network, k, mode)[0]
+            compiled = restricted_compile(full, shorter, workload, None if cut is None else cut[1])
+            if compiled is None:
+                compiled = compile_schedule(shorter, workload)
+        out.append((compiled, workload))
+    return out
 
-#: The last run `simulate_policy_result` compiled: (result, network, model, mode, compiled, workload), kept by
-#: identity. `explore` simulates each point for 2K iterations, then K (`layerpipe.dse._evaluate.steady_simulation`):
-#: the K run's compiled schedule is cut out of the 2K run's (`restricted_compile`), and its workload, a function
-#: of (result, network, model, mode) alone, is the same (they are frozen; a cost model is taken to price a task
-#: the same way twice). Emptied by `clear_memos`; taken when used.
-_LAST: dict[str, tuple[ScheduleResult, Network, CostModel, str, CompiledSchedule, Workload]] = memo({})
 
+def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
+                         config: SimConfig | None = None) -> list[SimResult]:
+    """`simulate_policy_result` for several run lengths of one schedule (explore's steady state times K and 2K
+    iterations of every point: `layerpipe.dse._evaluate.steady_simulation`): the shorter runs' compiled schedules
+    are cut out of the longest run's (`compiled_policy_runs`) instead of unrolled and compiled again."""
+    from layerpipe.sim import simulate_compiled
 
-def compiled_policy_run(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
-                        mode: str) -> tuple[CompiledSchedule, Workload]:
-    """`compile_schedule(*policy_ops(...))`: cut out of the last run compiled when that was a longer run of the
-    same schedule (see `_LAST`), else compiled (and remembered, when short enough)."""
-    last = _LAST.pop("run", None)
-    if last is not None and last[0] is result and last[1] is network and last[2] is model and last[3] == mode:
-        cut = shorter_ops(result, last[4].schedule, iterations)
-        schedule = cut[0] if cut is not None else _policy_schedule(result, network, iterations, mode)[0]
-        workload = last[5]
-        compiled = restricted_compile(last[4], schedule, workload, None if cut is None else cut[1])
-        if compiled is not None:
-            return compiled, workload
-    else:
-        schedule, graph = _policy_schedule(result, network, iterations, mode)
-        workload = _policy_workload(result, graph, model)
-    compiled = compile_schedule(schedule, workload)
-    if compiled.num_ops <= REMEMBERED_OPS:
-        _LAST["run"] = (result, network, model, mode, compiled, workload)
-    return compiled, workload
+    config = config or SimConfig()
+    if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
+        return [simulate_stream_result(result, network, model, k, config) for k in iterations]
+    with gc_paused():
+        return [simulate_compiled(compiled, workload, config)
+                for compiled, workload in compiled_policy_runs(result, network, model, iterations, config.mode)]
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
                            config: SimConfig | None = None) -> SimResult:
-    """Time `iterations` iterations of a policy's schedule of `network` under `config` (default shared)."""
-    from layerpipe.sim import simulate_compiled
-
-    config = config or SimConfig()
-    # dp, dp-ooo, stream, stream-ooo overlap kernels with all-reduces or with each other: the stream engine
-    # (`layerpipe.sim._streams`) times them, rebuilt from the policy's options on `config`'s interconnect.
-    if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
-        return simulate_stream_result(result, network, model, iterations, config)
-    with gc_paused():  # one pause for the whole path (see `layerpipe.sim.simulate`)
-        compiled, workload = compiled_policy_run(result, network, model, iterations, config.mode)
-        return simulate_compiled(compiled, workload, config)
+    """Time `iterations` iterations of a policy's schedule of `network` under `config` (default shared). dp,
+    dp-ooo, stream and stream-ooo overlap kernels with all-reduces or with each other: the stream engine
+    (`layerpipe.sim._streams`) times them, rebuilt from the policy's options on `config`'s interconnect."""
+    return simulate_policy_runs(result, network, model, (iterations,), config)[0]

@@ -1,5 +1,5 @@
 """A shorter run's compiled schedule cut out of a longer one's (`layerpipe.sim._restrict.restricted_compile`, used
-by `simulate_policy_result` for explore's K-iteration run after its 2K one) is what compiling it gives: the same
+by `simulate_policy_runs` for explore's K-iteration run beside its 2K one) is what compiling it gives: the same
 numbering, tasks, costs, producers, words, roles and planned starts — or None, never something else.
 
 Generated networks and policies (periodic, unfolded and grouped, synchronous), any pair of run lengths (whole
@@ -21,10 +21,15 @@ from layerpipe.interconnect import parse_interconnect
 from layerpipe.schedule._engine import CompiledSchedule
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._periodic import PeriodicSchedule, Slot
-from layerpipe.schedule._task_table import clear_memos
 from layerpipe.schedule.policies import make_schedule, policy_options
-from layerpipe.sim import SimConfig, SimResult, compile_schedule, policy_ops, simulate_policy_result
-from layerpipe.sim import _policy as sim_policy
+from layerpipe.sim import (
+    SimConfig,
+    SimResult,
+    compile_schedule,
+    policy_ops,
+    simulate_policy_result,
+    simulate_policy_runs,
+)
 from layerpipe.sim._restrict import restricted_compile, shorter_ops, shorter_schedule
 from tests.strategies import networks
 
@@ -186,7 +191,7 @@ def test_explore_pairs_are_cut(policy: str) -> None:
     assert longer.link_plan is not None
     cut = restricted_compile(longer, schedule, workload)
     assert cut is not None and "link_plan" in cut.__dict__
-    ops_cut = shorter_ops(result, longer_ops, k)  # as simulate_policy_result cuts them: with the positions
+    ops_cut = shorter_ops(result, longer_ops, k)  # as simulate_policy_runs cuts them: with the positions
     assert ops_cut is not None
     given_positions = restricted_compile(longer, ops_cut[0], workload, ops_cut[1])
     assert given_positions is not None
@@ -198,45 +203,32 @@ def test_explore_pairs_are_cut(policy: str) -> None:
 @given(network=networks(max_layers=4), policy=st.sampled_from(POLICIES), num_procs=st.integers(1, 3),
        interconnect=st.sampled_from(INTERCONNECTS), lengths=st.lists(st.integers(1, 10), min_size=1, max_size=4))
 def test_simulated_runs_are_unchanged(network, policy, num_procs, interconnect, lengths) -> None:
-    """`simulate_policy_result` with the last run remembered (any sequence of run lengths) times every op as with
-    nothing remembered."""
+    """`simulate_policy_runs` (the shorter runs cut out of the longest) times every op of every run as
+    `simulate_policy_result` does for that run alone, and raises what the first failing run alone raises."""
     model = MacsModel()
     result = _result(network, policy, num_procs, interconnect, model)
     config = SimConfig.of(parse_interconnect(interconnect, lanes=1))
-    def simulated(k: int) -> SimResult | str:  # the run, or the error it raises
+
+    def alone(k: int) -> SimResult | str:  # the run, or the error it raises
         try:
             return simulate_policy_result(result, network, model, k, config)
         except InputError as error:
             return str(error)
 
-    clear_memos()
-    runs = [simulated(k) for k in lengths]
-    for k, run in zip(lengths, runs, strict=True):
-        clear_memos()
-        fresh = simulated(k)
-        if isinstance(run, str) or isinstance(fresh, str):
-            assert run == fresh  # the same error (an unfolded schedule cut mid-period)
-            continue
-        assert np.array_equal(run.start, fresh.start) and np.array_equal(run.end, fresh.end)
-        assert np.array_equal(run.versions, fresh.versions)
-        assert run.peak_memory_words == fresh.peak_memory_words
-        assert run.cycles_per_iteration == fresh.cycles_per_iteration
-
-
-def test_memo_is_taken_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The remembered run is used once, and runs over `REMEMBERED_OPS` ops are not remembered."""
-    from layerpipe.network import load_network
-
-    network, model = load_network("lenet5"), MacsModel()
-    result = _result(network, "gpipe", 2, "shared", model)
-    clear_memos()
-    simulate_policy_result(result, network, model, 8)
-    assert "run" in sim_policy._LAST
-    simulate_policy_result(result, network, model, 4)
-    assert "run" not in sim_policy._LAST  # taken by the cut; the cut itself is not remembered
-    monkeypatch.setattr(sim_policy, "REMEMBERED_OPS", 10)
-    simulate_policy_result(result, network, model, 8)
-    assert "run" not in sim_policy._LAST
+    fresh = [alone(k) for k in lengths]
+    try:
+        runs: list[SimResult] | str = simulate_policy_runs(result, network, model, lengths, config)
+    except InputError as error:
+        runs = str(error)
+    if isinstance(runs, str):
+        assert runs in {f for f in fresh if isinstance(f, str)}  # one of the runs alone fails so
+        return
+    for run, single in zip(runs, fresh, strict=True):
+        assert not isinstance(single, str)
+        assert np.array_equal(run.start, single.start) and np.array_equal(run.end, single.end)
+        assert np.array_equal(run.versions, single.versions)
+        assert run.peak_memory_words == single.peak_memory_words
+        assert run.cycles_per_iteration == single.cycles_per_iteration
 
 
 def test_no_cut_of_a_run_compiling_refuses() -> None:

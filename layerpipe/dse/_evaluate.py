@@ -65,7 +65,7 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     F50 A3 G50 U3, bus:1:2: 29.5 cycles/sample in 64 iterations, 30 in 128, scheduled at 30). The extra K
     iterations of the longer run cost what K periods of the steady state cost once that slack is spent.
     """
-    from layerpipe.sim import simulate_policy_result
+    from layerpipe.sim import simulate_policy_result, simulate_policy_runs
 
     iterations = simulated_iterations(result)
     if result.policy in STREAM_POLICIES:  # the stream engine's own steady-state measure, one run
@@ -74,9 +74,8 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     if result.explicit is not None:  # whole steps
         m = max(result.explicit.microbatches, 1)
         iterations = -(-iterations // m) * m
-    # The longer run first: the shorter one's compiled schedule is then cut out of it (`layerpipe.sim._policy`).
-    longer = simulate_policy_result(result, network, model, 2 * iterations, config)
-    shorter = simulate_policy_result(result, network, model, iterations, config)
+    # The shorter run's compiled schedule is cut out of the longer one's (`simulate_policy_runs`).
+    longer, shorter = simulate_policy_runs(result, network, model, (2 * iterations, iterations), config)
     return longer, longer.steady_cycles_per_iteration(shorter)
 
 
