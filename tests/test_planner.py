@@ -194,3 +194,23 @@ def test_a_raised_lag_carries_to_the_consumers_of_its_task() -> None:
     result = make_schedule("pipedream", net, 10, model, interconnect=ic)
     assert result.periodic.unfold == 10 and "1x5 | 2-4x1 | 5x1 | 6x1 | 7-8x2" in result.notes[0]
     assert simulated_period(result, net, model, ic) == result.metrics.period_cycles / result.periodic.unfold == 170
+
+
+def test_a_plan_whose_transfer_arrives_after_its_consumer_is_refused() -> None:
+    """`periodic_result` checks every planned arrival against its consumer's start (`_check_arrivals`): a timing
+    with one arrival moved past its consumer is a scheduler bug, reported by name, not a schedule."""
+    from layerpipe.schedule._planner import replicated_timing
+    from layerpipe.schedule._result import periodic_result
+
+    net, model, ic = mlp([8, 8, 2]), make_cost_model("macs"), parse_interconnect("links:1:1/8", 1)
+    table = TaskTable.of(build_training_graph(net, GraphOptions.pipedream()), model)
+    laid = replicated_timing(table, plan(PlanCosts(table, ic), 6), 6, ic)
+    t, period = laid.timing, laid.period
+    (u, v), _ = next(((u, v), at) for (u, v), at in sorted(t.arrival.items()) if (u, v) in laid.table.edge_index)
+    late = dict(t.arrival)
+    late[(u, v)] = (t.lag[v] - t.lag[u]) * period + t.start[v] + 1  # one cycle after the consumer starts
+    args = ("pipedream", None, laid.table, 6, laid.placement, t.start, t.lag, period, laid.table.cost)
+    periodic_result(*args, interconnect=ic, arrival=t.arrival)  # the timing as planned is accepted
+    with pytest.raises(AssertionError, match=r"^planned transfer [A-Z]+\d+ \(task \d+\) -> [A-Z]+\d+ \(task \d+\) "
+                                             r"arrives at \d+, after its consumer starts at \d+ \(period \d+\)$"):
+        periodic_result(*args, interconnect=ic, arrival=late)
