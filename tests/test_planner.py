@@ -133,7 +133,7 @@ def test_replicated_pipedream_numerics_equal_the_reference(fixed: bool) -> None:
     assert got.updates == {layer: -(-iterations // sizes.get(layer, 1)) for layer in got.updates}
 
 
-@pytest.mark.parametrize("n", range(1, 33))
+@pytest.mark.parametrize("n", [*range(1, 33), 63, 64, 65, 128])
 def test_rounds_cover_every_plan_whose_period_fits(n: int) -> None:
     """`rounds(N)`'s searches together allow exactly the replica counts ≤ N whose lcm is at most `round_cap(N)`:
     every such set of counts lies in one search's, and every search's counts divide its round, at most the cap."""
@@ -141,7 +141,8 @@ def test_rounds_cover_every_plan_whose_period_fits(n: int) -> None:
     for round_, counts in searches:
         assert round_ <= cap and all(round_ % c == 0 and c <= n for c in counts)
         assert math.lcm(*counts) <= cap
-    for count in range(1, n + 1):  # every count alone (data parallelism on all N included), and every pair
+    assert cap == min(max(12, n), 64)  # the most iterations a period holds (`MAX_UNFOLD`)
+    for count in range(1, n + 1):  # every count alone up to the cap (data parallelism on all N), and every pair
         for other in range(count, n + 1):
             fits = math.lcm(count, other) <= cap
             assert fits == any({count, other} <= set(c) for _, c in searches), (count, other)
@@ -214,3 +215,13 @@ def test_a_plan_whose_transfer_arrives_after_its_consumer_is_refused() -> None:
     with pytest.raises(AssertionError, match=r"^planned transfer [A-Z]+\d+ \(task \d+\) -> [A-Z]+\d+ \(task \d+\) "
                                              r"arrives at \d+, after its consumer starts at \d+ \(period \d+\)$"):
         periodic_result(*args, interconnect=ic, arrival=late)
+
+
+def test_plans_past_64_processors_fit_a_period() -> None:
+    """Past 64 processors a stage has at most 64 replicas (`MAX_UNFOLD`: the iterations a period holds): on 128
+    the planner's data-parallel plan was 128 replicas, which no periodic schedule could hold ("unfold must be an
+    integer in 1..64, got 128")."""
+    net, model = mlp([8, 8, 4]), make_cost_model("macs")
+    result = make_schedule("pipedream", net, 128, model)
+    assert result.periodic is not None and 1 < result.periodic.unfold <= 64
+    validate(result.periodic, result.graph)

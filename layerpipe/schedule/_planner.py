@@ -31,10 +31,10 @@ where T(stage, m') = (compute + all-reduce) / m'. We use its recurrence on our c
   spans more than one stage — the schedule built from the plan then times the real transfers).
 - A stage may have any replica count up to N, as in PipeDream (its A(j, m) tries every m' ≤ m). The periodic
   schedule needs the rounds of all stages to line up in J = lcm(replicas) micro-batches per period (the
-  unfolding), so a plan's J is capped at `round_cap(N)` = max(12, N): every single count up to N (pure data
-  parallelism on N included) and every mix whose lcm fits, e.g. 2 + 6 or 3 + 4 + 1 at N = 8, but not 3 + 8
-  at N = 11 (J = 24). The search runs once per round R of `rounds(N)` over the counts dividing R; together
-  they cover exactly the capped space. Micro-batches in flight follow from the 1F1B-RR lags; NOAM
+  unfolding), so a plan's J is capped at `round_cap(N)` = max(12, N) (at most 64, the most iterations a period
+  holds): every single count up to N (pure data parallelism on N included) and every mix whose lcm fits, e.g.
+  2 + 6 or 3 + 4 + 1 at N = 8, but not 3 + 8 at N = 11 (J = 24). The search runs once per round R of
+  `rounds(N)` over the counts dividing R; together they cover exactly the capped space. Micro-batches in flight follow from the 1F1B-RR lags; NOAM
   (⌈N / replicas of the input stage⌉, SOSP'19 §3.2) is reported with the plan.
 
 `brute_force_plan` enumerates every (partition, replicas) with the same objective, for the tests.
@@ -60,6 +60,7 @@ from layerpipe.schedule._bodies import (
 )
 from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing
+from layerpipe.schedule._ir import MAX_UNFOLD
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._replicated_scores import best_trial, timed_trial
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
@@ -72,8 +73,9 @@ MAX_ROUND = 12
 
 def round_cap(num_procs: int) -> int:
     """The largest J = lcm(replicas) a plan on `num_procs` processors may have: max(12, N), so every replica
-    count up to N is allowed on its own."""
-    return max(MAX_ROUND, num_procs)
+    count up to N is allowed on its own — up to the most iterations a period may hold (`MAX_UNFOLD` = 64: each
+    body holds J copies of its tasks), so past 64 processors a stage has at most 64 replicas."""
+    return min(max(MAX_ROUND, num_procs), MAX_UNFOLD)
 
 
 def rounds(num_procs: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -90,7 +92,7 @@ def rounds(num_procs: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
 
 
 def replica_counts(num_procs: int) -> tuple[int, ...]:
-    """Every replica count a stage may have on `num_procs` processors (1..N)."""
+    """Every replica count a stage may have on `num_procs` processors (1..min(N, 64))."""
     return tuple(sorted({c for _, counts in rounds(num_procs) for c in counts}))
 
 
