@@ -34,8 +34,9 @@ where T(stage, m') = (compute + all-reduce) / m'. We use its recurrence on our c
   unfolding), so a plan's J is capped at `round_cap(N)` = max(12, N) (at most 64, the most iterations a period
   holds): every single count up to N (pure data parallelism on N included) and every mix whose lcm fits, e.g.
   2 + 6 or 3 + 4 + 1 at N = 8, but not 3 + 8 at N = 11 (J = 24). The search runs once per round R of
-  `rounds(N)` over the counts dividing R; together they cover exactly the capped space. Micro-batches in flight follow from the 1F1B-RR lags; NOAM
-  (⌈N / replicas of the input stage⌉, SOSP'19 §3.2) is reported with the plan.
+  `rounds(N)` over the counts dividing R; together they cover exactly the capped space. Micro-batches in
+  flight follow from the 1F1B-RR lags; NOAM (⌈N / replicas of the input stage⌉, SOSP'19 §3.2) is reported
+  with the plan.
 
 `brute_force_plan` enumerates every (partition, replicas) with the same objective, for the tests.
 """
