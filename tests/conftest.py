@@ -34,10 +34,11 @@
   kept) — and the rest marked
   `exhaustive`. Exhaustive tests are skipped unless `--exhaustive` (or `LAYERPIPE_EXHAUSTIVE=1`) is given:
   the suite runs every class of case (each value of each parameter, each pair of them) — 302-322 s of pytest
-  (585-624 CPU-s) in the clean-clone CI runs on 2 cores of 2026-12-06 22:41-23:10, 310 s (586 CPU-s) and 285 s
-  (541 CPU-s) at 00:10 and 00:37 the next night, against issue 13's target of 300 s; 273-295 s (529-571 CPU-s) the session before,
-  the difference ~12 CPU-s of new tests, ~8 of LayerPipe's searches on fewer processors inside the property
-  tests, the rest the machine — and the full grids (every combination, ~3 minutes more) are one flag away.
+  (585-624 CPU-s) in the clean-clone CI runs on 2 cores of 2026-12-06 22:41-23:10, 310 s (586 CPU-s) and
+  285 s (541 CPU-s) at 00:10 and 00:37 the next night, against issue 13's target of 300 s; 273-295 s
+  (529-571 CPU-s) the session before, the difference ~12 CPU-s of new tests, ~8 of LayerPipe's searches on
+  fewer processors inside the property tests, the rest the machine — and the full grids (every combination,
+  ~3 minutes more) are one flag away.
 """
 
 from __future__ import annotations
