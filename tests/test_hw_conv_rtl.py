@@ -75,11 +75,21 @@ def test_conv_shapes_icarus(tmp_path: Path, channels: int, size: int, out: int, 
 
 @needs_icarus
 @pytest.mark.slow
-def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path, shared_verilog: None) -> None:
-    """layerpipe on 3 PEs × 4 lanes puts pool1's F and E apart here: the argmax mask travels over a link; B = 2;
-    then a stalled run (random link and sample-stream stalls) stays bit-exact."""
+def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path, shared_verilog: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """layerpipe on 3 PEs × 4 lanes put pool1's F and E apart here: the argmax mask travels over a link; B = 2;
+    then a stalled run (random link and sample-stream stalls) stays bit-exact. Since LayerPipe's space also holds
+    the straight pipelines PipeDream's planner picks, it finds the same cycles with fewer words and pool1 whole;
+    the test leaves those out of the search (`planned_straight_pipelines`) to keep the placement whose mask
+    crosses a link — a valid schedule the hardware must run, which is what is under test."""
+    from layerpipe.schedule import _layerpipe
+    from layerpipe.schedule._task_table import clear_memos
+
+    monkeypatch.setattr(_layerpipe, "planned_straight_pipelines", lambda *args: ())
+    clear_memos()
     net = conv_net(1, 9, 2, 2, 1, 0, "max", batch=2)
     design = make_design(net, "layerpipe", 3, 4, 2, batch=2)
+    clear_memos()  # no search without those placements reaches another test
     pe_of = {(e.kind, e.layer): pe.index for pe in design.program.pes for e in pe.entries}
     assert pe_of[("F", 2)] != pe_of[("E", 2)]
     assert any(s.src == "m2" for pe in design.program.pes for e in pe.entries for s in e.sends)

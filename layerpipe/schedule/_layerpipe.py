@@ -334,7 +334,8 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
-    ranked = ranked_space(table, num_procs, asap, options, interconnect, max_words)
+    planned = planned_straight_pipelines(network, num_procs, model, interconnect)
+    ranked = ranked_space(table, num_procs, asap, options, interconnect, max_words, planned)
     k = options.max_staleness
     replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
     if k is None:
@@ -430,17 +431,19 @@ def _replicated_result(table: TaskTable, replicated: ReplicatedCandidate, num_pr
 
 
 def ranked_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
-                 interconnect: Interconnect, max_words: float | None) -> list[list[tuple[list[int], PlacementCost]]]:
+                 interconnect: Interconnect, max_words: float | None,
+                 planned: tuple[tuple[tuple[int, int], ...], ...] = ()) -> list[list[tuple[list[int], PlacementCost]]]:
     """`_ranked` of `search_space`, memoised by what they read: the table's content (`TaskTable.token`) and graph,
     N, `keep_weights_together` (the only option the space reads), the interconnect and `max_words`. `asap` is
     `asap_times(table)`, a function of the table, so the table's key covers it. A sweep schedules layerpipe with
     and without a staleness bound at each network × N, and both start from this same space (issue 14: a fifth of
-    the layerpipe policy's time). Each caller gets its own lists."""
-    key = (table.token, table.graph, num_procs, options.keep_weights_together, interconnect, max_words)
+    the layerpipe policy's time). `planned` (`planned_straight_pipelines`) is part of the key. Each caller gets its
+    own lists."""
+    key = (table.token, table.graph, num_procs, options.keep_weights_together, interconnect, max_words, planned)
     found = _RANKED.get(key)
     if found is None:
         found = _RANKED.add(key, _ranked(table, num_procs, search_space(table, num_procs, asap, options,
-                                                                          interconnect, max_words),
+                                                                          interconnect, max_words, planned),
                                          interconnect, max_words))
     return [[(list(placement), cost) for placement, cost in group] for group in found]
 
@@ -492,14 +495,17 @@ def _cannot_meet(table: TaskTable, num_procs: int, placement: list[int], asap: S
 
 
 def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
-                 interconnect: Interconnect, max_words: float | None) -> list[list[int]]:
+                 interconnect: Interconnect, max_words: float | None,
+                 planned: tuple[tuple[tuple[int, int], ...], ...] = ()) -> list[list[int]]:
     """The placements LayerPipe times (design notes §11, issue 9's search space):
 
     - load-balanced placements of single tasks (LPT + repair, the timeline cut + repair, the cut as is);
     - weight-stationary placements: the same three over items that keep a layer's F, E, G, U where W_l
       lives (no weight or gradient traffic; A and weightless layers move freely);
-    - PipeDream's own placement (the `pipedream` policy's stages on this interconnect), so LayerPipe is never
-      slower than PipeDream on the same interconnect;
+    - PipeDream's own placements, so LayerPipe is never slower than PipeDream on the same interconnect: its
+      straight pipeline balanced by work (`pipedream --no-replication`), and the straight pipelines its planner
+      picks on this interconnect (`planned`, layer → stage: `planned_straight_pipelines`; a replicated plan is
+      the unfolded candidate, `_replicated_candidate`);
     and, off `shared`, each of them improved by `improve` (moves off the busiest processor or channel while
     they lower the period, then the words moved) — which moves a G away from its U only when the gradient
     transfer pays. `keep_weights_together` keeps only weight-stationary items.
@@ -509,9 +515,10 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
     out: list[list[int]] = []
     for group in groupings:
         out += candidate_placements(table, num_procs, group, asap)[0]
-    pipedream = pipedream_placement(table, num_procs)
-    if not options.keep_weights_together or _keeps_weights(table, pipedream):
-        out.append(pipedream)
+    for pipedream in [pipedream_placement(table, num_procs),
+                      *([dict(stages)[t.layer] for t in table.tasks] for stages in planned)]:
+        if not options.keep_weights_together or _keeps_weights(table, pipedream):
+            out.append(pipedream)
     if max_words is not None:
         out.append([0] * len(table))  # one processor moves nothing: a bound is always met
     if not interconnect.is_shared or max_words is not None:
@@ -564,6 +571,25 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
         return None
     return ReplicatedCandidate(best, laid.table, laid.placement, laid.period, words,
                                f"stages x replicas {best.describe(costs.layers)}")
+
+
+def planned_straight_pipelines(network: Network, num_procs: int, model: CostModel,
+                               interconnect: Interconnect) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The plans of PipeDream's planner on this interconnect that are straight pipelines (one replica per
+    stage: one iteration per period), as (layer, stage) pairs, stage s on processor s: its best plan when that
+    has no replicas, and its best without replication (`pipedream --no-replication` balances work alone). The
+    planner cuts stages by compute *and* the words crossing each cut, so its straight pipeline can differ from
+    `pipedream_placement`'s: a random residual network on 2 processors, links:2:1/4, was planned 1 | 2-4 at 25
+    cycles per sample, where LayerPipe, without that placement, found 28."""
+    pd_table = table_of(network, GraphOptions.pipedream(), model)
+    costs = PlanCosts(pd_table, interconnect)
+    out: dict[tuple[tuple[int, int], ...], None] = {}
+    for replication in (True, False):
+        best = plan_stages(costs, num_procs, replication)
+        if best.unfold == 1:
+            out[tuple((costs.layers[i], s) for s, stage in enumerate(best.stages)
+                      for i in range(stage.first, stage.last + 1))] = None
+    return tuple(out)
 
 
 def pipedream_placement(table: TaskTable, num_procs: int) -> list[int]:

@@ -1,0 +1,66 @@
+"""LayerPipe's placement space holds PipeDream's (design notes §11): on the same network, processor count, cost
+model and interconnect, `layerpipe` is never slower than `pipedream` — replicated or straight, whichever plan
+PipeDream's planner picks there.
+
+The search held PipeDream's straight pipeline only as `pipedream --no-replication` cuts it (work balanced,
+blind to the interconnect); the planner cuts stages by the words crossing them too, and where its best plan is a
+straight pipeline LayerPipe could miss it: a residual network on 2 processors, links:2:1/4, planned 1 | 2-4 at 25
+cycles per sample, where LayerPipe found 28 (`_layerpipe.planned_straight_pipelines` now adds those placements).
+Ladder: the property over generated networks (chains and DAGs), processor counts, cost models and interconnects,
+with replication and without; the pinned case.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import PEModel
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.network import Add, Linear, NetworkBuilder
+from layerpipe.schedule import make_schedule
+from layerpipe.schedule._layerpipe import LayerPipeOptions
+from layerpipe.schedule._pipedream import PipeDreamOptions
+from tests.strategies import networks
+
+SPECS = ("shared", "links:1:4", "links:2:1/4", "links:1:1/16", "bus:1:2", "bus:2:8", "rtl")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net=networks(max_layers=7, dag=True, max_width=24), n=st.integers(2, 12), spec=st.sampled_from(SPECS),
+       lanes=st.sampled_from((1, 4, 16)), overhead=st.sampled_from((0, 2, 11)), replication=st.booleans())
+def test_layerpipe_is_never_slower_than_pipedream_on_generated_networks(net, n, spec, lanes, overhead,
+                                                                        replication) -> None:
+    model = PEModel(lanes=lanes, overhead=overhead)
+    ic = parse_interconnect(spec, lanes=lanes)
+    lp = make_schedule("layerpipe", net, n, model, LayerPipeOptions(replication=replication), ic).metrics
+    pd = make_schedule("pipedream", net, n, model, PipeDreamOptions(replication=replication), ic).metrics
+    assert lp.cycles_per_sample <= pd.cycles_per_sample
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net=networks(max_layers=5, dag=True, max_width=16), n=st.integers(2, 4),
+       spec=st.sampled_from(("links:2:1/4", "links:1:1/16", "bus:1:2", "links:1:4")),
+       lanes=st.sampled_from((1, 4, 16)), overhead=st.sampled_from((0, 2, 11)))
+def test_layerpipe_is_never_slower_than_pipedreams_straight_plans(net, n, spec, lanes, overhead) -> None:
+    """Where the planner's best is a straight pipeline: few processors and costly words. 200 examples catch the
+    missing placement under 4 of 6 random seeds (the broad property above needs ~1000)."""
+    model = PEModel(lanes=lanes, overhead=overhead)
+    ic = parse_interconnect(spec, lanes=lanes)
+    lp = make_schedule("layerpipe", net, n, model, interconnect=ic).metrics
+    pd = make_schedule("pipedream", net, n, model, interconnect=ic).metrics
+    assert lp.cycles_per_sample <= pd.cycles_per_sample
+
+
+def test_the_planners_straight_pipeline_is_in_layerpipes_space() -> None:
+    builder = NetworkBuilder("random", (7,))
+    builder.add("b0.fc0", Linear(1, bias=False, activation="relu"), ["input"])
+    builder.add("b0.fc1", Linear(7, bias=False, activation="relu"), ["b0.fc0"])
+    builder.add("b0.add", Add(activation="relu"), ["b0.fc1", "input"])
+    builder.add("fc3", Linear(1, bias=False, activation="relu"), ["b0.add"])
+    net = builder.build()
+    model, ic = PEModel(lanes=4, overhead=0), parse_interconnect("links:2:1/4", lanes=4)
+    pd = make_schedule("pipedream", net, 2, model, interconnect=ic)
+    assert pd.periodic.unfold == 1 and "stages 1x1 | 2-4x1" in pd.notes[0] and pd.metrics.cycles_per_sample == 25
+    lp = make_schedule("layerpipe", net, 2, model, interconnect=ic)
+    assert lp.metrics.cycles_per_sample <= 25  # 28 without the planner's placement
