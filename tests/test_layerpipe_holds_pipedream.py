@@ -12,6 +12,7 @@ with replication and without; the pinned case.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,3 +65,20 @@ def test_the_planners_straight_pipeline_is_in_layerpipes_space() -> None:
     assert pd.periodic.unfold == 1 and "stages 1x1 | 2-4x1" in pd.notes[0] and pd.metrics.cycles_per_sample == 25
     lp = make_schedule("layerpipe", net, 2, model, interconnect=ic)
     assert lp.metrics.cycles_per_sample <= 25  # 28 without the planner's placement
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: under a staleness bound LayerPipe times PipeDream's placement "
+                                       "with its own body order, not PipeDream's (docs/model.md)")
+def test_under_a_bound_pipedream_meets_layerpipe_is_not_slower() -> None:
+    """A gap found by a generated property (~1 case in 500 over random DAGs, N <= 9, six interconnects): PipeDream's
+    straight pipeline of mlp:1-1-9 on 2 processors (links:1:1/16, overhead 0) runs at 16 cycles per sample with
+    staleness 3; LayerPipe unbounded finds 16 at staleness 4 on the same placement, but under max staleness 3 its
+    bounded search finds only 18. The bounded search does not try PipeDream's own body order on its tasks."""
+    from layerpipe.network import mlp
+
+    net, model = mlp([1, 1, 9]), PEModel(lanes=4, overhead=0)
+    ic = parse_interconnect("links:1:1/16", lanes=4)
+    pd = make_schedule("pipedream", net, 2, model, interconnect=ic).metrics
+    assert (pd.cycles_per_sample, pd.max_staleness) == (16, 3)
+    lp = make_schedule("layerpipe", net, 2, model, LayerPipeOptions(max_staleness=3), ic).metrics
+    assert lp.cycles_per_sample <= pd.cycles_per_sample
