@@ -366,6 +366,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling, interconnect, max_words)
         chosen = found or fallback
         assert chosen is not None, "_bounded finds a period whenever no candidate meets the bound"
+        chosen = _pipedream_orders(table, num_procs, interconnect, options, max_words, planned, chosen)
         best = _settle(table, _tightened(table, chosen, k, num_procs, interconnect), k, num_procs, interconnect)
     group = weight_groups(table, options.keep_weights_together)
     item_costs, _ = group_items(table, group)
@@ -383,6 +384,36 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     if k is not None:
         return _fewer_stages(table, num_procs, model, interconnect, options, max_words, searched, best)
     return searched
+
+
+def _pipedream_orders(table: TaskTable, num_procs: int, interconnect: Interconnect, options: LayerPipeOptions,
+                      max_words: float | None, planned: tuple[tuple[tuple[int, int], ...], ...],
+                      chosen: Candidate) -> Candidate:
+    """Under a staleness bound, PipeDream's straight pipelines (`pipedream_placement`'s and the planner's,
+    `planned`) timed as PipeDream times them — its 1F1B body orders (`_pipedream._one_f_one_b`) — on LayerPipe's
+    tasks, when one meets the bound and beats `chosen` by (period, words, staleness). The bounded search times
+    those placements with its own orders, which can miss PipeDream's: mlp:1-1-9 on 2 processors, links:1:1/16,
+    max staleness 3, where PipeDream runs at 16 cycles per sample with staleness 3 and the search found 18."""
+    from layerpipe.schedule._pipedream import _one_f_one_b, stage_layers
+
+    k = options.max_staleness
+    assert k is not None
+    cuts = [stage_layers(table, num_procs)]
+    for stages in planned:
+        runs: dict[int, list[int]] = {}
+        for layer, s in stages:
+            runs.setdefault(s, []).append(layer)
+        cuts.append([runs[s] for s in sorted(runs)])
+    for cut in cuts:
+        placement, period, timing = _one_f_one_b(table, num_procs, interconnect, cut)
+        if timing.score()[0] > k or (options.keep_weights_together and not _keeps_weights(table, placement)):
+            continue
+        cost = placement_cost(table, placement, num_procs, interconnect)
+        if max_words is not None and cost.words > max_words:
+            continue
+        if (period, cost.words, timing.score()) < (chosen.period, chosen.cost.words, chosen.timing.score()):
+            chosen = Candidate(placement, period, cost, timing)
+    return chosen
 
 
 def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
