@@ -133,14 +133,13 @@ def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     full = compile_schedule(schedule, workload)
     out = []
     for k in iterations:
-        compiled = full if k == longest else None
-        if compiled is None:
-            cut = shorter_ops(result, full.schedule, k)
-            shorter = cut[0] if cut is not None else _policy_schedule(result, network, k, mode)[0]
-            compiled = restricted_compile(full, shorter, workload, None if cut is None else cut[1])
-            if compiled is None:
-                compiled = compile_schedule(shorter, workload)
-        out.append((compiled, workload))
+        if k == longest:
+            out.append((full, workload))
+            continue
+        cut = shorter_ops(result, full.schedule, k)
+        shorter = cut[0] if cut is not None else _policy_schedule(result, network, k, mode)[0]
+        compiled = restricted_compile(full, shorter, workload, None if cut is None else cut[1])
+        out.append((compiled if compiled is not None else compile_schedule(shorter, workload), workload))
     return out
 
 

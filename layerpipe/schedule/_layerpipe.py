@@ -387,7 +387,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
 
 
 def _pipedream_orders(table: TaskTable, num_procs: int, interconnect: Interconnect, options: LayerPipeOptions,
-                      max_words: float | None, planned: tuple[tuple[tuple[int, int], ...], ...],
+                      max_words: float | None, planned: tuple[tuple[tuple[int, ...], ...], ...],
                       chosen: Candidate) -> Candidate:
     """Under a staleness bound, PipeDream's straight pipelines (`pipedream_placement`'s and the planner's,
     `planned`) timed as PipeDream times them — its 1F1B body orders (`_pipedream._one_f_one_b`) — on LayerPipe's
@@ -398,13 +398,7 @@ def _pipedream_orders(table: TaskTable, num_procs: int, interconnect: Interconne
 
     k = options.max_staleness
     assert k is not None
-    cuts = [stage_layers(table, num_procs)]
-    for stages in planned:
-        runs: dict[int, list[int]] = {}
-        for layer, s in stages:
-            runs.setdefault(s, []).append(layer)
-        cuts.append([runs[s] for s in sorted(runs)])
-    for cut in cuts:
+    for cut in [stage_layers(table, num_procs), *([list(run) for run in stages] for stages in planned)]:
         placement, period, timing = _one_f_one_b(table, num_procs, interconnect, cut)
         if timing.score()[0] > k or (options.keep_weights_together and not _keeps_weights(table, placement)):
             continue
@@ -463,7 +457,7 @@ def _replicated_result(table: TaskTable, replicated: ReplicatedCandidate, num_pr
 
 def ranked_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
                  interconnect: Interconnect, max_words: float | None,
-                 planned: tuple[tuple[tuple[int, int], ...], ...] = ()) -> list[list[tuple[list[int], PlacementCost]]]:
+                 planned: tuple[tuple[tuple[int, ...], ...], ...] = ()) -> list[list[tuple[list[int], PlacementCost]]]:
     """`_ranked` of `search_space`, memoised by what they read: the table's content (`TaskTable.token`) and graph,
     N, `keep_weights_together` (the only option the space reads), the interconnect and `max_words`. `asap` is
     `asap_times(table)`, a function of the table, so the table's key covers it. A sweep schedules layerpipe with
@@ -527,7 +521,7 @@ def _cannot_meet(table: TaskTable, num_procs: int, placement: list[int], asap: S
 
 def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options: LayerPipeOptions,
                  interconnect: Interconnect, max_words: float | None,
-                 planned: tuple[tuple[tuple[int, int], ...], ...] = ()) -> list[list[int]]:
+                 planned: tuple[tuple[tuple[int, ...], ...], ...] = ()) -> list[list[int]]:
     """The placements LayerPipe times (design notes §11, issue 9's search space):
 
     - load-balanced placements of single tasks (LPT + repair, the timeline cut + repair, the cut as is);
@@ -535,8 +529,8 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
       lives (no weight or gradient traffic; A and weightless layers move freely);
     - PipeDream's own placements, so LayerPipe is never slower than PipeDream on the same interconnect: its
       straight pipeline balanced by work (`pipedream --no-replication`), and the straight pipelines its planner
-      picks on this interconnect (`planned`, layer → stage: `planned_straight_pipelines`; a replicated plan is
-      the unfolded candidate, `_replicated_candidate`);
+      picks on this interconnect (`planned`, each stage's layers: `planned_straight_pipelines`; a replicated
+      plan is the unfolded candidate, `_replicated_candidate`);
     and, off `shared`, each of them improved by `improve` (moves off the busiest processor or channel while
     they lower the period, then the words moved) — which moves a G away from its U only when the gradient
     transfer pays. `keep_weights_together` keeps only weight-stationary items.
@@ -546,8 +540,7 @@ def search_space(table: TaskTable, num_procs: int, asap: Sequence[int], options:
     out: list[list[int]] = []
     for group in groupings:
         out += candidate_placements(table, num_procs, group, asap)[0]
-    for pipedream in [pipedream_placement(table, num_procs),
-                      *([dict(stages)[t.layer] for t in table.tasks] for stages in planned)]:
+    for pipedream in [pipedream_placement(table, num_procs, stages) for stages in (None, *planned)]:
         if not options.keep_weights_together or _keeps_weights(table, pipedream):
             out.append(pipedream)
     if max_words is not None:
@@ -605,31 +598,33 @@ def _replicated_candidate(table: TaskTable, num_procs: int, model: CostModel, in
 
 
 def planned_straight_pipelines(network: Network, num_procs: int, model: CostModel,
-                               interconnect: Interconnect) -> tuple[tuple[tuple[int, int], ...], ...]:
+                               interconnect: Interconnect) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """The plans of PipeDream's planner on this interconnect that are straight pipelines (one replica per
-    stage: one iteration per period), as (layer, stage) pairs, stage s on processor s: its best plan when that
+    stage: one iteration per period), as each stage's layers, stage s on processor s: its best plan when that
     has no replicas, and its best without replication (`pipedream --no-replication` balances work alone). The
     planner cuts stages by compute *and* the words crossing each cut, so its straight pipeline can differ from
     `pipedream_placement`'s: a random residual network on 2 processors, links:2:1/4, was planned 1 | 2-4 at 25
     cycles per sample, where LayerPipe, without that placement, found 28."""
     pd_table = table_of(network, GraphOptions.pipedream(), model)
     costs = PlanCosts(pd_table, interconnect)
-    out: dict[tuple[tuple[int, int], ...], None] = {}
+    out: dict[tuple[tuple[int, ...], ...], None] = {}
     for replication in (True, False):
         best = plan_stages(costs, num_procs, replication)
         if best.unfold == 1:
-            out[tuple((costs.layers[i], s) for s, stage in enumerate(best.stages)
-                      for i in range(stage.first, stage.last + 1))] = None
+            out[tuple(tuple(costs.layers[s.first:s.last + 1]) for s in best.stages)] = None
     return tuple(out)
 
 
-def pipedream_placement(table: TaskTable, num_procs: int) -> list[int]:
-    """PipeDream's straight-pipeline placement (`pipedream --no-replication`) of `table`'s tasks: its
-    contiguous stages, stage s on processor s. The stages balance per-layer work, which is the same whether a
-    layer's backward is fused (PipeDream's graph) or split (LayerPipe's), so they are cut on `table` itself."""
+def pipedream_placement(table: TaskTable, num_procs: int, stages: Sequence[Sequence[int]] | None = None) -> list[int]:
+    """PipeDream's straight-pipeline placement of `table`'s tasks, stage s on processor s: `stages` (each stage's
+    layers), or by default `pipedream --no-replication`'s contiguous stages. Those balance per-layer work, which
+    is the same whether a layer's backward is fused (PipeDream's graph) or split (LayerPipe's), so they are cut on
+    `table` itself."""
     from layerpipe.schedule._pipedream import stage_layers
 
-    stage_of = {layer: s for s, run in enumerate(stage_layers(table, num_procs)) for layer in run}
+    if stages is None:
+        stages = stage_layers(table, num_procs)
+    stage_of = {layer: s for s, run in enumerate(stages) for layer in run}
     return [stage_of[t.layer] for t in table.tasks]
 
 
