@@ -265,7 +265,7 @@ def test_the_policy_splits_the_heavy_layer_where_it_pays() -> None:
         assert split.metrics.cycles_per_sample < 0.9 * min(pipedream.cycles_per_sample,
                                                            unsplit.metrics.cycles_per_sample)
         # ... weight-stationary: every part's F, E, G, U on one processor, so only activations and errors
-        # cross (1,324 vs PipeDream's 369,067 words/sample here).
+        # cross (1,324 vs PipeDream's 410,816 words/sample here).
         where = split.periodic.placement()  # type: ignore[union-attr]
         for layer in variant.layers:
             assert len({p for (kind, l), p in where.items() if l == layer.index and kind != "A"}) == 1
