@@ -33,7 +33,9 @@ from layerpipe.schedule._bodies import (
     best_ordering,
     default_targets,
     modulo_list_schedule,
+    offset_bodies,
     ordering_starts,
+    pack_bodies,
     time_bodies,
 )
 from layerpipe.schedule._comm import Comm
@@ -334,10 +336,18 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
     table = table_of(network, GraphOptions(intra=options.intra, inter=options.inter), model)
     asap = asap_times(table)
     max_words = None if options.max_traffic is None else options.max_traffic * network.batch
-    planned = planned_straight_pipelines(network, num_procs, model, interconnect)
-    ranked = ranked_space(table, num_procs, asap, options, interconnect, max_words, planned)
     k = options.max_staleness
     replicated = _replicated_candidate(table, num_procs, model, interconnect, options, max_words)
+    beaten = _replicated_beats_every_placement(table, num_procs, interconnect, options, replicated)
+    if beaten is not None:
+        laid, one = beaten
+        if k is None:
+            return laid
+        if laid.result.metrics.max_staleness <= k:
+            return _fewer_stages(table, num_procs, model, interconnect, options, max_words, laid,
+                                 (Fraction(one), Fraction(-1)))
+    planned = planned_straight_pipelines(network, num_procs, model, interconnect)
+    ranked = ranked_space(table, num_procs, asap, options, interconnect, max_words, planned)
     if k is None:
         # The period on the interconnect first, then the words moved, then staleness: only the placements of
         # the least (period, words) are timed (the first group), and none when the replicated plan beats them.
@@ -366,7 +376,7 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         found = _bounded(table, num_procs, group, item_costs, asap, k, ceiling, interconnect, max_words)
         chosen = found or fallback
         assert chosen is not None, "_bounded finds a period whenever no candidate meets the bound"
-        chosen = _pipedream_orders(table, num_procs, interconnect, options, max_words, planned, chosen)
+        chosen = _pipedream_orders(table, num_procs, model, interconnect, options, max_words, planned, chosen)
         best = _settle(table, _tightened(table, chosen, k, num_procs, interconnect), k, num_procs, interconnect)
     group = weight_groups(table, options.keep_weights_together)
     item_costs, _ = group_items(table, group)
@@ -382,24 +392,55 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         if laid.result.metrics.max_staleness <= k and _rank(laid.result) < _rank(searched.result):
             searched = laid
     if k is not None:
-        return _fewer_stages(table, num_procs, model, interconnect, options, max_words, searched, best)
+        return _fewer_stages(table, num_procs, model, interconnect, options, max_words, searched,
+                             (Fraction(best.period), Fraction(best.cost.words)))
     return searched
 
 
-def _pipedream_orders(table: TaskTable, num_procs: int, interconnect: Interconnect, options: LayerPipeOptions,
+def _replicated_beats_every_placement(table: TaskTable, num_procs: int, interconnect: Interconnect,
+                                      options: LayerPipeOptions, replicated: ReplicatedCandidate | None
+                                      ) -> tuple[Searched, int] | None:
+    """PipeDream's replicated plan laid out, with the bound it beats, when its period per iteration is below
+    `period_lower_bound` of the table's tasks on N processors — a bound on the busiest processor of *any*
+    placement of one iteration, so on the period of every candidate the single-iteration searches (the ranked
+    space, the bounded search, PipeDream's straight pipelines) could time. Branch and bound: the search then
+    returns what it would have returned, without building the space (on `rtl` the data-parallel plan beats
+    every single-iteration placement of the zoo at every N; issue 14: the space was most of the layerpipe
+    policy's time). The laid-out result's cycles per sample (a float, as `_rank` compares them) are checked
+    below the bound's too, so it outranks every such candidate as the search would rank them. None otherwise."""
+    if replicated is None:
+        return None
+    one = period_lower_bound(table.cost, num_procs)
+    if _per_sample(replicated)[0] >= one:
+        return None
+    laid = _replicated_result(table, replicated, num_procs, interconnect, options)
+    if laid.result.metrics.cycles_per_sample >= one / table.graph.network.batch:
+        return None
+    return laid, one
+
+
+def _pipedream_orders(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
+                      options: LayerPipeOptions,
                       max_words: float | None, planned: tuple[tuple[tuple[int, ...], ...], ...],
                       chosen: Candidate) -> Candidate:
     """Under a staleness bound, PipeDream's straight pipelines (`pipedream_placement`'s and the planner's,
     `planned`) timed as PipeDream times them — its 1F1B body orders (`_pipedream._one_f_one_b`) — on LayerPipe's
     tasks, when one meets the bound and beats `chosen` by (period, words, staleness). The bounded search times
     those placements with its own orders, which can miss PipeDream's: mlp:1-1-9 on 2 processors, links:1:1/16,
-    max staleness 3, where PipeDream runs at 16 cycles per sample with staleness 3 and the search found 18."""
+    max staleness 3, where PipeDream runs at 16 cycles per sample with staleness 3 and the search found 18. Each
+    straight pipeline also as PipeDream's own timing of it, carried onto LayerPipe's tasks (`_carried`), and
+    PipeDream's own work-balanced cut (`pipedream --no-replication` cuts its fused tasks' work)."""
     from layerpipe.schedule._pipedream import _one_f_one_b, stage_layers
 
     k = options.max_staleness
     assert k is not None
-    for cut in [stage_layers(table, num_procs), *([list(run) for run in stages] for stages in planned)]:
-        placement, period, timing = _one_f_one_b(table, num_procs, interconnect, cut)
+    pd_table = table_of(table.graph.network, GraphOptions.pipedream(), model)
+    cuts = [stage_layers(table, num_procs), stage_layers(pd_table, num_procs),
+            *([list(run) for run in stages] for stages in planned)]
+    cuts = [cut for i, cut in enumerate(cuts) if cut not in cuts[:i]]
+    timings = [_one_f_one_b(table, num_procs, interconnect, cut) for cut in cuts]
+    timings += [_carried(table, pd_table, num_procs, interconnect, cut) for cut in cuts]
+    for placement, period, timing in timings:
         if timing.score()[0] > k or (options.keep_weights_together and not _keeps_weights(table, placement)):
             continue
         cost = placement_cost(table, placement, num_procs, interconnect)
@@ -410,9 +451,52 @@ def _pipedream_orders(table: TaskTable, num_procs: int, interconnect: Interconne
     return chosen
 
 
+def _carried(table: TaskTable, pd_table: TaskTable, num_procs: int, interconnect: Interconnect,
+             cut: list[list[int]]) -> tuple[list[int], int, Timing]:
+    """PipeDream's own 1F1B timing of a straight pipeline, on its own tasks (a layer's backward one task, A;E;G),
+    carried onto LayerPipe's: each fused task's parts run one after another from where it ran, on its processor.
+    PipeDream's orders timed afresh on LayerPipe's split tasks can differ from that (the parts
+    are packed one by one) and come out staler: a residual network on 3 processors, bus:1:2, whose PipeDream
+    schedule runs at 18 cycles per sample with staleness 3 gave staleness 4 and 5 on LayerPipe's tasks, so
+    LayerPipe under a bound of 3 found 19. Where the parts cost more than the whole (per-task overheads), they
+    are packed at or after those offsets and the period grows to the busiest processor or channel."""
+    from layerpipe.schedule._pipedream import _one_f_one_b
+
+    pd_placement, pd_period, pd_timing = _one_f_one_b(pd_table, num_procs, interconnect, cut)
+    fused: dict[tuple[int, str], int] = {}  # (layer, letter) → the PipeDream task holding it
+    for u, t in enumerate(pd_table.tasks):
+        for letter in t.kind:
+            fused[(t.layer, letter)] = u
+    owner = [fused[(t.layer, t.kind[0])] for t in table.tasks]
+    # Each part's offset in its fused task: A first (E and G read it), the error E last, so the error leaves
+    # for the previous stage when PipeDream's fused task sends it (sent earlier, it could take a shared channel
+    # ahead of a transfer PipeDream sends first: on bus:1:2, E2 → A1 ahead of F1 → F2 delayed F2 by a period)
+    def order(v: int) -> int:
+        kind = table.tasks[v].kind
+        return 0 if "A" in kind else 2 if "E" in kind else 1
+
+    before = [0] * len(table)
+    parts: dict[int, list[int]] = {}
+    for v, u in enumerate(owner):
+        parts.setdefault(u, []).append(v)
+    for vs in parts.values():
+        at = 0
+        for v in sorted(vs, key=order):
+            before[v] = at
+            at += table.cost[v]
+    placement = [pd_placement[u] for u in owner]
+    target = [pd_timing.lag[u] * pd_period + pd_timing.start[u] + before[v] for v, u in enumerate(owner)]
+    comm = Comm(placement, interconnect, num_procs)
+    period = max(pd_period, placement_cost(table, placement, num_procs, interconnect).period)
+    if period == pd_period and all(sum(table.cost[v] for v in vs) == pd_table.cost[u] for u, vs in parts.items()):
+        return placement, period, timed_starts(table, [t % period for t in target], period, comm)
+    return placement, period, pack_bodies(table, offset_bodies(placement, num_procs, target, period), period, target,
+                                          comm)
+
+
 def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
                   options: LayerPipeOptions, max_words: float | None, searched: Searched,
-                  best: Candidate) -> Searched:
+                  slower: tuple[Fraction, Fraction]) -> Searched:
     """Under a staleness bound, PipeDream's best replicated plans of fewer stages than its fastest, down to one
     stage (data parallelism on up to N replicas), each laid out on LayerPipe's tasks: in 1F1B-RR the
     micro-batches in flight, and with them the staleness, grow with the stages, so a plan of fewer stages can
@@ -420,7 +504,8 @@ def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconne
     links:2:1/16, N = 8, max staleness 2: one stage on 8 replicas, 2.34e7 cycles per sample at staleness 2,
     against 4.42e7). The best-ranked of `searched` (the bounded search's result, or PipeDream's fastest plan
     where that met the bound and ranked better) and the plans that meet the bound is kept; a plan whose layout
-    alone is not faster than `best` (the bounded search's candidate) is not timed."""
+    alone, (period, words) per iteration, is not below `slower` — the bounded search's candidate's, or a lower
+    bound on every single-iteration candidate's period that `searched` already beats — is not timed."""
     k = options.max_staleness
     assert k is not None
     if options.keep_weights_together or not options.replication:
@@ -430,7 +515,7 @@ def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconne
     for limit in range(len(plan_stages(PlanCosts(pd_table, interconnect), num_procs).stages) - 1, 0, -1):
         candidate = _replicated_candidate(table, num_procs, model, interconnect, options, max_words, limit)
         if (candidate is None or candidate.plan in tried
-                or _per_sample(candidate) >= (Fraction(best.period), Fraction(best.cost.words))):
+                or _per_sample(candidate) >= slower):
             continue  # no replicas (the single-iteration search holds it), too many words, seen, or slower anyway
         tried.add(candidate.plan)
         laid = _replicated_result(table, candidate, num_procs, interconnect, options)
