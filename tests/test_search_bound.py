@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from layerpipe.costs import PEModel, make_cost_model
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
-from layerpipe.schedule import ScheduleResult, make_schedule
-from layerpipe.schedule import _layerpipe
+from layerpipe.schedule import ScheduleResult, _layerpipe, make_schedule
 from layerpipe.schedule._layerpipe import LayerPipeOptions
 from layerpipe.schedule._task_table import clear_memos
 from tests.strategies import networks
@@ -66,9 +65,9 @@ def test_the_bound_returns_what_the_whole_search_returns(monkeypatch, net, n, sp
 @pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
 def test_on_rtl_the_data_parallel_plan_cuts_the_search_and_changes_nothing(monkeypatch, n: int, k: int | None
                                                                            ) -> None:
-    """issue 14's sweep (64 lanes): on `rtl` PipeDream's data-parallel plan beats every single-iteration placement of lenet5
-    (its period per iteration is Σc / N, the bound is ⌈Σc / N⌉ or a heavier layer's task), so the bound cuts
-    the search — with and without a staleness bound — and the result is the whole search's."""
+    """issue 14's sweep (64 lanes): on `rtl` PipeDream's data-parallel plan beats every single-iteration placement
+    of lenet5 (its period per iteration is Σc / N, the bound is ⌈Σc / N⌉ or a heavier layer's task), so the bound
+    cuts the search — with and without a staleness bound — and the result is the whole search's."""
     net = load_network("lenet5")
     bounded, whole, fired = _both(monkeypatch, net, n, make_cost_model("pe", lanes=64), LayerPipeOptions(
         max_staleness=k), "rtl", 64)
