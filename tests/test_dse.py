@@ -127,19 +127,19 @@ def test_cli_writes_results_and_pareto(tmp_path: Path, capsys: pytest.CaptureFix
                "--no-progress"])
     assert rc == 0
     assert len(_rows(out)) == 4
-    for name in ("pareto.csv", "pareto.png", "speedup_vs_n.png"):
+    for name in ("pareto.csv", "pareto.svg", "speedup_vs_n.svg"):
         assert (out.parent / name).stat().st_size > 0
     assert "4 points" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("plots", "drawn"), [("none", ()), ("speedup", ("speedup_vs_n.png",)),
-                                              ("pareto", ("pareto.png",)), (" pareto , speedup ",
-                                                                            ("pareto.png", "speedup_vs_n.png"))])
+@pytest.mark.parametrize(("plots", "drawn"), [("none", ()), ("speedup", ("speedup_vs_n.svg",)),
+                                              ("pareto", ("pareto.svg",)), (" pareto , speedup ",
+                                                                            ("pareto.svg", "speedup_vs_n.svg"))])
 def test_only_the_plots_asked_for_are_drawn(tmp_path: Path, plots: str, drawn: tuple[str, ...]) -> None:
     out = tmp_path / "r.csv"
     assert main(["explore", "mlp:16-12-8-4", "-n", "2", "--out", str(out), "--no-progress", "--plots", plots]) == 0
     assert (tmp_path / "pareto.csv").stat().st_size > 0  # the front is always written
-    assert tuple(sorted(f.name for f in tmp_path.glob("*.png"))) == drawn
+    assert tuple(sorted(f.name for f in tmp_path.glob("*.svg"))) == drawn
 
 
 @pytest.mark.parametrize("plots", ["", "gantt", "none,pareto", "pareto,,x"])
@@ -207,35 +207,59 @@ def test_explore_without_bar_or_workers_loads_neither(tmp_path: Path) -> None:
 
 @given(exponent=st.integers(-6, 12), coeff=st.integers(1, 9))
 def test_log_tick_labels_are_plain_text_powers(exponent: int, coeff: int) -> None:
-    """The pareto plot's log axes are labelled "10³", "2×10³" without mathtext (its parser was a quarter of the
-    plots' drawing time): the label names the tick's value."""
-    from layerpipe.dse._pareto import _power_label
+    """The plots' log axes are labelled "10³", "2×10³": the label names the tick's value."""
+    from layerpipe.dse._svg import power_label
 
-    label = _power_label(coeff * 10.0**exponent)
-    assert "$" not in label
+    label = power_label(coeff * 10.0**exponent)
     digits = label.split("10", 1)[1] if coeff == 1 else label.split("×10", 1)[1]
     assert int(digits.translate(str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789"))) == exponent
     assert label.startswith("10") if coeff == 1 else label.startswith(f"{coeff}×")
 
 
-def test_pareto_plot_labels_its_log_axes_without_mathtext(tmp_path: Path) -> None:
-    from layerpipe.dse._pareto import plot_pareto
+def _plot_rows(points: list[tuple[str, str, int, float, float]]) -> list[dict[str, str]]:
+    return [{"network": net, "policy": policy, "num_procs": str(n), "cycles_per_sample": str(c),
+             "peak_memory_words": str(m), "max_staleness_bound": "", "interconnect": "rtl", "batch": "1",
+             "cost_model": "pe"} for net, policy, n, c, m in points]
 
-    rows = [{"network": "n", "policy": p, "cycles_per_sample": str(c), "peak_memory_words": str(m),
-             "interconnect": "rtl", "batch": "1", "cost_model": "pe"}
-            for p, c, m in [("a", 120.0, 4e4), ("b", 3000.0, 9e3), ("c", 45000.0, 2e3)]]
-    path = plot_pareto(rows, rows[2:], tmp_path / "p.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    import matplotlib.pyplot as plt
 
-    fig = plt.figure()
-    ax = fig.add_subplot()
-    from layerpipe.dse._pareto import _log_axes
+@given(st.lists(st.tuples(st.sampled_from(("lenet5", "a&<b>")), st.sampled_from(("pipedream", "layerpipe", "1f1b")),
+                          st.integers(1, 16), st.floats(1.0, 1e9), st.floats(1.0, 1e9)), min_size=1, max_size=40))
+def test_plots_are_well_formed_svg_with_every_point(points) -> None:
+    """Both plots parse as SVG (names escaped), draw one marker per row in the pareto plot and one panel per
+    network, label every axis with at least one tick, and the same rows give the same bytes."""
+    import tempfile
+    import xml.etree.ElementTree as ET
 
-    ax.scatter([120.0, 45000.0], [2e3, 4e4])
-    _log_axes(ax)
-    fig.canvas.draw()
-    labels = [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
-    plt.close(fig)
-    assert labels and not any("$" in t for t in labels)
-    assert {"10³", "10⁴"} <= set(labels)
+    from layerpipe.dse._pareto import fronts_by_network, plot_pareto, plot_speedup_vs_n
+
+    rows = _plot_rows(points)
+    ns = "{http://www.w3.org/2000/svg}"
+    with tempfile.TemporaryDirectory() as tmp:
+        pareto = plot_pareto(rows, fronts_by_network(rows), Path(tmp) / "p.svg")
+        text = pareto.read_bytes()
+        assert plot_pareto(rows, fronts_by_network(rows), Path(tmp) / "q.svg").read_bytes() == text
+        root = ET.fromstring(text)
+        networks = {r["network"] for r in rows}
+        panels = root.findall(f"{ns}g")
+        assert len(panels) == len(networks)
+        legend_markers = sum(len({r["policy"] for r in rows if r["network"] == net}) for net in networks)
+        assert len(root.findall(f".//{ns}circle")) == len(rows) + legend_markers
+        titles = {t.text for t in root.iter(f"{ns}text")}
+        assert networks <= titles and "cycles per sample" in titles
+        for panel in panels:  # tick labels on both axes: end-anchored (y) and middle-anchored below the axes (x)
+            labels = [t for t in panel.iter(f"{ns}text") if t.get("font-size") == "10" and t.text]
+            assert any(t.get("text-anchor") == "end" for t in labels)
+            assert any(t.get("text-anchor") == "middle" for t in labels)
+        ET.fromstring(plot_speedup_vs_n(rows, Path(tmp) / "s.svg").read_bytes())
+
+
+def test_explore_plots_without_matplotlib(tmp_path: Path) -> None:
+    """The plots are written without importing matplotlib (issue 14: its import and PNG rendering were ~0.9 s of
+    CPU per run, as much as a hundred design points)."""
+    code = ("import sys; from layerpipe.cli import main; "
+            f"main(['explore', 'mlp:8-6-4', '-n', '2,3', '--policies', 'layerpipe,pipedream', "
+            f"'--out', {str(tmp_path / 'r.csv')!r}, '--no-progress']); "
+            "print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "False"
+    assert (tmp_path / "pareto.svg").stat().st_size > 0 and (tmp_path / "speedup_vs_n.svg").stat().st_size > 0

@@ -395,7 +395,7 @@ def test_explore_jobs_2_survives_sigkill(tmp_path: Path) -> None:
             for row in rows:
                 assert row == reference[row["point_index"]]
             last = out
-        for name in ("pareto.csv", "pareto.png", "speedup_vs_n.png"):  # written whole or not at all
+        for name in ("pareto.csv", "pareto.svg", "speedup_vs_n.svg"):  # written whole or not at all
             if (out.parent / name).exists():
                 assert (out.parent / name).read_bytes() == (clean.parent / name).read_bytes()
     assert kills >= KILLS, f"only {kills} of {attempts} runs were killed before they finished"

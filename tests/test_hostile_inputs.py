@@ -163,7 +163,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "sim_mixed" / "metrics.json").write_text("{}")
     (root / "sim_mixed" / "mine.txt").write_text("keep me\n")
     (root / "pareto_user").mkdir()
-    (root / "pareto_user" / "pareto.png").write_bytes(b"the user's picture")
+    (root / "pareto_user" / "pareto.svg").write_bytes(b"the user's picture")
     return root
 
 
@@ -280,7 +280,7 @@ def _path_rows() -> Iterator[tuple[str, list[str], list[str]]]:
     yield "path-explore-resume-not-results", [*explore, "{i}/notresults.csv", "--resume"], ["not a layerpipe"]
     yield "path-explore-latin1-results", [*explore, "{i}/latin1.yaml"], []
     yield "path-explore-fifo-results", [*explore, "{i}/fifo.yaml"], []
-    yield "path-explore-pareto-user", [*explore, "{w}/r.csv", "--pareto-dir", "{i}/pareto_user"], ["pareto.png"]
+    yield "path-explore-pareto-user", [*explore, "{w}/r.csv", "--pareto-dir", "{i}/pareto_user"], ["pareto.svg"]
     yield "path-explore-out-dir", [*explore, "{i}"], ["directory"]
     verify = ["verify", "mlp:4-3-2", "--policy", "layerpipe", "-n", "2", "--lanes", "4", "--samples", "2",
               "--build-dir"]

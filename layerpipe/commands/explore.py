@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="skip points already in --out")
     p.add_argument("--pareto-dir", help="write pareto.csv and plots here (default: beside --out)")
     p.add_argument("--plots", default="pareto,speedup", metavar="PLOT[,PLOT...]",
-                   help="plots drawn once after the sweep: pareto, speedup, or none (default pareto,speedup)")
+                   help="SVG plots drawn once after the sweep: pareto (pareto.svg), speedup (speedup_vs_n.svg), "
+                        "or none (default pareto,speedup)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(handler=run)
 
