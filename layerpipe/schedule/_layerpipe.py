@@ -420,9 +420,8 @@ def _replicated_beats_every_placement(table: TaskTable, num_procs: int, intercon
 
 
 def _pipedream_orders(table: TaskTable, num_procs: int, model: CostModel, interconnect: Interconnect,
-                      options: LayerPipeOptions,
-                      max_words: float | None, planned: tuple[tuple[tuple[int, ...], ...], ...],
-                      chosen: Candidate) -> Candidate:
+                      options: LayerPipeOptions, max_words: float | None,
+                      planned: tuple[tuple[tuple[int, ...], ...], ...], chosen: Candidate) -> Candidate:
     """Under a staleness bound, PipeDream's straight pipelines (`pipedream_placement`'s and the planner's,
     `planned`) timed as PipeDream times them — its 1F1B body orders (`_pipedream._one_f_one_b`) — on LayerPipe's
     tasks, when one meets the bound and beats `chosen` by (period, words, staleness). The bounded search times
@@ -455,10 +454,10 @@ def _carried(table: TaskTable, pd_table: TaskTable, num_procs: int, interconnect
              cut: list[list[int]]) -> tuple[list[int], int, Timing]:
     """PipeDream's own 1F1B timing of a straight pipeline, on its own tasks (a layer's backward one task, A;E;G),
     carried onto LayerPipe's: each fused task's parts run one after another from where it ran, on its processor.
-    PipeDream's orders timed afresh on LayerPipe's split tasks can differ from that (the parts
-    are packed one by one) and come out staler: a residual network on 3 processors, bus:1:2, whose PipeDream
-    schedule runs at 18 cycles per sample with staleness 3 gave staleness 4 and 5 on LayerPipe's tasks, so
-    LayerPipe under a bound of 3 found 19. Where the parts cost more than the whole (per-task overheads), they
+    PipeDream's orders timed afresh on LayerPipe's split tasks (the parts packed one by one) can differ from that
+    and come out staler: a residual network on 3 processors, bus:1:2, whose PipeDream schedule runs at 18 cycles
+    per sample with staleness 3 gave staleness 4 and 5 on LayerPipe's tasks, so LayerPipe under a bound of 3
+    found 19. Where the parts cost more than the whole (per-task overheads), they
     are packed at or after those offsets and the period grows to the busiest processor or channel."""
     from layerpipe.schedule._pipedream import _one_f_one_b
 
