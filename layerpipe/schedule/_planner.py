@@ -63,7 +63,7 @@ from layerpipe.schedule._comm import Comm, busiest_channel
 from layerpipe.schedule._comm_timing import Timing
 from layerpipe.schedule._ir import MAX_UNFOLD
 from layerpipe.schedule._lags import asap_times
-from layerpipe.schedule._replicated_scores import best_trial, timed_trial
+from layerpipe.schedule._replicated_scores import Trial, best_trial, timed_trial
 from layerpipe.schedule._task_table import BoundedMemo, TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
 
@@ -518,24 +518,30 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         lambda v: (blocks[v][1], *blocks[v]),
     ]
     comm = Comm(placement, interconnect, num_procs)
-    # Each trial's starts with their minimal lags and arrivals (`comm_timing`): the staleness `timed` would add is
-    # the winner's alone (`best_trial` scores the trials by their forward pins)
-    trials = [timed_trial(unfolded, contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost), period,
-                          comm) for key in keys]
+    starts = [contiguous_starts(order_bodies(placement, num_procs, key), unfolded.cost) for key in keys]
     for target in default_targets(unfolded, placement, num_procs, asap_times(unfolded)):
         bodies = offset_bodies(placement, num_procs, target, period)  # by target offset mod the period
-        trials.append(timed_trial(unfolded, packed_starts(unfolded, bodies, period, target), period, comm))
+        starts.append(packed_starts(unfolded, bodies, period, target))
     # 1F1B-RR: every copy at its earliest fit after its producers, in the order of the steady state's slots.
     priority = _topological_by(unfolded, _round_robin_targets(unfolded, plan_, stage_of, replicas, period))
     listed = modulo_list_schedule(unfolded, period, num_procs, priority, fixed=placement)
     if listed is not None:
-        trials.append(timed_trial(unfolded, [at % period for at in listed[1]], period, comm))
+        starts.append([at % period for at in listed[1]])
     if coalesce:
-        trials.append(timed_trial(unfolded, _coalesced_starts(unfolded, plan_, stage_of, period, interconnect), period,
-                                  comm))
+        starts.append(_coalesced_starts(unfolded, plan_, stage_of, period, interconnect))
     else:
-        trials.append(timed_trial(unfolded, _round_robin_starts(unfolded, plan_, stage_of, period, interconnect),
-                                  period, comm))
+        starts.append(_round_robin_starts(unfolded, plan_, stage_of, period, interconnect))
+    # Each trial's starts with their minimal lags and arrivals (`comm_timing`): the staleness `timed` would add is
+    # the winner's alone (`best_trial` scores the trials by their forward pins). Orders that give the same starts
+    # (a third of them on the data-parallel plans of issue 14's sweep) are timed once: a timing is a function of
+    # the starts, and `best_trial` skips a trial equal to an earlier one.
+    timings: dict[tuple[int, ...], Trial] = {}
+    trials = []
+    for start in starts:
+        key = tuple(start)
+        if key not in timings:
+            timings[key] = timed_trial(unfolded, start, period, comm)
+        trials.append(timings[key])
     return Replicated(unfolded, placement, period, best_trial(unfolded, placement, period, num_procs, comm,
                                                                 table.graph, trials))
 
