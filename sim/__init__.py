@@ -61,14 +61,15 @@ def simulate(schedule: OpSchedule, workload: Workload, config: SimConfig | None 
 
 
 def simulate_compiled(compiled: CompiledSchedule, workload: Workload, config: SimConfig,
-                      *, reports: bool = True) -> SimResult:
+                      *, reports: bool = True, times: tuple[np.ndarray, np.ndarray] | None = None) -> SimResult:
     """Time an already compiled schedule (compile once, simulate under several configs).
 
     `reports=False` skips the version map and the memory sweep (they stay −1 / 0): for callers that
     need only cycle counts, such as schedulers timing candidates. Either way the result computes its version
-    map, peaks, traffic and `ops` when they are first read.
+    map, peaks, traffic and `ops` when they are first read. `times`: every op's (start, end) already known (a run
+    that is the start of a longer one: `simulate_policy_runs`), not timed again.
     """
-    start, end = run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
+    start, end = times or run_timing(compiled, config.interconnect, config.link_latency, config.link_words_per_cycle)
     distributed = config.interconnect != "shared"
 
     def versions(c: CompiledSchedule, start: np.ndarray, end: np.ndarray) -> np.ndarray:

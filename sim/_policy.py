@@ -25,6 +25,7 @@ from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.sim._engine import CompiledSchedule, compile_schedule
 from layerpipe.sim._interconnect import SimConfig
+from layerpipe.sim._prefix import is_prefix_run
 from layerpipe.sim._report import SimResult
 from layerpipe.sim._restrict import restricted_compile, shorter_ops
 from layerpipe.sim._streams import simulate_result as simulate_stream_result
@@ -121,8 +122,13 @@ def _policy_workload(result: ScheduleResult, graph: TrainingGraph, model: CostMo
     return workload
 
 
+#: A compiled run: the schedule, its workload, and where it was cut out of the longest run, each op's number in
+#: that run's compiled schedule (None for the longest run, or one compiled on its own).
+CompiledRun = tuple[CompiledSchedule, Workload, np.ndarray | None]
+
+
 def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
-                         mode: str) -> list[tuple[CompiledSchedule, Workload]]:
+                         mode: str) -> list[CompiledRun]:
     """`compile_schedule(*policy_ops(...))` for each run length, in the order given: the longest is compiled, and
     every shorter one cut out of it (`restricted_compile`: the same numbering, producers and costs, where that can
     be shown; compiled otherwise). The workload is a function of (result, network, model, mode) alone, so one
@@ -131,15 +137,18 @@ def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     schedule, graph = _policy_schedule(result, network, longest, mode)
     workload = _policy_workload(result, graph, model)
     full = compile_schedule(schedule, workload)
-    out = []
+    out: list[CompiledRun] = []
     for k in iterations:
         if k == longest:
-            out.append((full, workload))
+            out.append((full, workload, None))
             continue
         cut = shorter_ops(result, full.schedule, k)
         shorter = cut[0] if cut is not None else _policy_schedule(result, network, k, mode)[0]
         compiled = restricted_compile(full, shorter, workload, None if cut is None else cut[1])
-        out.append((compiled if compiled is not None else compile_schedule(shorter, workload), workload))
+        if compiled is None:
+            out.append((compile_schedule(shorter, workload), workload, None))
+        else:
+            out.append((compiled, workload, cut[1] if cut is not None else None))
     return out
 
 
@@ -154,8 +163,21 @@ def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
         return [simulate_stream_result(result, network, model, k, config) for k in iterations]
     with gc_paused():
-        return [simulate_compiled(compiled, workload, config)
-                for compiled, workload in compiled_policy_runs(result, network, model, iterations, config.mode)]
+        runs = compiled_policy_runs(result, network, model, iterations, config.mode)
+        full = runs[list(iterations).index(max(iterations))][0]
+        # A shorter run that is the start of the longest one is read off it (`is_prefix_run`), not simulated again.
+        prefix = [cut is not None and is_prefix_run(full, compiled, cut, config.interconnect)
+                  for compiled, _, cut in runs]
+        timed = simulate_compiled(full, runs[0][1], config) if any(prefix) else None
+        out = []
+        for (compiled, workload, cut), cut_of_full in zip(runs, prefix, strict=True):
+            if cut_of_full and timed is not None and cut is not None:
+                out.append(simulate_compiled(compiled, workload, config, times=(timed.start[cut], timed.end[cut])))
+            elif compiled is full and timed is not None:
+                out.append(timed)
+            else:
+                out.append(simulate_compiled(compiled, workload, config))
+        return out
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,
