@@ -26,6 +26,18 @@ from tests.strategies import networks
 SPECS = ("shared", "links:1:4", "links:2:1/4", "links:1:1/16", "bus:1:2", "bus:2:8", "rtl")
 
 
+def _residual(width: int, *layers: tuple[str, int | str, str]):
+    """A small network of bias-free ReLU layers: (name, out features, input) for a linear layer, (name, input,
+    input) for an add."""
+    builder = NetworkBuilder("random", (width,))
+    for name, a, b in layers:
+        if isinstance(a, int):
+            builder.add(name, Linear(a, bias=False, activation="relu"), [b])
+        else:
+            builder.add(name, Add(activation="relu"), [a, b])
+    return builder.build()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(net=networks(max_layers=7, dag=True, max_width=24), n=st.integers(2, 12), spec=st.sampled_from(SPECS),
        lanes=st.sampled_from((1, 4, 16)), overhead=st.sampled_from((0, 2, 11)), replication=st.booleans())
@@ -53,12 +65,8 @@ def test_layerpipe_is_never_slower_than_pipedreams_straight_plans(net, n, spec, 
 
 
 def test_the_planners_straight_pipeline_is_in_layerpipes_space() -> None:
-    builder = NetworkBuilder("random", (7,))
-    builder.add("b0.fc0", Linear(1, bias=False, activation="relu"), ["input"])
-    builder.add("b0.fc1", Linear(7, bias=False, activation="relu"), ["b0.fc0"])
-    builder.add("b0.add", Add(activation="relu"), ["b0.fc1", "input"])
-    builder.add("fc3", Linear(1, bias=False, activation="relu"), ["b0.add"])
-    net = builder.build()
+    net = _residual(7, ("b0.fc0", 1, "input"), ("b0.fc1", 7, "b0.fc0"), ("b0.add", "b0.fc1", "input"),
+                    ("fc3", 1, "b0.add"))
     model, ic = PEModel(lanes=4, overhead=0), parse_interconnect("links:2:1/4", lanes=4)
     pd = make_schedule("pipedream", net, 2, model, interconnect=ic)
     assert pd.periodic.unfold == 1 and "stages 1x1 | 2-4x1" in pd.notes[0] and pd.metrics.cycles_per_sample == 25
@@ -102,12 +110,7 @@ def test_under_a_bound_pipedreams_own_timing_is_carried_onto_layerpipes_tasks() 
     a forward transfer PipeDream sends first on the bus, and came out staler (4 where PipeDream has 3): under a
     bound of 3 LayerPipe found 19 cycles per sample against PipeDream's 18. PipeDream's own timing carried onto
     the split tasks (`_layerpipe._carried`: the parts where the fused task ran, the error last) is 18 at 3."""
-    builder = NetworkBuilder("random", (3,))
-    builder.add("fc0", Linear(6, bias=False, activation="relu"), ["input"])
-    builder.add("b1.fc0", Linear(6, bias=False, activation="relu"), ["fc0"])
-    builder.add("b1.add", Add(activation="relu"), ["b1.fc0", "fc0"])
-    builder.add("fc3", Linear(1, bias=False, activation="relu"), ["b1.add"])
-    net = builder.build()
+    net = _residual(3, ("fc0", 6, "input"), ("b1.fc0", 6, "fc0"), ("b1.add", "b1.fc0", "fc0"), ("fc3", 1, "b1.add"))
     model, ic = PEModel(lanes=16, overhead=0), parse_interconnect("bus:1:2", lanes=16)
     pd = make_schedule("pipedream", net, 3, model, interconnect=ic)
     assert (pd.metrics.cycles_per_sample, pd.metrics.max_staleness) == (18, 3)

@@ -195,23 +195,11 @@ def _panel(panel: Panel, left: float, top: float, width: float, height: float) -
     out = [f'<g><text x="{_num(left + width / 2)}" y="{_num(top - 8)}" font-size="12" text-anchor="middle">'
            f'{escape(panel.title)}</text>']
     xticks = _thinned([(_scale(xaxis, value, left, width), label) for value, label in xaxis.ticks], 10, True)
-    for place, label in xticks:
-        x = _num(place)
-        out.append(f'<line x1="{x}" y1="{_num(top)}" x2="{x}" y2="{_num(bottom)}" stroke="#b0b0b0" '
-                   f'stroke-width="0.8" stroke-opacity="0.3"/>')
-        out.append(f'<line x1="{x}" y1="{_num(bottom)}" x2="{x}" y2="{_num(bottom + 4)}" stroke="black"/>')
-        if label:
-            out.append(f'<text x="{x}" y="{_num(bottom + 17)}" font-size="10" text-anchor="middle">'
-                       f'{escape(label)}</text>')
     yticks = _thinned([(_scale(yaxis, value, bottom, -height), label) for value, label in yaxis.ticks], 10, False)
+    for place, label in xticks:
+        out.extend(_tick(place, label, (top, bottom), vertical=True))
     for place, label in yticks:
-        y = _num(place)
-        out.append(f'<line x1="{_num(left)}" y1="{y}" x2="{_num(right)}" y2="{y}" stroke="#b0b0b0" '
-                   f'stroke-width="0.8" stroke-opacity="0.3"/>')
-        out.append(f'<line x1="{_num(left - 4)}" y1="{y}" x2="{_num(left)}" y2="{y}" stroke="black"/>')
-        if label:
-            out.append(f'<text x="{_num(left - 7)}" y="{y}" font-size="10" text-anchor="end" '
-                       f'dominant-baseline="middle">{escape(label)}</text>')
+        out.extend(_tick(place, label, (left, right), vertical=False))
     out.append(f'<rect x="{_num(left)}" y="{_num(top)}" width="{_num(width)}" height="{_num(height)}" '
                f'fill="none" stroke="black"/>')
     out.append(f'<text x="{_num(left + width / 2)}" y="{_num(bottom + 38)}" font-size="11" text-anchor="middle">'
@@ -235,6 +223,25 @@ def _panel(panel: Panel, left: float, top: float, width: float, height: float) -
     out.extend(_legend(panel.series, [p for s in panel.series for p in _points(s, xaxis, yaxis, left, bottom, width,
                                                                                  height)], left, top, width, height))
     out.append("</g>")
+    return out
+
+
+def _tick(place: float, label: str, across: tuple[float, float], vertical: bool) -> list[str]:
+    """A tick at `place` along an axis: its grid line across the panel (`across`: its two edges, the axis at the
+    first for y, the second for x), the tick mark outside and its label (x below, y to the left)."""
+    a, b = (_num(v) for v in across)
+    p = _num(place)
+    if vertical:  # on the x axis, at the bottom edge b
+        grid, mark = (p, a, p, b), (p, b, p, _num(across[1] + 4))
+        text = f'<text x="{p}" y="{_num(across[1] + 17)}" font-size="10" text-anchor="middle">'
+    else:  # on the y axis, at the left edge a
+        grid, mark = (a, p, b, p), (_num(across[0] - 4), p, a, p)
+        text = f'<text x="{_num(across[0] - 7)}" y="{p}" font-size="10" text-anchor="end" dominant-baseline="middle">'
+    out = [f'<line x1="{grid[0]}" y1="{grid[1]}" x2="{grid[2]}" y2="{grid[3]}" stroke="#b0b0b0" '
+           f'stroke-width="0.8" stroke-opacity="0.3"/>',
+           f'<line x1="{mark[0]}" y1="{mark[1]}" x2="{mark[2]}" y2="{mark[3]}" stroke="black"/>']
+    if label:
+        out.append(f"{text}{escape(label)}</text>")
     return out
 
 
