@@ -10,8 +10,9 @@ side in one run (min of `--rounds` interleaved rounds):
 - in process: `run_sweep` alone (points per CPU-second of this process) and where its time goes (the
   scheduler, `make_schedule`, against the simulator, `simulate_policy_runs` / `simulate_policy_result`), the
   same sweep with the simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge),
-  the same sweep with one simulation of K iterations per point (what the second run costs), then `save_pareto`
-  with both plots and with none (what `explore --plots none` saves);
+  the same sweep with one simulation of K iterations per point (what the steady state's pair of runs costs over
+  one: the 2K run, and the K run where it is not read off the 2K run's start, `layerpipe.sim._prefix`), then
+  `save_pareto` with both plots and with none (what `explore --plots none` saves);
 - the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child), with plots and without;
 - with `--jobs`: `run_sweep` with 1 and 2 local worker processes, wall clock (the figure that scales with
   cores), min of `--rounds`, with the load average before and after each run, the CPU the run's processes
@@ -197,7 +198,7 @@ def main() -> None:
               f"(the arrays: {best['op by op'] / best['sweep']:.2f}x)")
         one = points / best["one run"]
         print(f"  one simulation per point:   {best['one run']:6.2f} s CPU = {one:6.1f} points per CPU-second "
-              f"(the steady state's second run, 2K iterations: {best['sweep'] / best['one run']:.2f}x)")
+              f"(the steady state's pair of runs over one: {best['sweep'] / best['one run']:.2f}x)")
         print(f"save_pareto with both plots:  {best['pareto+plots']:6.2f} s CPU; pareto.csv only "
               f"{best['pareto only']:.3f} s ({best['pareto+plots'] / max(best['pareto only'], 1e-6):.0f}x)")
         cli = points / best["cli"]
