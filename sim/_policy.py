@@ -156,7 +156,8 @@ def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostMo
                          config: SimConfig | None = None) -> list[SimResult]:
     """`simulate_policy_result` for several run lengths of one schedule (explore's steady state times K and 2K
     iterations of every point: `layerpipe.dse._evaluate.steady_simulation`): the shorter runs' compiled schedules
-    are cut out of the longest run's (`compiled_policy_runs`) instead of unrolled and compiled again."""
+    are cut out of the longest run's (`compiled_policy_runs`) instead of unrolled and compiled again, and a shorter
+    run that is the longest one's start (`is_prefix_run`) has its times read off the longest run's."""
     from layerpipe.sim import simulate_compiled
 
     config = config or SimConfig()
