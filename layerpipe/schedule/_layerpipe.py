@@ -388,7 +388,8 @@ def _schedule_network(network: Network, num_procs: int, model: CostModel, option
         # PipeDream's replicated plan under the bound too, when it meets it: the unbounded search's winner
         # whenever that winner is within the bound (resnet50 on links:2:64, N = 16, max staleness 4: 7.67e8
         # cycles per sample at staleness 4, where the single-iteration bounded search found 2.47e9).
-        laid = _replicated_result(table, replicated, num_procs, interconnect, options)
+        laid = beaten[0] if beaten is not None else _replicated_result(table, replicated, num_procs, interconnect,
+                                                                        options)
         if laid.result.metrics.max_staleness <= k and _rank(laid.result) < _rank(searched.result):
             searched = laid
     if k is not None:
@@ -405,9 +406,10 @@ def _replicated_beats_every_placement(table: TaskTable, num_procs: int, intercon
     placement of one iteration, so on the period of every candidate the single-iteration searches (the ranked
     space, the bounded search, PipeDream's straight pipelines) could time. Branch and bound: the search then
     returns what it would have returned, without building the space (on `rtl` the data-parallel plan beats
-    every single-iteration placement of the zoo at every N; issue 14: the space was most of the layerpipe
-    policy's time). The laid-out result's cycles per sample (a float, as `_rank` compares them) are checked
-    below the bound's too, so it outranks every such candidate as the search would rank them. None otherwise."""
+    every single-iteration placement of the zoo at nearly every N — lenet5 at N = 3 ties the bound; issue 14: the
+    space was most of the layerpipe policy's time). The laid-out result's cycles per sample (a float, as `_rank`
+    compares them) are checked below the bound's too, so it outranks every such candidate as the search would
+    rank them. None otherwise."""
     if replicated is None:
         return None
     one = period_lower_bound(table.cost, num_procs)
@@ -457,8 +459,8 @@ def _carried(table: TaskTable, pd_table: TaskTable, num_procs: int, interconnect
     PipeDream's orders timed afresh on LayerPipe's split tasks (the parts packed one by one) can differ from that
     and come out staler: a residual network on 3 processors, bus:1:2, whose PipeDream schedule runs at 18 cycles
     per sample with staleness 3 gave staleness 4 and 5 on LayerPipe's tasks, so LayerPipe under a bound of 3
-    found 19. Where the parts cost more than the whole (per-task overheads), they
-    are packed at or after those offsets and the period grows to the busiest processor or channel."""
+    found 19. Where the parts cost more than the whole (per-task overheads), they are packed at or after those
+    offsets and the period grows to the busiest processor or channel."""
     from layerpipe.schedule._pipedream import _one_f_one_b
 
     pd_placement, pd_period, pd_timing = _one_f_one_b(pd_table, num_procs, interconnect, cut)
@@ -513,8 +515,7 @@ def _fewer_stages(table: TaskTable, num_procs: int, model: CostModel, interconne
     chosen, tried = searched, set()
     for limit in range(len(plan_stages(PlanCosts(pd_table, interconnect), num_procs).stages) - 1, 0, -1):
         candidate = _replicated_candidate(table, num_procs, model, interconnect, options, max_words, limit)
-        if (candidate is None or candidate.plan in tried
-                or _per_sample(candidate) >= slower):
+        if candidate is None or candidate.plan in tried or _per_sample(candidate) >= slower:
             continue  # no replicas (the single-iteration search holds it), too many words, seen, or slower anyway
         tried.add(candidate.plan)
         laid = _replicated_result(table, candidate, num_procs, interconnect, options)
