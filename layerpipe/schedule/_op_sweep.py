@@ -201,12 +201,12 @@ def _check_finished(c: CompiledSchedule, nxt: list[int], finished: list[bool], p
 def _run_sweep(c: CompiledSchedule, runs: Runs, num_inputs: int, hold: list[int] | tuple[()] = (),
                latency: int = 0, plan: LinkPlan | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The sweep over runs of ops (`layerpipe.schedule._runs`): the op-by-op `_sweep`'s times, its deadlocks."""
-    known, nxt, finished = sweep_runs(runs, num_inputs, c.num_procs * c.num_procs, hold, latency)
+    known, nxt, finished = sweep_runs(runs, c.num_procs * c.num_procs, hold, latency)
     if not finished:
-        n = c.num_ops
-        head_of = runs.run_of.tolist()
-        done = [known[head_of[x]] >= 0 if x < n else known[x] >= 0 for x in range(num_inputs)]
-        at = [runs.head[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
+        n, heads = c.num_ops, runs.head.tolist()
+        slot_of = np.searchsorted(runs.head, runs.run_of).tolist()  # op → its run's slot (`Runs`)
+        done = [known[slot_of[x]] >= 0 if x < n else known[x - n + len(heads)] >= 0 for x in range(num_inputs)]
+        at = [heads[k] if k < runs.head_bounds[p + 1] else c.bounds[p + 1] for p, k in enumerate(nxt)]
         _check_finished(c, at, done, plan.inputs if plan is not None else c.prods,
                         plan.producer if plan is not None else [])
     return op_times(runs, known, runs.dur)  # the durations the runs were built from (not a second array)

@@ -18,7 +18,6 @@ head, not per op.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -50,26 +49,28 @@ class Runs:
 
     Heads are numbered k = 0, 1, … in op order (processor-major); processor p's heads are
     head_bounds[p] … head_bounds[p+1] − 1. Head k is op `head[k]`, its run takes `length[k]` cycles, and its
-    inputs are (key, add) pairs: available at known[key] + add, where key is the head op of the producer's run
-    (an op input) or the transfer's input number n + t (add 0). Its first input is (first_key[k], first_add[k])
-    — key `none`, always known at 0, when it has none — and the others are `rest[k]` (None for heads with one or
-    none; `rest` None when no head has more): most heads have one input, and a tuple of tuples per head was most of
-    building the runs (issue 14). `sends` are the transfers of the runs' ops in program order (`Sends`; None on
-    `shared`).
+    inputs are (key, add) pairs: available at known[key] + add. Keys are the sweep's slots: head k's run start is
+    slot k, transfer t's arrival (input number n + t) slot H + t for H heads, and `none` = H + T, "no input",
+    always known at 0 — slots, not op numbers, so the sweep's lists are as long as the heads and transfers, not
+    the ops (issue 14: lenet5's 2.6 M ops have 0.5 M heads). Head k's first input is (first_key[k],
+    first_add[k]) — key `none` when it has none — and the others are `rest[k]` (None for heads with one or none;
+    `rest` None when no head has more): most heads have one input, and a tuple of tuples per head was most of
+    building the runs (issue 14). `sends` are the transfers of the runs' ops in program order (`Sends`, by input
+    number; None on `shared`).
     """
 
-    head: list[int]
+    head: np.ndarray  #: per head, its op (`op_times` scatters the heads' starts with it)
     head_bounds: list[int]
     length: list[int]
     first_key: list[int]
     first_add: list[int]
     rest: list[tuple[tuple[int, int], ...] | None] | None
-    none: int  #: the input number standing for "no input" (one past the last op or transfer)
+    none: int  #: the slot standing for "no input" (one past the last head and transfer)
     sends: Sends | None
     run_of: np.ndarray  #: per op, its run's head op
     off: np.ndarray  #: per op, cycles from its run's start to its end
-    head_ops: np.ndarray  #: `head` as an array (`op_times` scatters the heads' starts with it)
     dur: np.ndarray  #: per op, its cycles (int64: the array the runs were built from, for `op_times`)
+
 
 
 #: Inputs per processor up to which `needed_inputs` takes them all at once (above, a processor at a time: memory).
@@ -101,58 +102,44 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
     run_of, off = run_offsets(head, dur)
     last = np.r_[heads[1:] - 1, n - 1] if len(heads) else heads
     length = off[last]
-    kept_is_op = kept_src < n
-    all_ops = bool(kept_is_op.all())
-    if all_ops:
-        key, add = run_of[kept_src], off[kept_src]
-    else:
-        at = np.minimum(kept_src, max(n - 1, 0))
-        key = np.where(kept_is_op, run_of[at], kept_src)
-        add = np.where(kept_is_op, off[at], 0)
-        del at
-    head_number = np.cumsum(head, dtype=np.int64)  # op → number of its run's head
+    head_number = np.cumsum(head, dtype=np.int64)  # op → number of its run's head: its slot
     head_number -= 1
     del head
+    # Keys as slots (see `Runs`): an op input's run's head number, a transfer's H + t.
+    kept_is_op = kept_src < n
+    if bool(kept_is_op.all()):
+        key, add = head_number[kept_src], off[kept_src]
+    else:
+        at = np.minimum(kept_src, max(n - 1, 0))
+        key = np.where(kept_is_op, head_number[at], kept_src + (len(heads) - n))
+        add = np.where(kept_is_op, off[at], 0)
+        del at
+    del kept_src, kept_is_op
     in_ptr = np.zeros(len(heads) + 1, dtype=np.int64)
     np.cumsum(np.bincount(head_number[kept_consumer], minlength=len(heads)), out=in_ptr[1:])
     del kept_consumer
     head_bounds = np.searchsorted(heads, np.asarray(bounds, dtype=np.int64)).tolist()
-    none = n + (len(send_input) if send_input is not None else 0)
+    none = len(heads) + (len(send_input) if send_input is not None else 0)
     count = np.diff(in_ptr)
     has = count > 0
     first_at = in_ptr[:-1][has]
-    # Keys of op inputs as positions in the head list (its own int objects are shared: memory per op, issue 14),
-    # position len(heads) standing for `none`; transfer keys (links) as they are.
-    first_key = np.full(len(heads), len(heads) if all_ops else none, dtype=np.int64)
-    first_key[has] = head_number[kept_src[first_at]] if all_ops else key[first_at]
+    first_key = np.full(len(heads), none, dtype=np.int64)
+    first_key[has] = key[first_at]
     first_add = np.zeros(len(heads), dtype=np.int64)
     first_add[has] = add[first_at]
     multi = np.flatnonzero(count > 1).tolist()
     with gc_paused():
-        head_list = heads.tolist()
-        if all_ops and len(first_key) < SHARE_MIN:  # small: numpy's lookup and `tolist` (see `SHARE_MIN`)
-            first_keys = np.append(heads, none)[first_key].tolist()
-        elif all_ops:
-            head_list.append(none)
-            first_keys = list(map(head_list.__getitem__, _ints(first_key)))
-            head_list.pop()
-        else:
-            first_keys = shared_ints(first_key)
+        first_keys = shared_ints(first_key)
         del first_key
         rest: list[tuple[tuple[int, int], ...] | None] | None = None
         if multi:
-            if not all_ops:
-                keys = key.tolist()
-            elif len(kept_src) < SHARE_MIN:
-                keys = heads[head_number[kept_src]].tolist()
-            else:
-                keys = list(map(head_list.__getitem__, _ints(head_number[kept_src])))
+            keys = key.tolist()
             adds, at = add.tolist(), in_ptr.tolist()
             rest = [None] * len(heads)
             for k in multi:
                 rest[k] = tuple(zip(keys[at[k] + 1:at[k + 1]], adds[at[k] + 1:at[k + 1]], strict=True))
             del keys, adds
-        del key, add, kept_src
+        del key, add
         sends: Sends | None = None
         if send_producer is not None and send_input is not None and send_link is not None:
             # Flat lists and where each head's begin: no list or tuple per head or per transfer (a slice per
@@ -160,8 +147,8 @@ def make_runs(bounds: list[int], dur: list[int] | np.ndarray, ptr: np.ndarray, s
             at = np.zeros(len(heads) + 1, dtype=np.int64)
             np.cumsum(np.bincount(head_number[send_producer], minlength=len(heads)), out=at[1:])
             sends = Sends(at.tolist(), send_input.tolist(), send_link.tolist(), off[send_producer].tolist())
-    return Runs(head_list, head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
-                none, sends, _narrow(run_of), _narrow(off), _narrow(heads), dur)
+    return Runs(_narrow(heads), head_bounds, shared_ints(length), first_keys, shared_ints(first_add), rest,
+                none, sends, _narrow(run_of), _narrow(off), dur)
 
 
 def head_mask(bounds: list[int], kept_consumer: np.ndarray) -> np.ndarray:
@@ -342,15 +329,17 @@ def split_first(inputs: list[list[int]], sentinel: int) -> FirstInputs:
     return first, [row[1:] if len(row) > 1 else None for row in inputs]
 
 
-def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
+def sweep_runs(r: Runs, num_links: int, hold: list[int] | tuple[()] = (), latency: int = 0
                ) -> tuple[list[int], list[int], bool]:
-    """(known, free-at-stop per processor, finished?) of the run sweep: known[x] is the start of the run headed
-    by op x, or the arrival of transfer x; −1 where never known (a deadlock: `finished` False)."""
-    known = [-1] * max(num_inputs, r.none + 1)
+    """(known, next head per processor at stop, finished?) of the run sweep: known[k] is the start of head k's
+    run, known[H + t] the arrival of transfer t (the slots of `Runs`); −1 where never known (a deadlock: `finished`
+    False). `hold` is indexed by input number (n + t for transfer t)."""
+    known = [-1] * (r.none + 1)
     known[r.none] = 0  # "no input"
     waiters: list[list[int] | None] = [None] * len(known)
     link_free = [0] * num_links
-    heads, length, sends = r.head, r.length, r.sends
+    length, sends = r.length, r.sends
+    shift = len(r.run_of) - len(r.head)  # a transfer's input number less its slot
     send_at, send_input, send_link, send_off = ((sends.at, sends.input, sends.link, sends.off) if sends is not None
                                                 else (None, [], [], []))
     first_key, first_add, rest = r.first_key, r.first_add, r.rest
@@ -391,13 +380,12 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
                     others = None
                 if others is not None:  # parked on one of the others
                     break
-            h = heads[k]
-            known[h] = s
+            known[k] = s
             t = s + length[k]
-            woken = waiters[h]
+            woken = waiters[k]
             if woken is not None:
                 work.extend(woken)
-                waiters[h] = None
+                waiters[k] = None
             if send_at is not None:
                 c, last = send_at[k], send_at[k + 1]
                 while c < last:
@@ -408,6 +396,7 @@ def sweep_runs(r: Runs, num_inputs: int, num_links: int, hold: list[int] | tuple
                         depart = ready
                     depart += hold[x]
                     link_free[link] = depart
+                    x -= shift
                     known[x] = depart + latency
                     woken = waiters[x]
                     if woken is not None:
@@ -426,12 +415,9 @@ def op_times(r: Runs, known: list[int], dur: list[int] | np.ndarray) -> tuple[np
     n = len(dur)
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    # Only the heads' starts are read (an itemgetter, in C: a fraction of the list, which also holds every other
-    # op's and transfer's slot), scattered to the heads' places and gathered per op by its run's head.
-    head = r.head
-    starts = operator.itemgetter(*head)(known) if len(head) > 1 else (known[head[0]],)
+    # The heads' starts are the first H slots, scattered to the heads' places and gathered per op by its run's head.
     at_heads = np.zeros(n, dtype=np.int64)
-    at_heads[r.head_ops] = int64_array(starts)
+    at_heads[r.head] = int64_array(known[:len(r.head)])
     end = at_heads[r.run_of]
     end += r.off
     return end - np.asarray(dur, dtype=np.int64), end
