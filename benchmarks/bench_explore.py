@@ -44,8 +44,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from layerpipe._memo import clear_memos
 from layerpipe.dse import COLUMNS, ResultsFile, SweepSpec, run_sweep, save_pareto
-from layerpipe.schedule._task_table import clear_memos
 
 NETWORKS = ("lenet5", "resnet18", "alexnet")
 NUM_PROCS = (2, 3, 4, 6, 8)

@@ -289,8 +289,8 @@ def replica_counts_dividing_12(monkeypatch: pytest.MonkeyPatch) -> Iterator[None
     counts that divide 12. For regression tests pinned on a plan found then (the class they guard is also
     tested on generated cases in today's space). The scheduling memos are emptied before and after, so no plan
     of the old space reaches another test."""
+    from layerpipe._memo import clear_memos
     from layerpipe.schedule import _planner
-    from layerpipe.schedule._task_table import clear_memos
 
     monkeypatch.setattr(_planner, "rounds", lambda n: ((12, tuple(c for c in (1, 2, 3, 4, 6) if c <= n)),))
     clear_memos()

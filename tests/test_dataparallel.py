@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_functional import assert_weights_close, residual_mlp
 
+from layerpipe._memo import clear_memos
 from layerpipe.cli import main
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
@@ -33,7 +34,6 @@ from layerpipe.schedule._dataparallel import (
     step_cycles,
     weight_layers,
 )
-from layerpipe.schedule._task_table import clear_memos
 from layerpipe.schedule.policies import make_schedule, policy_options
 from layerpipe.sim import SimConfig, simulate_policy_result
 from layerpipe.sim._streams import functional_order

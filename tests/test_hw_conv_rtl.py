@@ -82,8 +82,8 @@ def test_max_pool_mask_over_a_link_and_micro_batches_icarus(tmp_path: Path, shar
     the straight pipelines PipeDream's planner picks, it finds the same cycles with fewer words and pool1 whole;
     the test leaves those out of the search (`planned_straight_pipelines`) to keep the placement whose mask
     crosses a link — a valid schedule the hardware must run, which is what is under test."""
+    from layerpipe._memo import clear_memos
     from layerpipe.schedule import _layerpipe
-    from layerpipe.schedule._task_table import clear_memos
 
     monkeypatch.setattr(_layerpipe, "planned_straight_pipelines", lambda *args: ())
     clear_memos()

@@ -60,7 +60,7 @@ def test_improve_unchanged_through_the_array_path() -> None:
     ic = parse_interconnect("links:2:1", lanes=model.lanes)
     _, members = group_items(table, range(len(table)))
     start = [v % 8 for v in range(len(table))]
-    from layerpipe.schedule._task_table import clear_memos
+    from layerpipe._memo import clear_memos
 
     clear_memos()
     batched = improve(table, start, 8, ic, members)

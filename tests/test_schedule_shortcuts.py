@@ -19,6 +19,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
+from layerpipe._memo import clear_memos
 from layerpipe.costs import PEModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.interconnect import parse_interconnect
@@ -30,7 +31,7 @@ from layerpipe.schedule._comm_timing import _comm_timing, comm_timing, replanned
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._layerpipe import weight_groups
 from layerpipe.schedule._planner import PlanCosts, plan, replicated_layout
-from layerpipe.schedule._task_table import TaskTable, clear_memos, table_of
+from layerpipe.schedule._task_table import TaskTable, table_of
 from tests.schedule_reference import (
     FAST,
     SPECS,

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from layerpipe._memo import clear_memos
 from layerpipe.costs import PEModel, make_cost_model
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule import ScheduleResult, _layerpipe, make_schedule
 from layerpipe.schedule._layerpipe import LayerPipeOptions
-from layerpipe.schedule._task_table import clear_memos
 from tests.strategies import networks
 
 SPECS = ("shared", "rtl", "links:1:4", "links:2:1/4", "links:1:1/16", "bus:1:2", "bus:2:8")

@@ -10,13 +10,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from layerpipe._memo import clear_memos
 from layerpipe.costs import make_cost_model
 from layerpipe.dfg import GraphOptions
 from layerpipe.interconnect import parse_interconnect
 from layerpipe.schedule import make_schedule
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._layerpipe import LayerPipeOptions, _ranked, ranked_space, search_space
-from layerpipe.schedule._task_table import clear_memos, table_of
+from layerpipe.schedule._task_table import table_of
 from tests.strategies import networks
 
 INTERCONNECTS = ("shared", "links:2:16", "links:1:1/4", "bus:1:2")

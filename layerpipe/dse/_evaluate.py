@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.costs import make_cost_model
 from layerpipe.dse._sweep import DesignPoint
 from layerpipe.errors import unknown_name
@@ -18,7 +19,6 @@ from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._periodic import slot_order
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN  # dp times its step over it: defined below
-from layerpipe.schedule._task_table import BoundedMemo
 
 if TYPE_CHECKING:
     from layerpipe.sim import SimResult

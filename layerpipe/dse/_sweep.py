@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,7 @@ class SweepSpec:
                                             out.append(p)
         return out
 
-    @property
+    @cached_property  # every row carries it: hashed once per spec, not once per row
     def sweep_id(self) -> str:
         doc = {k: v for k, v in asdict(self).items() if k != "extra"}
         if self.reverse_first_k == ("auto",):

@@ -35,9 +35,10 @@ from functools import cached_property
 from itertools import pairwise
 from typing import NamedTuple
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.interconnect import SHARED, Interconnect, compiled_bus_key
 from layerpipe.schedule._ir import tie_rank
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable
+from layerpipe.schedule._task_table import TaskTable
 
 
 @dataclass(frozen=True)

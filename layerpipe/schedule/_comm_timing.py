@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from layerpipe._memo import memo
 from layerpipe.schedule._comm import Comm, channel_timing, pack, packed_arrivals, queues, same_order
 from layerpipe.schedule._lags import _longest_lags, lags_from_ready, loop_spans, staleness_from_span
-from layerpipe.schedule._task_table import TaskTable, memo
+from layerpipe.schedule._task_table import TaskTable
 
 
 def minimal_lags(table: TaskTable, start: Sequence[int], period: int, comm: Comm | None = None) -> list[int]:

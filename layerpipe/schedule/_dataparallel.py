@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
@@ -57,7 +58,6 @@ from layerpipe.schedule._ir import Op, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN, Program, cycles_per_iteration, run_program
 from layerpipe.schedule._sync_policies import NetworkKey
-from layerpipe.schedule._task_table import BoundedMemo
 from layerpipe.schedule.metrics import ScheduleMetrics
 
 POLICY_NAMES = ("dp", "dp-ooo")

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.schedule._ir import Op, OpColumns, OpKey, OpSchedule, ScheduleError
@@ -508,6 +509,7 @@ class _Rules:
         self.rows: list[tuple[int, ...]] = []
         self.role_names: list[str] = []
         self._role_ids: dict[str, int] = {}  # role → its index in role_names (no list search per row)
+        self._table: np.ndarray | None = None
 
     def add(self, task: int, src: tuple[str, int], words: int, role: str, *, div: int = 1, mul: int = 1,
             off: int = 0, cap: int = 0, mod: int = 1, phase: int = 0, alt: tuple[str, int] | None = None) -> None:
@@ -517,6 +519,15 @@ class _Rules:
             self.role_names.append(role)
         alt_id = self.task_id.get(alt, -1) if alt is not None else -1
         self.rows.append((task, self.task_id.get(src, -1), alt_id, div, mul, off, cap, mod, phase, words, code))
+        self._table = None
+
+    def table(self) -> np.ndarray:
+        """The rows as an int64 array (one column per `_RULE_COLUMNS` name), made once per set of rows."""
+        import numpy as np
+
+        if self._table is None:
+            self._table = np.asarray(self.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
+        return self._table
 
 
 def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], task: np.ndarray,
@@ -550,7 +561,7 @@ def dependency_arrays(schedule: OpSchedule, tasks: Sequence[tuple[str, int]], ta
         m = _microbatches(schedule)
         updates = np.asarray([kind == "U" for kind, _ in tasks], dtype=bool)[task] if n else np.zeros(0, bool)
         total = int(iteration[~updates].max()) + 1 if (~updates).any() else 0
-        _sync_rules(rules, graph, m)
+        rules = _sync_rules_of(graph, m, tasks)
     elif schedule.simple or schedule.unfold < 1 or any(g < 1 for _, g in schedule.groups):
         return None
     else:
@@ -610,7 +621,7 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
 
     from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN
 
-    table = np.asarray(rules.rows, dtype=np.int64).reshape(-1, len(_RULE_COLUMNS))
+    table = rules.table()
     col = {name: table[:, k] for k, name in enumerate(_RULE_COLUMNS)}
     # Producers in `index`'s type and words as int32 where every rule's fit: 9 bytes per dependency, not 17,
     # in the blocks and in their concatenation (issue 14: memory per op).
@@ -677,6 +688,23 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     if len(parts) == 1:
         return counts, *parts[0]
     return counts, *(np.concatenate([part[k] for part in parts]) for k in range(3))  # type: ignore[return-value]
+
+
+def _sync_rules_of(graph: TrainingGraph, m: int, tasks: Sequence[tuple[str, int]]) -> _Rules:
+    """`_sync_rules` over `tasks`, memoised: a synchronous policy's scheduler times one step and the simulator
+    runs many, with the same graph, micro-batches and tasks (issue 14). Read only: `dependency_arrays` adds step
+    edges' role to stage-level rules alone."""
+    key = (graph, m, tuple(tasks))
+    found = _SYNC_RULES.get(key)
+    if found is None:
+        found = _Rules(key[2])
+        _sync_rules(found, graph, m)
+        _SYNC_RULES.add(key, found)
+    return found
+
+
+#: `_sync_rules_of`'s tables.
+_SYNC_RULES: BoundedMemo[tuple[object, ...], _Rules] = BoundedMemo(16)
 
 
 def _sync_rules(rules: _Rules, graph: TrainingGraph, m: int) -> None:

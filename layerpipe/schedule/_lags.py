@@ -19,9 +19,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.interconnect import Interconnect
 from layerpipe.retiming import solve_difference_constraints
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable
+from layerpipe.schedule._task_table import TaskTable
 
 
 def _solve(table: TaskTable, src: list[int], dst: list[int], bound: list[int], order: Sequence[int]) -> list[int]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, build_training_graph
 from layerpipe.errors import InputError
@@ -48,7 +49,7 @@ from layerpipe.schedule._planner import Plan, PlanCosts, replicated_layout, repl
 from layerpipe.schedule._planner import plan as plan_stages
 from layerpipe.schedule._result import ScheduleResult, periodic_result
 from layerpipe.schedule._self_timed import settled
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable, table_of
+from layerpipe.schedule._task_table import TaskTable, table_of
 from layerpipe.schedule._unfold import UnfoldedTable, balanced_unfolded
 from layerpipe.schedule.metrics import period_lower_bound
 

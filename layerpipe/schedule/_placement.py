@@ -23,10 +23,11 @@ from operator import neg
 
 import numpy as np
 
+from layerpipe._memo import BoundedMemo, memo
 from layerpipe.interconnect import Interconnect
 from layerpipe.schedule._comm import Comm, queues
 from layerpipe.schedule._placement_arrays import INT64_SAFE, Dense, PairSums, candidate_arrays, scored_arrays
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable, memo
+from layerpipe.schedule._task_table import TaskTable
 
 #: Least loaded processors a move off the busiest processor may go to (besides its data's processors).
 LIGHT_TARGETS = 3

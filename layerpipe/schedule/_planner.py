@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.interconnect import SHARED, Interconnect
 from layerpipe.schedule._bodies import (
     contiguous_starts,
@@ -64,7 +65,7 @@ from layerpipe.schedule._comm_timing import Timing
 from layerpipe.schedule._ir import MAX_UNFOLD
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._replicated_scores import Trial, best_trial, timed_trial
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable
+from layerpipe.schedule._task_table import TaskTable
 from layerpipe.schedule._unfold import UnfoldedTable, unfold_table
 
 #: The least cap on J = lcm(replicas), the micro-batches per period in which the rounds of all stages line up

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, TrainingGraph, build_training_graph
 from layerpipe.errors import InputError
@@ -47,7 +48,6 @@ from layerpipe.schedule._deps import StageInfo, expand_stages
 from layerpipe.schedule._engine import compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
-from layerpipe.schedule._task_table import BoundedMemo
 from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 

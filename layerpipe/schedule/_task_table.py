@@ -7,60 +7,21 @@
 - `table_of`   — the table of a network's training graph under graph options and a cost model, memoised (the
                 policies of one sweep point build the same ones: layerpipe with and without a staleness bound,
                 its replicated candidate and pipedream).
-- `memo` / `clear_memos` — the scheduling passes' memos register here, so a benchmark can time a cold start
-                (a fresh process's) or a test can start from none; results never depend on them.
+- `memo` / `BoundedMemo` / `clear_memos` — re-exported from `layerpipe._memo`, where every layer's memos
+                register.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
-from typing import Any, TypeVar
 
+from layerpipe._memo import BoundedMemo, memo
 from layerpipe.costs import CostModel
 from layerpipe.dfg import GraphOptions, Task, TrainingGraph, build_training_graph
 from layerpipe.network import Network
 from layerpipe.schedule._deps import layer_task_edges
-
-#: How to empty each registered memo (`memo`).
-_CLEARS: list[Callable[[], None]] = []
-
-
-M = TypeVar("M", bound=dict[Any, Any])  # any memo dict
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-def memo(table: M, clear: Callable[[], None] | None = None) -> M:
-    """Register a module's memo dict (or, with `clear`, how to empty it and what it counts) for `clear_memos`."""
-    _CLEARS.append(clear or table.clear)
-    return table
-
-
-class BoundedMemo(dict[K, V]):
-    """A registered memo of at most `kept` entries, the oldest dropped first (a long-lived process, such as an
-    `explore` worker, keeps only the recent ones)."""
-
-    def __init__(self, kept: int) -> None:
-        super().__init__()
-        self.kept = kept
-        memo(self)
-
-    def add(self, key: K, value: V) -> V:
-        """Remember `value` under `key` (a new key drops the oldest entry when full) and return it."""
-        if key not in self and len(self) >= self.kept:
-            self.pop(next(iter(self)))
-        self[key] = value
-        return value
-
-
-def clear_memos() -> None:
-    """Empty every scheduling memo: the state of a fresh process (what `benchmarks/` time from)."""
-    for clear in _CLEARS:
-        clear()
-
 
 #: Table contents (every field but the graph, with the class) → their token; the oldest dropped past the cap. A
 #: dropped content that comes back gets a new token (the counter never repeats), so a token names one content.

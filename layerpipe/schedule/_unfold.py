@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
+from layerpipe._memo import BoundedMemo
 from layerpipe.dfg import TrainingGraph
 from layerpipe.errors import InputError
 from layerpipe.interconnect import SHARED, Interconnect
@@ -39,7 +40,7 @@ from layerpipe.schedule._deps import ROLE_ORDER, layer_task_edges
 from layerpipe.schedule._ir import check_unfolding
 from layerpipe.schedule._lags import asap_times
 from layerpipe.schedule._periodic import PeriodicSchedule, Slot, make_slot, read_offset, seen_updates, slot_order
-from layerpipe.schedule._task_table import BoundedMemo, TaskTable
+from layerpipe.schedule._task_table import TaskTable
 
 #: (kind, layer, phase): one copy of a task in an unfolded graph.
 PhaseTask = tuple[str, int, int]

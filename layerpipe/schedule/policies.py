@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from layerpipe._gc import gc_paused
+from layerpipe._memo import BoundedMemo
 from layerpipe.costs import CostModel, network_costs
 from layerpipe.errors import InputError, unknown_name
 from layerpipe.interconnect import SHARED, Interconnect
@@ -47,7 +48,6 @@ from layerpipe.schedule._sync_policies import (
     ZBH1Options,
     schedule_synchronous,
 )
-from layerpipe.schedule._task_table import BoundedMemo
 
 #: Most processors a schedule may use. Every policy's work grows with N (a body per processor), so a typo
 #: like `-n 100000000` would otherwise run for minutes instead of failing; 4096 is far beyond any design
