@@ -17,6 +17,7 @@ from layerpipe.dfg import (
     backward_groups,
     build_training_graph,
     iter_loops,
+    topological_order,
 )
 from layerpipe.errors import InputError
 from layerpipe.network import Network, load_network
@@ -281,3 +282,36 @@ def test_graph_hash_is_remembered_and_stays_the_fields_hash(network, intra: bool
     assert again == graph and hash(again) == hash(graph)
     copy = pickle.loads(pickle.dumps(graph))
     assert "_hash" not in copy.__dict__ and copy == graph and hash(copy) == fields_hash
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 12), data=st.data())
+def test_topological_order_is_networkx_topological_sort(n: int, data: st.DataObject) -> None:
+    """`topological_order` gives `networkx.topological_sort`'s very order (or fails where it raises) on digraphs
+    with parallel edges, self-loops and cycles, edges added in any order."""
+    import networkx as nx
+
+    node = st.integers(0, max(n - 1, 0))
+    edges = data.draw(st.lists(st.tuples(node, node), max_size=3 * n)) if n else []
+    graph: nx.DiGraph[int] = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(edges)
+    try:
+        expected: list[int] | None = list(nx.topological_sort(graph))
+    except nx.NetworkXUnfeasible:
+        expected = None
+    assert topological_order(n, edges) == expected
+
+
+@pytest.mark.parametrize("name", ["lenet5", "resnet18", "mlp:8-6-4"])
+@pytest.mark.parametrize("options", [GraphOptions(), GraphOptions.pipedream(), GraphOptions(intra=False)])
+def test_intra_iteration_order_is_networkx_order(name: str, options: GraphOptions) -> None:
+    """The training graph's order is networkx's topological sort of its delay-0 edges over task indices."""
+    import networkx as nx
+
+    graph = build_training_graph(load_network(name), options)
+    index = {t: i for i, t in enumerate(graph.tasks)}
+    dag: nx.DiGraph[int] = nx.DiGraph()
+    dag.add_nodes_from(range(len(graph.tasks)))
+    dag.add_edges_from((index[e.src], index[e.dst]) for e in graph.edges if e.delay == 0)
+    assert graph.intra_iteration_order() == [graph.tasks[i] for i in nx.topological_sort(dag)]

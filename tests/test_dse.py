@@ -253,13 +253,14 @@ def test_plots_are_well_formed_svg_with_every_point(points) -> None:
         ET.fromstring(plot_speedup_vs_n(rows, Path(tmp) / "s.svg").read_bytes())
 
 
-def test_explore_plots_without_matplotlib(tmp_path: Path) -> None:
+def test_explore_plots_without_matplotlib_or_networkx(tmp_path: Path) -> None:
     """The plots are written without importing matplotlib (issue 14: its import and PNG rendering were ~0.9 s of
-    CPU per run, as much as a hundred design points)."""
+    CPU per run, as much as a hundred design points), and issue 14's sweep runs without networkx (~0.1 s of
+    import: the one topological order it needs is `layerpipe.dfg.topological_order`)."""
     code = ("import sys; from layerpipe.cli import main; "
-            f"main(['explore', 'mlp:8-6-4', '-n', '2,3', '--policies', 'layerpipe,pipedream', "
-            f"'--out', {str(tmp_path / 'r.csv')!r}, '--no-progress']); "
-            "print('matplotlib' in sys.modules)")
+            f"main(['explore', 'lenet5', '-n', '2,3', '--policies', 'layerpipe,pipedream,gpipe,1f1b,zb-h1,ooo', "
+            f"'--max-staleness', '4', '--out', {str(tmp_path / 'r.csv')!r}, '--no-progress']); "
+            "print('matplotlib' in sys.modules, 'networkx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[-1] == "False"
+    assert out.splitlines()[-1] == "False False"
     assert (tmp_path / "pareto.svg").stat().st_size > 0 and (tmp_path / "speedup_vs_n.svg").stat().st_size > 0

@@ -41,8 +41,11 @@ from collections import deque
 from collections.abc import Sequence
 from fractions import Fraction
 from math import gcd
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:
+    import networkx as nx
+
 
 
 class ZeroDelayCycleError(ValueError):
@@ -59,6 +62,7 @@ def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequ
     Nodes without a delay-0 edge are left out: no cycle or path passes them, and adding 300 nodes one by
     one costs as much as the cycle check itself.
     """
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
     return graph
@@ -92,6 +96,7 @@ def find_zero_delay_cycle(n: int, src: Sequence[int], dst: Sequence[int], delay:
 
 def cycle_of(graph: nx.DiGraph[int]) -> list[int] | None:
     """A cycle of `graph` (nodes in edge order), or None for a DAG."""
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     if nx.is_directed_acyclic_graph(graph):  # a topological sort: far cheaper than find_cycle's edge DFS
         return None
     return [int(u) for u, _ in nx.find_cycle(graph)]

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from layerpipe.dfg import Edge, Task, TrainingGraph, iter_loops
@@ -57,6 +56,8 @@ from layerpipe.retiming._leiserson_saxe import (
 )
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from layerpipe.costs import CostModel
 
 __all__ = [
@@ -106,6 +107,7 @@ def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
     r(v) ≥ r(u) + t(v) over the edges among them (`solve_difference_constraints` in the DAG's topological
     order), walked back from U_l along tight edges.
     """
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     delays = delays or {}
     tasks = graph.tasks
     index = {t: i for i, t in enumerate(tasks)}

@@ -35,12 +35,14 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from layerpipe.retiming._cycle_ratio import ZeroDelayCycleError, cycle_of, max_cycle_ratio, zero_delay_graph
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "IterationBound",
@@ -210,6 +212,7 @@ def clock_period(graph: TimedGraph) -> int:
     max over v of a(v) + t(v), a the least solution of a(v) ≥ a(u) + t(u) on the delay-0 edges (the
     earliest starts: `solve_difference_constraints` in networkx's topological order of those edges).
     """
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     n = len(graph.nodes)
     if not n:
         return 0
@@ -254,6 +257,8 @@ def solve_difference_constraints(n: int, src: np.ndarray | Sequence[int], dst: n
             return None if least is _INFEASIBLE else np.array(least, dtype=np.int64)
     elif any(u == v and b > 0 for u, v, b in zip(us, vs, bs, strict=True)):
         return None  # r[v] ≥ r[v] + b
+    import networkx as nx  # ~0.1 s of import: only off the ordered fast path (`explore` never needs it)
+
     weight: dict[tuple[int, int], int] = {}
     for u, v, b in zip(us, vs, bs, strict=True):
         if u != v:
@@ -329,6 +334,7 @@ def retiming_violations(graph: TimedGraph, new_delays: Sequence[int]) -> list[st
     spanning forest (undirected), and an edge that disagrees closes a fundamental cycle whose delay count
     changed.
     """
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     if len(new_delays) != len(graph.edges):
         return [f"expected {len(graph.edges)} delays, got {len(new_delays)}"]
     problems = [f"edge {e.src}->{e.dst} has {d} delays after retiming (must be >= 0)"
@@ -367,6 +373,7 @@ def wd_matrices(graph: TimedGraph) -> tuple[np.ndarray, np.ndarray]:
     networkx's `floyd_warshall_numpy` works in float64, exact for integers below 2**53; larger keys are
     refused rather than rounded.
     """
+    import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
     n = len(graph.nodes)
     _zero_delay_dag(graph)  # raises on a delay-free cycle, whose lexicographic weight would be negative
     scale = int(graph.times.sum()) + 1
