@@ -264,3 +264,45 @@ def test_explore_plots_without_matplotlib_or_networkx(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "False False"
     assert (tmp_path / "pareto.svg").stat().st_size > 0 and (tmp_path / "speedup_vs_n.svg").stat().st_size > 0
+
+
+def _fresh_figures(point: DesignPoint) -> tuple[object, tuple[float, float, int]]:
+    """(simulated_content, simulated figures) of a point's schedule, simulated now (no memo)."""
+    from layerpipe.costs import make_cost_model
+    from layerpipe.dse._evaluate import _simulated_figures, simulated_content
+    from layerpipe.interconnect import parse_interconnect
+    from layerpipe.network import load_network
+    from layerpipe.schedule.policies import make_schedule, policy_options
+
+    network = load_network(point.network)
+    model = make_cost_model(point.cost_model, lanes=point.lanes)
+    interconnect = parse_interconnect(point.interconnect, lanes=point.lanes)
+    given = {} if point.max_staleness is None else {"max_staleness": point.max_staleness}
+    result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given),
+                           interconnect)
+    return simulated_content(result), _simulated_figures(result, network, model, interconnect)
+
+
+@pytest.mark.parametrize("network", ["mlp:16-12-8-4", "lenet5"])
+@pytest.mark.parametrize("interconnect", ["shared", "rtl", "links:1:2", "bus:1:2"])
+def test_equal_simulated_content_simulates_alike(network: str, interconnect: str) -> None:
+    """`evaluate_point` reuses the simulated figures of a schedule with the same `simulated_content`: over
+    policies, bounds and processor counts, points whose schedules have equal content have equal figures simulated
+    afresh, and a sweep's rows (memo on) are those of points evaluated one by one from empty memos."""
+    from layerpipe._memo import clear_memos
+    from layerpipe.dse._evaluate import evaluate_point
+
+    points = [DesignPoint(network, n, policy, bound, 1, interconnect)
+              for n in (2, 3) for policy, bound in [("layerpipe", None), ("layerpipe", 4), ("layerpipe", 0),
+                                                    ("pipedream", None), ("pipedream-2bw", None), ("gpipe", None)]]
+    by_content: dict[object, tuple[float, float, int]] = {}
+    for point in points:
+        clear_memos()
+        content, figures = _fresh_figures(point)
+        if content is not None:
+            assert by_content.setdefault(content, figures) == figures
+    clear_memos()
+    swept = [evaluate_point(p) for p in points]  # the memo on: later points may reuse earlier figures
+    for point, row in zip(points, swept, strict=True):
+        clear_memos()
+        assert evaluate_point(point) == row
