@@ -23,7 +23,7 @@ side in one run (min of `--rounds` interleaved rounds):
   say that: the runs themselves raise it, a 2-core run by ~0.15 per 5 s.) Elsewhere than Linux the figure is
   printed and marked "not judged".
 
-Every timed sweep starts from empty scheduling memos (`layerpipe.schedule._task_table.clear_memos`), as a
+Every timed sweep starts from empty memos (`layerpipe._memo.clear_memos`), as a
 fresh `layerpipe explore` process does: the scheduler memoises pure passes (timings, placements, plans)
 within a process, so without this the rounds after the first, and forked `--jobs` workers, would reuse the
 first round's work.

@@ -7,8 +7,8 @@
 - `table_of`   — the table of a network's training graph under graph options and a cost model, memoised (the
                 policies of one sweep point build the same ones: layerpipe with and without a staleness bound,
                 its replicated candidate and pipedream).
-- `memo` / `BoundedMemo` / `clear_memos` — re-exported from `layerpipe._memo`, where every layer's memos
-                register.
+
+The memos of pure passes here and elsewhere register in `layerpipe._memo` (`clear_memos` empties them all).
 """
 
 from __future__ import annotations
