@@ -72,7 +72,6 @@ class Runs:
     dur: np.ndarray  #: per op, its cycles (int64: the array the runs were built from, for `op_times`)
 
 
-
 #: Inputs per processor up to which `needed_inputs` takes them all at once (above, a processor at a time: memory).
 SMALL_INPUTS = 2048
 
