@@ -703,9 +703,10 @@ def planned_straight_pipelines(network: Network, num_procs: int, model: CostMode
 
 def pipedream_placement(table: TaskTable, num_procs: int, stages: Sequence[Sequence[int]] | None = None) -> list[int]:
     """PipeDream's straight-pipeline placement of `table`'s tasks, stage s on processor s: `stages` (each stage's
-    layers), or by default `pipedream --no-replication`'s contiguous stages. Those balance per-layer work, which
-    is the same whether a layer's backward is fused (PipeDream's graph) or split (LayerPipe's), so they are cut on
-    `table` itself."""
+    layers), or by default contiguous stages cut by `pipedream --no-replication`'s rule on `table` itself. Per-layer
+    work is the same fused (PipeDream's graph) or split (LayerPipe's) only without per-task overheads: a split
+    backward pays the overhead three times, so the two cuts can differ, and callers that must hold PipeDream's
+    own plan pass its stages (`_pipedream_orders` tries both)."""
     from layerpipe.schedule._pipedream import stage_layers
 
     if stages is None:
