@@ -43,6 +43,8 @@ from fractions import Fraction
 from math import gcd
 from typing import TYPE_CHECKING
 
+from layerpipe.dfg import topological_order
+
 if TYPE_CHECKING:
     import networkx as nx
 
@@ -63,6 +65,7 @@ def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequ
     one costs as much as the cycle check itself.
     """
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     graph: nx.DiGraph[int] = nx.DiGraph()
     graph.add_edges_from((u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0)
     return graph
@@ -71,25 +74,10 @@ def zero_delay_graph(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequ
 def find_zero_delay_cycle(n: int, src: Sequence[int], dst: Sequence[int], delay: Sequence[int]) -> list[int] | None:
     """A cycle made only of delay-0 edges (node indices in edge order), or None if the delay-0 subgraph is a DAG.
 
-    The common answer (a DAG) comes from Kahn's topological sort on plain lists; networkx finds the cycle
-    to report only when there is one, so the message names the same cycle as before.
+    The common answer (a DAG) comes from Kahn's topological sort on plain lists (`layerpipe.dfg.topological_order`);
+    networkx finds the cycle to report only when there is one, so the message names the same cycle as before.
     """
-    indegree = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for u, v, w in zip(src, dst, delay, strict=True):
-        if w == 0:
-            succ[u].append(v)
-            indegree[v] += 1
-    ready = [v for v in range(n) if indegree[v] == 0]
-    removed = 0
-    while ready:
-        u = ready.pop()
-        removed += 1
-        for v in succ[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                ready.append(v)
-    if removed == n:
+    if topological_order(n, [(u, v) for u, v, w in zip(src, dst, delay, strict=True) if w == 0]) is not None:
         return None
     return cycle_of(zero_delay_graph(n, src, dst, delay))
 
@@ -97,6 +85,7 @@ def find_zero_delay_cycle(n: int, src: Sequence[int], dst: Sequence[int], delay:
 def cycle_of(graph: nx.DiGraph[int]) -> list[int] | None:
     """A cycle of `graph` (nodes in edge order), or None for a DAG."""
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     if nx.is_directed_acyclic_graph(graph):  # a topological sort: far cheaper than find_cycle's edge DFS
         return None
     return [int(u) for u, _ in nx.find_cycle(graph)]

@@ -108,6 +108,7 @@ def loop_bounds(graph: TrainingGraph, costs: Mapping[Task, int],
     order), walked back from U_l along tight edges.
     """
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     delays = delays or {}
     tasks = graph.tasks
     index = {t: i for i, t in enumerate(tasks)}

@@ -213,6 +213,7 @@ def clock_period(graph: TimedGraph) -> int:
     earliest starts: `solve_difference_constraints` in networkx's topological order of those edges).
     """
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     n = len(graph.nodes)
     if not n:
         return 0
@@ -335,6 +336,7 @@ def retiming_violations(graph: TimedGraph, new_delays: Sequence[int]) -> list[st
     changed.
     """
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     if len(new_delays) != len(graph.edges):
         return [f"expected {len(graph.edges)} delays, got {len(new_delays)}"]
     problems = [f"edge {e.src}->{e.dst} has {d} delays after retiming (must be >= 0)"
@@ -374,6 +376,7 @@ def wd_matrices(graph: TimedGraph) -> tuple[np.ndarray, np.ndarray]:
     refused rather than rounded.
     """
     import networkx as nx  # ~0.1 s of import: loaded when used, not with the package
+
     n = len(graph.nodes)
     _zero_delay_dag(graph)  # raises on a delay-free cycle, whose lexicographic weight would be negative
     scale = int(graph.times.sum()) + 1

@@ -534,17 +534,15 @@ def _replicated_timing(table: TaskTable, plan_: Plan, num_procs: int, interconne
         starts.append(_round_robin_starts(unfolded, plan_, stage_of, period, interconnect))
     # Each trial's starts with their minimal lags and arrivals (`comm_timing`): the staleness `timed` would add is
     # the winner's alone (`best_trial` scores the trials by their forward pins). Orders that give the same starts
-    # (a third of them on the data-parallel plans of issue 14's sweep) are timed once: a timing is a function of
-    # the starts, and `best_trial` skips a trial equal to an earlier one.
+    # (a third of them on the data-parallel plans of issue 14's sweep) are one trial, timed once, at its first
+    # order's place: a timing is a function of the starts, and a later equal trial could not win.
     timings: dict[tuple[int, ...], Trial] = {}
-    trials = []
     for start in starts:
         key = tuple(start)
         if key not in timings:
             timings[key] = timed_trial(unfolded, start, period, comm)
-        trials.append(timings[key])
     return Replicated(unfolded, placement, period, best_trial(unfolded, placement, period, num_procs, comm,
-                                                                table.graph, trials))
+                                                                table.graph, list(timings.values())))
 
 
 def _coalesced_starts(table: UnfoldedTable, plan_: Plan, stage_of: dict[int, int], period: int,

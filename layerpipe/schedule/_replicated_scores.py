@@ -187,17 +187,12 @@ def best_trial(unfolded: UnfoldedTable, placement: list[int], period: int, num_p
     The staleness is read off the forward pins (`_ForwardPins`); the versions only for the trials of the least
     staleness, when there are several: no other trial can win, and a sole one wins whatever it holds. Those are
     counted best rest first (total staleness, deepest lag, trial), so each after the first wins only with fewer
-    versions than the best so far, and its count stops at a layer holding as many. A trial equal to an earlier one
-    (body orders that coincide) settles and scores the same and comes later: it cannot win, so it is not scored
-    again."""
+    versions than the best so far, and its count stops at a layer holding as many. The trials are distinct (a
+    trial equal to an earlier one would settle and score the same and come later: it could not win; the caller,
+    `_planner._replicated_timing`, times body orders with equal starts once)."""
     forward = _ForwardPins(unfolded, placement, period, graph) if period > 0 else None
     staled: list[tuple[int, Trial, dict[tuple[str, int, int], int], dict[int, int]]] = []
-    tried: set[tuple[object, ...]] = set()
     for found in trials:
-        seen = (tuple(found.start), tuple(found.lag), tuple(found.arrival.items()))
-        if seen in tried:
-            continue
-        tried.add(seen)
         settled = _settled_lags(unfolded, found, period, comm)
         if settled is not None:
             lags, arrival = settled
