@@ -21,6 +21,7 @@ from layerpipe.errors import InputError
 from layerpipe.network import Network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._deps import expand_stages
+from layerpipe.schedule._engine import TimedRun
 from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.sim._engine import CompiledSchedule, compile_schedule
@@ -85,6 +86,12 @@ def policy_ops(result: ScheduleResult, network: Network, model: CostModel, itera
 def _policy_schedule(result: ScheduleResult, network: Network, iterations: int, mode: str
                      ) -> tuple[OpSchedule, TrainingGraph]:
     """`policy_ops`' ops, and the graph its workload is made from."""
+    graph = _policy_graph(result, network, iterations, mode)
+    return _ops_on(result, graph, iterations), graph
+
+
+def _policy_graph(result: ScheduleResult, network: Network, iterations: int, mode: str) -> TrainingGraph:
+    """The graph `result`'s ops of `network` run on under weight mode `mode` (`iterations` is checked here)."""
     if result.graph is None:
         raise InputError(f"policy '{result.policy}' was scheduled without a network; simulate it from a "
                          "stage-level schedule file with --stage-costs")
@@ -99,15 +106,17 @@ def _policy_schedule(result: ScheduleResult, network: Network, iterations: int, 
     wanted = GraphOptions(options.intra, options.inter, mode)
     # The scheduled graph itself when it is this network's under these switches (a graph is a pure function of
     # both; sweeps simulate every point twice).
-    graph = (result.graph if result.graph.network is network and options == wanted
-             else build_training_graph(network, wanted))
+    return (result.graph if result.graph.network is network and options == wanted
+            else build_training_graph(network, wanted))
+
+
+def _ops_on(result: ScheduleResult, graph: TrainingGraph, iterations: int) -> OpSchedule:
+    """The layer-level ops of `iterations` iterations of `result` on `graph` (`_policy_graph`)."""
     if result.periodic is not None:
-        schedule = result.periodic.unroll(iterations)
-    elif result.explicit is not None and result.stages is not None:
-        schedule = expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
-    else:
-        raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
-    return schedule, graph
+        return result.periodic.unroll(iterations)
+    if result.explicit is not None and result.stages is not None:
+        return expand_stages(repeat_steps(result.explicit, iterations), graph, result.stages)
+    raise InputError(f"policy '{result.policy}' returned neither a periodic nor a staged schedule")
 
 
 def _policy_workload(result: ScheduleResult, graph: TrainingGraph, model: CostModel) -> Workload:
@@ -134,9 +143,10 @@ def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     be shown; compiled otherwise). The workload is a function of (result, network, model, mode) alone, so one
     serves every run."""
     longest = max(iterations)
-    schedule, graph = _policy_schedule(result, network, longest, mode)
+    graph = _policy_graph(result, network, longest, mode)
     workload = _policy_workload(result, graph, model)
-    full = compile_schedule(schedule, workload)
+    timed = scheduled_run(result, workload, longest)
+    full = timed.compiled if timed is not None else compile_schedule(_ops_on(result, graph, longest), workload)
     out: list[CompiledRun] = []
     for k in iterations:
         if k == longest:
@@ -150,6 +160,19 @@ def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostMo
         else:
             out.append((compiled, workload, cut[1] if cut is not None else None))
     return out
+
+
+def scheduled_run(result: ScheduleResult, workload: Workload, iterations: int) -> TimedRun | None:
+    """The run the scheduler timed `result` on (`ScheduleResult.timed_run`: a synchronous step timed over the
+    steady state's run) when it is the run of `iterations` iterations of `result` on `workload` that `policy_ops`
+    would make — the same one-step order and stages, as many micro-batches (whole steps), the same workload —
+    else None."""
+    run = result.timed_run
+    if (run is None or len(run.made_from) != 2 or run.made_from[0] is not result.explicit
+            or run.made_from[1] is not result.stages or run.compiled.schedule.num_iterations != iterations
+            or run.workload != workload):
+        return None
+    return run
 
 
 def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
@@ -166,10 +189,14 @@ def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     with gc_paused():
         runs = compiled_policy_runs(result, network, model, iterations, config.mode)
         full = runs[list(iterations).index(max(iterations))][0]
-        # A shorter run that is the start of the longest one is read off it (`is_prefix_run`), not simulated again.
+        # A shorter run that is the start of the longest one is read off it (`is_prefix_run`), not simulated again;
+        # the longest one is read off the scheduler's run when it is that run on this interconnect (`scheduled_run`).
         prefix = [cut is not None and is_prefix_run(full, compiled, cut, config.interconnect)
                   for compiled, _, cut in runs]
-        timed = simulate_compiled(full, runs[0][1], config) if any(prefix) else None
+        scheduled = result.timed_run
+        known = (scheduled.times_on(config.interconnect, config.link_latency, config.link_words_per_cycle)
+                 if scheduled is not None and scheduled.compiled is full else None)
+        timed = simulate_compiled(full, runs[0][1], config, times=known) if any(prefix) or known else None
         out = []
         for (compiled, workload, cut), cut_of_full in zip(runs, prefix, strict=True):
             if cut_of_full and timed is not None and cut is not None:

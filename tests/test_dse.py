@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from layerpipe.cli import main
 from layerpipe.dse import COLUMNS, DesignPoint, ResultsFile, SweepSpec, load_sweep_yaml, pareto_front, run_sweep
+from layerpipe.errors import InputError
 
 NETS = ("mlp:16-12-8-4", "lenet5")
 
@@ -85,6 +86,47 @@ def test_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path: Path) -> None
     clean = tmp_path / "clean.csv"
     assert main([*args[3:-3], "--out", str(clean), "--no-progress"]) == 0  # the clean run: in process is enough
     assert clean.read_bytes() == out.read_bytes()
+
+
+def test_one_job_writes_each_row_before_the_next_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process, every finished point's row is in the file before the next point starts (a run killed mid-way
+    keeps them), and a point that raises leaves the rows before it."""
+    import layerpipe.dse._runner as runner
+
+    out = tmp_path / "r.csv"
+    spec = _small_spec(num_procs=(2, 3), networks=("mlp:16-12-8-4",))
+    seen: list[int] = []
+    evaluate = runner.evaluate_point
+
+    def counting(point, area=False):
+        seen.append(len(ResultsFile(out).read_rows()))
+        if len(seen) == 4:
+            raise InputError("point 4 fails")
+        return evaluate(point, area=area)
+
+    monkeypatch.setattr(runner, "evaluate_point", counting)
+    with pytest.raises(InputError, match="point 4 fails"):
+        run_sweep(spec, out, progress=False)
+    assert seen == [0, 1, 2, 3]
+    assert [int(r["point_index"]) for r in ResultsFile(out).read_rows()] == [0, 1, 2]
+
+
+def test_appended_rows_are_fsynced_at_most_once_an_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row is written whole at once (a killed run keeps it); fsyncs come FSYNC_INTERVAL apart, the first first."""
+    import layerpipe.dse._store as store
+
+    synced: list[float] = []
+    clock = [100.0]
+    monkeypatch.setattr(store.os, "fsync", lambda fd: synced.append(clock[0]))
+    monkeypatch.setattr(store.time, "monotonic", lambda: clock[0])
+    results = ResultsFile(tmp_path / "r.csv")
+    results.start("s1", resume=False)
+    for k, step in enumerate([0.0, 0.3, 0.3, 0.3, 0.2, 5.0, 0.1]):
+        clock[0] += step
+        results.append({"sweep_id": "s1", "point_index": k})
+        assert len(results.read_rows()) == k + 1  # in the file before any fsync
+    assert synced == [100.0, 101.1, 106.1]
+    assert store.FSYNC_INTERVAL == 1.0
 
 
 def test_torn_last_line_is_dropped_on_resume(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._periodic import slot_order
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN  # dp times its step over it: defined below
+from layerpipe.schedule._sync_policies import steady_state_steps
 
 if TYPE_CHECKING:
     from layerpipe.sim import SimResult
@@ -73,9 +74,9 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     if result.policy in STREAM_POLICIES:  # the stream engine's own steady-state measure, one run
         sim = simulate_policy_result(result, network, model, iterations, config)
         return sim, sim.cycles_per_iteration
-    if result.explicit is not None:  # whole steps
+    if result.explicit is not None:  # whole steps: K of `steady_state_steps` (the scheduler may have timed the 2K run)
         m = max(result.explicit.microbatches, 1)
-        iterations = -(-iterations // m) * m
+        iterations = steady_state_steps(m)[0] * m
     # The shorter run's compiled schedule is cut out of the longer one's (`simulate_policy_runs`).
     longer, shorter = simulate_policy_runs(result, network, model, (2 * iterations, iterations), config)
     return longer, longer.steady_cycles_per_iteration(shorter)

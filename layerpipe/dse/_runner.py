@@ -3,8 +3,9 @@ point is appended to the results file by this (the only writing) process, with a
 
 Both executors run the same loop: submit every pending point, and as each future completes append its
 row (local futures through concurrent.futures.wait, Dask's through distributed.as_completed: a Dask
-future is not a concurrent.futures.Future). A worker that raises fails the run with its one-line
-message; rows already written stay.
+future is not a concurrent.futures.Future). One job runs in this process, a point at a time, each row
+appended as soon as it is made (it once evaluated every point before writing any: a run killed before the
+end kept no row). A worker that raises fails the run with its one-line message; rows already written stay.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from layerpipe._gc import gc_paused
 from layerpipe.dse._evaluate import evaluate_point
 from layerpipe.dse._store import ResultsFile
 from layerpipe.dse._sweep import DesignPoint, SweepSpec
@@ -36,7 +38,11 @@ class RunSummary:
 
 
 def _row(spec: SweepSpec, index: int, point: DesignPoint) -> dict[str, object]:
-    row = evaluate_point(point, area=spec.area)
+    # The collector paused for the point: its scheduler and simulator build many short-lived objects (slots,
+    # tuples, small arrays) that reference counting frees, and the collections they set off only walk them
+    # (~1 % of issue 14's sweep); whatever cycles a point leaves are collected after it.
+    with gc_paused():
+        row = evaluate_point(point, area=spec.area)
     row.update(sweep_id=spec.sweep_id, point_index=index)
     return row
 
@@ -94,23 +100,11 @@ def _die_with_parent(parent: int) -> None:
 def _local_executor(jobs: int) -> Iterator[Callable[..., Future[Any]]]:
     import os
 
-    if jobs == 1:
-        yield _inline_submit
-        return
     # Imported here: `concurrent.futures.process` loads multiprocessing (~17 ms), which a one-job run never uses.
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=jobs, initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
         yield pool.submit
-
-
-def _inline_submit(fn: Callable[..., Any], *args: object) -> Future[Any]:
-    fut: Future[Any] = Future()
-    try:
-        fut.set_result(fn(*args))
-    except BaseException as exc:  # surfaced by the loop like a worker's failure
-        fut.set_exception(exc)
-    return fut
 
 
 @contextmanager
@@ -142,12 +136,14 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
     if scheduler:
         with _dask_executor(scheduler) as dask_submit, bar:
             _drain_dask([dask_submit(_row, spec, i, p) for i, p in pending], store, bar)
+    elif jobs == 1:  # in this process, a point at a time, each row written as soon as it is made
+        with bar:
+            for i, p in pending:
+                store.append(_row(spec, i, p))
+                bar.update(1)
     else:
         with _local_executor(jobs) as submit, bar:
-            if jobs == 1:  # in this process: one point at a time (the memos are this process's anyway)
-                futures = {submit(_rows, spec, [point]) for point in pending}
-            else:
-                futures = {submit(_rows, spec, batch) for batch in _batches(pending)}
+            futures = {submit(_rows, spec, batch) for batch in _batches(pending)}
             while futures:
                 finished, futures = wait(futures, return_when=FIRST_COMPLETED)
                 for fut in sorted(finished, key=id):

@@ -530,6 +530,37 @@ def run_timing(compiled: CompiledSchedule, kind: str = "shared", latency: int = 
     return _int64(start), _int64(end)
 
 
+@dataclass(frozen=True, eq=False)
+class TimedRun:
+    """A compiled schedule and every op's start and end on one interconnect, as `run_timing` gave them: a scheduler
+    that timed its schedule by running it hands the run on (`ScheduleResult.timed_run`), and the simulator, asked for
+    that very run, reads it instead of compiling and timing it again (`layerpipe.sim.simulate_policy_runs`)."""
+
+    compiled: CompiledSchedule
+    workload: Workload  #: what `compiled` was compiled on
+    link: tuple[str, int, int | float | Fraction]  #: `run_timing`'s kind, latency and words per cycle
+    start: np.ndarray
+    end: np.ndarray
+    #: What the maker built `compiled.schedule` from, for a reader to check by identity that this is the run it
+    #: wants (a synchronous step: the one-step order and its stages).
+    made_from: tuple[object, ...] = ()
+
+    @staticmethod
+    def of(compiled: CompiledSchedule, workload: Workload, kind: str = "shared", latency: int = 0,
+           words_per_cycle: float | Fraction = 1, made_from: tuple[object, ...] = ()) -> TimedRun:
+        """`compiled` (of `workload`) timed by `run_timing` on the interconnect given."""
+        start, end = run_timing(compiled, kind, latency, words_per_cycle)
+        return TimedRun(compiled, workload, (kind, latency, words_per_cycle), start, end, made_from)
+
+    def times_on(self, kind: str, latency: int, words_per_cycle: float | Fraction
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(start, end) if `run_timing` on this interconnect gives these times (`shared` reads neither latency nor
+        bandwidth), else None."""
+        if kind != self.link[0] or (kind != "shared" and (latency, words_per_cycle) != self.link[1:]):
+            return None
+        return self.start, self.end
+
+
 def _int64(times: list[int] | np.ndarray) -> np.ndarray:
     """An engine's times as an int64 array (its lists through `struct`, `int64_array`: twice numpy's speed)."""
     return int64_array(times) if isinstance(times, list) else np.asarray(times, dtype=np.int64)

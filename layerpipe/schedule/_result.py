@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import TYPE_CHECKING
 
 from layerpipe.dfg import TrainingGraph
 from layerpipe.interconnect import SHARED, Interconnect
@@ -26,6 +27,9 @@ from layerpipe.schedule.metrics import (
     utilization_pct,
 )
 
+if TYPE_CHECKING:
+    from layerpipe.schedule._engine import TimedRun
+
 
 @dataclass(frozen=True)
 class ScheduleResult:
@@ -47,6 +51,10 @@ class ScheduleResult:
     notes: tuple[str, ...] = ()
     #: The interconnect the schedule's timing assumes (every figure belongs to one).
     interconnect: Interconnect = SHARED
+    #: The layer-level run a synchronous policy timed its step on, when that run is the one the simulator's steady
+    #: state measures (`_sync_policies.network_step`): the simulator reads it rather than time the same ops again.
+    #: Not part of the result's value (equality, repr).
+    timed_run: TimedRun | None = field(default=None, compare=False, repr=False)
 
     @property
     def synchronous(self) -> bool:

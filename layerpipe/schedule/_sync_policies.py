@@ -45,9 +45,10 @@ from layerpipe.network import Network
 from layerpipe.schedule import _stage_programs
 from layerpipe.schedule._balance import partition_contiguous
 from layerpipe.schedule._deps import StageInfo, expand_stages
-from layerpipe.schedule._engine import compile_schedule, run_timing
+from layerpipe.schedule._engine import TimedRun, compile_schedule, run_timing
 from layerpipe.schedule._ir import OpSchedule
 from layerpipe.schedule._result import ScheduleResult
+from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN
 from layerpipe.schedule._workload import Workload
 from layerpipe.schedule.metrics import ScheduleMetrics, traffic_words, utilization_pct
 
@@ -140,6 +141,27 @@ SHAPES: dict[str, SyncShape] = {
 # ------------------------------------------------------------------------------------------------ timing
 
 
+def steady_state_steps(microbatches: int) -> tuple[int, int]:
+    """(K, 2K) in steps of m = `microbatches`: the two runs of a synchronous schedule whose difference
+    `layerpipe.dse`'s steady state measures — K whole steps covering SIM_ITERATIONS_MIN micro-batches and three
+    steps at least. The one definition: `synchronous_result` times its step on the 2K run when it is small."""
+    k = -(-max(SIM_ITERATIONS_MIN, 3 * microbatches) // microbatches)
+    return k, 2 * k
+
+
+#: Layer ops up to which a synchronous step is timed on the steady state's 2K run (`steady_state_steps`) rather
+#: than on MIN_TIMED_STEPS steps, and the result keeps the run (`ScheduleResult.timed_run`): the runs of issue 14's
+#: `explore` sweep hold up to ~14k; a 256-layer pipeline at N = 256 (1.6 M ops over 3 steps) is timed as before.
+STEADY_RUN_OPS = 1 << 16
+
+
+def _layer_ops_bound(one_step: OpSchedule, stage_layers: Sequence[Sequence[int]]) -> int:
+    """At most the layer ops one step of `one_step` expands to: each stage op becomes at most three tasks (a
+    backward's A, E, G) of each layer of its stage, and the step's updates one per layer."""
+    widest = max((len(run) for run in stage_layers), default=0)
+    return 3 * widest * sum(one_step.row_lengths()) + sum(len(run) for run in stage_layers)
+
+
 def step_differences(completions: Sequence[int], interconnect: Interconnect) -> list[int]:
     """C(k) − C(k−1) for the steps whose time is final (all but the last one's on a bus)."""
     last = len(completions) - (1 if interconnect.kind == "bus" else 0)
@@ -177,15 +199,30 @@ def _completions(schedule: OpSchedule, workload: Workload, interconnect: Interco
 
 
 def network_step(build: Callable[[int], OpSchedule], graph: TrainingGraph, stages: StageInfo, model: CostModel,
-                 interconnect: Interconnect) -> tuple[int, bool]:
-    """Steady-state step of the stage-level order `build(steps)` run on `graph`'s network: the simulator times
-    the layer-level expansion on `interconnect`."""
+                 interconnect: Interconnect, first_steps: int = MIN_TIMED_STEPS) -> tuple[int, bool, TimedRun, int]:
+    """Steady-state step of the stage-level order `build(steps)` run on `graph`'s network: the simulator's engine
+    times the layer-level expansion on `interconnect`. Returns (step, settled, the longest run timed, its steps).
+
+    No run is shorter than `first_steps` steps, and a run asked for that is not longer than one timed already is
+    read off it: on every interconnect here step k's ops and times are the same in any longer run (the module
+    docstring; on a bus `step_differences` leaves the last step out, as it does from a run of exactly k steps), so
+    the step found is the one runs of exactly the lengths `timed_step` asks for give."""
     workload = Workload.of_graph(graph, model)
+    wpc = interconnect.words_per_cycle
+    link = (interconnect.kind, interconnect.latency,
+            1 if wpc is None else int(wpc) if wpc.denominator == 1 else wpc)
+    longest: list[tuple[int, TimedRun, list[int]]] = []  # (steps, run, its completions), the longest so far
 
     def run(steps: int) -> Sequence[int]:
-        return _completions(expand_stages(build(steps), graph, stages), workload, interconnect)
+        if not longest or steps > longest[-1][0]:
+            timed = max(steps, first_steps)
+            compiled = compile_schedule(expand_stages(build(timed), graph, stages), workload)
+            made = TimedRun.of(compiled, workload, *link)
+            longest[:] = [(timed, made, compiled.completion_times(made.end).tolist())]
+        return longest[-1][2][:steps]
 
-    return timed_step(run, interconnect)
+    step, settled = timed_step(run, interconnect)
+    return step, settled, longest[-1][1], longest[-1][0]
 
 
 def stage_step(build: Callable[[int], OpSchedule], costs: Sequence[tuple[int, int, int]],
@@ -296,7 +333,13 @@ def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | 
     def padded(steps: int) -> OpSchedule:
         return one_step if steps == 1 else _stage_programs.repeat_step(one_step, steps)
 
-    step, settled = network_step(padded, graph, stages, model, interconnect)
+    # The step is timed on the run the steady state of `layerpipe explore` simulates (2K steps: `steady_state_steps`)
+    # where that run is small, and the result keeps it: the simulator then reads its times instead of compiling
+    # and timing the same ops again (issue 14). A larger one is timed over MIN_TIMED_STEPS steps, as it always was.
+    steady = steady_state_steps(max(one_step.microbatches, 1))[1]
+    small = _layer_ops_bound(one_step, stage_layers) * steady <= STEADY_RUN_OPS
+    step, settled, run, run_steps = network_step(padded, graph, stages, model, interconnect,
+                                                 steady if small else MIN_TIMED_STEPS)
     costs = graph.costs(model)
     work = m * sum(c for t, c in costs.items() if t.kind != "U") + sum(c for t, c in costs.items() if t.kind == "U")
     bound = max(work / num_procs, max(layer_step_work(graph, model, m).values()))
@@ -319,8 +362,10 @@ def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | 
     said = [*notes, f"step timed by the simulator on {interconnect}"]
     if not settled:
         said.append(f"step times had not settled after {MAX_TIMED_STEPS} steps: the largest of the last half")
+    kept = replace(run, made_from=(one_step, stages)) if small and run_steps == steady else None
     return ScheduleResult(policy, replace(options, microbatches=m), num_procs, metrics, network,
-                          graph, explicit=one_step, stages=stages, notes=tuple(said), interconnect=interconnect)
+                          graph, explicit=one_step, stages=stages, notes=tuple(said), interconnect=interconnect,
+                          timed_run=kept)
 
 
 def schedule_synchronous(policy: str, network: Network, num_procs: int, model: CostModel,
