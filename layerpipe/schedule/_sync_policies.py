@@ -19,9 +19,13 @@ bus_order`; a dynamic bus let stages with zero-cycle work queue later steps' tra
 settled), so every step's difference is final; on a bus the final step is still left out, which keeps a run
 the engine serves dynamically (step 0 not a prefix of every program) honest. K starts at MIN_TIMED_STEPS and
 doubles up to MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over
-the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because the scheduler
-times on the simulator's engine, `simulate` of the result gives the scheduled step by construction, on shared,
-links and bus (tests/test_sync_interconnect.py), and a stage with no backward work costs nothing there (issue 12).
+the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because no step's time
+depends on a later step, the runs K asks for are read off one longer run: where the steady state's 2K-step run
+(`steady_state_steps`, what `layerpipe explore` simulates) is small, that run is the first one timed, and the
+result keeps it (`ScheduleResult.timed_run`) for the simulator to read rather than time again (issue 14).
+Because the scheduler times on the simulator's engine, `simulate` of the result gives the scheduled step by
+construction, on shared, links and bus (tests/test_sync_interconnect.py), and a stage with no backward work costs
+nothing there (issue 12).
 
 Lower bound (`lower_bound_cycles`): no step of m micro-batches is shorter than its work spread evenly over
 the N processors, nor than the heaviest layer's work in the step (no policy here splits a layer) — exact
