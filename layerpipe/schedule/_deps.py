@@ -133,14 +133,29 @@ def _stage_of_layers(graph: TrainingGraph, stage_layers: Sequence[Sequence[int]]
 
 
 def layer_task_edges(graph: TrainingGraph, pinned_reads: Mapping[tuple[str, int], int] | None = None
-                     ) -> list[TaskEdge]:
+                     ) -> tuple[TaskEdge, ...]:
     """The precedence edges of asynchronous layer-level schedules, per task (see the module docstring).
 
     Periodic schedules are checked against these directly in modulo form. `pinned_reads` are the weight
     reads an unrolled periodic schedule pins (`OpSchedule.read_staleness`): X_l(t) reading version t − s
     waits for U_l(t − s − 1), which writes it, and receives the weights (|W_l| words) from it.
+
+    Memoised by the graph and the pins (a pure function of both): every compile, unfolding and task table of a
+    graph reads them, a frozen `TaskEdge` made per edge each time (issue 14).
     """
-    pinned = pinned_reads or {}
+    key = (graph, tuple(sorted((pinned_reads or {}).items())))
+    found = _TASK_EDGES.get(key)
+    if found is None:
+        found = _TASK_EDGES.add(key, tuple(_layer_task_edges(graph, dict(key[1]))))
+    return found
+
+
+#: `layer_task_edges`' memo.
+_TASK_EDGES: BoundedMemo[tuple[object, ...], tuple[TaskEdge, ...]] = BoundedMemo(32)
+
+
+def _layer_task_edges(graph: TrainingGraph, pinned: Mapping[tuple[str, int], int]) -> list[TaskEdge]:
+    """`layer_task_edges` without its memo."""
     edges: list[TaskEdge] = []
     for e in graph.edges:
         src, dst = (e.src.kind, e.src.layer), (e.dst.kind, e.dst.layer)
