@@ -1,12 +1,13 @@
 """A synchronous step timed on the steady state's own run, and that run read by the simulator (issue 14).
 
-`_sync_policies.synchronous_result` times its step over the 2K steps that `explore`'s steady state simulates
-(`steady_state_steps`) when that run is small, reads the shorter runs `timed_step` asks for off it, and keeps it
-(`ScheduleResult.timed_run`); `layerpipe.sim.simulate_policy_runs` then reads its times instead of compiling and
-timing the same ops again. Held here, over generated networks, every synchronous policy, cost models and
-interconnects:
+Within `steady_run_kept` (what `explore` schedules in), `_sync_policies.synchronous_result` times its step over the
+2K steps that the steady state simulates (`steady_state_steps`) when that run is small, reads the shorter runs
+`timed_step` asks for off it, and keeps it (`ScheduleResult.timed_run`); `layerpipe.sim.simulate_policy_runs` then
+reads its times instead of compiling and timing the same ops again. Held here, over generated networks, every
+synchronous policy, cost models and interconnects:
 
-- the result is the one runs of exactly the lengths `timed_step` asks for give (the scheduler without a kept run);
+- the result is the one runs of exactly the lengths `timed_step` asks for give (the scheduler outside
+  `steady_run_kept`, which keeps no run);
 - a simulation that reads the kept run gives every figure a fresh one gives, on the scheduled interconnect and on
   another (where the kept times do not apply and the run is timed again);
 - `explore`'s steady state does read it: no compile and no timing of the long run in the simulator.
@@ -14,6 +15,7 @@ interconnects:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -39,9 +41,10 @@ INTERCONNECTS = ["shared", "links:3:2", "bus:2:4", "links:1:1/4", "bus:0:1", "rt
 COST_MODELS = [MacsModel(), PEModel(4, 0), PEModel(2, 11)]
 
 
-def _schedule(name: str, network: Network, n: int, model, ic: str) -> ScheduleResult | None:
+def _schedule(name: str, network: Network, n: int, model, ic: str, keep: bool = True) -> ScheduleResult | None:
     try:
-        return make_schedule(name, network, n, model, None, parse_interconnect(ic, lanes=1))
+        with sync.steady_run_kept() if keep else contextlib.nullcontext():
+            return make_schedule(name, network, n, model, None, parse_interconnect(ic, lanes=1))
     except InputError:  # the documented refusal: fewer layers than a processor's chunks
         return None
 
@@ -65,14 +68,8 @@ def _figures(run: SimResult) -> tuple[object, ...]:
 def test_the_step_from_the_long_run_is_the_step_of_exact_runs(network: Network, n: int, name: str, model,
                                                               ic: str) -> None:
     kept = _schedule(name, network, n, model, ic)
-    saved = sync.STEADY_RUN_OPS
-    sync.STEADY_RUN_OPS = -1  # every step timed over runs of exactly MIN_TIMED_STEPS, 2·MIN_TIMED_STEPS, ... steps
-    try:
-        clear_memos()
-        exact = _schedule(name, network, n, model, ic)
-    finally:
-        sync.STEADY_RUN_OPS = saved
-        clear_memos()
+    clear_memos()
+    exact = _schedule(name, network, n, model, ic, keep=False)  # runs of exactly MIN_TIMED_STEPS, 2·MIN_TIMED_STEPS…
     assert (kept is None) == (exact is None)
     if kept is None or exact is None:
         return
@@ -108,8 +105,8 @@ def test_explore_reads_the_kept_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy_sim, "compile_schedule", lambda s, w: compiled.append(1) or compile_schedule(s, w))
     monkeypatch.setattr(sim, "run_timing", lambda *a: timed.append(1) or run_timing(*a))
     for name in ("gpipe", "1f1b", "zb-h1", "ooo"):
-        result = make_schedule(name, network, 4, model, None, parse_interconnect("rtl", lanes=1))
-        assert result.timed_run is not None
+        result = _schedule(name, network, 4, model, "rtl")
+        assert result is not None and result.timed_run is not None
         config = SimConfig.of(result.interconnect)
         long_run, short_run = simulate_policy_runs(result, network, model, _runs(result), config)
         assert np.array_equal(long_run.end, result.timed_run.end)
@@ -117,17 +114,20 @@ def test_explore_reads_the_kept_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compiled == [] and timed == []
 
 
-def test_a_large_step_is_timed_as_before_and_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past STEADY_RUN_OPS the step is timed over MIN_TIMED_STEPS steps and no run is kept (a 256-layer pipeline at
-    N = 256 must still schedule in under a second: `benchmarks/bench_schedule.py`)."""
+def test_the_run_is_kept_only_when_asked_and_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside `steady_run_kept` (`compare`, `schedule`: no simulation follows) and past STEADY_RUN_OPS the step is
+    timed over MIN_TIMED_STEPS steps and no run is kept."""
     network, model = load_network("lenet5"), make_cost_model("pe")
     steps: list[int] = []
     build = sync._stage_programs.repeat_step
     monkeypatch.setattr(sync._stage_programs, "repeat_step", lambda one, k: steps.append(k) or build(one, k))
-    small = make_schedule("1f1b", network, 4, model)
-    assert small.timed_run is not None and steps == [sync.steady_state_steps(8)[1]]
+    kept = _schedule("1f1b", network, 4, model, "shared")
+    assert kept is not None and kept.timed_run is not None and steps == [sync.steady_state_steps(8)[1]]
+    steps.clear()
+    plain = make_schedule("1f1b", network, 4, model)
+    assert plain.timed_run is None and steps == [sync.MIN_TIMED_STEPS]
     monkeypatch.setattr(sync, "STEADY_RUN_OPS", 10)
     steps.clear()
-    large = make_schedule("1f1b", network, 4, model)
-    assert large.timed_run is None and steps == [sync.MIN_TIMED_STEPS]
-    assert large == small
+    large = _schedule("1f1b", network, 4, model, "shared")
+    assert large is not None and large.timed_run is None and steps == [sync.MIN_TIMED_STEPS]
+    assert kept == plain == large

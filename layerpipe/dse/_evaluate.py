@@ -19,7 +19,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._periodic import slot_order
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN  # dp times its step over it: defined below
-from layerpipe.schedule._sync_policies import steady_state_steps
+from layerpipe.schedule._sync_policies import steady_run_kept, steady_state_steps
 
 if TYPE_CHECKING:
     from layerpipe.sim import SimResult
@@ -106,8 +106,9 @@ def evaluate_point(point: DesignPoint, area: bool = False) -> dict[str, object]:
     if point.reverse_first_k is not None:
         given["reverse_first_k"] = "auto" if point.reverse_first_k == "auto" else int(point.reverse_first_k)
     interconnect = parse_interconnect(point.interconnect, lanes=getattr(model, "lanes", None) or 1)
-    result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given),
-                           interconnect)
+    with steady_run_kept():  # a synchronous step is timed on the 2K run simulated below, which then reads it
+        result = make_schedule(point.policy, network, point.num_procs, model, policy_options(point.policy, given),
+                               interconnect)
     m = result.metrics
     # The steady state from two runs (K and 2K iterations); every other per-run figure (busy cycles, peak
     # memory) is the longer run's, and the utilization is over the same steady state as cycles_per_sample.

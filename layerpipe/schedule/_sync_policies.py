@@ -21,8 +21,9 @@ the engine serves dynamically (step 0 not a prefix of every program) honest. K s
 doubles up to MAX_TIMED_STEPS; a schedule whose step times still differ then gets the largest difference over
 the last half and says so in its notes (not seen on the zoo nor in the generated tests). Because no step's time
 depends on a later step, the runs K asks for are read off one longer run: where the steady state's 2K-step run
-(`steady_state_steps`, what `layerpipe explore` simulates) is small, that run is the first one timed, and the
-result keeps it (`ScheduleResult.timed_run`) for the simulator to read rather than time again (issue 14).
+(`steady_state_steps`, what `layerpipe explore` simulates) is small and the caller will simulate it
+(`steady_run_kept`), that run is the first one timed, and the result keeps it (`ScheduleResult.timed_run`) for the
+simulator to read rather than time again (issue 14).
 Because the scheduler times on the simulator's engine, `simulate` of the result gives the scheduled step by
 construction, on shared, links and bus (tests/test_sync_interconnect.py), and a stage with no backward work costs
 nothing there (issue 12).
@@ -34,7 +35,9 @@ fractions, not rounded to whole cycles, so no self-timed run can beat it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -154,9 +157,24 @@ def steady_state_steps(microbatches: int) -> tuple[int, int]:
 
 
 #: Layer ops up to which a synchronous step is timed on the steady state's 2K run (`steady_state_steps`) rather
-#: than on MIN_TIMED_STEPS steps, and the result keeps the run (`ScheduleResult.timed_run`): the runs of issue 14's
-#: `explore` sweep hold up to ~14k; a 256-layer pipeline at N = 256 (1.6 M ops over 3 steps) is timed as before.
+#: than on MIN_TIMED_STEPS steps, and the result keeps the run (`ScheduleResult.timed_run`), within
+#: `steady_run_kept`: the runs of issue 14's `explore` sweep hold up to ~14k; a larger one is not kept (memory).
 STEADY_RUN_OPS = 1 << 16
+
+_KEEP_STEADY_RUN: ContextVar[bool] = ContextVar("keep_steady_run", default=False)
+
+
+@contextmanager
+def steady_run_kept() -> Iterator[None]:
+    """Within it, a synchronous policy times its step on the steady state's 2K-step run (where that has at most
+    STEADY_RUN_OPS layer ops) and keeps the run in its result for the simulator to read: for a caller that
+    simulates K and 2K steps of the result next (`layerpipe.dse`'s steady state). Outside it the step is timed on
+    the MIN_TIMED_STEPS steps it needs (the same step either way: `network_step`)."""
+    token = _KEEP_STEADY_RUN.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_STEADY_RUN.reset(token)
 
 
 def _layer_ops_bound(one_step: OpSchedule, stage_layers: Sequence[Sequence[int]]) -> int:
@@ -337,11 +355,12 @@ def synchronous_result(policy: str, options: SyncOptions | InterleavedOptions | 
     def padded(steps: int) -> OpSchedule:
         return one_step if steps == 1 else _stage_programs.repeat_step(one_step, steps)
 
-    # The step is timed on the run the steady state of `layerpipe explore` simulates (2K steps: `steady_state_steps`)
-    # where that run is small, and the result keeps it: the simulator then reads its times instead of compiling
-    # and timing the same ops again (issue 14). A larger one is timed over MIN_TIMED_STEPS steps, as it always was.
+    # Where the caller will simulate the steady state (`steady_run_kept`: `layerpipe explore`), the step is timed on
+    # its 2K-step run when that run is small, and the result keeps it: the simulator then reads its times instead
+    # of compiling and timing the same ops again (issue 14). Otherwise, or for a larger run, the step is timed
+    # over MIN_TIMED_STEPS steps (twice as long on the 2K run, for nothing when no simulation follows).
     steady = steady_state_steps(max(one_step.microbatches, 1))[1]
-    small = _layer_ops_bound(one_step, stage_layers) * steady <= STEADY_RUN_OPS
+    small = _KEEP_STEADY_RUN.get() and _layer_ops_bound(one_step, stage_layers) * steady <= STEADY_RUN_OPS
     step, settled, run, run_steps = network_step(padded, graph, stages, model, interconnect,
                                                  steady if small else MIN_TIMED_STEPS)
     costs = graph.costs(model)
