@@ -547,10 +547,10 @@ class TimedRun:
 
     @staticmethod
     def of(compiled: CompiledSchedule, workload: Workload, kind: str = "shared", latency: int = 0,
-           words_per_cycle: float | Fraction = 1, made_from: tuple[object, ...] = ()) -> TimedRun:
+           words_per_cycle: float | Fraction = 1) -> TimedRun:
         """`compiled` (of `workload`) timed by `run_timing` on the interconnect given."""
         start, end = run_timing(compiled, kind, latency, words_per_cycle)
-        return TimedRun(compiled, workload, (kind, latency, words_per_cycle), start, end, made_from)
+        return TimedRun(compiled, workload, (kind, latency, words_per_cycle), start, end)
 
     def times_on(self, kind: str, latency: int, words_per_cycle: float | Fraction
                  ) -> tuple[np.ndarray, np.ndarray] | None:

@@ -52,8 +52,8 @@ class ScheduleResult:
     #: The interconnect the schedule's timing assumes (every figure belongs to one).
     interconnect: Interconnect = SHARED
     #: The layer-level run a synchronous policy timed its step on, when that run is the one the simulator's steady
-    #: state measures (`_sync_policies.network_step`): the simulator reads it rather than time the same ops again.
-    #: Not part of the result's value (equality, repr).
+    #: state measures and the caller asked for it (`_sync_policies.steady_run_kept`, as `explore` does): the
+    #: simulator reads it rather than time the same ops again. Not part of the result's value (equality, repr).
     timed_run: TimedRun | None = field(default=None, compare=False, repr=False)
 
     @property
