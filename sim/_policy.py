@@ -197,6 +197,8 @@ def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostMo
         known = (scheduled.times_on(config.interconnect, config.link_latency, config.link_words_per_cycle)
                  if scheduled is not None and scheduled.compiled is full else None)
         timed = simulate_compiled(full, runs[0][1], config, times=known) if any(prefix) or known else None
+        if known is not None and timed is not None and scheduled is not None and scheduled.completions is not None:
+            timed.__dict__["completion_times"] = scheduled.completions  # cached: the same rule on the same run
         out = []
         for (compiled, workload, cut), cut_of_full in zip(runs, prefix, strict=True):
             if cut_of_full and timed is not None and cut is not None:

@@ -59,7 +59,7 @@ def _runs(result: ScheduleResult) -> tuple[int, int]:
 
 def _figures(run: SimResult) -> tuple[object, ...]:
     return (run.start.tolist(), run.end.tolist(), run.total_cycles, run.peak_memory_words, run.busy_cycles,
-            run.traffic_words, run.cycles_per_iteration)
+            run.traffic_words, run.cycles_per_iteration, run.completion_times.tolist())
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -544,6 +544,8 @@ class TimedRun:
     #: What the maker built `compiled.schedule` from, for a reader to check by identity that this is the run it
     #: wants (a synchronous step: the one-step order and its stages).
     made_from: tuple[object, ...] = ()
+    #: `compiled.completion_times(end)`, where the maker computed it (the steps' completions a scheduler reads).
+    completions: np.ndarray | None = None
 
     @staticmethod
     def of(compiled: CompiledSchedule, workload: Workload, kind: str = "shared", latency: int = 0,

@@ -240,7 +240,8 @@ def network_step(build: Callable[[int], OpSchedule], graph: TrainingGraph, stage
             timed = max(steps, first_steps)
             compiled = compile_schedule(expand_stages(build(timed), graph, stages), workload)
             made = TimedRun.of(compiled, workload, *link)
-            longest[:] = [(timed, made, compiled.completion_times(made.end).tolist())]
+            completions = compiled.completion_times(made.end)
+            longest[:] = [(timed, replace(made, completions=completions), completions.tolist())]
         return longest[-1][2][:steps]
 
     step, settled = timed_step(run, interconnect)
