@@ -112,7 +112,7 @@ def test_one_job_writes_each_row_before_the_next_point(tmp_path: Path, monkeypat
 
 
 def test_appended_rows_are_fsynced_at_most_once_an_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each row is written whole at once (a killed run keeps it); fsyncs come FSYNC_INTERVAL apart, the first first."""
+    """Each row is written whole at once (a killed run keeps it); fsyncs come FSYNC_INTERVAL apart, from row one."""
     import layerpipe.dse._store as store
 
     synced: list[float] = []
