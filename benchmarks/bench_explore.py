@@ -45,6 +45,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from bench_cli import CACHING_ENV  # a sibling script: benchmarks/ is on sys.path when run as a script
+
 from layerpipe._memo import clear_memos
 from layerpipe.dse import COLUMNS, ResultsFile, SweepSpec, run_sweep, save_pareto
 
@@ -166,9 +168,8 @@ def cli_process(tmp: Path, plots: bool) -> float:
             "-n", ",".join(map(str, NUM_PROCS)), "--policies", ",".join(POLICIES), "--max-staleness", "4",
             "--out", str(out / "r.csv"), "--no-progress"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # Bytecode written where stale (as a user's install has it: see `bench_cli.CACHING_ENV`); the rounds keep the min.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run(argv if plots else [*argv, "--plots", "none"], check=True, capture_output=True, env=env)
+    # Bytecode written where stale, as a user's install has it (`bench_cli.CACHING_ENV`); the rounds keep the min.
+    subprocess.run(argv if plots else [*argv, "--plots", "none"], check=True, capture_output=True, env=CACHING_ENV)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 

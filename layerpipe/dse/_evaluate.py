@@ -19,7 +19,7 @@ from layerpipe.network import load_network
 from layerpipe.schedule import _dataparallel, _streams
 from layerpipe.schedule._periodic import slot_order
 from layerpipe.schedule._stream_engine import SIM_ITERATIONS_MIN  # dp times its step over it: defined below
-from layerpipe.schedule._sync_policies import steady_run_kept, steady_state_steps
+from layerpipe.schedule._sync_policies import simulated_microbatches, steady_run_kept, steady_state_steps
 
 if TYPE_CHECKING:
     from layerpipe.sim import SimResult
@@ -34,7 +34,7 @@ def simulated_iterations(result) -> int:
         max_lag = max((s.lag for body in result.periodic.bodies for s in body), default=0)
         unfold = max(result.periodic.unfold, 1)
         return max(-(-SIM_ITERATIONS_MIN // unfold), 4 * max_lag + 12) * unfold
-    return max(SIM_ITERATIONS_MIN, 3 * result.explicit.microbatches)
+    return simulated_microbatches(result.explicit.microbatches)
 
 
 #: Policies timed by the stream engine (kernels overlap: `layerpipe.sim._streams`), which measures its own

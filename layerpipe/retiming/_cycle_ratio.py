@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     import networkx as nx
 
 
-
 class ZeroDelayCycleError(ValueError):
     """A cycle without delays: its iteration bound is infinite (no schedule can run it)."""
 

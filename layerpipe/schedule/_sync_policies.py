@@ -148,11 +148,17 @@ SHAPES: dict[str, SyncShape] = {
 # ------------------------------------------------------------------------------------------------ timing
 
 
+def simulated_microbatches(microbatches: int) -> int:
+    """Micro-batches a synchronous schedule of m = `microbatches` per step is simulated for at least: three steps,
+    and SIM_ITERATIONS_MIN (`layerpipe.dse._evaluate.simulated_iterations`)."""
+    return max(SIM_ITERATIONS_MIN, 3 * microbatches)
+
+
 def steady_state_steps(microbatches: int) -> tuple[int, int]:
     """(K, 2K) in steps of m = `microbatches`: the two runs of a synchronous schedule whose difference
-    `layerpipe.dse`'s steady state measures — K whole steps covering SIM_ITERATIONS_MIN micro-batches and three
-    steps at least. The one definition: `synchronous_result` times its step on the 2K run when it is small."""
-    k = -(-max(SIM_ITERATIONS_MIN, 3 * microbatches) // microbatches)
+    `layerpipe.dse`'s steady state measures — `simulated_microbatches` rounded up to whole steps, and twice that.
+    `synchronous_result` times its step on the 2K run when it is small."""
+    k = -(-simulated_microbatches(microbatches) // microbatches)
     return k, 2 * k
 
 
