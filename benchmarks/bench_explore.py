@@ -8,7 +8,7 @@ iterations, the steady state of `SimResult.steady_cycles_per_iteration`) and app
 side in one run (min of `--rounds` interleaved rounds):
 
 - in process: `run_sweep` alone (points per CPU-second of this process) and where its time goes (the
-  scheduler, `make_schedule`, against the simulator, `simulate_policy_runs` / `simulate_policy_result`), the
+  scheduler, `make_schedule`, against the simulator, `simulate_policy_pair` / `simulate_policy_result`), the
   same sweep with the simulator's dependencies built op by op as before issue 14 (one `Dependency` per edge),
   the same sweep with one simulation of K iterations per point (what the steady state's pair of runs costs over
   one: the 2K run, and the K run where it is not read off the 2K run's start, `layerpipe.sim._prefix`), then
@@ -86,14 +86,16 @@ def timing_calls(spent: dict[str, float]) -> Iterator[None]:
                 spent[name] = spent.get(name, 0.0) + time.process_time() - t0
         return call
 
-    saved = policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs
+    saved = policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs, sim.simulate_policy_pair
     policies.make_schedule = timed("schedule", saved[0])  # type: ignore[assignment]
     sim.simulate_policy_result = timed("simulate", saved[1])  # type: ignore[assignment]
     sim.simulate_policy_runs = timed("simulate", saved[2])  # type: ignore[assignment]
+    sim.simulate_policy_pair = timed("simulate", saved[3])  # type: ignore[assignment]
     try:
         yield
     finally:
-        policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs = saved
+        (policies.make_schedule, sim.simulate_policy_result, sim.simulate_policy_runs,
+         sim.simulate_policy_pair) = saved
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from layerpipe.sim._memory import peak_memory
 from layerpipe.sim._policy import (
     policy_ops,
     repeat_steps,
+    simulate_policy_pair,
     simulate_policy_result,
     simulate_policy_runs,
     simulated_network,
@@ -46,6 +47,7 @@ __all__ = [
     "repeat_steps",
     "simulate",
     "simulate_compiled",
+    "simulate_policy_pair",
     "simulate_policy_result",
     "simulate_policy_runs",
     "simulated_network",

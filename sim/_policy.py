@@ -26,9 +26,9 @@ from layerpipe.schedule._ir import OpColumns, OpSchedule
 from layerpipe.schedule._result import ScheduleResult
 from layerpipe.sim._engine import CompiledSchedule, compile_schedule
 from layerpipe.sim._interconnect import SimConfig
-from layerpipe.sim._prefix import is_prefix_run
+from layerpipe.sim._prefix import PREFIX_KINDS, is_prefix_run
 from layerpipe.sim._report import SimResult
-from layerpipe.sim._restrict import restricted_compile, shorter_ops
+from layerpipe.sim._restrict import keeps_producers, restricted_compile, shorter_ops
 from layerpipe.sim._streams import simulate_result as simulate_stream_result
 from layerpipe.sim._workload import Workload
 
@@ -137,19 +137,16 @@ CompiledRun = tuple[CompiledSchedule, Workload, np.ndarray | None]
 
 
 def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
-                         mode: str) -> list[CompiledRun]:
+                         mode: str, longest: tuple[CompiledSchedule, Workload] | None = None) -> list[CompiledRun]:
     """`compile_schedule(*policy_ops(...))` for each run length, in the order given: the longest is compiled, and
     every shorter one cut out of it (`restricted_compile`: the same numbering, producers and costs, where that can
     be shown; compiled otherwise). The workload is a function of (result, network, model, mode) alone, so one
-    serves every run."""
-    longest = max(iterations)
-    graph = _policy_graph(result, network, longest, mode)
-    workload = _policy_workload(result, graph, model)
-    timed = scheduled_run(result, workload, longest)
-    full = timed.compiled if timed is not None else compile_schedule(_ops_on(result, graph, longest), workload)
+    serves every run. `longest`: the longest run's (compiled schedule, workload), where the caller has them
+    (`_compiled_longest`)."""
+    full, workload = longest or _compiled_longest(result, network, model, max(iterations), mode)
     out: list[CompiledRun] = []
     for k in iterations:
-        if k == longest:
+        if k == max(iterations):
             out.append((full, workload, None))
             continue
         cut = shorter_ops(result, full.schedule, k)
@@ -160,6 +157,17 @@ def compiled_policy_runs(result: ScheduleResult, network: Network, model: CostMo
         else:
             out.append((compiled, workload, cut[1] if cut is not None else None))
     return out
+
+
+def _compiled_longest(result: ScheduleResult, network: Network, model: CostModel, iterations: int, mode: str
+                      ) -> tuple[CompiledSchedule, Workload]:
+    """The compiled run of `iterations` iterations of `result` and its workload: the scheduler's own run where it
+    is that run (`scheduled_run`), else compiled."""
+    graph = _policy_graph(result, network, iterations, mode)
+    workload = _policy_workload(result, graph, model)
+    timed = scheduled_run(result, workload, iterations)
+    return (timed.compiled if timed is not None else compile_schedule(_ops_on(result, graph, iterations), workload),
+            workload)
 
 
 def scheduled_run(result: ScheduleResult, workload: Workload, iterations: int) -> TimedRun | None:
@@ -181,33 +189,72 @@ def simulate_policy_runs(result: ScheduleResult, network: Network, model: CostMo
     iterations of every point: `layerpipe.dse._evaluate.steady_simulation`): the shorter runs' compiled schedules
     are cut out of the longest run's (`compiled_policy_runs`) instead of unrolled and compiled again, and a shorter
     run that is the longest one's start (`is_prefix_run`) has its times read off the longest run's."""
+    return _simulate_runs(result, network, model, iterations, config or SimConfig())
+
+
+def _simulate_runs(result: ScheduleResult, network: Network, model: CostModel, iterations: Sequence[int],
+                   config: SimConfig, longest: tuple[CompiledSchedule, Workload] | None = None) -> list[SimResult]:
+    """`simulate_policy_runs`; `longest` as `compiled_policy_runs` takes it."""
     from layerpipe.sim import simulate_compiled
 
-    config = config or SimConfig()
     if result.policy in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES):
         return [simulate_stream_result(result, network, model, k, config) for k in iterations]
     with gc_paused():
-        runs = compiled_policy_runs(result, network, model, iterations, config.mode)
+        runs = compiled_policy_runs(result, network, model, iterations, config.mode, longest)
         full = runs[list(iterations).index(max(iterations))][0]
         # A shorter run that is the start of the longest one is read off it (`is_prefix_run`), not simulated again;
         # the longest one is read off the scheduler's run when it is that run on this interconnect (`scheduled_run`).
-        prefix = [cut is not None and is_prefix_run(full, compiled, cut, config.interconnect)
+        prefix = [cut is not None and is_prefix_run(full, compiled.bounds, cut, config.interconnect)
                   for compiled, _, cut in runs]
-        scheduled = result.timed_run
-        known = (scheduled.times_on(config.interconnect, config.link_latency, config.link_words_per_cycle)
-                 if scheduled is not None and scheduled.compiled is full else None)
-        timed = simulate_compiled(full, runs[0][1], config, times=known) if any(prefix) or known else None
-        if known is not None and timed is not None and scheduled is not None and scheduled.completions is not None:
-            timed.__dict__["completion_times"] = scheduled.completions  # cached: the same rule on the same run
+        timed = _simulated_longest(result, full, runs[0][1], config) if any(prefix) else None
         out = []
         for (compiled, workload, cut), cut_of_full in zip(runs, prefix, strict=True):
             if cut_of_full and timed is not None and cut is not None:
                 out.append(simulate_compiled(compiled, workload, config, times=(timed.start[cut], timed.end[cut])))
-            elif compiled is full and timed is not None:
-                out.append(timed)
+            elif compiled is full:
+                out.append(timed if timed is not None else _simulated_longest(result, full, workload, config))
             else:
                 out.append(simulate_compiled(compiled, workload, config))
         return out
+
+
+def _simulated_longest(result: ScheduleResult, full: CompiledSchedule, workload: Workload, config: SimConfig
+                       ) -> SimResult:
+    """The longest run (`full`) simulated: its times and its steps' completions read off the scheduler's run where
+    it is that very run on this interconnect (`scheduled_run`, `TimedRun.times_on`)."""
+    from layerpipe.sim import simulate_compiled
+
+    scheduled = result.timed_run
+    known = (scheduled.times_on(config.interconnect, config.link_latency, config.link_words_per_cycle)
+             if scheduled is not None and scheduled.compiled is full else None)
+    timed = simulate_compiled(full, workload, config, times=known)
+    if known is not None and scheduled is not None and scheduled.completions is not None:
+        timed.__dict__["completion_times"] = scheduled.completions  # cached: the same rule on the same run
+    return timed
+
+
+def simulate_policy_pair(result: ScheduleResult, network: Network, model: CostModel, longer: int, shorter: int,
+                         config: SimConfig | None = None) -> tuple[SimResult, int, int]:
+    """`simulate_policy_runs(result, network, model, (longer, shorter), config)` as a steady state reads the pair
+    (`SimResult.steady_cycles_per_iteration`, `layerpipe.dse._evaluate.steady_simulation`): the longer run, and the
+    shorter run's iterations and total cycles. Where the shorter run is the longer one's start (`keeps_producers`,
+    then `is_prefix_run`) it is neither compiled nor simulated: its total is the last end of its ops in the longer
+    run, which `simulate_policy_runs` would have read off it too (issue 14: cutting its compiled schedule out, and
+    checking that it could, were ~5 % of `explore`'s sweep)."""
+    config = config or SimConfig()
+    longest = None
+    if (result.policy not in (*_dataparallel.POLICY_NAMES, *_streams.POLICY_NAMES)
+            and config.interconnect in PREFIX_KINDS and 0 < shorter < longer):
+        with gc_paused():
+            longest = _compiled_longest(result, network, model, longer, config.mode)
+            full, workload = longest
+            cut = shorter_ops(result, full.schedule, shorter)
+            if (cut is not None and cut[0].columns is not None and keeps_producers(full, cut[0], workload, cut[1])
+                    and is_prefix_run(full, cut[0].columns.bounds, cut[1], config.interconnect)):
+                run = _simulated_longest(result, full, workload, config)
+                return run, cut[0].num_iterations, int(run.end.take(cut[1]).max()) if len(cut[1]) else 0
+    long_run, short_run = _simulate_runs(result, network, model, (longer, shorter), config, longest)
+    return long_run, short_run.num_iterations, short_run.total_cycles
 
 
 def simulate_policy_result(result: ScheduleResult, network: Network, model: CostModel, iterations: int,

@@ -2,9 +2,10 @@
 14: `explore` times every point twice, K and 2K iterations of the same schedule, and the K run was a tenth of the
 sweep).
 
-`is_prefix_run(longer, shorter, positions, kind)` says whether every op of `shorter` (compiled as a cut of
-`longer`, `restricted_compile`: op i is `longer`'s op positions[i], with the same producers, words and cost) starts
-and ends in `longer`'s run exactly when it does in its own, by what the engine reads (`layerpipe.schedule._engine`):
+`is_prefix_run(longer, bounds, positions, kind)` says whether every op of a shorter run (a cut of `longer`,
+`restricted_compile` / `keeps_producers`: op i is `longer`'s op positions[i], with the same producers, words and
+cost; processor p's ops are bounds[p] … bounds[p+1] − 1) starts and ends in `longer`'s run exactly when it does in
+its own, by what the engine reads (`layerpipe.schedule._engine`):
 
 - an op starts when its processor's previous op has ended and its inputs are there: so each processor's kept ops
   must be its *first* ops in `longer` (no op of `longer` alone runs before one of them on its processor), and
@@ -22,20 +23,27 @@ engine times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from layerpipe.schedule._engine import CompiledSchedule, _zero_duration_sender
 from layerpipe.schedule._int_lists import stable_argsort
 
+#: The interconnects on which a shorter run can be read off a longer one (see the module docstring).
+PREFIX_KINDS = ("shared", "links")
 
-def is_prefix_run(longer: CompiledSchedule, shorter: CompiledSchedule, positions: np.ndarray, kind: str) -> bool:
-    """Whether `shorter`'s run is `longer`'s run at `positions` (see the module docstring)."""
-    if kind not in ("shared", "links") or len(longer.bounds) != len(shorter.bounds):
+
+def is_prefix_run(longer: CompiledSchedule, bounds: Sequence[int], positions: np.ndarray, kind: str) -> bool:
+    """Whether the shorter run — ops at `positions` of `longer` (a cut whose producers are all kept:
+    `restricted_compile`, `keeps_producers`), processor p's ops bounds[p] … bounds[p+1] − 1 — is `longer`'s run at
+    `positions` (see the module docstring). Needs no compiled schedule of the shorter run."""
+    if kind not in PREFIX_KINDS or len(longer.bounds) != len(bounds):
         return False
     n = len(positions)
     own = np.asarray(longer.bounds, dtype=np.int64)
-    cut = np.asarray(shorter.bounds, dtype=np.int64)
-    proc = shorter.proc_array(np.int64)
+    cut = np.asarray(bounds, dtype=np.int64)
+    proc = np.arange(len(cut) - 1, dtype=np.int64).repeat(cut[1:] - cut[:-1])
     # Each processor's kept ops are its first ops: op i, the (i − cut[p])-th of processor p, is longer's own[p] + that
     if n and not np.array_equal(positions - own.take(proc), np.arange(n, dtype=np.int64) - cut.take(proc)):
         return False

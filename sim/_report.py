@@ -255,11 +255,16 @@ class SimResult:
         larger estimate is the closer one; the difference is exact once the fill has settled within the
         shorter run. Use whole periods (whole steps) for both runs.
         """
-        extra = self.num_iterations - shorter.num_iterations
+        return self.steady_cycles_per_iteration_of(shorter.num_iterations, shorter.total_cycles)
+
+    def steady_cycles_per_iteration_of(self, shorter_iterations: int, shorter_total_cycles: int) -> float:
+        """`steady_cycles_per_iteration` with the shorter run given by its iterations and total cycles alone (all
+        it reads of it: `layerpipe.sim.simulate_policy_pair`)."""
+        extra = self.num_iterations - shorter_iterations
         if extra <= 0:
-            raise ValueError(f"the shorter run has {shorter.num_iterations} iterations, this one "
+            raise ValueError(f"the shorter run has {shorter_iterations} iterations, this one "
                              f"{self.num_iterations}: it must have more")
-        return max(self.cycles_per_iteration, (self.total_cycles - shorter.total_cycles) / extra)
+        return max(self.cycles_per_iteration, (self.total_cycles - shorter_total_cycles) / extra)
 
     # --- output -----------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, object]:

@@ -53,8 +53,7 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
     module docstring); None where that cannot be shown (the caller compiles). `positions`, when given, are each
     op's number in `longer` (a cut of its ops, `shorter_ops`: not looked up again)."""
     columns = schedule.columns
-    if (columns is None or schedule.level != "layer" or workload.level != "layer"
-            or any(getattr(schedule, name) != getattr(longer.schedule, name) for name in RULE_FIELDS)):
+    if columns is None or not _same_rules(longer, schedule, workload):
         return None
     bounds, tasks, task, iteration = _from_columns(columns)
     pos = _positions(longer, bounds, tasks, task, iteration) if positions is None else positions
@@ -71,8 +70,7 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
         if len(tasks) != len(longer.tasks) or len(longer.tasks) * span > MAX_INDEX_CELLS:
             return None
         keep_codes = True
-    kept = np.zeros(longer.num_ops, dtype=bool)
-    kept[pos] = True
+    kept = _kept(longer, pos)
     renumber = kept.cumsum() - 1  # old op number → new, for kept ops
     csr = _restricted_producers(longer, pos, kept, renumber, keep_codes)
     if csr is None:
@@ -87,6 +85,34 @@ def restricted_compile(longer: CompiledSchedule, schedule: OpSchedule, workload:
     if links is not None:
         compiled.__dict__["link_plan"] = restricted_link_plan(links, pos, kept, renumber, compiled.bounds)  # cached
     return compiled
+
+
+def keeps_producers(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload, positions: np.ndarray) -> bool:
+    """Whether `schedule`'s ops — `longer`'s ops at `positions`, a cut of them (`shorter_ops`) — compiled on their own
+    with `workload` (the one `longer` was compiled with) have the producers, words and costs they have in `longer`:
+    what `restricted_compile` shows before it builds the cut (the module docstring), without building it. Its other
+    conditions (a duration for every task, role codes it can renumber) only decide whether it can *build* the cut:
+    the cut's tasks are `longer`'s, with their durations, and no role is read by the timing. For a caller that
+    needs only the cut's times, read off `longer`'s run (`layerpipe.sim._prefix.is_prefix_run`)."""
+    if schedule.columns is None or not _same_rules(longer, schedule, workload):
+        return False
+    kept = _kept(longer, positions)
+    ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
+    producer = longer.prod_idx[kept.repeat(ptr[1:] - ptr[:-1])]
+    return not len(producer) or bool(kept.take(producer).all())
+
+
+def _same_rules(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload) -> bool:
+    """Layer level, and the fields that choose the dependency rules equal (`RULE_FIELDS`)."""
+    return (schedule.level == "layer" and workload.level == "layer"
+            and all(getattr(schedule, name) == getattr(longer.schedule, name) for name in RULE_FIELDS))
+
+
+def _kept(longer: CompiledSchedule, positions: np.ndarray) -> np.ndarray:
+    """Per op of `longer`: is it at one of `positions`?"""
+    kept = np.zeros(longer.num_ops, dtype=bool)
+    kept[positions] = True
+    return kept
 
 
 def shorter_schedule(result: ScheduleResult, longer: OpSchedule, iterations: int) -> OpSchedule | None:

@@ -17,7 +17,7 @@ from layerpipe.interconnect import parse_interconnect
 from layerpipe.network import load_network
 from layerpipe.schedule._pipedream import PipeDreamOptions
 from layerpipe.schedule.policies import make_schedule, policy_options
-from layerpipe.sim import SimConfig, _policy, simulate_policy_result, simulate_policy_runs
+from layerpipe.sim import SimConfig, _policy, simulate_policy_pair, simulate_policy_result, simulate_policy_runs
 from layerpipe.sim._prefix import is_prefix_run
 from tests.strategies import networks
 
@@ -64,6 +64,32 @@ def test_a_run_read_off_a_longer_one_is_the_run_alone(monkeypatch, network, poli
             simulate_policy_result(result, network, model, k, config))
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(network=networks(max_layers=5, dag=True, max_width=12), policy=st.sampled_from(POLICIES),
+       num_procs=st.integers(1, 4), interconnect=st.sampled_from(INTERCONNECTS), k=st.integers(1, 12))
+def test_the_pair_reads_what_the_runs_give(monkeypatch, network, policy, num_procs, interconnect, k) -> None:
+    """`simulate_policy_pair` (explore's steady state: the shorter run's total read off the longer run where it is
+    its start, without compiling it) gives the longer run and the shorter run's iterations and total cycles that
+    `simulate_policy_runs` gives, and the same steady state."""
+    model = MacsModel()
+    spec = parse_interconnect(interconnect, lanes=1)
+    result = make_schedule(policy, network, num_procs, model, policy_options(policy, {}), spec)
+    config = SimConfig.of(spec)
+    cut: list[bool] = []
+    restricted = _policy.restricted_compile
+    monkeypatch.setattr(_policy, "restricted_compile", lambda *a: cut.append(True) or restricted(*a))
+    long_run, iterations, total = simulate_policy_pair(result, network, model, 2 * k, k, config)
+    event(f"shorter run compiled: {bool(cut)}")
+    monkeypatch.undo()
+    want_long, want_short = simulate_policy_runs(result, network, model, (2 * k, k), config)
+    assert (iterations, total) == (want_short.num_iterations, want_short.total_cycles)
+    assert np.array_equal(long_run.start, want_long.start) and np.array_equal(long_run.end, want_long.end)
+    assert long_run.peak_memory_words == want_long.peak_memory_words
+    assert long_run.steady_cycles_per_iteration_of(iterations, total) == \
+        want_long.steady_cycles_per_iteration(want_short)
+
+
 @pytest.mark.parametrize(("policy", "interconnect", "num_procs", "expected"), [
     ("gpipe", "links:1:1", 3, True),  # whole steps, each processor's first ops: the start of the longer run
     ("1f1b", "shared", 3, True),
@@ -89,7 +115,7 @@ def test_a_dropped_transfer_ahead_on_a_link_is_no_prefix() -> None:
     result = make_schedule("gpipe", network, 2, model, policy_options("gpipe", {}), spec)
     runs = _policy.compiled_policy_runs(result, network, model, (8, 4), "stash")
     (longer, _, _), (shorter, _, cut) = runs
-    assert cut is not None and is_prefix_run(longer, shorter, cut, "links")
+    assert cut is not None and is_prefix_run(longer, shorter.bounds, cut, "links")
     plan = longer.link_plan
     # Queue every transfer of the longer run alone first on its link: the kept ones now wait behind them.
     kept = np.zeros(longer.num_ops, dtype=bool)
@@ -100,4 +126,4 @@ def test_a_dropped_transfer_ahead_on_a_link_is_no_prefix() -> None:
     for name in ("send_producer", "send_input", "send_link"):
         object.__setattr__(plan, name, getattr(plan, name)[order])
     assert set(plan.send_link[: int(late.sum())].tolist()) & set(plan.send_link[int(late.sum()):].tolist())
-    assert not is_prefix_run(longer, shorter, cut, "links")
+    assert not is_prefix_run(longer, shorter.bounds, cut, "links")

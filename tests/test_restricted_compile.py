@@ -248,3 +248,35 @@ def test_no_cut_of_a_run_compiling_refuses() -> None:
     schedule, _ = policy_ops(result, network, model, 1, "latest")
     assert _compiled(schedule, workload) is None
     assert restricted_compile(compile_schedule(longer_ops, workload), schedule, workload) is None
+
+
+@pytest.mark.parametrize("policy", ["pipedream", "1f1b"])
+def test_a_cut_keeps_its_producers_or_says_not(policy: str) -> None:
+    """`keeps_producers` (what `simulate_policy_pair` checks before reading a shorter run's times off a longer run,
+    without compiling the cut): true of the cut `shorter_ops` makes — and `restricted_compile` of it compiles what
+    compiling the shorter run gives — false once a producer of a kept op is left out, and false when the schedule's
+    rule fields differ from the longer run's."""
+    from layerpipe.network import load_network
+    from layerpipe.sim._restrict import keeps_producers
+
+    network, model = load_network("mlp:16-12-8-4"), MacsModel()
+    result = _result(network, policy, 3, "links:1:1", model)
+    longer_ops, workload = policy_ops(result, network, model, 12)
+    longer = compile_schedule(longer_ops, workload)
+    cut = shorter_ops(result, longer_ops, 6)
+    assert cut is not None
+    schedule, positions = cut
+    assert keeps_producers(longer, schedule, workload, positions)
+    compiled = restricted_compile(longer, schedule, workload, positions)
+    assert compiled is not None
+    _same(compiled, compile_schedule(policy_ops(result, network, model, 6)[0], workload))
+    # Leave out the producer of some kept op's first input: that op's producers are no longer all kept.
+    ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
+    kept_with_input = [int(i) for i in positions if ptr[i + 1] > ptr[i]]
+    producer = int(longer.prod_idx[ptr[kept_with_input[-1]]])
+    assert not keeps_producers(longer, schedule, workload, positions[positions != producer])
+    other = SimpleNamespace(**{name: getattr(schedule, name) for name in
+                               ("level", "synchronous", "microbatches", "read_staleness", "unfold", "groups",
+                                "read_phases", "read_floor", "columns")})
+    other.microbatches = schedule.microbatches + 1
+    assert not keeps_producers(longer, other, workload, positions)  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     F50 A3 G50 U3, bus:1:2: 29.5 cycles/sample in 64 iterations, 30 in 128, scheduled at 30). The extra K
     iterations of the longer run cost what K periods of the steady state cost once that slack is spent.
     """
-    from layerpipe.sim import simulate_policy_result, simulate_policy_runs
+    from layerpipe.sim import simulate_policy_pair, simulate_policy_result
 
     iterations = simulated_iterations(result)
     if result.policy in STREAM_POLICIES:  # the stream engine's own steady-state measure, one run
@@ -77,9 +77,10 @@ def steady_simulation(result, network, model, config) -> tuple[SimResult, float]
     if result.explicit is not None:  # whole steps: K of `steady_state_steps` (the scheduler may have timed the 2K run)
         m = max(result.explicit.microbatches, 1)
         iterations = steady_state_steps(m)[0] * m
-    # The shorter run's compiled schedule is cut out of the longer one's (`simulate_policy_runs`).
-    longer, shorter = simulate_policy_runs(result, network, model, (2 * iterations, iterations), config)
-    return longer, longer.steady_cycles_per_iteration(shorter)
+    # The shorter run read off the longer one where it is its start, else cut out of it (`simulate_policy_pair`).
+    longer, shorter_iterations, shorter_total = simulate_policy_pair(result, network, model, 2 * iterations,
+                                                                     iterations, config)
+    return longer, longer.steady_cycles_per_iteration_of(shorter_iterations, shorter_total)
 
 
 def check_points(points: Sequence[DesignPoint]) -> None:
