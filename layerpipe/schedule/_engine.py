@@ -60,6 +60,7 @@ import numpy as np
 
 from layerpipe._gc import gc_paused
 from layerpipe.errors import InputError
+from layerpipe.schedule import _native
 from layerpipe.schedule._dep_csr import (
     Csr,
     _array_dependencies,
@@ -571,6 +572,9 @@ def _int64(times: list[int] | np.ndarray) -> np.ndarray:
 def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | Fraction
          ) -> tuple[list[int] | np.ndarray, list[int] | np.ndarray]:
     if kind == "shared":
+        timed = _native.sweep(c.bounds, c.dur_array(), c.prod_ptr, c.prod_idx)  # the C sweep, where it is built
+        if timed is not None:
+            return timed  # else not built, or a deadlock (the sweeps below report it)
         if c.schedule.level == "stage" and c.num_procs < STAGE_ROUNDS_MIN_PROCS:
             timed = _sweep_single(c)
             if timed is not None:
@@ -589,6 +593,13 @@ def _run(c: CompiledSchedule, kind: str, latency: int, words_per_cycle: float | 
         return _run_links_events(c, latency, words_per_cycle)
     plan = c.link_plan
     held = _hold_cycles(np.asarray(plan.word_array, dtype=np.int64), words_per_cycle)
+    if _native.library() is not None:  # the C sweep: each op's transfers, in the order they queue (`LinkPlan`)
+        send_ptr = np.zeros(c.num_ops + 1, dtype=np.int64)
+        np.cumsum(np.bincount(plan.send_producer, minlength=c.num_ops), out=send_ptr[1:])
+        timed = _native.sweep(c.bounds, c.dur_array(), plan.input_ptr, plan.input_src,
+                              (send_ptr, plan.send_input, plan.send_link, held, latency), c.num_procs)
+        if timed is not None:
+            return timed
     if c.num_procs >= ROUNDS_MIN_PROCS:  # as on shared: lock-step rounds, the transfers timed per round
         timed = sweep_rounds(c.bounds, c.dur_array(), plan.input_ptr, plan.input_src,
                              LinkSends(plan.send_producer, plan.send_link, held, latency))

@@ -1,0 +1,139 @@
+"""The timing engine's sweep compiled from C (`_sweep.c`), where it is built: the Python sweeps stay the reference,
+the fallback and the deadlock reporter (issue 14: the engine's Python work-list was a sixth of `explore`'s sweep).
+
+    python -c 'import layerpipe.schedule._native as n; n.main()'    # build it (./setup.sh does), or say why not
+
+The library is built next to its source with the machine's C compiler (`$CC`, else `cc`) and carries the SHA-256 of
+the source it was built from: a library of another source (an edited `_sweep.c`, a stale build) is not loaded, and
+neither is any library when LAYERPIPE_NATIVE=0 — the Python engine then runs, with the same times (tests compare
+the two on generated schedules: tests/test_native_sweep.py). Without a C compiler nothing changes but the speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("_sweep.c")
+LIBRARY = Path(__file__).with_name("_sweep.so")
+
+#: Off with LAYERPIPE_NATIVE=0 (read once, at the first sweep).
+ENV = "LAYERPIPE_NATIVE"
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+
+_loaded: list[ctypes.CDLL | None] = []  # [] until the first `library()`; then [the library or None]
+
+
+def source_sha() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+def build(cc: str | None = None) -> Path:
+    """Compile `_sweep.c` into `LIBRARY` (atomically: concurrent builds leave one whole library). Raises OSError
+    (no compiler) or subprocess.CalledProcessError (it failed)."""
+    compiler = cc or os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler '{compiler}' on PATH (set CC)")
+    fd, tmp = tempfile.mkstemp(prefix=".sweep-", suffix=".so", dir=LIBRARY.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, "-O2", "-shared", "-fPIC", f'-DLP_SOURCE_SHA="{source_sha()}"', "-o", tmp,
+                        str(SOURCE)], check=True, capture_output=True, text=True)
+        os.replace(tmp, LIBRARY)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _loaded.clear()  # loaded again on the next sweep
+    return LIBRARY
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library of this very source, or None (not built, another source's, or LAYERPIPE_NATIVE=0)."""
+    if not _loaded:
+        _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get(ENV, "1") == "0" or not LIBRARY.exists():
+        return None
+    try:
+        lib = ctypes.CDLL(str(LIBRARY))
+        lib.lp_source_sha.restype = ctypes.c_char_p
+        if lib.lp_source_sha().decode() != source_sha():
+            return None  # built from another source: stale
+    except (OSError, AttributeError):
+        return None
+    lib.lp_sweep.restype = _I64
+    lib.lp_sweep.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR]
+    return lib
+
+
+#: Largest time the C sweep may reach: past it int64 arithmetic could overflow, so the Python sweep (exact
+#: integers) runs instead.
+TIME_LIMIT = 1 << 62
+
+
+def _i64(values: object) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int64)
+
+
+def sweep(bounds: list[int], dur: np.ndarray, in_ptr: np.ndarray, in_src: np.ndarray,
+          sends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None = None, num_procs: int = 0
+          ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(start, end) of every op by the C sweep (see `_sweep.c`), or None where it does not run: not built, a negative
+    duration or hold, times that could leave int64, or a deadlock (the Python sweep reports it). `sends`: on
+    `links`, (send_ptr per op, send_input, send_link, hold per transfer, latency)."""
+    lib = library()
+    if lib is None:
+        return None
+    n = bounds[-1]
+    dur = _i64(dur)
+    if n and int(dur.min()) < 0:
+        return None
+    reach = int(dur.sum()) if n else 0
+    send_ptr = send_input = send_link = hold = None
+    latency, links, transfers = 0, 0, 0
+    if sends is not None:
+        send_ptr, send_input, send_link, hold = (_i64(a) for a in sends[:4])
+        latency, transfers, links = int(sends[4]), len(hold), num_procs * num_procs
+        if transfers and (int(hold.min()) < 0 or latency < 0):
+            return None
+        reach += int(hold.sum()) + transfers * latency if transfers else 0
+    if reach >= TIME_LIMIT:
+        return None
+    start = np.empty(n, dtype=np.int64)
+    end = np.empty(n, dtype=np.int64)
+    cuts, ptr, src = _i64(bounds), _i64(in_ptr), _i64(in_src)
+
+    def at(a: np.ndarray | None) -> int | None:
+        return None if a is None else a.ctypes.data
+
+    status = lib.lp_sweep(n, len(bounds) - 1, cuts.ctypes.data, dur.ctypes.data, ptr.ctypes.data, src.ctypes.data,
+                          transfers, at(send_ptr), at(send_input), at(send_link), at(hold), latency, links,
+                          start.ctypes.data, end.ctypes.data)
+    return (start, end) if status == 0 else None
+
+
+def main() -> int:
+    try:
+        path = build()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        print(f"layerpipe: the C sweep was not built ({detail.strip().splitlines()[-1] if detail.strip() else exc}); "
+              "the Python engine runs instead", file=sys.stderr)
+        return 1
+    print(f"built {path}")
+    return 0
+
+

@@ -1,0 +1,118 @@
+/* The timing engine's sweep in C (issue 14): every op's start and end on `shared` or on `links`.
+
+   The same rules as the Python sweep `layerpipe.schedule._op_sweep._sweep_first`, which stays the reference and the
+   fallback (`layerpipe.schedule._native` loads this file's library, built by `python -m layerpipe.schedule._native`):
+
+   - processor p runs its ops bounds[p] .. bounds[p+1]-1 in order; op i starts when the op before it on p has ended
+     and every input of i is available, and ends dur[i] cycles later;
+   - input x of an op (in_src[in_ptr[i] .. in_ptr[i+1]-1]) is an op (x < n: available at its end) or a transfer
+     (x >= n, `links` only: available at its arrival);
+   - when op i ends at t, its transfers queue on their links in order (send_ptr[i] .. send_ptr[i+1]-1): transfer x
+     on link L leaves at d = max(t, link_free[L]), holds the link hold[x - n] cycles (link_free[L] = d + hold) and
+     arrives latency cycles after that (d + hold + latency). Each link carries one processor's sends, so this is
+     the order the link serves them in.
+
+   Every time is the unique solution of these rules whatever order the processors are walked in (no arbitration:
+   a bus is not timed here), so a work list suffices: a processor runs until an input is not yet known, parks on
+   it, and is woken when it is. Returns 0 when every op was timed, 1 when some processor is left blocked (a
+   deadlock: the caller reports it with the Python sweep), -1 when out of memory. */
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#ifndef LP_SOURCE_SHA
+#define LP_SOURCE_SHA "unknown"
+#endif
+
+const char *lp_source_sha(void) { return LP_SOURCE_SHA; }
+
+/* Push every processor parked on input x onto the work stack. */
+static void wake(int64_t x, int64_t *waiter, const int64_t *next_parked, int64_t *stack, int64_t *top) {
+    int64_t q = waiter[x];
+    while (q >= 0) {
+        stack[(*top)++] = q;
+        q = next_parked[q];
+    }
+    waiter[x] = -1;
+}
+
+int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *dur, const int64_t *in_ptr,
+                 const int64_t *in_src, int64_t transfers, const int64_t *send_ptr, const int64_t *send_input,
+                 const int64_t *send_link, const int64_t *hold, int64_t latency, int64_t links, int64_t *start,
+                 int64_t *end) {
+    int64_t total = n + transfers;
+    int64_t *avail = malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
+    int64_t *waiter = malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
+    int64_t *next_parked = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *nxt = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *free_at = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *stack = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *link_free = calloc((size_t)(links > 0 ? links : 1), sizeof(int64_t));
+    int64_t status = 0;
+    if (!avail || !waiter || !next_parked || !nxt || !free_at || !stack || !link_free) {
+        status = -1;
+        goto done;
+    }
+    for (int64_t x = 0; x < total; x++) {
+        avail[x] = -1;
+        waiter[x] = -1;
+    }
+    int64_t top = 0;
+    for (int64_t p = 0; p < procs; p++) {
+        nxt[p] = bounds[p];
+        free_at[p] = 0;
+        stack[top++] = procs - 1 - p; /* processor 0 first, as the Python sweep */
+    }
+    while (top > 0) {
+        int64_t p = stack[--top];
+        int64_t i = nxt[p], last = bounds[p + 1], t = free_at[p];
+        while (i < last) {
+            int64_t s = t, blocked = -1;
+            for (int64_t e = in_ptr[i]; e < in_ptr[i + 1]; e++) {
+                int64_t a = avail[in_src[e]];
+                if (a < 0) {
+                    blocked = in_src[e];
+                    break;
+                }
+                if (a > s) s = a;
+            }
+            if (blocked >= 0) { /* park on it */
+                next_parked[p] = waiter[blocked];
+                waiter[blocked] = p;
+                break;
+            }
+            start[i] = s;
+            t = s + dur[i];
+            avail[i] = t;
+            wake(i, waiter, next_parked, stack, &top);
+            if (send_ptr) {
+                for (int64_t k = send_ptr[i]; k < send_ptr[i + 1]; k++) {
+                    int64_t x = send_input[k], link = send_link[k];
+                    int64_t d = link_free[link] > t ? link_free[link] : t;
+                    d += hold[x - n];
+                    link_free[link] = d;
+                    avail[x] = d + latency;
+                    wake(x, waiter, next_parked, stack, &top);
+                }
+            }
+            i++;
+        }
+        nxt[p] = i;
+        free_at[p] = t;
+    }
+    for (int64_t p = 0; p < procs; p++) {
+        if (nxt[p] < bounds[p + 1]) status = 1;
+    }
+    if (status == 0) {
+        for (int64_t i = 0; i < n; i++) end[i] = avail[i];
+    }
+done:
+    free(avail);
+    free(waiter);
+    free(next_parked);
+    free(nxt);
+    free(free_at);
+    free(stack);
+    free(link_free);
+    return status;
+}

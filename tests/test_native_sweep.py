@@ -1,0 +1,157 @@
+"""The C sweep (`layerpipe.schedule._sweep.c`, loaded by `layerpipe.schedule._native`) against the Python sweeps it
+stands in for: every op's start and end on generated schedules — policies' layer-level runs on generated networks,
+stage-level programs with random costs — on `shared`, `links` and `rtl` (a bus is never timed by it), deadlocks
+reported as before, and the cases where it must not run (not built, a stale library, LAYERPIPE_NATIVE=0, negative
+durations, times past int64) falling back to the Python engine with the same times.
+
+The library is built here with the machine's C compiler when setup.sh has not built it; without a compiler these
+tests skip (the Python engine is then the only one, and every other test runs it)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerpipe.costs import MacsModel
+from layerpipe.interconnect import parse_interconnect
+from layerpipe.schedule import OpSchedule, _native, _stage_programs, make_schedule, policy_options
+from layerpipe.schedule._engine import compile_schedule, run_timing
+from layerpipe.schedule._op_sweep import _sweep
+from layerpipe.sim import DeadlockError, SimConfig, Workload, policy_ops
+from tests.strategies import networks
+
+POLICIES = ("layerpipe", "pipedream", "pipedream-2bw", "gpipe", "1f1b", "zb-h1", "ooo")
+INTERCONNECTS = ("shared", "links:1:1", "links:2:1/4", "links:0:3", "rtl")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> Iterator[None]:
+    if _native.library() is None:
+        try:
+            _native.build()
+        except OSError as exc:  # no C compiler here: the Python engine is the only one
+            pytest.skip(str(exc))
+    assert _native.library() is not None, "the C sweep was built but does not load"
+    yield
+
+
+@pytest.fixture
+def python_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Python engine alone, as without the library."""
+    monkeypatch.setattr(_native, "_loaded", [None])
+    yield
+
+
+def _times(compiled, kind: str, latency: int = 0, wpc: object = 1) -> tuple[list[int], list[int]]:
+    start, end = run_timing(compiled, kind, latency, wpc)  # type: ignore[arg-type]
+    return start.tolist(), end.tolist()
+
+
+def _python_times(monkeypatch: pytest.MonkeyPatch, compiled, kind: str, latency: int = 0,
+                  wpc: object = 1) -> tuple[list[int], list[int]]:
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_loaded", [None])
+        return _times(compiled, kind, latency, wpc)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(network=networks(max_layers=5, dag=True, max_width=12), policy=st.sampled_from(POLICIES),
+       num_procs=st.integers(1, 5), interconnect=st.sampled_from(INTERCONNECTS), iterations=st.integers(1, 10))
+def test_a_policys_run_is_timed_alike_by_both_engines(monkeypatch: pytest.MonkeyPatch, network, policy: str,
+                                                      num_procs: int, interconnect: str, iterations: int) -> None:
+    model = MacsModel()
+    spec = parse_interconnect(interconnect, lanes=1)
+    result = make_schedule(policy, network, num_procs, model, policy_options(policy, {}), spec)
+    compiled = compile_schedule(*policy_ops(result, network, model, iterations))
+    config = SimConfig.of(spec)
+    args = (config.interconnect, config.link_latency, config.link_words_per_cycle)
+    assert _times(compiled, *args) == _python_times(monkeypatch, compiled, *args)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved", "dualpipev"])
+@pytest.mark.parametrize("kind", ["shared", "links"])
+def test_stage_programs_with_random_costs_are_timed_alike(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                          kind: str) -> None:
+    rng = random.Random(f"{name}-{kind}")
+    generators = {
+        "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
+        "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
+        "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
+        "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
+        "dualpipev": lambda p, m: _stage_programs.dualpipev(p, 2 * m),
+    }
+    for _ in range(6):
+        procs, micro = rng.randint(2, 6), rng.randint(1, 6)
+        schedule = generators[name](procs, procs * micro)
+        stages = 1 + max(op.unit for op in schedule.ops())
+        costs = [(rng.randint(0, 9), rng.randint(1, 9), rng.randint(0, 5)) for _ in range(stages)]
+        compiled = compile_schedule(schedule, Workload.of_stages(costs))
+        latency = rng.randint(0, 4)
+        assert _times(compiled, kind, latency, 1) == _python_times(monkeypatch, compiled, kind, latency, 1)
+        if kind == "shared":  # and the op-by-op sweep, the reference of every engine
+            assert _times(compiled, kind) == tuple(_sweep(compiled, compiled.prods))
+
+
+@pytest.mark.parametrize("kind", ["shared", "links"])
+def test_a_deadlock_is_reported_as_the_python_sweep_reports_it(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A backward before the forward it needs, on another processor: the C sweep stops, the Python sweep reports."""
+    text = ("# layerpipe schedule v1 level=stage procs=2 synchronous microbatches=2\n"
+            "p0: F0.0 F0.1 B0.0 B0.1\np1: B1.0 F1.0 F1.1 B1.1\n")
+    compiled = compile_schedule(OpSchedule.from_text(text), Workload.of_stages([(1, 2, 0), (1, 2, 0)]))
+    bounds, dur = compiled.bounds, compiled.dur_array()
+    assert _native.sweep(bounds, dur, compiled.prod_ptr, compiled.prod_idx) is None  # it stopped: blocked
+    with pytest.raises(DeadlockError) as native:
+        run_timing(compiled, kind)
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_loaded", [None])
+        with pytest.raises(DeadlockError) as python:
+            run_timing(compiled, kind)
+    assert str(native.value) == str(python.value) and native.value.blocked == python.value.blocked
+
+
+def _mlp_run(kind: str = "shared"):
+    from layerpipe.network import load_network
+
+    network, model = load_network("mlp:16-12-8-4"), MacsModel()
+    result = make_schedule("1f1b", network, 3, model, policy_options("1f1b", {}), parse_interconnect(kind, lanes=1))
+    return compile_schedule(*policy_ops(result, network, model, 12))
+
+
+def test_it_does_not_run_where_it_must_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _mlp_run()
+    bounds, dur, ptr, src = compiled.bounds, compiled.dur_array(), compiled.prod_ptr, compiled.prod_idx
+    timed = _native.sweep(bounds, dur, ptr, src)
+    assert timed is not None
+    assert (timed[0].tolist(), timed[1].tolist()) == _python_times(monkeypatch, compiled, "shared")
+    assert _native.sweep(bounds, -dur, ptr, src) is None  # a negative duration: its -1 "not yet" would be a time
+    monkeypatch.setattr(_native, "TIME_LIMIT", int(dur.sum()))
+    assert _native.sweep(bounds, dur, ptr, src) is None  # times that could leave int64: exact Python integers
+    assert _times(compiled, "shared") == _python_times(monkeypatch, compiled, "shared")
+
+
+def test_a_stale_or_switched_off_library_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_native, "_loaded", [])
+    monkeypatch.setattr(_native, "source_sha", lambda: "0" * 64)  # the library was built from another source
+    assert _native.library() is None
+    monkeypatch.setattr(_native, "_loaded", [])
+    monkeypatch.undo()
+    monkeypatch.setattr(_native, "_loaded", [])
+    monkeypatch.setenv(_native.ENV, "0")
+    assert _native.library() is None
+    monkeypatch.setattr(_native, "_loaded", [])
+    monkeypatch.delenv(_native.ENV)
+    assert _native.library() is not None
+
+
+def test_the_python_engine_alone_gives_the_same_runs(python_only: None) -> None:
+    """With the library off, `run_timing` is the Python engine (what a machine without a compiler runs)."""
+    assert _native.library() is None
+    compiled = _mlp_run("links:1:1")
+    start, end = run_timing(compiled, "links", 1, 1)
+    assert np.array_equal(end - start, compiled.dur_array())
