@@ -27,7 +27,7 @@ fi
 # RTL simulator's Python — reads bytecode, also where PYTHONDONTWRITEBYTECODE keeps imports from writing it:
 # ~0.15-0.2 s of CPU per process that imports the scheduler, the simulator and the RTL flow.
 .venv/bin/python -m compileall -q -j 0 layerpipe hdl sim tests >/dev/null
-# The timing engine's sweep in C (layerpipe/schedule/_sweep.c, loaded by layerpipe/schedule/_native.py), built once
+# The timing engine's sweep in C (layerpipe/schedule/_kernels.c, loaded by layerpipe/schedule/_native.py), built once
 # here with the machine's C compiler; without one the Python engine runs, with the same times, more slowly.
 .venv/bin/python -c 'import layerpipe.schedule._native as n; raise SystemExit(n.main())' >/dev/null || true
 if [[ $dev == 1 ]]; then

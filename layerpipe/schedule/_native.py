@@ -1,50 +1,52 @@
-"""The timing engine's sweep compiled from C (`_sweep.c`), where it is built: the Python sweeps stay the reference,
+"""The timing engine's sweep compiled from C (`_kernels.c`), where it is built: the Python sweeps stay the reference,
 the fallback and the deadlock reporter (issue 14: the engine's Python work-list was a sixth of `explore`'s sweep).
 
     python -c 'import layerpipe.schedule._native as n; n.main()'    # build it (./setup.sh does), or say why not
 
 The library is built next to its source with the machine's C compiler (`$CC`, else `cc`) and carries the SHA-256 of
-the source it was built from: a library of another source (an edited `_sweep.c`, a stale build) is not loaded, and
+the source it was built from: a library of another source (an edited `_kernels.c`, a stale build) is not loaded, and
 neither is any library when LAYERPIPE_NATIVE=0 — the Python engine then runs, with the same times (tests compare
 the two on generated schedules: tests/test_native_sweep.py). Without a C compiler nothing changes but the speed.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-SOURCE = Path(__file__).with_name("_sweep.c")
-LIBRARY = Path(__file__).with_name("_sweep.so")
+if TYPE_CHECKING:
+    import ctypes
+
+SOURCE = Path(__file__).with_name("_kernels.c")
+LIBRARY = Path(__file__).with_name("_kernels.so")
 
 #: Off with LAYERPIPE_NATIVE=0 (read once, at the first sweep).
 ENV = "LAYERPIPE_NATIVE"
-
-_I64 = ctypes.c_int64
-_PTR = ctypes.c_void_p
 
 _loaded: list[ctypes.CDLL | None] = []  # [] until the first `library()`; then [the library or None]
 
 
 def source_sha() -> str:
+    import hashlib
+
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
 
 
 def build(cc: str | None = None) -> Path:
-    """Compile `_sweep.c` into `LIBRARY` (atomically: concurrent builds leave one whole library). Raises OSError
-    (no compiler) or subprocess.CalledProcessError (it failed)."""
+    """Compile `_kernels.c` into `LIBRARY` (atomically: concurrent builds leave one whole library). Raises OSError
+    (no compiler) or `subprocess.CalledProcessError` (it failed)."""
+    import shutil
+    import subprocess
+    import tempfile
+
     compiler = cc or os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler '{compiler}' on PATH (set CC)")
-    fd, tmp = tempfile.mkstemp(prefix=".sweep-", suffix=".so", dir=LIBRARY.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=LIBRARY.parent)
     os.close(fd)
     try:
         subprocess.run([compiler, "-O2", "-shared", "-fPIC", f'-DLP_SOURCE_SHA="{source_sha()}"', "-o", tmp,
@@ -67,6 +69,9 @@ def library() -> ctypes.CDLL | None:
 def _load() -> ctypes.CDLL | None:
     if os.environ.get(ENV, "1") == "0" or not LIBRARY.exists():
         return None
+    import ctypes  # here: the CLI's start (`layerpipe --help`) imports this module, not ctypes
+
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
     try:
         lib = ctypes.CDLL(str(LIBRARY))
         lib.lp_source_sha.restype = ctypes.c_char_p
@@ -74,8 +79,12 @@ def _load() -> ctypes.CDLL | None:
             return None  # built from another source: stale
     except (OSError, AttributeError):
         return None
-    lib.lp_sweep.restype = _I64
-    lib.lp_sweep.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR]
+    lib.lp_sweep.restype = i64
+    lib.lp_sweep.argtypes = [i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
+    lib.lp_apply_count.restype = i64
+    lib.lp_apply_count.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr]
+    lib.lp_apply_fill.restype = None
+    lib.lp_apply_fill.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
     return lib
 
 
@@ -91,7 +100,7 @@ def _i64(values: object) -> np.ndarray:
 def sweep(bounds: list[int], dur: np.ndarray, in_ptr: np.ndarray, in_src: np.ndarray,
           sends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None = None, num_procs: int = 0
           ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(start, end) of every op by the C sweep (see `_sweep.c`), or None where it does not run: not built, a negative
+    """(start, end) of every op by the C sweep (see `_kernels.c`), or None where it does not run: not built, a negative
     duration or hold, times that could leave int64, or a deadlock (the Python sweep reports it). `sends`: on
     `links`, (send_ptr per op, send_input, send_link, hold per transfer, latency)."""
     lib = library()
@@ -125,7 +134,41 @@ def sweep(bounds: list[int], dur: np.ndarray, in_ptr: np.ndarray, in_src: np.nda
     return (start, end) if status == 0 else None
 
 
+def apply_rules(task: np.ndarray, iteration: np.ndarray, first_row: np.ndarray, per_task: np.ndarray,
+                table: np.ndarray, total: int, use_mod: bool, index: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(producers per consumer, producer, words, role) of every entry the rule rows `table` give (see `_kernels.c`
+    and `layerpipe.schedule._deps._apply`, which it stands in for), int64; None where the C rules do not run: not
+    built, or a row whose div or mod is not positive (C's / and % would differ from Python's // and %)."""
+    lib = library()
+    if lib is None:
+        return None
+    rows = _i64(table)
+    if len(rows) and (int(rows[:, 3].min()) < 1 or int(rows[:, 7].min()) < 1):
+        return None
+    n = len(task)
+    task, iteration = _i64(task), _i64(iteration)
+    first, per = _i64(first_row), _i64(per_task)
+    counts = np.empty(n, dtype=np.int64)
+    entries = lib.lp_apply_count(n, task.ctypes.data, iteration.ctypes.data, first.ctypes.data, per.ctypes.data,
+                                 rows.ctypes.data, total, int(use_mod), counts.ctypes.data)
+    producer = np.empty(entries, dtype=np.int64)
+    words = np.empty(entries, dtype=np.int64)
+    role = np.empty(entries, dtype=np.int64)
+    flat = np.ascontiguousarray(index.reshape(-1))
+    narrow = flat.dtype == np.int32
+    if not narrow:
+        flat = _i64(flat)
+    lib.lp_apply_fill(n, task.ctypes.data, iteration.ctypes.data, first.ctypes.data, per.ctypes.data,
+                      rows.ctypes.data, total, int(use_mod), index.shape[1] if index.ndim == 2 else 0,
+                      flat.ctypes.data if narrow else None, None if narrow else flat.ctypes.data,
+                      producer.ctypes.data, words.ctypes.data, role.ctypes.data)
+    return counts, producer, words, role
+
+
 def main() -> int:
+    import subprocess
+
     try:
         path = build()
     except (OSError, subprocess.CalledProcessError) as exc:

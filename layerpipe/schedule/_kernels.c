@@ -116,3 +116,73 @@ done:
     free(link_free);
     return status;
 }
+
+/* The dependency rules applied to every op (issue 14: `layerpipe.schedule._deps._apply` in numpy was a tenth of
+   `explore`'s sweep): the same entries, in the same order, as that function, which stays the reference and the
+   fallback.
+
+   Rule row r (rows[r * 11 + c], columns task, src, alt, div, mul, off, cap, mod, phase, words, role: `_deps`'
+   `_RULE_COLUMNS`) of consumer op i (task[i] = the row's task; its rows are first_row[task] .. + per_task[task] - 1,
+   in order) at iteration it: base = it / div * mul - off; no producer unless base >= 0 and, with use_mod (some
+   row's mod is not 1: `_apply` reads the phases only then), it % mod == phase; then
+   cap > 0 ? max(0, min(cap, total - base)) : 1 producers, at iterations t = base, base + 1, ...: the op of task
+   src at t (index[src * span + t]) where src >= 0 and t < span and it exists, else the op of task alt at t (where
+   alt >= 0), else -1 (the caller refuses the arrays). Each entry carries the row's words and role.
+
+   `lp_apply_count` counts each op's entries (counts[i]) and returns their total; `lp_apply_fill` writes them. The
+   index is int32 (index32) or int64 (index64): one of the two is NULL. */
+
+#define RULE_COLUMNS 11
+
+static int64_t rule_entries(const int64_t *row, int64_t it, int64_t total, int64_t use_mod, int64_t *base_out) {
+    int64_t base = it / row[3] * row[4] - row[5];
+    if (base < 0 || (use_mod && it % row[7] != row[8])) return 0;
+    *base_out = base;
+    if (row[6] > 0) {
+        int64_t count = total - base < row[6] ? total - base : row[6];
+        return count > 0 ? count : 0;
+    }
+    return 1;
+}
+
+int64_t lp_apply_count(int64_t n, const int64_t *task, const int64_t *iteration, const int64_t *first_row,
+                       const int64_t *per_task, const int64_t *rows, int64_t total, int64_t use_mod,
+                       int64_t *counts) {
+    int64_t entries = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = task[i], here = 0, base;
+        for (int64_t r = first_row[k]; r < first_row[k] + per_task[k]; r++)
+            here += rule_entries(rows + r * RULE_COLUMNS, iteration[i], total, use_mod, &base);
+        counts[i] = here;
+        entries += here;
+    }
+    return entries;
+}
+
+static int64_t lookup(const int32_t *index32, const int64_t *index64, int64_t cell) {
+    return index32 ? (int64_t)index32[cell] : index64[cell];
+}
+
+void lp_apply_fill(int64_t n, const int64_t *task, const int64_t *iteration, const int64_t *first_row,
+                   const int64_t *per_task, const int64_t *rows, int64_t total, int64_t use_mod, int64_t span,
+                   const int32_t *index32, const int64_t *index64, int64_t *producer, int64_t *words,
+                   int64_t *role) {
+    int64_t e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = task[i];
+        for (int64_t r = first_row[k]; r < first_row[k] + per_task[k]; r++) {
+            const int64_t *row = rows + r * RULE_COLUMNS;
+            int64_t base = 0;
+            int64_t count = rule_entries(row, iteration[i], total, use_mod, &base);
+            for (int64_t j = 0; j < count; j++) {
+                int64_t t = base + j, found = -1;
+                if (row[1] >= 0 && t < span) found = lookup(index32, index64, row[1] * span + t);
+                if (found < 0 && row[2] >= 0 && t < span) found = lookup(index32, index64, row[2] * span + t);
+                producer[e] = found;
+                words[e] = row[9];
+                role[e] = row[10];
+                e++;
+            }
+        }
+    }
+}

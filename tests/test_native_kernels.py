@@ -1,8 +1,10 @@
-"""The C sweep (`layerpipe.schedule._sweep.c`, loaded by `layerpipe.schedule._native`) against the Python sweeps it
-stands in for: every op's start and end on generated schedules — policies' layer-level runs on generated networks,
-stage-level programs with random costs — on `shared`, `links` and `rtl` (a bus is never timed by it), deadlocks
-reported as before, and the cases where it must not run (not built, a stale library, LAYERPIPE_NATIVE=0, negative
-durations, times past int64) falling back to the Python engine with the same times.
+"""The C kernels (`layerpipe/schedule/_kernels.c`, loaded by `layerpipe.schedule._native`) against the Python code they
+stand in for. The sweep: every op's start and end on generated schedules — policies' layer-level runs on generated
+networks, stage-level programs with random costs — on `shared`, `links` and `rtl` (a bus is never timed by it),
+deadlocks reported as before, and the cases where it must not run (not built, a stale library, LAYERPIPE_NATIVE=0,
+negative durations, times past int64) falling back to the Python engine with the same times. The rules: every
+compiled schedule's producers, words and roles, as `_deps._apply` gives them (synchronous, grouped and stage-level
+rule tables, cut-off groups and steps, alternative tasks).
 
 The library is built here with the machine's C compiler when setup.sh has not built it; without a compiler these
 tests skip (the Python engine is then the only one, and every other test runs it)."""
@@ -113,6 +115,66 @@ def test_a_deadlock_is_reported_as_the_python_sweep_reports_it(monkeypatch: pyte
         with pytest.raises(DeadlockError) as python:
             run_timing(compiled, kind)
     assert str(native.value) == str(python.value) and native.value.blocked == python.value.blocked
+
+
+def _compiled_fields(compiled) -> tuple[object, ...]:
+    return (compiled.bounds, compiled.tasks, compiled.cost, compiled.roles, *(
+        (getattr(compiled, name).dtype.str, getattr(compiled, name).tolist())
+        for name in ("task", "iteration", "prod_ptr", "prod_idx", "prod_words", "prod_role")))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(network=networks(max_layers=5, dag=True, max_width=12),
+       policy=st.sampled_from((*POLICIES, "layerpipe-unfold")), num_procs=st.integers(1, 5),
+       iterations=st.integers(1, 13))
+def test_the_rules_give_every_compiled_schedule_the_same_dependencies(monkeypatch: pytest.MonkeyPatch, network,
+                                                                      policy: str, num_procs: int,
+                                                                      iterations: int) -> None:
+    """Compiling a policy's run of any length (whole steps and groups or not) gives the same arrays, dtypes
+    included, with the C rules as with `_apply`'s numpy (LayerPipe unfolded by 2: grouped updates)."""
+    from layerpipe.schedule._layerpipe import LayerPipeOptions
+
+    model = MacsModel()
+    options = (LayerPipeOptions(unfold=2) if policy == "layerpipe-unfold"
+               else policy_options(policy, {}))
+    name = "layerpipe" if policy == "layerpipe-unfold" else policy
+    result = make_schedule(name, network, num_procs, model, options)
+    schedule, workload = policy_ops(result, network, model, iterations)
+    native = _compiled_fields(compile_schedule(schedule, workload))
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_loaded", [None])
+        python = _compiled_fields(compile_schedule(schedule, workload))
+    assert native == python
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved", "dualpipev"])
+def test_stage_level_rules_give_the_same_dependencies(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    generators = {
+        "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
+        "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
+        "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
+        "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
+        "dualpipev": lambda p, m: _stage_programs.dualpipev(p, 2 * m),
+    }
+    from layerpipe.schedule._deps import dependency_arrays
+
+    for procs, micro in ((2, 2), (3, 4), (4, 3)):
+        schedule = generators[name](procs, procs * micro)
+        stages = 1 + max(op.unit for op in schedule.ops())
+        workload = Workload.of_stages([(3, 4, 2)] * stages)
+        compiled = compile_schedule(schedule, workload)
+        args = (schedule, compiled.tasks, compiled.task, compiled.iteration)
+        native = dependency_arrays(*args, stages=workload.stages)
+        with monkeypatch.context() as m:
+            m.setattr(_native, "_loaded", [None])
+            python = dependency_arrays(*args, stages=workload.stages)
+        assert (native is None) == (python is None)
+        assert native is not None and python is not None
+        assert native.roles == python.roles
+        for field in ("ptr", "producer", "words", "role"):
+            a, b = getattr(native, field), getattr(python, field)
+            assert (a.dtype.str, a.tolist()) == (b.dtype.str, b.tolist()), field
 
 
 def _mlp_run(kind: str = "shared"):
