@@ -4,7 +4,7 @@ networks, stage-level programs with random costs — on `shared`, `links` and `r
 deadlocks reported as before, and the cases where it must not run (not built, a stale library, LAYERPIPE_NATIVE=0,
 negative durations, times past int64) falling back to the Python engine with the same times. The rules: every
 compiled schedule's producers, words and roles, as `_deps._apply` gives them (synchronous, grouped and stage-level
-rule tables, cut-off groups and steps, alternative tasks).
+rule tables, cut-off groups and steps, alternative tasks), and the pairs and the link plan made from them.
 
 The library is built here with the machine's C compiler when setup.sh has not built it; without a compiler these
 tests skip (the Python engine is then the only one, and every other test runs it)."""
@@ -118,9 +118,15 @@ def test_a_deadlock_is_reported_as_the_python_sweep_reports_it(monkeypatch: pyte
 
 
 def _compiled_fields(compiled) -> tuple[object, ...]:
-    return (compiled.bounds, compiled.tasks, compiled.cost, compiled.roles, *(
-        (getattr(compiled, name).dtype.str, getattr(compiled, name).tolist())
-        for name in ("task", "iteration", "prod_ptr", "prod_idx", "prod_words", "prod_role")))
+    """Every array compiling gives, with its dtype, and the pairs and the link plan made from them."""
+    plan = compiled.link_plan
+    return (compiled.bounds, compiled.tasks, compiled.cost, compiled.roles, plan.bounds, *(
+        (array.dtype.str, array.tolist())
+        for array in (*(getattr(compiled, name) for name in ("task", "iteration", "prod_ptr", "prod_idx",
+                                                              "prod_words", "prod_role")),
+                      *compiled.pairs,
+                      *(getattr(plan, name) for name in ("input_ptr", "input_src", "send_producer", "send_input",
+                                                         "send_link", "word_array")))))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -132,7 +138,8 @@ def test_the_rules_give_every_compiled_schedule_the_same_dependencies(monkeypatc
                                                                       policy: str, num_procs: int,
                                                                       iterations: int) -> None:
     """Compiling a policy's run of any length (whole steps and groups or not) gives the same arrays, dtypes
-    included, with the C rules as with `_apply`'s numpy (LayerPipe unfolded by 2: grouped updates)."""
+    included, with the C rules as with `_apply`'s numpy (LayerPipe unfolded by 2: grouped updates), and the same
+    pairs and link plan from C as from numpy's sorts."""
     from layerpipe.schedule._layerpipe import LayerPipeOptions
 
     model = MacsModel()

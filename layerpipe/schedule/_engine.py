@@ -216,6 +216,9 @@ class CompiledSchedule:
         if not len(self.prod_idx):
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty.copy(), empty.copy()
+        made = _native.pairs(self.num_ops, self.prod_ptr, self.prod_idx, self.prod_words)  # C, where it is built
+        if made is not None:
+            return made
         # Entries are consumer-major, so a stable sort by producer alone leaves each producer's consumers in
         # order: the stable sort by (producer, consumer) (not np.unique: numpy 2's is a hash, then a sort).
         order = stable_argsort(self.prod_idx)
@@ -267,6 +270,12 @@ class CompiledSchedule:
         n, procs = self.num_ops, self.num_procs
         proc = self.proc_array(np.int64)
         producer, consumer, words = self.pairs  # sorted by producer, then consumer: each op's send order
+        made = _native.link_inputs(n, producer, consumer, proc)  # C, where it is built: the same arrays
+        if made is not None:
+            ptr, src, pair = made
+            i = producer[pair]
+            links = proc[i] * procs + proc[consumer[pair]]
+            return LinkPlan(ptr, src, i, n + np.arange(len(pair), dtype=np.int64), links, words[pair], self.bounds)
         cross = proc[producer] != proc[consumer]
         i, j, w = producer[cross], consumer[cross], words[cross]
         transfer = n + np.arange(len(i), dtype=np.int64)

@@ -186,3 +186,88 @@ void lp_apply_fill(int64_t n, const int64_t *task, const int64_t *iteration, con
         }
     }
 }
+
+/* The distinct (producer, consumer) pairs of a compiled schedule's dependencies, by producer then consumer, words
+   summed per pair (`CompiledSchedule.pairs`, which stays the reference and the fallback). Entries are
+   consumer-major (consumer i's are prod_ptr[i] .. prod_ptr[i+1]-1): a counting sort by producer keeps each
+   producer's consumers in order, and a pair listed twice sits twice in a row there. Writes the pairs into
+   out_producer / out_consumer / out_words (room for every entry) and returns how many there are; -1 when out of
+   memory. */
+int64_t lp_pairs(int64_t n, const int64_t *prod_ptr, const int64_t *prod_idx, const int64_t *prod_words,
+                 int64_t *out_producer, int64_t *out_consumer, int64_t *out_words) {
+    int64_t entries = prod_ptr[n];
+    int64_t *at = calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t *slot_consumer = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
+    int64_t *slot_words = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
+    int64_t pairs = -1;
+    if (!at || !slot_consumer || !slot_words) goto done;
+    for (int64_t e = 0; e < entries; e++) at[prod_idx[e] + 1]++;
+    for (int64_t p = 0; p < n; p++) at[p + 1] += at[p];
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t e = prod_ptr[j]; e < prod_ptr[j + 1]; e++) {
+            int64_t slot = at[prod_idx[e]]++;
+            slot_consumer[slot] = j;
+            slot_words[slot] = prod_words[e];
+        }
+    }
+    /* at[p] is now the end of producer p's slots, which begin where p - 1's end. */
+    pairs = 0;
+    int64_t begin = 0;
+    for (int64_t p = 0; p < n; p++) {
+        for (int64_t slot = begin; slot < at[p]; slot++) {
+            if (slot > begin && slot_consumer[slot] == slot_consumer[slot - 1]) {
+                out_words[pairs - 1] += slot_words[slot];
+                continue;
+            }
+            out_producer[pairs] = p;
+            out_consumer[pairs] = slot_consumer[slot];
+            out_words[pairs] = slot_words[slot];
+            pairs++;
+        }
+        begin = at[p];
+    }
+done:
+    free(at);
+    free(slot_consumer);
+    free(slot_words);
+    return pairs;
+}
+
+/* The `links` model's inputs of every op from the pairs (`CompiledSchedule.link_plan`): a pair on two processors
+   is transfer k (input n + k, numbered in pair order); op j's inputs are its same-processor producers, then its
+   transfers, each in pair order. Writes in_ptr (n + 1), in_src (one per pair) and the pair of each transfer
+   (transfer_pair), and returns the number of transfers; -1 when out of memory. */
+int64_t lp_link_inputs(int64_t n, int64_t pairs, const int64_t *producer, const int64_t *consumer,
+                       const int64_t *proc, int64_t *in_ptr, int64_t *in_src, int64_t *transfer_pair) {
+    int64_t *local = calloc((size_t)(n > 0 ? n : 1), sizeof(int64_t)); /* op j's same-processor producers */
+    int64_t *next_local = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *next_cross = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t transfers = -1;
+    if (!local || !next_local || !next_cross) goto done;
+    for (int64_t j = 0; j <= n; j++) in_ptr[j] = 0;
+    for (int64_t k = 0; k < pairs; k++) {
+        in_ptr[consumer[k] + 1]++;
+        if (proc[producer[k]] == proc[consumer[k]]) local[consumer[k]]++;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        in_ptr[j + 1] += in_ptr[j];
+        next_local[j] = in_ptr[j];
+        next_cross[j] = in_ptr[j] + local[j];
+    }
+    transfers = 0;
+    for (int64_t k = 0; k < pairs; k++) {
+        int64_t j = consumer[k];
+        if (proc[producer[k]] == proc[j]) {
+            in_src[next_local[j]++] = producer[k];
+        } else {
+            transfer_pair[transfers] = k;
+            in_src[next_cross[j]++] = n + transfers;
+            transfers++;
+        }
+    }
+done:
+    free(local);
+    free(next_local);
+    free(next_cross);
+    return transfers;
+}

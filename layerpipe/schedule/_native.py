@@ -85,6 +85,10 @@ def _load() -> ctypes.CDLL | None:
     lib.lp_apply_count.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr]
     lib.lp_apply_fill.restype = None
     lib.lp_apply_fill.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_pairs.restype = i64
+    lib.lp_pairs.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_link_inputs.restype = i64
+    lib.lp_link_inputs.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     return lib
 
 
@@ -164,6 +168,41 @@ def apply_rules(task: np.ndarray, iteration: np.ndarray, first_row: np.ndarray, 
                       flat.ctypes.data if narrow else None, None if narrow else flat.ctypes.data,
                       producer.ctypes.data, words.ctypes.data, role.ctypes.data)
     return counts, producer, words, role
+
+
+def pairs(n: int, prod_ptr: np.ndarray, prod_idx: np.ndarray, prod_words: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`CompiledSchedule.pairs` from C (see `_kernels.c`), int64; None where the library is not built. Integer
+    words only (the caller's float words keep numpy's sums)."""
+    lib = library()
+    if lib is None or prod_words.dtype.kind not in "iu":
+        return None
+    entries = len(prod_idx)
+    ptr, idx, words = _i64(prod_ptr), _i64(prod_idx), _i64(prod_words)
+    producer, consumer, summed = (np.empty(entries, dtype=np.int64) for _ in range(3))
+    count = lib.lp_pairs(n, ptr.ctypes.data, idx.ctypes.data, words.ctypes.data, producer.ctypes.data,
+                         consumer.ctypes.data, summed.ctypes.data)
+    if count < 0:
+        return None
+    return producer[:count], consumer[:count], summed[:count]
+
+
+def link_inputs(n: int, producer: np.ndarray, consumer: np.ndarray, proc: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(input pointer per op, inputs, the pair of each transfer) of `CompiledSchedule.link_plan` from its pairs, by
+    C (see `_kernels.c`); None where the library is not built."""
+    lib = library()
+    if lib is None:
+        return None
+    producer, consumer, proc = _i64(producer), _i64(consumer), _i64(proc)
+    in_ptr = np.empty(n + 1, dtype=np.int64)
+    in_src = np.empty(len(producer), dtype=np.int64)
+    transfer_pair = np.empty(len(producer), dtype=np.int64)
+    transfers = lib.lp_link_inputs(n, len(producer), producer.ctypes.data, consumer.ctypes.data, proc.ctypes.data,
+                                   in_ptr.ctypes.data, in_src.ctypes.data, transfer_pair.ctypes.data)
+    if transfers < 0:
+        return None
+    return in_ptr, in_src, transfer_pair[:transfers]
 
 
 def main() -> int:
