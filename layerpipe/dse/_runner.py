@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layerpipe._gc import gc_paused
+from layerpipe._gc import gc_paused, survivors_frozen
 from layerpipe.dse._evaluate import evaluate_point
 from layerpipe.dse._store import ResultsFile
 from layerpipe.dse._sweep import DesignPoint, SweepSpec
@@ -37,18 +37,23 @@ class RunSummary:
     seconds: float
 
 
-def _row(spec: SweepSpec, index: int, point: DesignPoint) -> dict[str, object]:
+def _row(spec: SweepSpec, index: int, point: DesignPoint, frozen: survivors_frozen | None = None
+         ) -> dict[str, object]:
     # The collector paused for the point: its scheduler and simulator build many short-lived objects (slots,
     # tuples, small arrays) that reference counting frees, and the collections they set off only walk them
-    # (~1 % of issue 14's sweep); whatever cycles a point leaves are collected after it.
+    # (~1 % of issue 14's sweep); whatever cycles a point leaves are collected after it. What the point keeps
+    # (memo entries) is frozen out of the collector's walks before it runs again (`survivors_frozen`).
     with gc_paused():
         row = evaluate_point(point, area=spec.area)
+        if frozen is not None:
+            frozen.step()
     row.update(sweep_id=spec.sweep_id, point_index=index)
     return row
 
 
 def _rows(spec: SweepSpec, batch: list[tuple[int, DesignPoint]]) -> list[dict[str, object]]:
-    return [_row(spec, i, p) for i, p in batch]
+    with survivors_frozen() as frozen:
+        return [_row(spec, i, p, frozen) for i, p in batch]
 
 
 def _batches(pending: list[tuple[int, DesignPoint]]) -> list[list[tuple[int, DesignPoint]]]:
@@ -137,9 +142,9 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
         with _dask_executor(scheduler) as dask_submit, bar:
             _drain_dask([dask_submit(_row, spec, i, p) for i, p in pending], store, bar)
     elif jobs == 1:  # in this process, a point at a time, each row written as soon as it is made
-        with bar:
+        with bar, survivors_frozen() as frozen:
             for i, p in pending:
-                store.append(_row(spec, i, p))
+                store.append(_row(spec, i, p, frozen))
                 bar.update(1)
     else:
         with _local_executor(jobs) as submit, bar:
