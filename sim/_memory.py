@@ -42,6 +42,10 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
     weight holds its own copy, see the module docstring). `engine_times`: `start` and `end` are the timing
     engine's (from cycle 0, every op starting no earlier than the op before it on its processor ends), which lets
     a stage-level run without weights take `_stage_activation_peaks`."""
+    if workload.level == "layer":
+        native = _native_peaks(c, start, end, versions, workload, mode, distributed)
+        if native is not None:
+            return native
     # The weight changes first: their scratch arrays are gone before the activation intervals are built (peak).
     wp, wt, wd = _weight_changes(c, start, end, versions, workload, mode, distributed)
     if workload.level == "layer":
@@ -67,6 +71,25 @@ def peak_memory(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, version
         if len(times):
             peaks[p] = max(0, int(np.cumsum(deltas[np.lexsort((deltas, times))]).max()))
     return peaks
+
+
+def _native_peaks(c: CompiledSchedule, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
+                  workload: Workload, mode: str, distributed: bool) -> list[int] | None:
+    """`peak_memory` of a layer-level run by C (`lp_peaks`: `_weight_changes` taking every unit at once, and
+    `_kept_intervals`, the same changes), where the library is built and those are the paths the run takes: integer
+    weight sizes and words, at most MAX_AT_ONCE_OPS ops. None otherwise."""
+    from layerpipe.schedule import _native
+
+    sizes = workload.weight_words
+    if (_native.library() is None or c.num_ops > MAX_AT_ONCE_OPS or c.prod_words.dtype.kind not in "iu"
+            or not all(isinstance(w, int) for w in sizes.values())):
+        return None
+    units = sorted({u for _, u in c.tasks})
+    dense = {u: k for k, u in enumerate(units)}
+    flags = [(k == "U") | ("F" in k) << 1 | ("E" in k or k in ("B", "I")) << 2 for k, _ in c.tasks]
+    return _native.peaks(c.bounds, c.task, start, end, versions, flags, [dense[u] for _, u in c.tasks],
+                         [sizes.get(u, 0) for u in units], mode == "ema", distributed, c.prod_ptr, c.prod_idx,
+                         c.prod_words, c.prod_role, [role in KEPT_ROLES for role in c.roles])
 
 
 #: Intervals per processor up to which the peaks come from one sort of every change (above, one at a time).

@@ -184,6 +184,55 @@ def test_stage_level_rules_give_the_same_dependencies(monkeypatch: pytest.Monkey
             assert (a.dtype.str, a.tolist()) == (b.dtype.str, b.tolist()), field
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(network=networks(max_layers=5, dag=True, max_width=12),
+       policy=st.sampled_from((*POLICIES, "layerpipe-unfold")), num_procs=st.integers(1, 5),
+       interconnect=st.sampled_from(("shared", "links:1:1", "rtl", "bus:1:2")),
+       mode=st.sampled_from(("stash", "latest", "ema")), iterations=st.integers(1, 12))
+def test_peak_memory_is_the_same_from_c(monkeypatch: pytest.MonkeyPatch, network, policy: str, num_procs: int,
+                                        interconnect: str, mode: str, iterations: int) -> None:
+    """`peak_memory` of a simulated layer-level run (shared: one copy per weight; elsewhere every reader's own, and
+    `ema`'s buffer where the backward readers are) from `lp_peaks` as from numpy, every processor."""
+    from layerpipe.schedule._layerpipe import LayerPipeOptions
+    from layerpipe.sim import simulate_policy_result
+
+    model = MacsModel()
+    spec = parse_interconnect(interconnect, lanes=1)
+    options = LayerPipeOptions(unfold=2) if policy == "layerpipe-unfold" else policy_options(policy, {})
+    result = make_schedule("layerpipe" if policy == "layerpipe-unfold" else policy, network, num_procs, model,
+                           options, spec)
+    config = SimConfig.of(spec, mode=mode)
+    native = simulate_policy_result(result, network, model, iterations, config).peak_memory_words  # computed now
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_loaded", [None])
+        assert simulate_policy_result(result, network, model, iterations, config).peak_memory_words == native
+
+
+@pytest.mark.parametrize("mode", ["stash", "latest", "ema"])
+@pytest.mark.parametrize("interconnect", ["shared", "links:1:1"])
+def test_peak_memory_of_zoo_runs_is_the_same_from_c(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                    interconnect: str) -> None:
+    """The same on fixed runs that hold weights where only their forwards read them (LayerPipe on 2-4 processors:
+    on links, a processor without the layer's backward readers holds no `ema` buffer), every policy kind."""
+    from layerpipe.network import load_network
+    from layerpipe.sim import simulate_policy_result
+
+    model = MacsModel()
+    spec = parse_interconnect(interconnect, lanes=1)
+    config = SimConfig.of(spec, mode=mode)
+    for name in ("mlp:16-12-8-4", "lenet5"):
+        network = load_network(name)
+        for policy in ("layerpipe", "pipedream", "1f1b", "zb-h1"):
+            for num_procs in (2, 3, 4):
+                result = make_schedule(policy, network, num_procs, model, policy_options(policy, {}), spec)
+                native = simulate_policy_result(result, network, model, 8, config).peak_memory_words
+                with monkeypatch.context() as m:
+                    m.setattr(_native, "_loaded", [None])
+                    python = simulate_policy_result(result, network, model, 8, config).peak_memory_words
+                assert native == python, (name, policy, num_procs)
+
+
 def _mlp_run(kind: str = "shared"):
     from layerpipe.network import load_network
 

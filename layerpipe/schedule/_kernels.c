@@ -271,3 +271,242 @@ done:
     free(next_cross);
     return transfers;
 }
+
+/* Peak memory per processor of a layer-level run (`layerpipe.sim._memory.peak_memory` with its weights taken
+   every unit at once, `_weight_changes`, and its activations, `_kept_intervals`, which stay the reference and the
+   fallback; see that module for what is counted). Every change is an event (processor, time, words); a
+   processor's peak is the largest running sum of its events by time, releases first at equal times (events equal
+   in both are equal, so their order is not seen), at least 0.
+
+   Per op: task, start, end, versions (-1: reads no weights). Per task: flags (1: update, 2: forward, 4: backward:
+   E, B or I), unit (dense, 0 .. units-1). Per unit: size (words of one version; 0: no weights). Per role code:
+   kept (an activation kept for backward). Returns 0, -1 when out of memory, 1 when a table would be too large (the
+   caller takes the Python path). */
+
+typedef struct {
+    uint64_t key; /* processor * span + time, times 2, + 1 for an allocation: releases first at equal times */
+    int64_t words;
+} lp_event;
+
+typedef struct {
+    lp_event *at;
+    int64_t count, room;
+} lp_events;
+
+static int add_event(lp_events *ev, uint64_t base, int64_t time, int64_t words) {
+    if (words == 0) return 0; /* no change */
+    if (ev->count == ev->room) {
+        int64_t room = ev->room ? 2 * ev->room : 4096;
+        lp_event *grown = realloc(ev->at, sizeof(lp_event) * (size_t)room);
+        if (!grown) return -1;
+        ev->at = grown;
+        ev->room = room;
+    }
+    ev->at[ev->count].key = (base + (uint64_t)time) * 2u + (words > 0 ? 1u : 0u);
+    ev->at[ev->count].words = words;
+    ev->count++;
+    return 0;
+}
+
+/* Sort events by key: LSD radix, 16 bits a pass, skipping the passes whose digit every key shares. */
+static int sort_events(lp_event *a, int64_t n) {
+    if (n < 2) return 0;
+    lp_event *scratch = malloc(sizeof(lp_event) * (size_t)n);
+    int64_t *count = malloc(sizeof(int64_t) * 65536);
+    if (!scratch || !count) {
+        free(scratch);
+        free(count);
+        return -1;
+    }
+    uint64_t any = 0, every = ~(uint64_t)0;
+    for (int64_t i = 0; i < n; i++) {
+        any |= a[i].key;
+        every &= a[i].key;
+    }
+    lp_event *from = a, *to = scratch;
+    for (int shift = 0; shift < 64; shift += 16) {
+        if ((((any ^ every) >> shift) & 0xFFFF) == 0) continue;
+        for (int d = 0; d < 65536; d++) count[d] = 0;
+        for (int64_t i = 0; i < n; i++) count[(from[i].key >> shift) & 0xFFFF]++;
+        int64_t at = 0;
+        for (int d = 0; d < 65536; d++) {
+            int64_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (int64_t i = 0; i < n; i++) to[count[(from[i].key >> shift) & 0xFFFF]++] = from[i];
+        lp_event *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != a)
+        for (int64_t i = 0; i < n; i++) a[i] = from[i];
+    free(scratch);
+    free(count);
+    return 0;
+}
+
+static int cmp_int64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+#define MAX_VERSION_CELLS (1 << 24)
+
+int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *task, const int64_t *start,
+                 const int64_t *end, const int64_t *versions, const int64_t *task_flags, const int64_t *task_unit,
+                 int64_t units, const int64_t *unit_size, int64_t ema, int64_t distributed, const int64_t *prod_ptr,
+                 const int64_t *prod_idx, const int64_t *prod_words, const int64_t *prod_role, const int64_t *role_kept,
+                 int64_t *peaks) {
+    int64_t status = -1;
+    int64_t *proc = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *owner_update = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *owner_forward = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *owner = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1)); /* its processor, -1: none */
+    char *holds = calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
+    char *buffered = calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
+    char *has_backward = calloc((size_t)(units > 0 ? units : 1), 1);
+    int64_t *update_at = calloc((size_t)units + 1, sizeof(int64_t));
+    int64_t *update_end = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *fill = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *lo = NULL, *hi = NULL;
+    lp_events ev = {NULL, 0, 0};
+    if (!proc || !owner_update || !owner_forward || !owner || !holds || !buffered || !has_backward || !update_at ||
+        !update_end || !fill)
+        goto done;
+    for (int64_t p = 0; p < procs; p++)
+        for (int64_t i = bounds[p]; i < bounds[p + 1]; i++) proc[i] = p;
+    int64_t finish = 0, span = 0, top_version = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (end[i] + 1 > finish) finish = end[i] + 1;
+        if (end[i] + 1 > span) span = end[i] + 1;
+        if (start[i] + 1 > span) span = start[i] + 1;
+        if (versions[i] > top_version) top_version = versions[i];
+    }
+    /* Weights. The owner of a unit: the processor of its first update, else of its first forward. */
+    int64_t any_owner = 0;
+    for (int64_t u = 0; u < units; u++) owner_update[u] = owner_forward[u] = owner[u] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t u = task_unit[task[i]], flags = task_flags[task[i]];
+        if (unit_size[u] <= 0) continue;
+        if ((flags & 1) && owner_update[u] < 0) owner_update[u] = i;
+        if ((flags & 2) && owner_forward[u] < 0) owner_forward[u] = i;
+    }
+    for (int64_t u = 0; u < units; u++) {
+        int64_t op = owner_update[u] >= 0 ? owner_update[u] : owner_forward[u];
+        if (op >= 0) {
+            owner[u] = proc[op];
+            holds[u * procs + owner[u]] = 1;
+            any_owner = 1;
+        }
+    }
+    int64_t cells = (top_version + 1) * units * procs;
+    if (any_owner) {
+        if (cells > MAX_VERSION_CELLS) {
+            status = 1;
+            goto done;
+        }
+        lo = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+        hi = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+        if (!lo || !hi) goto done;
+        for (int64_t k = 0; k < cells; k++) {
+            lo[k] = INT64_MAX;
+            hi[k] = -1;
+        }
+        /* Readers: each holds its unit on its processor (distributed) or on the owner's; versions in use per
+           (unit, holder, version) over [first start, last end). */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t u = task_unit[task[i]];
+            if (versions[i] < 0 || owner[u] < 0) continue;
+            int64_t holder = distributed ? proc[i] : owner[u];
+            holds[u * procs + holder] = 1;
+            if (task_flags[task[i]] & 4) {
+                buffered[u * procs + proc[i]] = 1;
+                has_backward[u] = 1;
+            }
+            int64_t k = (u * procs + holder) * (top_version + 1) + versions[i];
+            if (start[i] < lo[k]) lo[k] = start[i];
+            if (end[i] > hi[k]) hi[k] = end[i];
+        }
+        /* Each unit's update ends, sorted: version v is current over [ue[v-1], ue[v]). */
+        for (int64_t i = 0; i < n; i++) {
+            int64_t u = task_unit[task[i]];
+            if ((task_flags[task[i]] & 1) && unit_size[u] > 0) update_at[u + 1]++;
+        }
+        for (int64_t u = 0; u < units; u++) {
+            update_at[u + 1] += update_at[u];
+            fill[u] = update_at[u];
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t u = task_unit[task[i]];
+            if ((task_flags[task[i]] & 1) && unit_size[u] > 0) update_end[fill[u]++] = end[i];
+        }
+        for (int64_t u = 0; u < units; u++)
+            qsort(update_end + update_at[u], (size_t)(update_at[u + 1] - update_at[u]), sizeof(int64_t), cmp_int64);
+        for (int64_t u = 0; u < units; u++) {
+            for (int64_t p = 0; p < procs; p++) {
+                if (!holds[u * procs + p]) continue;
+                uint64_t base = (uint64_t)p * (uint64_t)(span + 1);
+                int64_t w = unit_size[u];
+                int64_t with_buffer = !distributed || buffered[u * procs + p] || (!has_backward[u] && p == owner[u]);
+                int64_t held = w + (ema && with_buffer ? w : 0);
+                if (add_event(&ev, base, 0, held) || add_event(&ev, base, finish, -held)) goto done;
+                int64_t count = update_at[u + 1] - update_at[u];
+                const int64_t *ue = update_end + update_at[u];
+                for (int64_t v = 0; v <= top_version; v++) {
+                    int64_t k = (u * procs + p) * (top_version + 1) + v;
+                    if (hi[k] < 0) continue; /* no reader of this version here */
+                    if (hi[k] > lo[k] && (add_event(&ev, base, lo[k], w) || add_event(&ev, base, hi[k], -w)))
+                        goto done;
+                    if (v <= count) { /* the current version over [since, until) is counted once */
+                        int64_t since = v > 0 ? ue[v - 1] : lo[k], until = v < count ? ue[v] : hi[k];
+                        int64_t a = lo[k] > since ? lo[k] : since, b = hi[k] < until ? hi[k] : until;
+                        if (a < b && (add_event(&ev, base, a, -w) || add_event(&ev, base, b, w))) goto done;
+                    }
+                }
+            }
+        }
+    }
+    /* Activations kept for backward: on the producer's processor from its start when the consumer runs there,
+       else on the consumer's from the producer's end; to the consumer's end. */
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t e = prod_ptr[j]; e < prod_ptr[j + 1]; e++) {
+            if (!role_kept[prod_role[e]]) continue;
+            int64_t i = prod_idx[e], where = proc[i], from = start[i];
+            if (proc[i] != proc[j]) {
+                where = proc[j];
+                from = end[i];
+            }
+            uint64_t base = (uint64_t)where * (uint64_t)(span + 1);
+            if (add_event(&ev, base, from, prod_words[e]) || add_event(&ev, base, end[j], -prod_words[e])) goto done;
+        }
+    }
+    if (sort_events(ev.at, ev.count)) goto done;
+    for (int64_t p = 0; p < procs; p++) peaks[p] = 0;
+    int64_t running = 0, current_proc = -1;
+    for (int64_t k = 0; k < ev.count; k++) {
+        int64_t p = (int64_t)((ev.at[k].key >> 1) / (uint64_t)(span + 1));
+        if (p != current_proc) {
+            current_proc = p;
+            running = 0;
+        }
+        running += ev.at[k].words;
+        if (running > peaks[p]) peaks[p] = running;
+    }
+    status = 0;
+done:
+    free(proc);
+    free(owner_update);
+    free(owner_forward);
+    free(owner);
+    free(holds);
+    free(buffered);
+    free(has_backward);
+    free(update_at);
+    free(update_end);
+    free(fill);
+    free(lo);
+    free(hi);
+    free(ev.at);
+    return status;
+}

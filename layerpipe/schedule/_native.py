@@ -89,6 +89,9 @@ def _load() -> ctypes.CDLL | None:
     lib.lp_pairs.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.lp_link_inputs.restype = i64
     lib.lp_link_inputs.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_peaks.restype = i64
+    lib.lp_peaks.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr,
+                             ptr]
     return lib
 
 
@@ -203,6 +206,34 @@ def link_inputs(n: int, producer: np.ndarray, consumer: np.ndarray, proc: np.nda
     if transfers < 0:
         return None
     return in_ptr, in_src, transfer_pair[:transfers]
+
+
+def peaks(bounds: list[int], task: np.ndarray, start: np.ndarray, end: np.ndarray, versions: np.ndarray,
+          task_flags: list[int], task_unit: list[int], unit_size: list[int], ema: bool, distributed: bool,
+          prod_ptr: np.ndarray, prod_idx: np.ndarray, prod_words: np.ndarray, prod_role: np.ndarray,
+          role_kept: list[bool]) -> list[int] | None:
+    """Peak words per processor of a layer-level run by C (`lp_peaks` in `_kernels.c`; the caller,
+    `layerpipe.sim._memory.peak_memory`, says what is counted and passes its tables); None where it does not run:
+    not built, a negative time, keys past 64 bits, a version table too large, out of memory."""
+    lib = library()
+    if lib is None:
+        return None
+    n, procs = bounds[-1], len(bounds) - 1
+    start, end = _i64(start), _i64(end)
+    if n and (int(start.min()) < 0 or int(end.min()) < 0):
+        return None
+    span = max(int(start.max()), int(end.max())) + 2 if n else 2
+    if 2 * (procs + 1) * span >= 1 << 62:
+        return None
+    out = np.zeros(max(procs, 1), dtype=np.int64)
+    arrays = [_i64(a) for a in (bounds, task, start, end, versions, task_flags, task_unit, unit_size, prod_ptr,
+                                prod_idx, prod_words, prod_role, [int(k) for k in role_kept] or [0])]
+    cuts, task_, start_, end_, versions_, flags, unit, size, ptr, idx, words, role, kept = arrays
+    status = lib.lp_peaks(n, procs, cuts.ctypes.data, task_.ctypes.data, start_.ctypes.data, end_.ctypes.data,
+                          versions_.ctypes.data, flags.ctypes.data, unit.ctypes.data, len(size), size.ctypes.data,
+                          int(ema), int(distributed), ptr.ctypes.data, idx.ctypes.data, words.ctypes.data,
+                          role.ctypes.data, kept.ctypes.data, out.ctypes.data)
+    return out[:procs].tolist() if status == 0 else None
 
 
 def main() -> int:
