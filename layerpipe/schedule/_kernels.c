@@ -308,33 +308,33 @@ static int add_event(lp_events *ev, uint64_t base, int64_t time, int64_t words) 
     return 0;
 }
 
-/* Sort events by key: LSD radix, 16 bits a pass, skipping the passes whose digit every key shares. */
+/* Sort events by key: LSD radix, 11 bits a pass (2048 counters: a run's few thousand events do not pay for more),
+   skipping the passes whose digit every key shares. */
+#define RADIX_BITS 11
+#define RADIX_SIZE (1 << RADIX_BITS)
+
 static int sort_events(lp_event *a, int64_t n) {
     if (n < 2) return 0;
     lp_event *scratch = malloc(sizeof(lp_event) * (size_t)n);
-    int64_t *count = malloc(sizeof(int64_t) * 65536);
-    if (!scratch || !count) {
-        free(scratch);
-        free(count);
-        return -1;
-    }
+    if (!scratch) return -1;
+    int64_t count[RADIX_SIZE];
     uint64_t any = 0, every = ~(uint64_t)0;
     for (int64_t i = 0; i < n; i++) {
         any |= a[i].key;
         every &= a[i].key;
     }
     lp_event *from = a, *to = scratch;
-    for (int shift = 0; shift < 64; shift += 16) {
-        if ((((any ^ every) >> shift) & 0xFFFF) == 0) continue;
-        for (int d = 0; d < 65536; d++) count[d] = 0;
-        for (int64_t i = 0; i < n; i++) count[(from[i].key >> shift) & 0xFFFF]++;
+    for (int shift = 0; shift < 64; shift += RADIX_BITS) {
+        if ((((any ^ every) >> shift) & (RADIX_SIZE - 1)) == 0) continue;
+        for (int d = 0; d < RADIX_SIZE; d++) count[d] = 0;
+        for (int64_t i = 0; i < n; i++) count[(from[i].key >> shift) & (RADIX_SIZE - 1)]++;
         int64_t at = 0;
-        for (int d = 0; d < 65536; d++) {
+        for (int d = 0; d < RADIX_SIZE; d++) {
             int64_t c = count[d];
             count[d] = at;
             at += c;
         }
-        for (int64_t i = 0; i < n; i++) to[count[(from[i].key >> shift) & 0xFFFF]++] = from[i];
+        for (int64_t i = 0; i < n; i++) to[count[(from[i].key >> shift) & (RADIX_SIZE - 1)]++] = from[i];
         lp_event *t = from;
         from = to;
         to = t;
@@ -342,7 +342,6 @@ static int sort_events(lp_event *a, int64_t n) {
     if (from != a)
         for (int64_t i = 0; i < n; i++) a[i] = from[i];
     free(scratch);
-    free(count);
     return 0;
 }
 
