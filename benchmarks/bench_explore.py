@@ -45,7 +45,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench_cli import CACHING_ENV  # a sibling script: benchmarks/ is on sys.path when run as a script
+from _machine import kernels, load  # siblings: benchmarks/ is on sys.path when run as a script
+from bench_cli import CACHING_ENV
 
 from layerpipe._memo import clear_memos
 from layerpipe.dse import COLUMNS, ResultsFile, SweepSpec, run_sweep, save_pareto
@@ -60,10 +61,6 @@ TARGET_IN_PROCESS = 200.0  # points per CPU-second
 TARGET_CLI = 100.0  # points per CPU-second of the whole CLI process, plots included
 TARGET_JOBS_SPEEDUP = 1.7  # --jobs 2 over --jobs 1, idle 2-core machine
 IDLE_OTHERS = 0.25  # cores the other processes may use during the --jobs runs for the machine to count as idle
-
-
-def load() -> str:
-    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
 def verdict(ok: bool) -> str:
@@ -183,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     points = len(SPEC.points())
     print(f"sweep: {points} points ({', '.join(NETWORKS)} × N {NUM_PROCS} × {', '.join(POLICIES)}, "
-          f"layerpipe at staleness {STALENESS}); {load()}")
+          f"layerpipe at staleness {STALENESS}); {load()}; {kernels()}")
     best: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

@@ -24,9 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import statistics
 import time
+
+from _machine import kernels, load  # a sibling: benchmarks/ is on sys.path when run as a script
 
 from layerpipe.costs import make_cost_model
 from layerpipe.errors import InputError
@@ -37,10 +38,6 @@ ZOO = ["mlp:784-256-128-10", "lenet5", "alexnet", "vgg16", "resnet18", "resnet50
 SYNC_MLP = "mlp:" + "-".join(["64"] * 257)  # 256 layers
 SYNC_NS = (16, 32, 64, 128, 256)
 TARGET_SYNC_SECONDS = 1.0  # 1f1b on the 256-layer MLP at N = 256
-
-
-def load() -> str:
-    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
 Row = tuple[str, int, float, int]  # network, N, period / bound, max staleness
@@ -119,7 +116,7 @@ def speedup_section(model) -> None:
 
 
 def timing_section(model) -> None:
-    print(f"\n3. scheduling time (CPU); {load()}")
+    print(f"\n3. scheduling time (CPU); {load()}; {kernels()}")
     net = load_network("resnet50")
     times = []
     for _ in range(5):

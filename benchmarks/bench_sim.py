@@ -48,6 +48,8 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from _machine import kernels, load  # a sibling: benchmarks/ is on sys.path when run as a script
+
 from layerpipe.costs import PEModel
 from layerpipe.network import load_network
 from layerpipe.schedule import ScheduleResult, one_f_one_b, to_torch_actions, zb_h1
@@ -86,10 +88,6 @@ compiled = compile_schedule(result.periodic.unroll(int(sys.argv[1])), workload)
 simulate_compiled(compiled, workload, SimConfig()).metrics()
 print(compiled.num_ops, time.process_time() - t0)
 """
-
-
-def load() -> str:
-    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
 
 
 def timed(fn: Callable[[], object], loops: int = 1) -> float:
@@ -151,7 +149,7 @@ def interleaved(candidates: dict[str, Callable[[], object]], repeats: int) -> di
 def versus_torch(repeats: int) -> None:
     from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _simulate_comms_compute
 
-    print(f"1. vs torch _simulate_comms_compute, our costs F,I,W={STAGE_COSTS}; {load()}; "
+    print(f"1. vs torch _simulate_comms_compute, our costs F,I,W={STAGE_COSTS}; {load()}; {kernels()}; "
           f"target: full >= {TARGET_VS_TORCH:.0f}x torch")
     header = f"{'schedule':<8} {'p':>3} {'m':>4} {'ops':>6} {'torch actions':>13} {'torch ms':>9} {'engine ms':>9} " \
              f"{'links ms':>9} {'full ms':>8} {'engine x':>8} {'links x':>8} {'full x':>7}  target  " \

@@ -634,6 +634,7 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     (issue 14: memory per op)."""
     import numpy as np
 
+    from layerpipe.schedule import _native
     from layerpipe.schedule._int_lists import INT32_MAX, INT32_MIN
 
     table = rules.table()
@@ -648,8 +649,6 @@ def _apply(rules: _Rules, num_tasks: int, task: np.ndarray, iteration: np.ndarra
     # Which of div, mul, off, cap, mod hold their neutral value in every row (one comparison of the five columns).
     neutral = (table[:, 3:8] == (1, 1, 0, 0, 1)).all(axis=0).tolist() if len(table) else [True] * 5
     trivial = dict(zip(("div", "mul", "off", "cap", "mod"), neutral, strict=True))
-    from layerpipe.schedule import _native
-
     native = _native.apply_rules(task, iteration, first_row, per_task, table, total, not trivial["mod"], index)
     if native is not None:  # the same entries from C (`_kernels.c`), in these types
         counts, producer, words, role = native

@@ -1,7 +1,11 @@
-/* The timing engine's sweep in C (issue 14): every op's start and end on `shared` or on `links`.
+/* The simulator's hot loops in C (issue 14: in numpy and Python they were half of `explore`'s sweep), each with
+   the Python function it stands in for, which stays the reference and the fallback: the timing sweep (`lp_sweep`),
+   the dependency rules (`lp_apply_count`, `lp_apply_fill`), a run's pairs and `links` inputs (`lp_pairs`,
+   `lp_link_inputs`) and peak memory (`lp_peaks`). `layerpipe/schedule/_native.py` builds this file with the
+   machine's C compiler and loads it; tests/test_native_kernels.py compares every kernel with its Python version.
 
-   The same rules as the Python sweep `layerpipe.schedule._op_sweep._sweep_first`, which stays the reference and the
-   fallback (`layerpipe.schedule._native` loads this file's library, built by `python -m layerpipe.schedule._native`):
+   The timing sweep: every op's start and end on `shared` or on `links`, by the same rules as the Python sweep
+   `layerpipe.schedule._op_sweep._sweep_first`:
 
    - processor p runs its ops bounds[p] .. bounds[p+1]-1 in order; op i starts when the op before it on p has ended
      and every input of i is available, and ends dur[i] cycles later;

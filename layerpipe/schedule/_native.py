@@ -1,12 +1,15 @@
-"""The timing engine's sweep compiled from C (`_kernels.c`), where it is built: the Python sweeps stay the reference,
-the fallback and the deadlock reporter (issue 14: the engine's Python work-list was a sixth of `explore`'s sweep).
+"""The simulator's hot loops compiled from C (`_kernels.c`), where they are built: the timing sweep (`sweep`), the
+dependency rules applied to every op (`apply_rules`), a compiled run's pairs and `links` transfers (`pairs`,
+`link_inputs`) and a layer-level run's peak memory (`peaks`). Their numpy and Python versions stay the reference,
+the fallback and the error reporters (issue 14: these loops were half of `explore`'s sweep).
 
     python -c 'import layerpipe.schedule._native as n; n.main()'    # build it (./setup.sh does), or say why not
 
 The library is built next to its source with the machine's C compiler (`$CC`, else `cc`) and carries the SHA-256 of
 the source it was built from: a library of another source (an edited `_kernels.c`, a stale build) is not loaded, and
-neither is any library when LAYERPIPE_NATIVE=0 — the Python engine then runs, with the same times (tests compare
-the two on generated schedules: tests/test_native_sweep.py). Without a C compiler nothing changes but the speed.
+neither is any library when LAYERPIPE_NATIVE=0 — the Python versions then run, with the same results (tests compare
+the two on generated schedules: tests/test_native_kernels.py). Without a C compiler nothing changes but the speed.
+Each function here returns None where its kernel does not run (not built, or a case it leaves to Python).
 """
 
 from __future__ import annotations
