@@ -78,8 +78,12 @@ def _load() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(LIBRARY))
         lib.lp_source_sha.restype = ctypes.c_char_p
-        if lib.lp_source_sha().decode() != source_sha():
-            return None  # built from another source: stale
+        if lib.lp_source_sha().decode() != source_sha():  # built from another source: stale
+            import warnings
+
+            warnings.warn(f"{LIBRARY} was built from another {SOURCE.name}: the Python versions of its kernels run "
+                          "(rebuild it: ./setup.sh)", RuntimeWarning, stacklevel=2)
+            return None
     except (OSError, AttributeError):
         return None
     lib.lp_sweep.restype = i64
