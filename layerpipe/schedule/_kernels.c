@@ -30,6 +30,17 @@
 
 const char *lp_source_sha(void) { return LP_SOURCE_SHA; }
 
+/* Element i of a signed integer array of `width` bytes (1, 2, 4 or 8): the compiled schedule keeps its CSR arrays
+   as narrow as their values allow (int32 producers and words, int8 roles), and they are read as they are. */
+static inline int64_t at(const void *array, int64_t width, int64_t i) {
+    switch (width) {
+    case 1: return ((const int8_t *)array)[i];
+    case 2: return ((const int16_t *)array)[i];
+    case 4: return ((const int32_t *)array)[i];
+    default: return ((const int64_t *)array)[i];
+    }
+}
+
 /* Push every processor parked on input x onto the work stack. */
 static void wake(int64_t x, int64_t *waiter, const int64_t *next_parked, int64_t *stack, int64_t *top) {
     int64_t q = waiter[x];
@@ -40,8 +51,9 @@ static void wake(int64_t x, int64_t *waiter, const int64_t *next_parked, int64_t
     waiter[x] = -1;
 }
 
-int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *dur, const int64_t *in_ptr,
-                 const int64_t *in_src, int64_t transfers, const int64_t *send_ptr, const int64_t *send_input,
+int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *dur, const void *in_ptr,
+                 int64_t ptr_width, const void *in_src, int64_t src_width, int64_t transfers,
+                 const int64_t *send_ptr, const int64_t *send_input,
                  const int64_t *send_link, const int64_t *hold, int64_t latency, int64_t links, int64_t *start,
                  int64_t *end) {
     int64_t total = n + transfers;
@@ -72,10 +84,10 @@ int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
         int64_t i = nxt[p], last = bounds[p + 1], t = free_at[p];
         while (i < last) {
             int64_t s = t, blocked = -1;
-            for (int64_t e = in_ptr[i]; e < in_ptr[i + 1]; e++) {
-                int64_t a = avail[in_src[e]];
+            for (int64_t e = at(in_ptr, ptr_width, i), stop = at(in_ptr, ptr_width, i + 1); e < stop; e++) {
+                int64_t x = at(in_src, src_width, e), a = avail[x];
                 if (a < 0) {
-                    blocked = in_src[e];
+                    blocked = x;
                     break;
                 }
                 if (a > s) s = a;
@@ -197,28 +209,29 @@ void lp_apply_fill(int64_t n, const int64_t *task, const int64_t *iteration, con
    producer's consumers in order, and a pair listed twice sits twice in a row there. Writes the pairs into
    out_producer / out_consumer / out_words (room for every entry) and returns how many there are; -1 when out of
    memory. */
-int64_t lp_pairs(int64_t n, const int64_t *prod_ptr, const int64_t *prod_idx, const int64_t *prod_words,
-                 int64_t *out_producer, int64_t *out_consumer, int64_t *out_words) {
-    int64_t entries = prod_ptr[n];
-    int64_t *at = calloc((size_t)n + 1, sizeof(int64_t));
+int64_t lp_pairs(int64_t n, const void *prod_ptr, int64_t ptr_width, const void *prod_idx, int64_t idx_width,
+                 const void *prod_words, int64_t words_width, int64_t *out_producer, int64_t *out_consumer,
+                 int64_t *out_words) {
+    int64_t entries = at(prod_ptr, ptr_width, n);
+    int64_t *slot_end = calloc((size_t)n + 1, sizeof(int64_t));
     int64_t *slot_consumer = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
     int64_t *slot_words = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
     int64_t pairs = -1;
-    if (!at || !slot_consumer || !slot_words) goto done;
-    for (int64_t e = 0; e < entries; e++) at[prod_idx[e] + 1]++;
-    for (int64_t p = 0; p < n; p++) at[p + 1] += at[p];
+    if (!slot_end || !slot_consumer || !slot_words) goto done;
+    for (int64_t e = 0; e < entries; e++) slot_end[at(prod_idx, idx_width, e) + 1]++;
+    for (int64_t p = 0; p < n; p++) slot_end[p + 1] += slot_end[p];
     for (int64_t j = 0; j < n; j++) {
-        for (int64_t e = prod_ptr[j]; e < prod_ptr[j + 1]; e++) {
-            int64_t slot = at[prod_idx[e]]++;
+        for (int64_t e = at(prod_ptr, ptr_width, j), stop = at(prod_ptr, ptr_width, j + 1); e < stop; e++) {
+            int64_t slot = slot_end[at(prod_idx, idx_width, e)]++;
             slot_consumer[slot] = j;
-            slot_words[slot] = prod_words[e];
+            slot_words[slot] = at(prod_words, words_width, e);
         }
     }
-    /* at[p] is now the end of producer p's slots, which begin where p - 1's end. */
+    /* slot_end[p] is now the end of producer p's slots, which begin where p - 1's end. */
     pairs = 0;
     int64_t begin = 0;
     for (int64_t p = 0; p < n; p++) {
-        for (int64_t slot = begin; slot < at[p]; slot++) {
+        for (int64_t slot = begin; slot < slot_end[p]; slot++) {
             if (slot > begin && slot_consumer[slot] == slot_consumer[slot - 1]) {
                 out_words[pairs - 1] += slot_words[slot];
                 continue;
@@ -228,10 +241,10 @@ int64_t lp_pairs(int64_t n, const int64_t *prod_ptr, const int64_t *prod_idx, co
             out_words[pairs] = slot_words[slot];
             pairs++;
         }
-        begin = at[p];
+        begin = slot_end[p];
     }
 done:
-    free(at);
+    free(slot_end);
     free(slot_consumer);
     free(slot_words);
     return pairs;
@@ -358,8 +371,9 @@ static int cmp_int64(const void *x, const void *y) {
 
 int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *task, const int64_t *start,
                  const int64_t *end, const int64_t *versions, const int64_t *task_flags, const int64_t *task_unit,
-                 int64_t units, const int64_t *unit_size, int64_t ema, int64_t distributed, const int64_t *prod_ptr,
-                 const int64_t *prod_idx, const int64_t *prod_words, const int64_t *prod_role, const int64_t *role_kept,
+                 int64_t units, const int64_t *unit_size, int64_t ema, int64_t distributed, const void *prod_ptr,
+                 int64_t ptr_width, const void *prod_idx, int64_t idx_width, const void *prod_words,
+                 int64_t words_width, const void *prod_role, int64_t role_width, const int64_t *role_kept,
                  int64_t *peaks) {
     int64_t status = -1;
     int64_t *proc = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
@@ -404,6 +418,12 @@ int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
         }
     }
     int64_t cells = (top_version + 1) * units * procs;
+    /* Room for every event at once (no growth): 2 per holder and up to 4 per version in use, 2 per kept entry. */
+    int64_t kept_entries = 0, entries = at(prod_ptr, ptr_width, n);
+    for (int64_t e = 0; e < entries; e++) kept_entries += role_kept[at(prod_role, role_width, e)] != 0;
+    ev.room = 2 * kept_entries + (any_owner && cells <= MAX_VERSION_CELLS ? 2 * units * procs + 4 * cells : 0) + 1;
+    ev.at = malloc(sizeof(lp_event) * (size_t)ev.room);
+    if (!ev.at) goto done;
     if (any_owner) {
         if (cells > MAX_VERSION_CELLS) {
             status = 1;
@@ -473,15 +493,16 @@ int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
     /* Activations kept for backward: on the producer's processor from its start when the consumer runs there,
        else on the consumer's from the producer's end; to the consumer's end. */
     for (int64_t j = 0; j < n; j++) {
-        for (int64_t e = prod_ptr[j]; e < prod_ptr[j + 1]; e++) {
-            if (!role_kept[prod_role[e]]) continue;
-            int64_t i = prod_idx[e], where = proc[i], from = start[i];
+        for (int64_t e = at(prod_ptr, ptr_width, j), stop = at(prod_ptr, ptr_width, j + 1); e < stop; e++) {
+            if (!role_kept[at(prod_role, role_width, e)]) continue;
+            int64_t i = at(prod_idx, idx_width, e), where = proc[i], from = start[i];
+            int64_t words = at(prod_words, words_width, e);
             if (proc[i] != proc[j]) {
                 where = proc[j];
                 from = end[i];
             }
             uint64_t base = (uint64_t)where * (uint64_t)(span + 1);
-            if (add_event(&ev, base, from, prod_words[e]) || add_event(&ev, base, end[j], -prod_words[e])) goto done;
+            if (add_event(&ev, base, from, words) || add_event(&ev, base, end[j], -words)) goto done;
         }
     }
     if (sort_events(ev.at, ev.count)) goto done;

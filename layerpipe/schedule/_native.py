@@ -87,18 +87,18 @@ def _load() -> ctypes.CDLL | None:
     except (OSError, AttributeError):
         return None
     lib.lp_sweep.restype = i64
-    lib.lp_sweep.argtypes = [i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
+    lib.lp_sweep.argtypes = [i64, i64, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
     lib.lp_apply_count.restype = i64
     lib.lp_apply_count.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr]
     lib.lp_apply_fill.restype = None
     lib.lp_apply_fill.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr]
     lib.lp_pairs.restype = i64
-    lib.lp_pairs.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_pairs.argtypes = [i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr]
     lib.lp_link_inputs.restype = i64
     lib.lp_link_inputs.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.lp_peaks.restype = i64
-    lib.lp_peaks.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr,
-                             ptr]
+    lib.lp_peaks.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, i64, ptr, i64, ptr,
+                             i64, ptr, i64, ptr, ptr]
     return lib
 
 
@@ -109,6 +109,14 @@ TIME_LIMIT = 1 << 62
 
 def _i64(values: object) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.int64)
+
+
+def _ints(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """A signed integer array as the kernels read it, with its width in bytes (`at` in `_kernels.c`): the compiled
+    schedule's narrow CSR arrays (int32, int8) as they are, anything else as int64."""
+    if values.dtype.kind == "i" and values.dtype.itemsize in (1, 2, 4, 8) and values.flags.c_contiguous:
+        return values, values.dtype.itemsize
+    return _i64(values), 8
 
 
 def sweep(bounds: list[int], dur: np.ndarray, in_ptr: np.ndarray, in_src: np.ndarray,
@@ -137,14 +145,14 @@ def sweep(bounds: list[int], dur: np.ndarray, in_ptr: np.ndarray, in_src: np.nda
         return None
     start = np.empty(n, dtype=np.int64)
     end = np.empty(n, dtype=np.int64)
-    cuts, ptr, src = _i64(bounds), _i64(in_ptr), _i64(in_src)
+    cuts, (ptr, ptr_width), (src, src_width) = _i64(bounds), _ints(in_ptr), _ints(in_src)
 
     def at(a: np.ndarray | None) -> int | None:
         return None if a is None else a.ctypes.data
 
-    status = lib.lp_sweep(n, len(bounds) - 1, cuts.ctypes.data, dur.ctypes.data, ptr.ctypes.data, src.ctypes.data,
-                          transfers, at(send_ptr), at(send_input), at(send_link), at(hold), latency, links,
-                          start.ctypes.data, end.ctypes.data)
+    status = lib.lp_sweep(n, len(bounds) - 1, cuts.ctypes.data, dur.ctypes.data, ptr.ctypes.data, ptr_width,
+                          src.ctypes.data, src_width, transfers, at(send_ptr), at(send_input), at(send_link), at(hold),
+                          latency, links, start.ctypes.data, end.ctypes.data)
     return (start, end) if status == 0 else None
 
 
@@ -188,10 +196,10 @@ def pairs(n: int, prod_ptr: np.ndarray, prod_idx: np.ndarray, prod_words: np.nda
     if lib is None or prod_words.dtype.kind not in "iu":
         return None
     entries = len(prod_idx)
-    ptr, idx, words = _i64(prod_ptr), _i64(prod_idx), _i64(prod_words)
+    (ptr, ptr_width), (idx, idx_width), (words, words_width) = _ints(prod_ptr), _ints(prod_idx), _ints(prod_words)
     producer, consumer, summed = (np.empty(entries, dtype=np.int64) for _ in range(3))
-    count = lib.lp_pairs(n, ptr.ctypes.data, idx.ctypes.data, words.ctypes.data, producer.ctypes.data,
-                         consumer.ctypes.data, summed.ctypes.data)
+    count = lib.lp_pairs(n, ptr.ctypes.data, ptr_width, idx.ctypes.data, idx_width, words.ctypes.data, words_width,
+                         producer.ctypes.data, consumer.ctypes.data, summed.ctypes.data)
     if count < 0:
         return None
     return producer[:count], consumer[:count], summed[:count]
@@ -233,13 +241,14 @@ def peaks(bounds: list[int], task: np.ndarray, start: np.ndarray, end: np.ndarra
     if 2 * (procs + 1) * span >= 1 << 62:
         return None
     out = np.zeros(max(procs, 1), dtype=np.int64)
-    arrays = [_i64(a) for a in (bounds, task, start, end, versions, task_flags, task_unit, unit_size, prod_ptr,
-                                prod_idx, prod_words, prod_role, [int(k) for k in role_kept] or [0])]
-    cuts, task_, start_, end_, versions_, flags, unit, size, ptr, idx, words, role, kept = arrays
+    arrays = [_i64(a) for a in (bounds, task, start, end, versions, task_flags, task_unit, unit_size,
+                                [int(k) for k in role_kept] or [0])]
+    cuts, task_, start_, end_, versions_, flags, unit, size, kept = arrays
+    csr = [_ints(a) for a in (prod_ptr, prod_idx, prod_words, prod_role)]
     status = lib.lp_peaks(n, procs, cuts.ctypes.data, task_.ctypes.data, start_.ctypes.data, end_.ctypes.data,
                           versions_.ctypes.data, flags.ctypes.data, unit.ctypes.data, len(size), size.ctypes.data,
-                          int(ema), int(distributed), ptr.ctypes.data, idx.ctypes.data, words.ctypes.data,
-                          role.ctypes.data, kept.ctypes.data, out.ctypes.data)
+                          int(ema), int(distributed), *(x for a, width in csr for x in (a.ctypes.data, width)),
+                          kept.ctypes.data, out.ctypes.data)
     return out[:procs].tolist() if status == 0 else None
 
 
