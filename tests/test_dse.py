@@ -62,6 +62,49 @@ def test_jobs_2_gives_one_row_per_point(tmp_path: Path) -> None:
     assert out1.read_bytes() == out.read_bytes()
 
 
+@pytest.mark.slow  # a worker process and three small sweeps: ~1.5 s of CPU
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_jobs_share_the_batches_between_this_process_and_the_workers(tmp_path: Path, jobs: int) -> None:
+    """`--jobs N`: this process evaluates points too, beside N − 1 workers (`_share`); every point once, the
+    largest batches handed out first, and the file byte for byte the one-job file."""
+    import json
+    import os
+
+    import layerpipe.dse._evaluate as evaluate
+    import layerpipe.dse._runner as runner
+
+    spec = SweepSpec(networks=("mlp:8-8-4", "mlp:4-4"), num_procs=(1, 2, 3), policies=("layerpipe", "gpipe"))
+    log = tmp_path / "pids.jsonl"
+    real = evaluate.evaluate_point
+
+    def logged(point, area=False):  # forked workers inherit this patch, and append to the same file
+        with open(log, "a") as fh:
+            fh.write(json.dumps([os.getpid(), point.network, point.num_procs]) + "\n")
+        return real(point, area)
+
+    handed: list[int] = []
+    share = runner._share
+
+    def spy(spec_, batches, *args):
+        handed.extend(runner._batch_work(b) for b in batches)
+        return share(spec_, batches, *args)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(runner, "evaluate_point", logged)
+    mp.setattr(runner, "_share", spy)
+    try:
+        run_sweep(spec, tmp_path / "r.csv", jobs=jobs, progress=False)
+    finally:
+        mp.undo()
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(seen) == len(spec.points())
+    assert os.getpid() in {pid for pid, *_ in seen}  # this process took points
+    assert len({pid for pid, *_ in seen}) >= 2  # and a worker did
+    assert handed == sorted(handed, reverse=True) and handed[0] > handed[-1]  # the largest batches first
+    run_sweep(spec, tmp_path / "r1.csv", jobs=1, progress=False)
+    assert (tmp_path / "r1.csv").read_bytes() == (tmp_path / "r.csv").read_bytes()
+
+
 @pytest.mark.slow  # ~7 s of CPU: three sweeps; test_faults kills explore --jobs 2 twenty times (slow too)
 def test_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path: Path) -> None:
     out = tmp_path / "k.csv"

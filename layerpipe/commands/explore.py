@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="add RTL area figures: place and route on ecp5-85k with the PyPI yosys + nextpnr (Debian "
                         "yosys iCE40 statistics without them; MLP points only; minutes per point, cached)")
     p.add_argument("--jobs", type=positive_int("--jobs", MAX_JOBS), default=1,
-                   help=f"local worker processes (at most {MAX_JOBS})")
+                   help=f"points evaluated at once: this process and N-1 worker processes (at most {MAX_JOBS})")
     p.add_argument("--scheduler", help="Dask scheduler address (tcp://host:port) to run the sweep on")
     p.add_argument("--out", type=output_file, required=True, help="results CSV (appended as points finish)")
     p.add_argument("--resume", action="store_true", help="skip points already in --out")

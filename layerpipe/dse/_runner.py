@@ -1,11 +1,13 @@
-"""Run a sweep: points are evaluated in worker processes (local) or on a Dask cluster, and each finished
-point is appended to the results file by this (the only writing) process, with a progress bar.
+"""Run a sweep: points are evaluated in this process and local worker processes, or on a Dask cluster, and each
+finished point is appended to the results file by this (the only writing) process, with a progress bar.
 
-Both executors run the same loop: submit every pending point, and as each future completes append its
-row (local futures through concurrent.futures.wait, Dask's through distributed.as_completed: a Dask
-future is not a concurrent.futures.Future). One job runs in this process, a point at a time, each row
-appended as soon as it is made (it once evaluated every point before writing any: a run killed before the
-end kept no row). A worker that raises fails the run with its one-line message; rows already written stay.
+One job runs in this process, a point at a time, each row appended as soon as it is made (it once evaluated every
+point before writing any: a run killed before the end kept no row). N local jobs are this process and N − 1 worker
+processes, sharing the batches of points (`_share`): a forked worker pays for its start and for the pages it
+copies from this process (issue 14: once a point took ~5 ms, two workers ran `--jobs 2` at 1.6x one job, this
+process idle; this process and one worker, at 1.8x). On Dask every point is submitted and each row appended as its
+future completes (`distributed.as_completed`: a Dask future is not a concurrent.futures.Future). A point or worker
+that raises fails the run with its one-line message; rows already written stay.
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ def _batches(pending: list[tuple[int, DesignPoint]]) -> list[list[tuple[int, Des
         key = (p.network, p.batch, p.num_procs, p.lanes, p.interconnect, p.cost_model)
         groups.setdefault(key, []).append((i, p))
     return list(groups.values())
+
+
+def _batch_work(batch: list[tuple[int, DesignPoint]]) -> int:
+    """A batch's work, roughly: its points × the network's layers × N (what a point's tasks and runs grow with), to
+    hand out the largest batches first (`_share`), so that no process is left with a large one at the end."""
+    from layerpipe.network import load_network
+
+    point = batch[0][1]
+    return len(batch) * len(load_network(point.network, point.batch).layers) * point.num_procs
 
 
 #: How often a worker's watchdog checks that its parent is alive (the fault tests allow 5 s).
@@ -147,16 +158,49 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int = 1, scheduler: str
                 store.append(_row(spec, i, p, frozen))
                 bar.update(1)
     else:
-        with _local_executor(jobs) as submit, bar:
-            futures = {submit(_rows, spec, batch) for batch in _batches(pending)}
-            while futures:
-                finished, futures = wait(futures, return_when=FIRST_COMPLETED)
-                for fut in sorted(finished, key=id):
-                    for row in fut.result():
-                        store.append(row)
-                        bar.update(1)
+        batches = sorted(_batches(pending), key=_batch_work, reverse=True)  # largest first: the last ones are small
+        with _local_executor(jobs - 1) as submit, bar, survivors_frozen() as frozen:
+            _share(spec, batches, submit, jobs - 1, store, bar, frozen)
     store.finalize()
     return RunSummary(len(points), len(points) - len(pending), len(pending), time.perf_counter() - t0)
+
+
+#: Batches each worker holds at once (one running, the next queued), so that it never waits for this process, busy
+#: with a point of its own, to hand it the next.
+WORKER_QUEUE = 2
+
+
+def _share(spec: SweepSpec, batches: list[list[tuple[int, DesignPoint]]], submit: Callable[..., Future[Any]],
+           workers: int, store: ResultsFile, bar: tqdm[Any] | _NoBar, frozen: survivors_frozen) -> None:
+    """The batches, in order, over `workers` worker processes and this process: each worker holds WORKER_QUEUE
+    batches, this process takes the next batch whenever it has finished one, and after each of its own points
+    appends every row the workers have finished meanwhile."""
+    from collections import deque
+
+    queue = deque(batches)
+    running: set[Future[Any]] = set()
+
+    def collect(block: bool) -> None:
+        nonlocal running
+        if running:
+            finished, running = wait(running, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=id):
+                for row in fut.result():
+                    store.append(row)
+                    bar.update(1)
+        # A batch queued behind a worker's running one waits for it; near the end this process takes it instead.
+        held = WORKER_QUEUE * workers if len(queue) > WORKER_QUEUE * workers else workers
+        while queue and len(running) < held:
+            running.add(submit(_rows, spec, queue.popleft()))
+
+    collect(block=False)
+    while queue:
+        for i, p in queue.popleft():
+            store.append(_row(spec, i, p, frozen))
+            bar.update(1)
+            collect(block=False)
+    while running:
+        collect(block=True)
 
 
 class _NoBar:
