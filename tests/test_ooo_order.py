@@ -1,7 +1,8 @@
 """The `ooo` list simulation (`layerpipe.schedule._ooo_order`, issue 14's speed work) gives the order and estimate the
-scan it replaced gave: `scan_order` below is that scan (every decision rescans each processor's candidates), kept
-as the reference. Also: `cutoff` stops a simulation exactly when its makespan would exceed it, `makespan_bound` is
-a lower bound, and `schedule_ooo` plans the same layouts to time as simulating every layout in full does.
+scan it replaced gave — by its Python heaps and by its C version (`lp_ooo_order`) alike: `scan_order` below is that
+scan (every decision rescans each processor's candidates), kept as the reference. Also: `cutoff` stops a
+simulation exactly when its makespan would exceed it, `makespan_bound` is a lower bound, and `schedule_ooo` plans
+the same layouts to time as simulating every layout in full does.
 """
 
 from __future__ import annotations
@@ -97,8 +98,21 @@ def random_case(rng: random.Random) -> tuple[list[StageCost], int, int, bool, St
     return costs, n, m, rng.random() < 0.4, stages, parse_interconnect(rng.choice(INTERCONNECTS), lanes=4)
 
 
+@pytest.fixture(params=["heaps", "c"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`ooo_order` by its Python heaps, or by C (`lp_ooo_order`, where the library is built: else skipped)."""
+    from layerpipe.schedule import _native
+
+    if request.param == "heaps":
+        monkeypatch.setattr(_native, "_loaded", [None])
+    elif _native.library() is None:
+        pytest.skip("the C kernels are not built here")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_heaps_give_the_scan_order(seed: int) -> None:
+def test_heaps_give_the_scan_order(seed: int, engine: str) -> None:
+    """Both the Python heaps and C's scan (`_kernels.c`) give the reference scan's order, estimate and cutoffs."""
     rng = random.Random(seed)
     for _ in range(150):
         case = random_case(rng)

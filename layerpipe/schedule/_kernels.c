@@ -534,3 +534,136 @@ done:
     free(ev.at);
     return status;
 }
+
+/* One step's list simulation of the `ooo` policy (`layerpipe.schedule._ooo_order.ooo_order`, which stays the
+   reference and the fallback; its docstring gives the rules). Its heaps find, at each decision, the candidate a scan
+   over every (kind, stage) gives — the earliest start max(ready, free), then the priority, then the lower
+   processor — and this scans: 3 * stages candidates per decision, each a few array reads.
+
+   Stage s is on processor s % procs. Per stage: into_f / into_i (the transfer into F_s from F_{s-1}, into I_s from
+   I_{s+1}), dur_f, dur_i, dur_w, update (W_s(m-1) carries it). `left` (per processor, its work left; updated) and
+   `cutoff` (has_cutoff: stop once the makespan is known to exceed it). Writes each placement's (processor, kind
+   0/1/2 = F/I/W, stage, micro-batch) to `placed` (4 per op, in placement order) and the makespan. Returns 0, 1
+   when the cutoff was exceeded, 2 when no op is ready (a dependency cycle), -1 when out of memory. */
+int64_t lp_ooo_order(int64_t count, int64_t m, int64_t procs, const int64_t *into_f, const int64_t *into_i,
+                     const int64_t *dur_f, const int64_t *dur_i, const int64_t *dur_w, const int64_t *update,
+                     int64_t push, int64_t has_cutoff, int64_t cutoff, int64_t *left, int64_t *placed,
+                     int64_t *makespan) {
+    int64_t cells = count * m, last = count - 1, span = (m > count ? m : count) + 1;
+    int64_t gated_push = push && last > 0;
+    int64_t *end_f = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *end_i = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *end_w = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *nxt = calloc((size_t)(3 * count > 0 ? 3 * count : 1), sizeof(int64_t)); /* kind * count + s */
+    int64_t *free_at = calloc((size_t)(procs > 0 ? procs : 1), sizeof(int64_t));
+    int64_t status = -1;
+    if (!end_f || !end_i || !end_w || !nxt || !free_at) goto done;
+    for (int64_t k = 0; k < cells; k++) end_f[k] = end_i[k] = end_w[k] = -1;
+    int64_t most_left = 0;
+    for (int64_t p = 0; p < procs; p++)
+        if (left[p] > most_left || p == 0) most_left = left[p];
+    for (int64_t step = 0; step < 3 * cells; step++) {
+        int64_t best_start = 0, best_priority = 0, best_p = -1, best_kind = 0, best_s = 0, best_t = 0;
+        for (int64_t s = 0; s < count; s++) {
+            int64_t p = s % procs;
+            for (int64_t kind = 0; kind < 3; kind++) {
+                int64_t t = nxt[kind * count + s];
+                if (t >= m) continue;
+                int64_t at = s * m + t, r;
+                if (kind == 0) { /* F */
+                    r = 0;
+                    if (s) {
+                        r = end_f[at - m];
+                        if (r < 0) continue;
+                        r += into_f[s];
+                    }
+                    if (gated_push && s == 0 && t >= procs) {
+                        int64_t e = end_w[t - procs];
+                        if (e < 0) continue;
+                        if (e > r) r = e;
+                    }
+                } else if (kind == 1) { /* I */
+                    r = end_f[at];
+                    if (r < 0) continue;
+                    if (s != last) {
+                        int64_t e = end_i[at + m];
+                        if (e < 0) continue;
+                        if (e + into_i[s] > r) r = e + into_i[s];
+                        if (t) {
+                            e = end_w[at - 1];
+                            if (e < 0) continue;
+                            if (e > r) r = e;
+                        }
+                    }
+                } else { /* W */
+                    r = s < last ? end_i[at] : end_i[s * m + m - 1];
+                    if (r < 0) continue;
+                }
+                int64_t priority;
+                if (kind == 0) priority = span * span + s * span + t;
+                else if (kind == 1 || (s < last && nxt[1 * count + s] == t + 1 && t + 1 < m &&
+                                       end_i[(s + 1) * m + t + 1] >= 0))
+                    priority = t * span + count - s;
+                else priority = 2 * span * span + t * span + s;
+                int64_t start = r > free_at[p] ? r : free_at[p];
+                if (best_p < 0 || start < best_start || (start == best_start && (priority < best_priority ||
+                    (priority == best_priority && p < best_p)))) {
+                    best_start = start;
+                    best_priority = priority;
+                    best_p = p;
+                    best_kind = kind;
+                    best_s = s;
+                    best_t = t;
+                }
+            }
+        }
+        if (best_p < 0) {
+            status = 2;
+            goto done;
+        }
+        int64_t at = best_s * m + best_t, took;
+        if (best_kind == 0) {
+            took = dur_f[best_s];
+            end_f[at] = best_start + took;
+        } else if (best_kind == 1) {
+            took = dur_i[best_s];
+            end_i[at] = best_start + took;
+        } else {
+            took = dur_w[best_s] + (best_t == m - 1 ? update[best_s] : 0);
+            end_w[at] = best_start + took;
+        }
+        free_at[best_p] = best_start + took;
+        left[best_p] -= took;
+        if (has_cutoff) {
+            if (free_at[best_p] + left[best_p] > cutoff) {
+                status = 1;
+                goto done;
+            }
+            if (best_start + most_left > cutoff) {
+                most_left = left[0];
+                for (int64_t p = 1; p < procs; p++)
+                    if (left[p] > most_left) most_left = left[p];
+                if (best_start + most_left > cutoff) {
+                    status = 1;
+                    goto done;
+                }
+            }
+        }
+        placed[4 * step] = best_p;
+        placed[4 * step + 1] = best_kind;
+        placed[4 * step + 2] = best_s;
+        placed[4 * step + 3] = best_t;
+        nxt[best_kind * count + best_s]++;
+    }
+    *makespan = 0;
+    for (int64_t p = 0; p < procs; p++)
+        if (free_at[p] > *makespan) *makespan = free_at[p];
+    status = 0;
+done:
+    free(end_f);
+    free(end_i);
+    free(end_w);
+    free(nxt);
+    free(free_at);
+    return status;
+}

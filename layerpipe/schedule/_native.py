@@ -96,6 +96,8 @@ def _load() -> ctypes.CDLL | None:
     lib.lp_pairs.argtypes = [i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr]
     lib.lp_link_inputs.restype = i64
     lib.lp_link_inputs.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_ooo_order.restype = i64
+    lib.lp_ooo_order.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.lp_peaks.restype = i64
     lib.lp_peaks.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, i64, ptr, i64, ptr,
                              i64, ptr, i64, ptr, ptr]
@@ -250,6 +252,36 @@ def peaks(bounds: list[int], task: np.ndarray, start: np.ndarray, end: np.ndarra
                           int(ema), int(distributed), *(x for a, width in csr for x in (a.ctypes.data, width)),
                           kept.ctypes.data, out.ctypes.data)
     return out[:procs].tolist() if status == 0 else None
+
+
+#: What `ooo_order` returns from C: "cutoff" (the makespan exceeds the caller's bound), "cycle" (no op is ready), or
+#: (each placement as (processor, kind 0/1/2, stage, micro-batch) in placement order, the makespan).
+OOOResult = str | tuple[list[list[int]], int]
+
+
+def ooo_order(microbatches: int, num_procs: int, into_f: list[int], into_i: list[int], dur_f: list[int],
+              dur_i: list[int], dur_w: list[int], update: list[int], push: bool, left: list[int],
+              cutoff: int | None) -> OOOResult | None:
+    """`layerpipe.schedule._ooo_order.ooo_order`'s list simulation by C (`lp_ooo_order`); None where it does not run
+    (not built, or times that could leave int64)."""
+    lib = library()
+    if lib is None:
+        return None
+    count = len(dur_f)
+    reach = microbatches * (sum(dur_f) + sum(dur_i) + sum(dur_w) + sum(into_f) + sum(into_i)) + sum(update)
+    if reach >= TIME_LIMIT or min((*dur_f, *dur_i, *dur_w, *update, *into_f, *into_i), default=0) < 0:
+        return None
+    tables = [_i64(a) for a in (into_f, into_i, dur_f, dur_i, dur_w, update, left)]
+    placed = np.empty(max(4 * 3 * microbatches * count, 1), dtype=np.int64)
+    makespan = np.zeros(1, dtype=np.int64)
+    status = lib.lp_ooo_order(count, microbatches, num_procs, *(a.ctypes.data for a in tables[:6]), int(push),
+                              int(cutoff is not None), cutoff or 0, tables[6].ctypes.data, placed.ctypes.data,
+                              makespan.ctypes.data)
+    if status < 0:
+        return None
+    if status:
+        return "cutoff" if status == 1 else "cycle"
+    return placed[:12 * microbatches * count].reshape(-1, 4).tolist(), int(makespan[0])
 
 
 def main() -> int:

@@ -42,6 +42,7 @@ from heapq import heappop, heappush
 from typing import NamedTuple
 
 from layerpipe.interconnect import Interconnect
+from layerpipe.schedule import _native
 from layerpipe.schedule._deps import StageInfo
 from layerpipe.schedule._stage_programs import StageOp
 
@@ -102,6 +103,18 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
     dur_f = [c.forward for c in costs]
     dur_i = [c.input_grad for c in costs]
     dur_w = [c.weight_grad for c in costs]
+    native = _native.ooo_order(m, n, into_f, into_i, dur_f, dur_i, dur_w, [c.update for c in costs], push,
+                               processor_loads(costs, n, m), cutoff)
+    if native is not None:  # the same simulation in C (`_kernels.c`: its scan finds what the heaps below find)
+        if native == "cutoff":
+            return None
+        if native == "cycle":
+            raise AssertionError("ooo list simulation: no op is ready (a dependency cycle)")
+        placed, makespan = native
+        ordered: list[list[StageOp]] = [[] for _ in range(n)]
+        for p, kind, s, t in placed:
+            ordered[p].append((KINDS[kind], s, t))
+        return ordered, makespan
     gated_push = push and last > 0  # the code gates every stage but the last: a single stage is not gated
     # End of every op, index s·m + t; −1 while not placed.
     end_f, end_i, end_w = [-1] * (count * m), [-1] * (count * m), [-1] * (count * m)
