@@ -106,10 +106,10 @@ def ooo_order(costs: Sequence[StageCost], num_procs: int, microbatches: int, pus
     native = _native.ooo_order(m, n, into_f, into_i, dur_f, dur_i, dur_w, [c.update for c in costs], push,
                                processor_loads(costs, n, m), cutoff)
     if native is not None:  # the same simulation in C (`_kernels.c`: its scan finds what the heaps below find)
-        if native == "cutoff":
+        if isinstance(native, str):  # "cutoff" or "cycle"
+            if native == "cycle":
+                raise AssertionError("ooo list simulation: no op is ready (a dependency cycle)")
             return None
-        if native == "cycle":
-            raise AssertionError("ooo list simulation: no op is ready (a dependency cycle)")
         placed, makespan = native
         ordered: list[list[StageOp]] = [[] for _ in range(n)]
         for p, kind, s, t in placed:
