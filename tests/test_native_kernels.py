@@ -288,3 +288,24 @@ def test_the_python_engine_alone_gives_the_same_runs(python_only: None) -> None:
     compiled = _mlp_run("links:1:1")
     start, end = run_timing(compiled, "links", 1, 1)
     assert np.array_equal(end - start, compiled.dur_array())
+
+
+def test_the_kernels_scratch_is_traced_and_freed() -> None:
+    """The kernels report their scratch to tracemalloc (memory per op counts it: benchmarks/bench_sim.py) and free
+    all of it before they return."""
+    import tracemalloc
+
+    compiled = _mlp_run("links:1:1")
+    _native.scratch_peak(reset=True)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        run_timing(compiled, "links", 1, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    scratch = _native.scratch_peak(reset=True)
+    assert scratch > 16 * compiled.num_ops  # the sweep's two words per op at least
+    assert peak - before >= scratch
+    assert _native.scratch_peak() == 0  # nothing held after it returned

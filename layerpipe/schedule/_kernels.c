@@ -23,12 +23,69 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef LP_SOURCE_SHA
 #define LP_SOURCE_SHA "unknown"
 #endif
 
 const char *lp_source_sha(void) { return LP_SOURCE_SHA; }
+
+/* Every kernel's scratch goes through these, which report it to Python's tracemalloc (the C API numpy uses for its
+   arrays: it takes the GIL itself), so that memory measured with tracemalloc (benchmarks/bench_sim.py's memory per
+   op) counts it as it counts numpy's, and which count the bytes held and the most held at once
+   (`lp_scratch_peak`). The kernels run one at a time (one thread per process). */
+extern int PyTraceMalloc_Track(unsigned int domain, uintptr_t ptr, size_t size);
+extern int PyTraceMalloc_Untrack(unsigned int domain, uintptr_t ptr);
+#define TRACE_DOMAIN 0x6c70 /* "lp": a domain of its own, as numpy has */
+
+static int64_t scratch_held = 0, scratch_peak = 0;
+#define HEADER 16 /* the block's size, kept in front of it (16: any type's alignment) */
+
+static void *lp_malloc(size_t size) {
+    char *block = malloc(size + HEADER);
+    if (!block) return NULL;
+    *(size_t *)block = size;
+    scratch_held += (int64_t)size;
+    if (scratch_held > scratch_peak) scratch_peak = scratch_held;
+    PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)block, size + HEADER);
+    return block + HEADER;
+}
+
+static void *lp_calloc(size_t count, size_t size) {
+    void *p = lp_malloc(count * size);
+    if (p) memset(p, 0, count * size);
+    return p;
+}
+
+static void *lp_realloc(void *p, size_t size) {
+    if (!p) return lp_malloc(size);
+    char *block = (char *)p - HEADER;
+    size_t old = *(size_t *)block;
+    char *grown = realloc(block, size + HEADER);
+    if (!grown) return NULL; /* the old block stays, and stays counted */
+    PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)block);
+    PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)grown, size + HEADER);
+    *(size_t *)grown = size;
+    scratch_held += (int64_t)size - (int64_t)old;
+    if (scratch_held > scratch_peak) scratch_peak = scratch_held;
+    return grown + HEADER;
+}
+
+static void lp_free(void *p) {
+    if (!p) return;
+    char *block = (char *)p - HEADER;
+    scratch_held -= (int64_t)*(size_t *)block;
+    PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)block);
+    free(block);
+}
+
+/* The most scratch bytes held at once since the last reset (reset: start again from what is held now). */
+int64_t lp_scratch_peak(int64_t reset) {
+    int64_t peak = scratch_peak;
+    if (reset) scratch_peak = scratch_held;
+    return peak;
+}
 
 /* Element i of a signed integer array of `width` bytes (1, 2, 4 or 8): the compiled schedule keeps its CSR arrays
    as narrow as their values allow (int32 producers and words, int8 roles), and they are read as they are. */
@@ -57,13 +114,13 @@ int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
                  const int64_t *send_link, const int64_t *hold, int64_t latency, int64_t links, int64_t *start,
                  int64_t *end) {
     int64_t total = n + transfers;
-    int64_t *avail = malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
-    int64_t *waiter = malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
-    int64_t *next_parked = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
-    int64_t *nxt = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
-    int64_t *free_at = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
-    int64_t *stack = malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
-    int64_t *link_free = calloc((size_t)(links > 0 ? links : 1), sizeof(int64_t));
+    int64_t *avail = lp_malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
+    int64_t *waiter = lp_malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
+    int64_t *next_parked = lp_malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *nxt = lp_malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *free_at = lp_malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *stack = lp_malloc(sizeof(int64_t) * (size_t)(procs > 0 ? procs : 1));
+    int64_t *link_free = lp_calloc((size_t)(links > 0 ? links : 1), sizeof(int64_t));
     int64_t status = 0;
     if (!avail || !waiter || !next_parked || !nxt || !free_at || !stack || !link_free) {
         status = -1;
@@ -123,13 +180,13 @@ int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
         for (int64_t i = 0; i < n; i++) end[i] = avail[i];
     }
 done:
-    free(avail);
-    free(waiter);
-    free(next_parked);
-    free(nxt);
-    free(free_at);
-    free(stack);
-    free(link_free);
+    lp_free(avail);
+    lp_free(waiter);
+    lp_free(next_parked);
+    lp_free(nxt);
+    lp_free(free_at);
+    lp_free(stack);
+    lp_free(link_free);
     return status;
 }
 
@@ -213,9 +270,9 @@ int64_t lp_pairs(int64_t n, const void *prod_ptr, int64_t ptr_width, const void 
                  const void *prod_words, int64_t words_width, int64_t *out_producer, int64_t *out_consumer,
                  int64_t *out_words) {
     int64_t entries = at(prod_ptr, ptr_width, n);
-    int64_t *slot_end = calloc((size_t)n + 1, sizeof(int64_t));
-    int64_t *slot_consumer = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
-    int64_t *slot_words = malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
+    int64_t *slot_end = lp_calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t *slot_consumer = lp_malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
+    int64_t *slot_words = lp_malloc(sizeof(int64_t) * (size_t)(entries > 0 ? entries : 1));
     int64_t pairs = -1;
     if (!slot_end || !slot_consumer || !slot_words) goto done;
     for (int64_t e = 0; e < entries; e++) slot_end[at(prod_idx, idx_width, e) + 1]++;
@@ -244,9 +301,9 @@ int64_t lp_pairs(int64_t n, const void *prod_ptr, int64_t ptr_width, const void 
         begin = slot_end[p];
     }
 done:
-    free(slot_end);
-    free(slot_consumer);
-    free(slot_words);
+    lp_free(slot_end);
+    lp_free(slot_consumer);
+    lp_free(slot_words);
     return pairs;
 }
 
@@ -256,9 +313,9 @@ done:
    (transfer_pair), and returns the number of transfers; -1 when out of memory. */
 int64_t lp_link_inputs(int64_t n, int64_t pairs, const int64_t *producer, const int64_t *consumer,
                        const int64_t *proc, int64_t *in_ptr, int64_t *in_src, int64_t *transfer_pair) {
-    int64_t *local = calloc((size_t)(n > 0 ? n : 1), sizeof(int64_t)); /* op j's same-processor producers */
-    int64_t *next_local = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
-    int64_t *next_cross = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *local = lp_calloc((size_t)(n > 0 ? n : 1), sizeof(int64_t)); /* op j's same-processor producers */
+    int64_t *next_local = lp_malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *next_cross = lp_malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
     int64_t transfers = -1;
     if (!local || !next_local || !next_cross) goto done;
     for (int64_t j = 0; j <= n; j++) in_ptr[j] = 0;
@@ -283,9 +340,9 @@ int64_t lp_link_inputs(int64_t n, int64_t pairs, const int64_t *producer, const 
         }
     }
 done:
-    free(local);
-    free(next_local);
-    free(next_cross);
+    lp_free(local);
+    lp_free(next_local);
+    lp_free(next_cross);
     return transfers;
 }
 
@@ -314,7 +371,7 @@ static int add_event(lp_events *ev, uint64_t base, int64_t time, int64_t words) 
     if (words == 0) return 0; /* no change */
     if (ev->count == ev->room) {
         int64_t room = ev->room ? 2 * ev->room : 4096;
-        lp_event *grown = realloc(ev->at, sizeof(lp_event) * (size_t)room);
+        lp_event *grown = lp_realloc(ev->at, sizeof(lp_event) * (size_t)room);
         if (!grown) return -1;
         ev->at = grown;
         ev->room = room;
@@ -332,7 +389,7 @@ static int add_event(lp_events *ev, uint64_t base, int64_t time, int64_t words) 
 
 static int sort_events(lp_event *a, int64_t n) {
     if (n < 2) return 0;
-    lp_event *scratch = malloc(sizeof(lp_event) * (size_t)n);
+    lp_event *scratch = lp_malloc(sizeof(lp_event) * (size_t)n);
     if (!scratch) return -1;
     int64_t count[RADIX_SIZE];
     uint64_t any = 0, every = ~(uint64_t)0;
@@ -358,7 +415,7 @@ static int sort_events(lp_event *a, int64_t n) {
     }
     if (from != a)
         for (int64_t i = 0; i < n; i++) a[i] = from[i];
-    free(scratch);
+    lp_free(scratch);
     return 0;
 }
 
@@ -376,16 +433,16 @@ int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
                  int64_t words_width, const void *prod_role, int64_t role_width, const int64_t *role_kept,
                  int64_t *peaks) {
     int64_t status = -1;
-    int64_t *proc = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
-    int64_t *owner_update = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
-    int64_t *owner_forward = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
-    int64_t *owner = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1)); /* its processor, -1: none */
-    char *holds = calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
-    char *buffered = calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
-    char *has_backward = calloc((size_t)(units > 0 ? units : 1), 1);
-    int64_t *update_at = calloc((size_t)units + 1, sizeof(int64_t));
-    int64_t *update_end = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
-    int64_t *fill = malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *proc = lp_malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *owner_update = lp_malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *owner_forward = lp_malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
+    int64_t *owner = lp_malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1)); /* its processor, -1: none */
+    char *holds = lp_calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
+    char *buffered = lp_calloc((size_t)(units * procs > 0 ? units * procs : 1), 1);
+    char *has_backward = lp_calloc((size_t)(units > 0 ? units : 1), 1);
+    int64_t *update_at = lp_calloc((size_t)units + 1, sizeof(int64_t));
+    int64_t *update_end = lp_malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    int64_t *fill = lp_malloc(sizeof(int64_t) * (size_t)(units > 0 ? units : 1));
     int64_t *lo = NULL, *hi = NULL;
     lp_events ev = {NULL, 0, 0};
     if (!proc || !owner_update || !owner_forward || !owner || !holds || !buffered || !has_backward || !update_at ||
@@ -422,15 +479,15 @@ int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
     int64_t kept_entries = 0, entries = at(prod_ptr, ptr_width, n);
     for (int64_t e = 0; e < entries; e++) kept_entries += role_kept[at(prod_role, role_width, e)] != 0;
     ev.room = 2 * kept_entries + (any_owner && cells <= MAX_VERSION_CELLS ? 2 * units * procs + 4 * cells : 0) + 1;
-    ev.at = malloc(sizeof(lp_event) * (size_t)ev.room);
+    ev.at = lp_malloc(sizeof(lp_event) * (size_t)ev.room);
     if (!ev.at) goto done;
     if (any_owner) {
         if (cells > MAX_VERSION_CELLS) {
             status = 1;
             goto done;
         }
-        lo = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
-        hi = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+        lo = lp_malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+        hi = lp_malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
         if (!lo || !hi) goto done;
         for (int64_t k = 0; k < cells; k++) {
             lo[k] = INT64_MAX;
@@ -519,19 +576,19 @@ int64_t lp_peaks(int64_t n, int64_t procs, const int64_t *bounds, const int64_t 
     }
     status = 0;
 done:
-    free(proc);
-    free(owner_update);
-    free(owner_forward);
-    free(owner);
-    free(holds);
-    free(buffered);
-    free(has_backward);
-    free(update_at);
-    free(update_end);
-    free(fill);
-    free(lo);
-    free(hi);
-    free(ev.at);
+    lp_free(proc);
+    lp_free(owner_update);
+    lp_free(owner_forward);
+    lp_free(owner);
+    lp_free(holds);
+    lp_free(buffered);
+    lp_free(has_backward);
+    lp_free(update_at);
+    lp_free(update_end);
+    lp_free(fill);
+    lp_free(lo);
+    lp_free(hi);
+    lp_free(ev.at);
     return status;
 }
 
@@ -551,11 +608,11 @@ int64_t lp_ooo_order(int64_t count, int64_t m, int64_t procs, const int64_t *int
                      int64_t *makespan) {
     int64_t cells = count * m, last = count - 1, span = (m > count ? m : count) + 1;
     int64_t gated_push = push && last > 0;
-    int64_t *end_f = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
-    int64_t *end_i = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
-    int64_t *end_w = malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
-    int64_t *nxt = calloc((size_t)(3 * count > 0 ? 3 * count : 1), sizeof(int64_t)); /* kind * count + s */
-    int64_t *free_at = calloc((size_t)(procs > 0 ? procs : 1), sizeof(int64_t));
+    int64_t *end_f = lp_malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *end_i = lp_malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *end_w = lp_malloc(sizeof(int64_t) * (size_t)(cells > 0 ? cells : 1));
+    int64_t *nxt = lp_calloc((size_t)(3 * count > 0 ? 3 * count : 1), sizeof(int64_t)); /* kind * count + s */
+    int64_t *free_at = lp_calloc((size_t)(procs > 0 ? procs : 1), sizeof(int64_t));
     int64_t status = -1;
     if (!end_f || !end_i || !end_w || !nxt || !free_at) goto done;
     for (int64_t k = 0; k < cells; k++) end_f[k] = end_i[k] = end_w[k] = -1;
@@ -660,10 +717,10 @@ int64_t lp_ooo_order(int64_t count, int64_t m, int64_t procs, const int64_t *int
         if (free_at[p] > *makespan) *makespan = free_at[p];
     status = 0;
 done:
-    free(end_f);
-    free(end_i);
-    free(end_w);
-    free(nxt);
-    free(free_at);
+    lp_free(end_f);
+    lp_free(end_i);
+    lp_free(end_w);
+    lp_free(nxt);
+    lp_free(free_at);
     return status;
 }

@@ -96,6 +96,8 @@ def _load() -> ctypes.CDLL | None:
     lib.lp_pairs.argtypes = [i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr]
     lib.lp_link_inputs.restype = i64
     lib.lp_link_inputs.argtypes = [i64, i64, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.lp_scratch_peak.restype = i64
+    lib.lp_scratch_peak.argtypes = [i64]
     lib.lp_ooo_order.restype = i64
     lib.lp_ooo_order.argtypes = [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.lp_peaks.restype = i64
@@ -282,6 +284,13 @@ def ooo_order(microbatches: int, num_procs: int, into_f: list[int], into_i: list
     if status:
         return "cutoff" if status == 1 else "cycle"
     return placed[:12 * microbatches * count].reshape(-1, 4).tolist(), int(makespan[0])
+
+
+def scratch_peak(reset: bool = False) -> int:
+    """The most bytes of scratch the kernels held at once since the last reset (0 without the library): memory
+    that tracemalloc does not see, freed before each kernel returns. `reset`: count from now on."""
+    lib = library()
+    return int(lib.lp_scratch_peak(int(reset))) if lib is not None else 0
 
 
 def main() -> int:
