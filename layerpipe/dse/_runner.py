@@ -5,7 +5,7 @@ One job runs in this process, a point at a time, each row appended as soon as it
 point before writing any: a run killed before the end kept no row). N local jobs are this process and N − 1 worker
 processes, sharing the batches of points (`_share`): a forked worker pays for its start and for the pages it
 copies from this process (issue 14: once a point took ~5 ms, two workers ran `--jobs 2` at 1.6x one job, this
-process idle; this process and one worker, at 1.8x). On Dask every point is submitted and each row appended as its
+process idle; this process and one worker, at 1.7x). On Dask every point is submitted and each row appended as its
 future completes (`distributed.as_completed`: a Dask future is not a concurrent.futures.Future). A point or worker
 that raises fails the run with its one-line message; rows already written stay.
 """

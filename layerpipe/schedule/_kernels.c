@@ -1,7 +1,7 @@
 /* The simulator's hot loops in C (issue 14: in numpy and Python they were half of `explore`'s sweep), each with
    the Python function it stands in for, which stays the reference and the fallback: the timing sweep (`lp_sweep`),
    the dependency rules (`lp_apply_count`, `lp_apply_fill`), a run's pairs and `links` inputs (`lp_pairs`,
-   `lp_link_inputs`) and peak memory (`lp_peaks`). `layerpipe/schedule/_native.py` builds this file with the
+   `lp_link_inputs`), peak memory (`lp_peaks`) and the `ooo` policy's list simulation (`lp_ooo_order`). `layerpipe/schedule/_native.py` builds this file with the
    machine's C compiler and loads it; tests/test_native_kernels.py compares every kernel with its Python version.
 
    The timing sweep: every op's start and end on `shared` or on `links`, by the same rules as the Python sweep
