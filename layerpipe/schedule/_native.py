@@ -1,7 +1,8 @@
 """The simulator's hot loops compiled from C (`_kernels.c`), where they are built: the timing sweep (`sweep`), the
 dependency rules applied to every op (`apply_rules`), a compiled run's pairs and `links` transfers (`pairs`,
-`link_inputs`), a layer-level run's peak memory (`peaks`) and the `ooo` policy's list simulation (`ooo_order`). Their numpy and Python versions stay the reference,
-the fallback and the error reporters (issue 14: these loops were half of `explore`'s sweep).
+`link_inputs`), a layer-level run's peak memory (`peaks`) and the `ooo` policy's list simulation (`ooo_order`).
+Their numpy and Python versions stay the reference, the fallback and the error reporters (issue 14: these loops
+were half of `explore`'s sweep).
 
     python -c 'import layerpipe.schedule._native as n; n.main()'    # build it (./setup.sh does), or say why not
 
