@@ -12,7 +12,7 @@ tests skip (the Python engine is then the only one, and every other test runs it
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -30,6 +30,32 @@ from tests.strategies import networks
 
 POLICIES = ("layerpipe", "pipedream", "pipedream-2bw", "gpipe", "1f1b", "zb-h1", "ooo")
 INTERCONNECTS = ("shared", "links:1:1", "links:2:1/4", "links:0:3", "rtl")
+
+
+#: Stage-level programs of every shape (processors, micro-batches per step).
+STAGE_GENERATORS = {
+    "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
+    "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
+    "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
+    "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
+    "dualpipev": lambda p, m: _stage_programs.dualpipev(p, 2 * m),
+}
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, compute: Callable[[], object]) -> tuple[object, object]:
+    """`compute()` with the C kernels, then with their Python versions; an InputError as its message (a run too
+    short for an unfolded schedule's grouped updates raises one either way)."""
+
+    def outcome() -> object:
+        try:
+            return compute()
+        except InputError as error:
+            return str(error)
+
+    native = outcome()
+    with monkeypatch.context() as m:
+        m.setattr(_native, "_loaded", [None])
+        return native, outcome()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,21 +103,14 @@ def test_a_policys_run_is_timed_alike_by_both_engines(monkeypatch: pytest.Monkey
     assert _times(compiled, *args) == _python_times(monkeypatch, compiled, *args)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved", "dualpipev"])
+@pytest.mark.parametrize("name", sorted(STAGE_GENERATORS))
 @pytest.mark.parametrize("kind", ["shared", "links"])
 def test_stage_programs_with_random_costs_are_timed_alike(monkeypatch: pytest.MonkeyPatch, name: str,
                                                           kind: str) -> None:
     rng = random.Random(f"{name}-{kind}")
-    generators = {
-        "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
-        "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
-        "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
-        "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
-        "dualpipev": lambda p, m: _stage_programs.dualpipev(p, 2 * m),
-    }
     for _ in range(6):
         procs, micro = rng.randint(2, 6), rng.randint(1, 6)
-        schedule = generators[name](procs, procs * micro)
+        schedule = STAGE_GENERATORS[name](procs, procs * micro)
         stages = 1 + max(op.unit for op in schedule.ops())
         costs = [(rng.randint(0, 9), rng.randint(1, 9), rng.randint(0, 5)) for _ in range(stages)]
         compiled = compile_schedule(schedule, Workload.of_stages(costs))
@@ -149,42 +168,22 @@ def test_the_rules_give_every_compiled_schedule_the_same_dependencies(monkeypatc
     name = "layerpipe" if policy == "layerpipe-unfold" else policy
     result = make_schedule(name, network, num_procs, model, options)
     schedule, workload = policy_ops(result, network, model, iterations)
-
-    def compiled() -> tuple[object, ...] | str:  # the arrays, or the one-line error compiling gives
-        try:
-            return _compiled_fields(compile_schedule(schedule, workload))
-        except InputError as error:  # too few iterations for an unfolded schedule's grouped updates
-            return str(error)
-
-    native = compiled()
-    with monkeypatch.context() as m:
-        m.setattr(_native, "_loaded", [None])
-        assert compiled() == native
+    native, python = _both(monkeypatch, lambda: _compiled_fields(compile_schedule(schedule, workload)))
+    assert native == python
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved", "dualpipev"])
+@pytest.mark.parametrize("name", sorted(STAGE_GENERATORS))
 def test_stage_level_rules_give_the_same_dependencies(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    generators = {
-        "gpipe": lambda p, m: _stage_programs.gpipe(p, m, 2),
-        "1f1b": lambda p, m: _stage_programs.one_f_one_b(p, m, 3),
-        "zb-h1": lambda p, m: _stage_programs.zb_h1(p, m, 1, 2),
-        "interleaved": lambda p, m: _stage_programs.interleaved_1f1b(p, m, 2, 2),
-        "dualpipev": lambda p, m: _stage_programs.dualpipev(p, 2 * m),
-    }
-    from layerpipe.schedule._deps import dependency_arrays
+    from layerpipe.schedule._deps import DependencyArrays, dependency_arrays
 
     for procs, micro in ((2, 2), (3, 4), (4, 3)):
-        schedule = generators[name](procs, procs * micro)
+        schedule = STAGE_GENERATORS[name](procs, procs * micro)
         stages = 1 + max(op.unit for op in schedule.ops())
         workload = Workload.of_stages([(3, 4, 2)] * stages)
         compiled = compile_schedule(schedule, workload)
         args = (schedule, compiled.tasks, compiled.task, compiled.iteration)
-        native = dependency_arrays(*args, stages=workload.stages)
-        with monkeypatch.context() as m:
-            m.setattr(_native, "_loaded", [None])
-            python = dependency_arrays(*args, stages=workload.stages)
-        assert (native is None) == (python is None)
-        assert native is not None and python is not None
+        native, python = _both(monkeypatch, lambda: dependency_arrays(*args, stages=workload.stages))  # noqa: B023 - called now
+        assert isinstance(native, DependencyArrays) and isinstance(python, DependencyArrays)
         assert native.roles == python.roles
         for field in ("ptr", "producer", "words", "role"):
             a, b = getattr(native, field), getattr(python, field)
@@ -210,17 +209,10 @@ def test_peak_memory_is_the_same_from_c(monkeypatch: pytest.MonkeyPatch, network
     result = make_schedule("layerpipe" if policy == "layerpipe-unfold" else policy, network, num_procs, model,
                            options, spec)
     config = SimConfig.of(spec, mode=mode)
-
-    def peaks() -> tuple[int, ...] | str:  # the peaks, computed now, or the one-line error the run gives
-        try:
-            return simulate_policy_result(result, network, model, iterations, config).peak_memory_words
-        except InputError as error:  # too few iterations for an unfolded schedule's grouped updates
-            return str(error)
-
-    native = peaks()
-    with monkeypatch.context() as m:
-        m.setattr(_native, "_loaded", [None])
-        assert peaks() == native
+    # The peaks are computed when read: read within `_both`, each with its own engine.
+    native, python = _both(monkeypatch, lambda: simulate_policy_result(result, network, model, iterations,
+                                                                       config).peak_memory_words)
+    assert native == python
 
 
 @pytest.mark.parametrize("mode", ["stash", "latest", "ema"])
@@ -240,10 +232,8 @@ def test_peak_memory_of_zoo_runs_is_the_same_from_c(monkeypatch: pytest.MonkeyPa
         for policy in ("layerpipe", "pipedream", "1f1b", "zb-h1"):
             for num_procs in (2, 3, 4):
                 result = make_schedule(policy, network, num_procs, model, policy_options(policy, {}), spec)
-                native = simulate_policy_result(result, network, model, 8, config).peak_memory_words
-                with monkeypatch.context() as m:
-                    m.setattr(_native, "_loaded", [None])
-                    python = simulate_policy_result(result, network, model, 8, config).peak_memory_words
+                native, python = _both(monkeypatch, lambda: simulate_policy_result(
+                    result, network, model, 8, config).peak_memory_words)  # noqa: B023 - called now
                 assert native == python, (name, policy, num_procs)
 
 
