@@ -110,9 +110,8 @@ static void wake(int64_t x, int64_t *waiter, const int64_t *next_parked, int64_t
 
 int64_t lp_sweep(int64_t n, int64_t procs, const int64_t *bounds, const int64_t *dur, const void *in_ptr,
                  int64_t ptr_width, const void *in_src, int64_t src_width, int64_t transfers,
-                 const int64_t *send_ptr, const int64_t *send_input,
-                 const int64_t *send_link, const int64_t *hold, int64_t latency, int64_t links, int64_t *start,
-                 int64_t *end) {
+                 const int64_t *send_ptr, const int64_t *send_input, const int64_t *send_link, const int64_t *hold,
+                 int64_t latency, int64_t links, int64_t *start, int64_t *end) {
     int64_t total = n + transfers;
     int64_t *avail = lp_malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
     int64_t *waiter = lp_malloc(sizeof(int64_t) * (size_t)(total > 0 ? total : 1));
