@@ -92,10 +92,12 @@ def test_jobs_share_the_batches_between_this_process_and_the_workers(tmp_path: P
     mp = pytest.MonkeyPatch()
     mp.setattr(runner, "evaluate_point", logged)
     mp.setattr(runner, "_share", spy)
+    interval = sys.getswitchinterval()
     try:
         run_sweep(spec, tmp_path / "r.csv", jobs=jobs, progress=False)
     finally:
         mp.undo()
+    assert sys.getswitchinterval() == interval  # the shorter GIL interval of the run, handed back
     seen = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(seen) == len(spec.points())
     assert os.getpid() in {pid for pid, *_ in seen}  # this process took points
