@@ -15,12 +15,12 @@ side in one run (min of `--rounds` interleaved rounds):
   `save_pareto` with both plots and with none (what `explore --plots none` saves);
 - the whole CLI process (`layerpipe explore ... --no-progress`, CPU of the child, bytecode cached), with plots
   and without;
-- with `--jobs`: `run_sweep` with 1 and 2 jobs (this process, then this process and a forked worker), in a fresh
-  process as `explore --jobs` runs, wall clock (the figure that scales with cores), min of `--rounds`, with the
-  load average before and after each run, the CPU the run's processes used per wall second (2.0 = both cores
-  busy for it) and the CPU the rest of the machine used meanwhile (/proc/stat's busy time less this process
-  tree's). The target is judged only when, during every run, the
-  other processes used under a quarter of a core: the machine was otherwise idle. (The load average cannot
+- with `--jobs` (or alone, `--jobs-only`): `run_sweep` with 1 and 2 jobs (a process, then it and a forked worker),
+  each run in a fresh process as `explore --jobs` runs it, wall clock (the figure that scales with cores), min of
+  `--rounds`, with the load average before and after each run, the CPU the run's processes used per wall second
+  (2.0 = both cores busy for it) and the CPU the rest of the machine used meanwhile (/proc/stat's busy time less
+  this process tree's). The target is judged only when, during every run, the other processes used under a
+  quarter of a core: the machine was otherwise idle. (The load average cannot
   say that: the runs themselves raise it, a 2-core run by ~0.15 per 5 s.) Elsewhere than Linux the figure is
   printed and marked "not judged".
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import subprocess
@@ -178,11 +179,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", action="store_true", help="also time --jobs 1 against --jobs 2 (wall clock)")
-    parser.add_argument("--jobs-only", action="store_true", help=argparse.SUPPRESS)  # the fresh child of `--jobs`
+    parser.add_argument("--jobs-only", action="store_true", help="only time --jobs 1 against --jobs 2")
+    parser.add_argument("--one-run", type=int, help=argparse.SUPPRESS)  # a fresh process timing one run (`--jobs`)
     args = parser.parse_args()
-    if args.jobs_only:
+    if args.one_run:
         with tempfile.TemporaryDirectory() as name:
-            jobs_benchmark(Path(name), args.rounds)
+            print(json.dumps(one_run(Path(name), args.one_run)))
+        return
+    if args.jobs_only:
+        jobs_benchmark(args.rounds)
         return
     points = len(SPEC.points())
     print(f"sweep: {points} points ({', '.join(NETWORKS)} × N {NUM_PROCS} × {', '.join(POLICIES)}, "
@@ -217,35 +222,46 @@ def main() -> None:
         print(f"CLI process, --plots none:    {bare:6.2f} s CPU = {points / bare:6.1f} points per CPU-second "
               f"(plots {best['cli'] / bare:.2f}x of it)")
         if args.jobs:
-            # In a fresh process, as `layerpipe explore --jobs 2` runs: this one carries the heap of the sections
-            # above (the sweep with dependencies op by op above all), and a forked worker and this process would
-            # copy it page by page as either writes (measured: 1.62x here, 1.72x in a fresh process).
-            subprocess.run([sys.executable, __file__, "--jobs-only", "--rounds", str(args.rounds)], check=True)
+            jobs_benchmark(args.rounds)
 
 
-def jobs_benchmark(tmp: Path, rounds: int) -> None:
-    """`run_sweep` wall clock with 1 and 2 jobs (this process, and this process and one forked worker),
-    interleaved, min of `rounds`, after one untimed run (the modules a sweep imports when first needed); each run
-    from empty memos (a forked worker would inherit this process's), with the load, the CPU its processes used per
-    second and the cores the rest of the machine used meanwhile."""
-    run_sweep(SPEC, tmp / "warm.csv", jobs=1, progress=False)
+def one_run(tmp: Path, jobs: int) -> dict[str, float | None]:
+    """One `run_sweep` of `jobs` jobs in this (fresh) process, as `layerpipe explore --jobs` runs it: after the
+    imports and a one-point-per-policy sweep of a tiny network (the modules a sweep loads when first needed, and
+    the C kernels), so that the run's heap is a fresh CLI process's. Its wall clock, the CPU its processes used
+    and the CPU the rest of the machine used meanwhile (None off Linux)."""
+    run_sweep(SweepSpec(networks=("mlp:4-4",), num_procs=(2,), policies=POLICIES), tmp / "warm.csv", jobs=1,
+              progress=False)
+    load_before = os.getloadavg()[0]
+    machine0, cpu0, t0 = _machine_busy(), _cpu_with_children(), time.perf_counter()
+    run_sweep(SPEC, tmp / "run.csv", jobs=jobs, progress=False)
+    seconds = time.perf_counter() - t0
+    ours = _cpu_with_children() - cpu0
+    machine1 = _machine_busy()
+    others = None if machine0 is None or machine1 is None else (machine1 - machine0 - ours) / seconds
+    return {"seconds": seconds, "busy": ours / seconds, "others": others, "load_before": load_before,
+            "load_after": os.getloadavg()[0]}
+
+
+def jobs_benchmark(rounds: int) -> None:
+    """`run_sweep` wall clock with 1 and 2 jobs (this process, and this process and one forked worker), each run in
+    a fresh process (`one_run`: a forked worker copies its parent's pages as either writes, so a process that ran
+    sweeps before — this one, after the sections above — is not what `explore --jobs 2` forks), interleaved, min
+    of `rounds`, with the load, the CPU its processes used per second and the cores the rest of the machine used
+    meanwhile."""
     wall: dict[int, float] = {}
     busy: dict[int, float] = {}
     loads: list[float] = []
     others: list[float | None] = []
     for _ in range(rounds):
         for jobs in (1, 2):
-            clear_memos()
-            loads.append(os.getloadavg()[0])
-            machine0, cpu0, t0 = _machine_busy(), _cpu_with_children(), time.perf_counter()
-            run_sweep(SPEC, tmp / f"jobs{jobs}-{time.monotonic_ns()}.csv", jobs=jobs, progress=False)
-            seconds = time.perf_counter() - t0
-            ours = _cpu_with_children() - cpu0
-            machine1 = _machine_busy()
-            others.append(None if machine0 is None or machine1 is None else (machine1 - machine0 - ours) / seconds)
-            if seconds < wall.get(jobs, float("inf")):
-                wall[jobs], busy[jobs] = seconds, ours / seconds
-            loads.append(os.getloadavg()[0])
+            done = subprocess.run([sys.executable, __file__, "--one-run", str(jobs)], check=True, capture_output=True,
+                                  text=True, env=CACHING_ENV)
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            loads += [run["load_before"], run["load_after"]]
+            others.append(run["others"])
+            if run["seconds"] < wall.get(jobs, float("inf")):
+                wall[jobs], busy[jobs] = run["seconds"], run["busy"]
     speedup = wall[1] / wall[2]
     known = [o for o in others if o is not None]
     idle = len(known) == len(others) and max(known) < IDLE_OTHERS
@@ -257,9 +273,9 @@ def jobs_benchmark(tmp: Path, rounds: int) -> None:
         verdict_text = (f"target >= {TARGET_JOBS_SPEEDUP} on an otherwise idle machine: not judged, other "
                         f"processes used up to {max(known):.2f} cores (>= {IDLE_OTHERS})")
     other_text = f"other processes {min(known):.2f}..{max(known):.2f} cores; " if known else ""
-    print(f"run_sweep wall clock (min of {rounds}): --jobs 1 {wall[1]:.2f} s ({busy[1]:.2f} CPU-s per s), "
-          f"--jobs 2 {wall[2]:.2f} s ({busy[2]:.2f} CPU-s per s) = {speedup:.2f}x ({verdict_text}; {other_text}"
-          f"load average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores)")
+    print(f"run_sweep wall clock, fresh processes (min of {rounds}): --jobs 1 {wall[1]:.2f} s ({busy[1]:.2f} CPU-s "
+          f"per s), --jobs 2 {wall[2]:.2f} s ({busy[2]:.2f} CPU-s per s) = {speedup:.2f}x ({verdict_text}; "
+          f"{other_text}load average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores)")
 
 
 def _machine_busy() -> float | None:
