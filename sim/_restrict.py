@@ -96,16 +96,25 @@ def keeps_producers(longer: CompiledSchedule, schedule: OpSchedule, workload: Wo
     needs only the cut's times, read off `longer`'s run (`layerpipe.sim._prefix.is_prefix_run`)."""
     if schedule.columns is None or not _same_rules(longer, schedule, workload):
         return False
-    kept = _kept(longer, positions)
-    ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
-    producer = longer.prod_idx[kept.repeat(ptr[1:] - ptr[:-1])]
-    return not len(producer) or bool(kept.take(producer).all())
+    return _kept_entries(longer, _kept(longer, positions)) is not None
 
 
 def _same_rules(longer: CompiledSchedule, schedule: OpSchedule, workload: Workload) -> bool:
     """Layer level, and the fields that choose the dependency rules equal (`RULE_FIELDS`)."""
     return (schedule.level == "layer" and workload.level == "layer"
             and all(getattr(schedule, name) == getattr(longer.schedule, name) for name in RULE_FIELDS))
+
+
+def _kept_entries(longer: CompiledSchedule, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(producers per op of `longer`, which CSR entries are the kept ops', their producers), or None where a kept
+    op has a producer that is not kept (the cut's own condition: `restricted_compile`, `keeps_producers`)."""
+    ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
+    count = ptr[1:] - ptr[:-1]
+    entries = kept.repeat(count)
+    producer = longer.prod_idx[entries]
+    if len(producer) and not kept.take(producer).all():
+        return None
+    return count, entries, producer
 
 
 def _kept(longer: CompiledSchedule, positions: np.ndarray) -> np.ndarray:
@@ -219,12 +228,10 @@ def _restricted_producers(longer: CompiledSchedule, pos: np.ndarray, kept: np.nd
     lists them, renumbered; None if one of them is not kept. Role codes stay `longer`'s with `keep_codes`, else
     are numbered by first appearance among the kept entries."""
     n = len(pos)
-    long_ptr = np.asarray(longer.prod_ptr, dtype=np.int64)
-    count = long_ptr[1:] - long_ptr[:-1]
-    entries = kept.repeat(count)
-    producer = longer.prod_idx[entries]
-    if len(producer) and not kept.take(producer).all():
+    found = _kept_entries(longer, kept)
+    if found is None:
         return None
+    count, entries, producer = found
     ptr = np.zeros(n + 1, dtype=np.int64)
     count.take(pos).cumsum(out=ptr[1:])
     role = longer.prod_role[entries]

@@ -58,20 +58,6 @@ static void *lp_calloc(size_t count, size_t size) {
     return p;
 }
 
-static void *lp_realloc(void *p, size_t size) {
-    if (!p) return lp_malloc(size);
-    char *block = (char *)p - HEADER;
-    size_t old = *(size_t *)block;
-    char *grown = realloc(block, size + HEADER);
-    if (!grown) return NULL; /* the old block stays, and stays counted */
-    PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)block);
-    PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)grown, size + HEADER);
-    *(size_t *)grown = size;
-    scratch_held += (int64_t)size - (int64_t)old;
-    if (scratch_held > scratch_peak) scratch_peak = scratch_held;
-    return grown + HEADER;
-}
-
 static void lp_free(void *p) {
     if (!p) return;
     char *block = (char *)p - HEADER;
@@ -368,13 +354,7 @@ typedef struct {
 
 static int add_event(lp_events *ev, uint64_t base, int64_t time, int64_t words) {
     if (words == 0) return 0; /* no change */
-    if (ev->count == ev->room) {
-        int64_t room = ev->room ? 2 * ev->room : 4096;
-        lp_event *grown = lp_realloc(ev->at, sizeof(lp_event) * (size_t)room);
-        if (!grown) return -1;
-        ev->at = grown;
-        ev->room = room;
-    }
+    if (ev->count == ev->room) return -1; /* past the room `lp_peaks` counted: cannot happen, refused all the same */
     ev->at[ev->count].key = (base + (uint64_t)time) * 2u + (words > 0 ? 1u : 0u);
     ev->at[ev->count].words = words;
     ev->count++;
